@@ -1,0 +1,235 @@
+"""A checkpoint directory on disk: its config (as a DraftSpec), its tensors, and how to read them.
+
+Opening reads config.json and safetensors headers only (no torch). Tensor values are read one at
+a time, on demand, by `load_tensor` (torch). Pickle `.bin` weights are refused unless the caller
+asks for them, and are then loaded with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import mapping
+from .configs import DraftSpec
+from .errors import DFlashError
+from .safetensors_io import INDEX_NAME, SINGLE_NAME, TensorInfo, read_header
+
+CONFIG_NAME = "config.json"
+PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64"}
+SAFETENSORS_DTYPE = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DFlashError("file not found", file=path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DFlashError(f"cannot read: {exc}", file=path) from None
+    except json.JSONDecodeError as exc:
+        raise DFlashError(f"not valid JSON ({exc})", file=path) from None
+    if not isinstance(data, dict):
+        raise DFlashError("not a JSON object", file=path)
+    return data
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    raw_config: dict[str, Any]
+    spec: DraftSpec
+    tensors: dict[str, TensorInfo]  # canonical name -> where its bytes are
+    source_names: dict[str, str]  # canonical name -> name in the file (differs only after a RENAME)
+    weight_files: list[Path]
+    index_file: Path | None
+    metadata: dict[str, str]  # safetensors __metadata__ (of the first shard)
+    pickled: dict[str, Any] = field(default_factory=dict)  # name -> torch.Tensor, only with allow_pickle
+
+    @property
+    def format(self) -> str:
+        return self.spec.source_format
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG_NAME
+
+    @property
+    def input_files(self) -> list[Path]:
+        return [self.config_file, *([self.index_file] if self.index_file else []), *self.weight_files]
+
+    def load_tensor(self, name: str, device: str = "cpu"):
+        """One tensor as torch.Tensor, read from its byte range (never the whole file)."""
+        import torch
+
+        if name in self.pickled:
+            return self.pickled[name].to(device)
+        info = self.tensors[name]
+        dtype = getattr(torch, TORCH_DTYPES[info.dtype])
+        with open(info.file, "rb") as f:
+            f.seek(info.start)
+            buf = bytearray(info.nbytes)
+            if f.readinto(buf) != info.nbytes:
+                raise DFlashError(f"tensor `{name}`: file ended early", file=info.file)
+        if not buf:
+            return torch.empty(info.shape, dtype=dtype, device=device)
+        return torch.frombuffer(buf, dtype=dtype).reshape(info.shape).to(device)
+
+
+def _weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path | None, list[Path]]:
+    """(safetensors files, index file, pickle files) of a checkpoint directory."""
+    index = path / INDEX_NAME
+    if index.exists():
+        data = read_json(index)
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise DFlashError("field `weight_map` missing or empty", file=index)
+        files = []
+        for name in dict.fromkeys(weight_map.values()):
+            f = (path / name).resolve()
+            if path.resolve() not in f.parents:
+                raise DFlashError(f"weight_map points outside the checkpoint: {name!r}", file=index)
+            if not f.exists():
+                raise DFlashError(f"shard {name!r} listed in weight_map does not exist", file=index)
+            files.append(path / name)
+        return files, index, []
+    if (path / SINGLE_NAME).exists():
+        return [path / SINGLE_NAME], None, []
+    others = sorted(p for p in path.glob("*.safetensors"))
+    if others:
+        return others, None, []
+    pickles = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt")) + sorted(path.glob("*.pth"))
+    if pickles:
+        if not allow_pickle:
+            raise DFlashError("only pickle weights found (.bin/.pt); they can run code when loaded. "
+                              "Pass --allow-pickle to load them with torch.load(weights_only=True)", file=pickles[0])
+        return [], None, pickles
+    raise DFlashError("no model.safetensors, shards or index found", file=path)
+
+
+def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoint:
+    """Read config and tensor headers of a checkpoint directory (no tensor data, no torch)."""
+    path = Path(path)
+    if path.is_file() and path.name == CONFIG_NAME:
+        path = path.parent
+    if not path.is_dir():
+        raise DFlashError("not a checkpoint directory (does not exist or is a file)", file=path)
+    raw = read_json(path / CONFIG_NAME)
+    spec = mapping.spec_from_config(raw, file=str(path / CONFIG_NAME))
+    files, index, pickles = _weight_files(path, allow_pickle)
+    tensors: dict[str, TensorInfo] = {}
+    source_names: dict[str, str] = {}
+    metadata: dict[str, str] = {}
+    pickled: dict[str, Any] = {}
+    for i, f in enumerate(files):
+        found, meta = read_header(f)
+        if i == 0:
+            metadata = meta
+        for name, info in found.items():
+            canon = mapping.canonical_name(name)
+            if canon in tensors:
+                raise DFlashError(f"tensor `{name}` appears twice (also in {tensors[canon].file.name})", file=f)
+            tensors[canon] = info
+            source_names[canon] = name
+    if index is not None:
+        weight_map = read_json(index)["weight_map"]
+        for name, info in tensors.items():
+            listed = weight_map.get(source_names[name])
+            if listed is not None and listed != info.file.name:
+                raise DFlashError(f"tensor `{source_names[name]}` is in {info.file.name} but weight_map says {listed}",
+                                  file=index)
+        missing = set(weight_map) - set(source_names.values())
+        if missing:
+            raise DFlashError(f"tensor `{sorted(missing)[0]}` is in weight_map but in no shard", file=index)
+    for f in pickles:
+        import torch
+
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - torch raises many types for corrupt/unsafe pickles
+            raise DFlashError(f"cannot load with weights_only=True: {str(exc).splitlines()[0]}", file=f) from None
+        for name, tensor in (state.get("state_dict", state)).items():
+            canon = mapping.canonical_name(name)
+            pickled[canon] = tensor
+            source_names[canon] = name
+            tensors[canon] = TensorInfo(canon, SAFETENSORS_DTYPE.get(str(tensor.dtype).removeprefix("torch."), "F32"),
+                                        tuple(tensor.shape), f, 0, tensor.numel() * tensor.element_size())
+    return Checkpoint(path=path, raw_config=raw, spec=spec, tensors=tensors, source_names=source_names,
+                      weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled)
+
+
+# ----------------------------------------------------------------------------- staging
+
+def _fsync_tree(directory: Path) -> None:
+    for p in directory.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_destination(dest: Path, overwrite: bool, sources: tuple[Path, ...] = ()) -> None:
+    dest = Path(dest)
+    for src in sources:
+        s, d = Path(src).resolve(), dest.resolve()
+        if d == s or s in d.parents:
+            raise DFlashError(f"destination is inside the source checkpoint {src}", file=dest)
+        if d in s.parents:
+            raise DFlashError(f"destination contains the source checkpoint {src}", file=dest)
+    if dest.exists() and not dest.is_dir():
+        raise DFlashError("destination exists and is not a directory", file=dest)
+    if dest.exists() and any(dest.iterdir()) and not overwrite:
+        raise DFlashError("destination is not empty (pass --overwrite to replace it)", file=dest)
+
+
+@contextmanager
+def staged_directory(dest: str | Path, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory beside `dest`; rename it onto `dest` only if the block succeeds.
+
+    Any exception (including Ctrl-C and SIGTERM) removes the temporary directory, and a SIGKILL
+    leaves only a hidden `.name.tmp-*` sibling: `dest` is either absent/untouched or complete.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:  # not the main thread: keep the default handler
+        pass
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if dest.exists():
+            if not overwrite and any(dest.iterdir()):
+                raise DFlashError("destination appeared and is not empty", file=dest)
+            trash = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+            dest.rename(trash)
+            tmp.rename(dest)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            tmp.rename(dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")

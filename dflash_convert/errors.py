@@ -1,0 +1,28 @@
+"""Errors users see: one line each, mapped to documented exit codes by the CLI.
+
+Exit codes: 0 ok, 1 error (bad input, I/O), 2 usage, 3 validation ran and failed.
+"""
+
+from __future__ import annotations
+
+
+class DFlashError(Exception):
+    """Bad input or a failed operation. The message names the file and the field or tensor."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, file: str | None = None):
+        self.file = str(file) if file is not None else None
+        super().__init__(f"{self.file}: {message}" if self.file else message)
+
+
+class UsageError(DFlashError):
+    """Wrong or contradictory command-line options."""
+
+    exit_code = 2
+
+
+class ValidationFailed(DFlashError):
+    """Validation ran to the end and at least one check failed."""
+
+    exit_code = 3

@@ -1,0 +1,441 @@
+"""The one mapping table between the two DFlash formats, as data plus small pure functions.
+
+- config: speculators config <-> DraftSpec <-> HF/z-lab config (layer ids, causality, vocab, block)
+- tensors: TENSOR_RULES say, per tensor name, what it is and what each destination does with it
+- shapes: what every tensor's shape must be for a given DraftSpec
+
+Facts (FORMATS.md): speculators `aux_hidden_state_layer_ids` = z-lab `target_layer_ids` + 1;
+HF `is_causal` > `dflash_config.causal` > "sliding layers are causal" (vLLM's resolution);
+speculators: full layers never causal, sliding layers causal unless `sliding_window_non_causal`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from .configs import (
+    DecoderConfig,
+    DFlashBlock,
+    DraftSpec,
+    HFDFlashConfig,
+    SpeculatorsDFlashConfig,
+    VerifierRef,
+)
+from .errors import DFlashError
+
+AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
+SPECULATORS_VERSION = "0.9.0"  # the speculators config layout we write
+
+HF_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+SPECULATORS_ARCHITECTURE = HF_ARCHITECTURE
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+REFUSED_ALGORITHMS = {
+    "dspark": "DSpark (samples from the anchor, extra markov/confidence heads)",
+    "xpress": "Xpress (extra refiner heads)",
+    "eagle3": "EAGLE-3 (autoregressive drafter, not a block drafter)",
+    "eagle": "EAGLE (autoregressive drafter, not a block drafter)",
+    "mtp": "MTP (multi-token-prediction heads)",
+    "peagle": "P-EAGLE (autoregressive drafter, not a block drafter)",
+}
+
+# Keys of an HF config that are DFlash's, not the draft decoder's (everything else is decoder).
+HF_DFLASH_KEYS = ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers",
+                  "target_hidden_size", "draft_vocab_size", "is_causal", "dtype", "torch_dtype")
+# Keys of a speculators config we read into DraftSpec fields or regenerate on write.
+SPECULATORS_KNOWN_KEYS = ("speculators_model_type", "architectures", "transformer_layer_config",
+                          "aux_hidden_state_layer_ids", "mask_token_id", "block_size", "draft_vocab_size",
+                          "target_hidden_size", "sliding_window_non_causal", "sample_from_anchor",
+                          "speculators_config", "speculators_version", "transformers_version", "auto_map",
+                          "dtype", "torch_dtype", "tie_word_embeddings", "num_target_layers", *DFLASH2_FIELDS)
+# speculators' own default for `sliding_window_non_causal` per algorithm.
+SPECULATORS_NON_CAUSAL_DEFAULT = {"dflash": False, "dflash2": True}
+
+
+# ----------------------------------------------------------------------------- detection
+
+def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, str]:
+    """(format, variant) of a parsed config.json; refuses anything that is not DFlash."""
+    algo = raw.get("speculators_model_type")
+    if algo is not None:
+        if algo in HF_ARCHITECTURE:
+            return "speculators", algo
+        what = REFUSED_ALGORITHMS.get(algo, "an algorithm dflash-convert does not know")
+        raise DFlashError(f"speculators_model_type is {algo!r}: {what}; only dflash and dflash2 drafts are supported", file=file)
+    archs = raw.get("architectures") or []
+    for variant, arch in HF_ARCHITECTURE.items():
+        if arch in archs:
+            return "hf", variant
+    if "dflash_config" in raw:
+        return "hf", "dflash"
+    found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"
+    raise DFlashError(f"not a DFlash checkpoint config ({found}; expected "
+                      f"speculators_model_type 'dflash' or architectures ['DFlashDraftModel'])", file=file)
+
+
+def _parse(model, raw: dict, file: str):
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise DFlashError(f"field `{loc}`: {err['msg']} (got {err.get('input')!r})"[:300], file=file) from None
+
+
+# ----------------------------------------------------------------------------- layers & causality
+
+def resolve_layer_types(decoder: dict[str, Any]) -> list[str]:
+    """Per-layer attention type; Qwen3's rule when `layer_types` is absent."""
+    n = decoder["num_hidden_layers"]
+    types = decoder.get("layer_types")
+    if types:
+        if len(types) != n:
+            raise DFlashError(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
+        return list(types)
+    window = decoder.get("sliding_window") if decoder.get("use_sliding_window") else None
+    start = decoder.get("max_window_layers") or 0
+    return ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
+
+
+def hf_layer_causal(layer_types: list[str], is_causal: bool | None, causal: bool | None) -> list[bool]:
+    """vLLM's resolution for HF configs: `is_causal`, then `dflash_config.causal`, then sliding = causal."""
+    flag = is_causal if is_causal is not None else causal
+    if flag is not None:
+        return [bool(flag)] * len(layer_types)
+    return [t == "sliding_attention" for t in layer_types]
+
+
+def speculators_layer_causal(layer_types: list[str], sliding_window_non_causal: bool) -> list[bool]:
+    """speculators: full layers are never causal; sliding ones unless `sliding_window_non_causal`."""
+    return [t == "sliding_attention" and not sliding_window_non_causal for t in layer_types]
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The published rule z-lab and SGLang use when a config has no target_layer_ids."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def aux_ids_from_target(target_layer_ids: list[int]) -> list[int]:
+    return [i + AUX_ID_OFFSET for i in target_layer_ids]
+
+
+def target_ids_from_aux(aux_ids: list[int], file: str = "config.json") -> list[int]:
+    bad = [a for a in aux_ids if a - AUX_ID_OFFSET < 0]
+    if bad:
+        raise DFlashError(f"field `aux_hidden_state_layer_ids` has {bad}: id 0 is the embedding output, "
+                          "not a decoder layer output", file=file)
+    return [a - AUX_ID_OFFSET for a in aux_ids]
+
+
+# ----------------------------------------------------------------------------- config -> spec
+
+def spec_from_config(raw: dict[str, Any], file: str = "config.json") -> DraftSpec:
+    fmt, variant = detect_format(raw, file)
+    return _spec_from_speculators(raw, variant, file) if fmt == "speculators" else _spec_from_hf(raw, variant, file)
+
+
+def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
+    cfg = _parse(SpeculatorsDFlashConfig, raw, file)
+    if cfg.sample_from_anchor:
+        raise DFlashError("field `sample_from_anchor` is true: the anchor slot predicts a token (DSpark style), "
+                          "which DFlash engines do not run", file=file)
+    decoder = raw["transformer_layer_config"]
+    layer_types = resolve_layer_types(decoder)
+    non_causal = cfg.sliding_window_non_causal
+    if non_causal is None:
+        non_causal = SPECULATORS_NON_CAUSAL_DEFAULT[variant]
+    verifier = cfg.speculators_config.verifier if cfg.speculators_config else None
+    vocab = cfg.transformer_layer_config.vocab_size
+    return DraftSpec(
+        source_format="speculators",
+        variant=variant,
+        decoder=dict(decoder),
+        block_size=cfg.block_size,
+        mask_token_id=cfg.mask_token_id,
+        target_layer_ids=None if cfg.aux_hidden_state_layer_ids is None
+        else target_ids_from_aux(cfg.aux_hidden_state_layer_ids, file),
+        layer_types=layer_types,
+        layer_causal=speculators_layer_causal(layer_types, non_causal),
+        causal_flag=None,
+        draft_vocab_size=cfg.draft_vocab_size if cfg.draft_vocab_size not in (None, vocab) else None,
+        num_target_layers=raw.get("num_target_layers"),
+        target_hidden_size=cfg.target_hidden_size,
+        verifier=VerifierRef.model_validate(verifier.model_dump()) if verifier and verifier.name_or_path else None,
+        variant_fields={k: raw[k] for k in DFLASH2_FIELDS if raw.get(k) is not None},
+        extra={k: v for k, v in raw.items() if k not in SPECULATORS_KNOWN_KEYS},
+        dtype=raw.get("dtype") or raw.get("torch_dtype"),
+    )
+
+
+def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
+    cfg = _parse(HFDFlashConfig, raw, file)
+    dc = cfg.dflash_config
+    top, nested = raw.get("block_size"), dc.block_size
+    if top is not None and nested is not None and top != nested:
+        raise DFlashError(f"fields `block_size` ({top}) and `dflash_config.block_size` ({nested}) disagree", file=file)
+    decoder = {k: v for k, v in raw.items() if k not in HF_DFLASH_KEYS}
+    layer_types = resolve_layer_types(decoder)
+    raw_dc = raw.get("dflash_config") or {}
+    return DraftSpec(
+        source_format="hf",
+        variant=variant,
+        decoder=decoder,
+        block_size=nested if nested is not None else top,
+        mask_token_id=dc.mask_token_id,
+        target_layer_ids=dc.target_layer_ids,
+        layer_types=layer_types,
+        layer_causal=hf_layer_causal(layer_types, cfg.is_causal, dc.causal),
+        causal_flag=cfg.is_causal if cfg.is_causal is not None else dc.causal,
+        draft_vocab_size=cfg.draft_vocab_size if cfg.draft_vocab_size not in (None, cfg.vocab_size) else None,
+        num_target_layers=cfg.num_target_layers,
+        target_hidden_size=cfg.target_hidden_size,
+        verifier=dc.verifier if dc.verifier and dc.verifier.name_or_path else None,
+        variant_fields={k: raw_dc[k] for k in DFLASH2_FIELDS if raw_dc.get(k) is not None},
+        extra={},
+        dtype=raw.get("dtype") or raw.get("torch_dtype"),
+    )
+
+
+# ----------------------------------------------------------------------------- spec -> config
+
+def check_complete(spec: DraftSpec) -> None:
+    """What every engine needs before a config can be written."""
+    missing = [name for name, value in (("block_size", spec.block_size), ("mask_token_id", spec.mask_token_id),
+                                        ("target_layer_ids", spec.target_layer_ids)) if value is None]
+    if missing:
+        hint = {"block_size": "--block-size", "mask_token_id": "--mask-token-id",
+                "target_layer_ids": "--target-layer-ids (or --derive-target-layer-ids with --verifier)"}
+        raise DFlashError("config has no " + ", ".join(f"`{m}` (pass {hint[m]})" for m in missing))
+
+
+def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
+    """HF / z-lab config.json for a spec, and the warnings a user must see."""
+    check_complete(spec)
+    warnings: list[str] = []
+    decoder = {k: v for k, v in spec.decoder.items() if k not in HF_DFLASH_KEYS}
+    out: dict[str, Any] = {"architectures": [HF_ARCHITECTURE[spec.variant]]}
+    out.update(decoder)
+    out.setdefault("model_type", "qwen3")
+    out["layer_types"] = list(spec.layer_types)
+    out["block_size"] = spec.block_size
+    if spec.num_target_layers is not None:
+        out["num_target_layers"] = spec.num_target_layers
+    if spec.target_hidden_size is not None:
+        out["target_hidden_size"] = spec.target_hidden_size
+    if spec.is_pruned_vocab:
+        out["draft_vocab_size"] = spec.draft_vocab_size
+    if spec.dtype:
+        out["dtype"] = spec.dtype
+    dc: dict[str, Any] = {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids),
+                          "block_size": spec.block_size}
+    if len(set(spec.layer_causal)) == 1:
+        dc["causal"] = spec.layer_causal[0]
+    else:
+        default = hf_layer_causal(spec.layer_types, None, None)
+        if default != spec.layer_causal:
+            raise DFlashError(f"per-layer causality {spec.layer_causal} cannot be written in an HF config "
+                              "(only one all-layer flag, or 'sliding layers causal', exists)")
+        warnings.append("mixed draft: full_attention layers are non-causal and sliding_attention layers causal; "
+                        "dflash_config.causal is left unset and layer_types kept (vLLM's per-layer default). "
+                        "vLLM versions that map speculators' flag to all layers (PR #47745) run it wrongly.")
+    if spec.verifier:
+        dc["verifier"] = spec.verifier.model_dump(exclude_none=True)
+    dc.update(spec.variant_fields)
+    out["dflash_config"] = dc
+    return out, warnings
+
+
+def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
+    """speculators 0.9.0 config.json for a spec, and the warnings a user must see."""
+    check_complete(spec)
+    warnings: list[str] = []
+    sliding = [i for i, t in enumerate(spec.layer_types) if t == "sliding_attention"]
+    causal_full = [i for i, t in enumerate(spec.layer_types) if t == "full_attention" and spec.layer_causal[i]]
+    if causal_full:
+        raise DFlashError(f"draft layers {causal_full} are full_attention and causal; speculators can only make "
+                          "sliding_attention layers causal (full layers are always bidirectional), "
+                          "so this draft cannot be written in the speculators format")
+    sliding_causal = {spec.layer_causal[i] for i in sliding}
+    if len(sliding_causal) > 1:
+        raise DFlashError("sliding_attention layers differ in causality; speculators has one flag "
+                          "(sliding_window_non_causal) for all of them")
+    non_causal = (not sliding_causal.pop()) if sliding_causal else SPECULATORS_NON_CAUSAL_DEFAULT[spec.variant]
+    decoder = dict(spec.decoder)
+    decoder["layer_types"] = list(spec.layer_types)
+    verifier = spec.verifier or VerifierRef()
+    if not verifier.name_or_path:
+        warnings.append("speculators_config.verifier.name_or_path is unknown (vLLM requires it): pass --verifier")
+    draft_vocab = spec.draft_vocab_size or spec.vocab_size
+    out: dict[str, Any] = {
+        "architectures": [SPECULATORS_ARCHITECTURE[spec.variant]],
+        "speculators_model_type": spec.variant,
+        "transformer_layer_config": decoder,
+        "aux_hidden_state_layer_ids": aux_ids_from_target(spec.target_layer_ids),
+        "mask_token_id": spec.mask_token_id,
+        "block_size": spec.block_size,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": spec.target_hidden_size,
+        "sliding_window_non_causal": non_causal,
+        "sample_from_anchor": False,
+        "speculators_config": {
+            "algorithm": spec.variant,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": spec.block_size - 1,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier.name_or_path, "architectures": list(verifier.architectures)},
+        },
+        "speculators_version": SPECULATORS_VERSION,
+        "tie_word_embeddings": False,
+    }
+    if spec.num_target_layers is not None:
+        out["num_target_layers"] = spec.num_target_layers
+    if spec.dtype:
+        out["dtype"] = spec.dtype
+    out.update(spec.variant_fields)
+    out.update(spec.extra)
+    return out, warnings
+
+
+def spec_to_config(spec: DraftSpec, fmt: str) -> tuple[dict[str, Any], list[str]]:
+    return spec_to_hf(spec) if fmt == "hf" else spec_to_speculators(spec)
+
+
+# ----------------------------------------------------------------------------- verifier (target) config
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What a draft needs to know about its target model's config.json."""
+
+    name_or_path: str
+    architectures: list[str]
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    pad_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json") -> TargetInfo:
+    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw  # multimodal wrappers
+    try:
+        eos = cfg.get("eos_token_id", raw.get("eos_token_id"))
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return TargetInfo(name_or_path=name_or_path, architectures=list(raw.get("architectures") or []),
+                          num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
+                          vocab_size=int(cfg["vocab_size"]), pad_token_id=cfg.get("pad_token_id"),
+                          eos_token_ids=eos_ids)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DFlashError(f"target config lacks or mistypes field {exc}", file=file) from None
+
+
+# ----------------------------------------------------------------------------- tensors
+
+KEEP, DROP, KEEP_IF_PRUNED, DERIVE_IF_PRUNED = "keep", "drop", "keep-if-pruned", "derive-if-pruned"
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    pattern: str  # full-match regex on the tensor name (after RENAMES)
+    role: str
+    to_hf: str
+    to_speculators: str
+    drop_reason: str = ""
+    variants: tuple[str, ...] = ("dflash", "dflash2")
+
+
+_LAYER = r"layers\.\d+\."
+TENSOR_RULES: tuple[TensorRule, ...] = (
+    TensorRule(r"fc\.weight", "context fusion fc [H, A*H_target]", KEEP, KEEP),
+    TensorRule(r"hidden_norm\.weight", "context RMSNorm", KEEP, KEEP),
+    TensorRule(r"norm\.weight", "final RMSNorm", KEEP, KEEP),
+    TensorRule(_LAYER + r"self_attn\.[qkvo]_proj\.(weight|bias)", "attention projection", KEEP, KEEP),
+    TensorRule(_LAYER + r"self_attn\.[qk]_norm\.weight", "per-head q/k RMSNorm", KEEP, KEEP),
+    TensorRule(_LAYER + r"mlp\.(gate|up|down)_proj\.weight", "MLP projection", KEEP, KEEP),
+    TensorRule(_LAYER + r"(input|post_attention)_layernorm\.weight", "layer RMSNorm", KEEP, KEEP),
+    TensorRule(_LAYER + r"(attention|mlp)_conv\.(base_kernel|kernel_projection\.weight)",
+               "dflash2 local convolution", KEEP, KEEP, variants=("dflash2",)),
+    TensorRule(r"candidate_selector\.(predecessor_codebook|successor_codebook|hidden_projection\.weight)",
+               "dflash2 candidate selector", KEEP, KEEP, variants=("dflash2",)),
+    TensorRule(r"lm_head\.weight", "draft lm_head [draft_vocab, H]", KEEP_IF_PRUNED, KEEP_IF_PRUNED,
+               "full-vocab copy of the verifier lm_head; engines use the target's"),
+    TensorRule(r"d2t", "draft->target id offsets (int64 [draft_vocab])", KEEP_IF_PRUNED, KEEP_IF_PRUNED,
+               "identity vocab map of a full-vocab draft"),
+    TensorRule(r"t2d", "target->draft membership (bool [vocab])", DROP, DERIVE_IF_PRUNED,
+               "derivable from d2t; HF-format consumers (vLLM) skip it"),
+    TensorRule(r"embed_tokens\.weight", "copy of the verifier embedding (speculators <= 0.8 saves)", DROP, DROP,
+               "copy of the verifier embedding; engines use the target's"),
+    TensorRule(r"verifier_(lm_head|norm)\.weight", "training-only verifier copy", DROP, DROP,
+               "training-only verifier copy, never shipped"),
+)
+# Exports that wrap the body in a module prefix; names are normalised before the rules apply.
+RENAMES: tuple[tuple[str, str], ...] = ((r"model\.(.+)", r"\1"),)
+
+
+def canonical_name(name: str) -> str:
+    for pattern, repl in RENAMES:
+        m = re.fullmatch(pattern, name)
+        if m and rule_for(m.expand(repl)) is not None:
+            return m.expand(repl)
+    return name
+
+
+def rule_for(name: str, variant: str | None = None) -> TensorRule | None:
+    for rule in TENSOR_RULES:
+        if re.fullmatch(rule.pattern, name) and (variant is None or variant in rule.variants):
+            return rule
+    return None
+
+
+def tensor_action(rule: TensorRule, dest_format: str, pruned: bool) -> str:
+    """keep / drop / derive for one tensor going to `dest_format`."""
+    action = rule.to_hf if dest_format == "hf" else rule.to_speculators
+    if action == KEEP_IF_PRUNED:
+        return KEEP if pruned else DROP
+    if action == DERIVE_IF_PRUNED:
+        return "derive" if pruned else DROP
+    return action
+
+
+def expected_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor a DFlash body must have (dflash2 extras are not sized here)."""
+    H, d, nH, nKV, inter = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"hidden_norm.weight": (H,), "norm.weight": (H,)}
+    if spec.context_width is not None:
+        shapes["fc.weight"] = (H, spec.context_width)
+    for i in range(spec.num_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (nH * d, H),
+            p + "self_attn.k_proj.weight": (nKV * d, H),
+            p + "self_attn.v_proj.weight": (nKV * d, H),
+            p + "self_attn.o_proj.weight": (H, nH * d),
+            p + "self_attn.q_norm.weight": (d,),
+            p + "self_attn.k_norm.weight": (d,),
+            p + "mlp.gate_proj.weight": (inter, H),
+            p + "mlp.up_proj.weight": (inter, H),
+            p + "mlp.down_proj.weight": (H, inter),
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+        })
+        if spec.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (nH * d,), p + "self_attn.k_proj.bias": (nKV * d,),
+                           p + "self_attn.v_proj.bias": (nKV * d,), p + "self_attn.o_proj.bias": (H,)})
+    if spec.is_pruned_vocab:
+        shapes.update({"lm_head.weight": (spec.draft_vocab_size, H), "d2t": (spec.draft_vocab_size,)})
+    return shapes
+
+
+OPTIONAL_SHAPES = {  # present in some checkpoints, sized when present
+    "t2d": lambda s: (s.vocab_size,),
+    "embed_tokens.weight": lambda s: (s.vocab_size, s.hidden_size),
+    "verifier_norm.weight": lambda s: (s.hidden_size,),
+    "verifier_lm_head.weight": lambda s: (s.draft_vocab_size or s.vocab_size, s.hidden_size),
+    "lm_head.weight": lambda s: (s.draft_vocab_size or s.vocab_size, s.hidden_size),
+    "d2t": lambda s: (s.draft_vocab_size or s.vocab_size,),
+}
