@@ -26,7 +26,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 STATE = {"debug": False}
 
 
@@ -57,28 +57,253 @@ def main() -> None:
     """Console-script entry point: run the app, turn known errors into one line and an exit code."""
     debug = "--debug" in sys.argv[1:] or bool(os.environ.get("DFLASH_CONVERT_DEBUG"))
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns typer.Exit codes instead of exiting
+        sys.exit(rc if isinstance(rc, int) else 0)
     except DFlashError as exc:
         if debug:
             raise
         err.print(f"Error: {exc}", markup=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except (typer.BadParameter, typer.Abort) as exc:  # pragma: no cover - click formats these itself
-        raise exc
-    except __import__("click").exceptions.UsageError as exc:
-        exc.show(file=sys.stderr)
-        sys.exit(2)
-    except __import__("click").exceptions.ClickException as exc:
-        exc.show(file=sys.stderr)
-        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("Error: interrupted; nothing was written at the destination", markup=False)
-        sys.exit(130)
+        sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - unexpected: still one line unless --debug
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # click's usage errors (typer vendors click)
+            exc.show(file=sys.stderr)
+            sys.exit(exc.exit_code)
         if debug:
             raise
         err.print(f"Error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", markup=False,
                   soft_wrap=True)
         sys.exit(1)
+
+
+# ----------------------------------------------------------------------------- shared option helpers
+
+def parse_int_list(text: Optional[str], flag: str) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").strip("[]").split(",") if x != ""]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=flag) from None
+
+
+def resolve_local(source: str, *, revision: Optional[str], token: Optional[str], allow_pickle: bool = False,
+                  for_target: bool = False):
+    """A local path as is, or a Hub id downloaded to the cache: (path, commit sha or None)."""
+    path = Path(source)
+    if path.exists() or revision is None and not _looks_like_hub_id(source):
+        return path, None
+    from . import hub
+
+    resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
+                                  for_target=for_target)
+    return resolved.path, resolved.commit_sha
+
+
+def _looks_like_hub_id(source: str) -> bool:
+    parts = source.split("/")
+    return len(parts) == 2 and all(parts) and not source.startswith((".", "/", "~"))
+
+
+def _progress_bar(total: int, description: str):
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                        TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
+                        disable=not err.is_terminal)
+    task = progress.add_task(description, total=total)
+    return progress, (lambda n: progress.advance(task, n))
+
+
+# ----------------------------------------------------------------------------- convert
+
+@app.command()
+def convert(
+    src: str = typer.Argument(..., help="Checkpoint directory or Hub id (org/name) to convert."),
+    output: Path = typer.Option(..., "-o", "--output", help="Destination directory (written atomically)."),
+    to: Optional[str] = typer.Option(None, "--to", help="hf or speculators (default: the other format)."),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help="Target model directory, its config.json, or Hub id: fills num_target_layers and the verifier block, and checks the pair."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="Override/supply dflash_config.mask_token_id."),
+    target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids", help="Override/supply z-lab target layer ids (0-based layer outputs), e.g. 1,9,17,25,33."),
+    derive_target_layer_ids: bool = typer.Option(False, "--derive-target-layer-ids", help="Derive missing ids with the published z-lab/SGLang rule (needs --verifier); never done silently."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Override/supply the block size."),
+    causal: Optional[bool] = typer.Option(None, "--causal/--non-causal", help="Force every draft layer causal or non-causal."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (keep), float32, bfloat16 or float16."),
+    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", help="Shard the output, HF syntax (e.g. 5GB)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty destination."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Accept .bin pickle weights (loaded with weights_only=True)."),
+    validate_output: bool = typer.Option(False, "--validate", help="Run static + numeric validation on the output before it is committed."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of SRC (branch, tag or commit)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
+    push: Optional[str] = typer.Option(None, "--push", help="After converting and validating, push DST to this Hub repo."),
+    private: bool = typer.Option(False, "--private", help="With --push: create the repo private."),
+    commit_message: Optional[str] = typer.Option(None, "--commit-message", help="With --push."),
+    commit_description: Optional[str] = typer.Option(None, "--commit-description", help="With --push."),
+    create_pr: bool = typer.Option(False, "--create-pr", help="With --push: open a pull request instead of committing to the branch."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Convert a DFlash checkpoint between the speculators and HF / z-lab formats."""
+    from .convert import ConvertOptions, execute, plan_conversion
+    from .checkpoint import check_destination, open_checkpoint
+
+    src_path, src_sha = resolve_local(src, revision=revision, token=token, allow_pickle=allow_pickle)
+    verifier_path, verifier_name = None, None
+    if verifier is not None:
+        verifier_path, _ = resolve_local(verifier, revision=None, token=token, for_target=True)
+        verifier_name = verifier
+    opts = ConvertOptions(to=to, verifier=verifier_path, verifier_name=verifier_name, mask_token_id=mask_token_id,
+                          target_layer_ids=parse_int_list(target_layer_ids, "--target-layer-ids"),
+                          derive_target_layer_ids=derive_target_layer_ids, block_size=block_size, causal=causal,
+                          dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite, allow_pickle=allow_pickle,
+                          source_revision=src_sha)
+    if max_shard_size is not None:
+        from .safetensors_io import parse_size
+
+        try:
+            parse_size(max_shard_size)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--max-shard-size") from None
+    ckpt = open_checkpoint(src_path, allow_pickle=allow_pickle)
+    check_destination(output, overwrite, sources=(ckpt.path,))
+    plan = plan_conversion(ckpt, opts)
+    for w in plan.warnings:
+        warn(w)
+    report = None
+
+    def before_commit(tmp: Path) -> None:
+        nonlocal report
+        if validate_output or push:
+            from .validate import validate_output_dir
+            from .errors import ValidationFailed
+
+            report = validate_output_dir(tmp)
+            if report.failed:
+                names = ", ".join(c.name for c in report.failed_checks)
+                raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
+
+    total = sum(s.shape and __import__("math").prod(s.shape) or 0 for s in plan.kept)
+    progress, advance = _progress_bar(sum(ckpt.tensors[s.source].nbytes for s in plan.kept if s.source), "converting")
+    with progress:
+        record = execute(plan, output, opts, on_progress=advance, before_commit=before_commit)
+    result = {"output": str(output), "source_format": record.source_format,
+              "destination_format": record.destination_format, "tensors_kept": len(record.tensors_kept),
+              "tensors_dropped": record.tensors_dropped, "tensors_added": record.tensors_added,
+              "warnings": record.warnings, "source_revision": record.source_revision}
+    if report is not None:
+        result["validation"] = report.summary()
+    if push:
+        from . import hub
+
+        pushed = hub.push(output, push, revision=None, private=private, commit_message=commit_message,
+                          commit_description=commit_description, create_pr=create_pr, token=token)
+        result["push"] = pushed.to_dict() if hasattr(pushed, "to_dict") else pushed.__dict__
+    if as_json:
+        emit_json(result)
+    else:
+        err.print(f"converted {ckpt.format} -> {record.destination_format}: {output} "
+                  f"({len(record.tensors_kept)} tensors kept, {len(record.tensors_dropped)} dropped)")
+        for name, reason in record.tensors_dropped.items():
+            err.print(f"  dropped {name}: {reason}")
+        for name, how in record.tensors_added.items():
+            err.print(f"  added {name}: {how}")
+        if push:
+            typer.echo(result["push"].get("pr_url") or result["push"].get("commit_url"))
+
+
+# ----------------------------------------------------------------------------- inspect / diff / schema
+
+@app.command()
+def inspect(
+    path: str = typer.Argument(..., help="Checkpoint directory or Hub id."),
+    scan: bool = typer.Option(False, "--scan", help="Also read tensor values (NaN/Inf, all-zero); imports torch."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Accept .bin pickle weights (weights_only=True)."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Hub token."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Show the format, the values engines read, the tensors, and every problem found (exit 3 if any fails)."""
+    from .inspect import inspect_checkpoint
+    from .errors import ValidationFailed
+
+    local, sha = resolve_local(path, revision=revision, token=token, allow_pickle=allow_pickle)
+    info = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle)
+    info["revision"] = sha
+    if as_json:
+        emit_json(info)
+    else:
+        _print_inspect(info)
+    if not info["ok"]:
+        raise typer.Exit(ValidationFailed.exit_code)
+
+
+def _print_inspect(info: dict) -> None:
+    from rich.table import Table
+
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    for key in ("path", "format", "variant", "block_size", "speculative_tokens", "mask_token_id", "target_layer_ids",
+                "aux_hidden_state_layer_ids", "num_target_layers", "layer_types", "layer_causal", "sliding_window",
+                "vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size", "num_hidden_layers", "verifier",
+                "dtype", "parameters"):
+        value = info[key]
+        summary.add_row(key, f"{value:,}" if key == "parameters" else str(value))
+    err.print(summary)
+    tensors = Table("tensor", "dtype", "shape", "role", title=f"{len(info['tensors'])} tensors", title_justify="left")
+    for t in info["tensors"]:
+        tensors.add_row(t["name"], t["dtype"], str(t["shape"]), t["role"])
+    err.print(tensors)
+    if info["problems"]:
+        for c in info["problems"]:
+            colour = "red" if c["status"] == "fail" else "yellow"
+            err.print(f"[{colour}]{c['status'].upper()}[/{colour}] {c['name']}: {c['message']}")
+    else:
+        err.print("[green]no problems found[/green]")
+
+
+@app.command()
+def diff(
+    a: str = typer.Argument(..., help="First checkpoint (directory or Hub id)."),
+    b: str = typer.Argument(..., help="Second checkpoint (directory or Hub id)."),
+    tolerance: float = typer.Option(0.0, "--tolerance", help="Max abs difference still counted as equal."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision for Hub ids."),
+    token: Optional[str] = typer.Option(None, "--token", help="Hub token."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Compare two checkpoints (also across formats): exit 0 when equivalent, 3 when not."""
+    from .diff import diff_checkpoints
+
+    pa, _ = resolve_local(a, revision=revision, token=token)
+    pb, _ = resolve_local(b, revision=revision, token=token)
+    result = diff_checkpoints(pa, pb, tolerance=tolerance)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        err.print(f"{a} ({result.format_a}) vs {b} ({result.format_b})")
+        for key, v in result.config.items():
+            err.print(f"  config {key}: {v['a']!r} != {v['b']!r}")
+        for name, t in result.tensors.items():
+            if t["status"] != "equal":
+                extra = f" (max abs diff {t['max_abs_diff']})" if "max_abs_diff" in t else ""
+                err.print(f"  tensor {name}: {t['status']}{extra}")
+        equal = sum(t["status"] == "equal" for t in result.tensors.values())
+        err.print(f"{equal}/{len(result.tensors)} tensors equal, {len(result.config)} config differences, "
+                  f"{len(result.ignored)} tensors ignored (dropped by design): "
+                  + ("[green]equivalent[/green]" if result.equivalent else "[red]different[/red]"))
+    if not result.equivalent:
+        raise typer.Exit(3)
+
+
+@app.command()
+def schema(
+    name: Optional[str] = typer.Argument(None, help="speculators-config, hf-config, conversion-record or validation-report; all when omitted."),
+) -> None:
+    """Print the JSON Schemas of the files and reports dflash-convert reads and writes."""
+    from . import schemas
+
+    if name is None:
+        emit_json({n: schemas.schema(n) for n in schemas.NAMES})
+        return
+    if name not in schemas.NAMES:
+        raise typer.BadParameter(f"unknown schema {name!r}; choose from {', '.join(schemas.NAMES)}", param_hint="NAME")
+    sys.stdout.write(schemas.render(name))

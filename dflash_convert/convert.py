@@ -1,0 +1,342 @@
+"""Convert a DFlash checkpoint between the speculators and HF / z-lab formats.
+
+Plan, then execute. The plan is pure (config mapping + one decision per tensor from
+mapping.TENSOR_RULES); execution streams: it writes each destination header, then copies every
+kept tensor's byte range straight from the source file. torch is imported only to cast dtypes.
+Output is staged beside the destination and renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import __version__, mapping
+from .checkpoint import (
+    SAFETENSORS_DTYPE,
+    TORCH_DTYPES,
+    Checkpoint,
+    check_destination,
+    open_checkpoint,
+    read_json,
+    staged_directory,
+)
+from .configs import ConversionRecord, DraftSpec, VerifierRef
+from .errors import DFlashError, UsageError
+from .safetensors_io import (
+    DTYPE_SIZES,
+    TensorInfo,
+    copy_range,
+    header_bytes,
+    parse_size,
+    plan_shards,
+    shard_names,
+    write_index,
+)
+
+FLOAT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+RECORD_NAME = "conversion.json"
+
+
+@dataclass
+class ConvertOptions:
+    to: str | None = None  # "hf" | "speculators"; None = the other format
+    verifier: str | Path | None = None  # target model dir or its config.json
+    verifier_name: str | None = None  # what to record as verifier.name_or_path (default: the path / hub id)
+    mask_token_id: int | None = None
+    target_layer_ids: list[int] | None = None  # z-lab convention
+    derive_target_layer_ids: bool = False
+    block_size: int | None = None
+    causal: bool | None = None
+    dtype: str = "auto"
+    max_shard_size: str | None = None
+    overwrite: bool = False
+    allow_pickle: bool = False
+    source_revision: str | None = None  # resolved commit sha when the source came from the Hub
+
+    def record(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class TensorStep:
+    source: str | None  # canonical source name (None for derived tensors)
+    dest: str | None  # name written (None = dropped)
+    action: str  # keep | drop | derive
+    reason: str = ""
+    dtype: str = ""  # safetensors dtype written
+    shape: tuple[int, ...] = ()
+
+
+@dataclass
+class ConversionPlan:
+    checkpoint: Checkpoint
+    spec: DraftSpec  # the destination's spec (overrides applied)
+    dest_format: str
+    config: dict[str, Any]
+    steps: list[TensorStep]
+    warnings: list[str] = field(default_factory=list)
+    derived: dict[str, bytes] = field(default_factory=dict)  # dest name -> raw little-endian bytes
+
+    @property
+    def kept(self) -> list[TensorStep]:
+        return [s for s in self.steps if s.dest is not None]
+
+    @property
+    def dropped(self) -> dict[str, str]:
+        return {s.source: s.reason for s in self.steps if s.action == "drop"}
+
+
+# ----------------------------------------------------------------------------- planning
+
+def _apply_overrides(spec: DraftSpec, opts: ConvertOptions, warnings: list[str]) -> DraftSpec:
+    upd: dict[str, Any] = {}
+    if opts.mask_token_id is not None:
+        upd["mask_token_id"] = opts.mask_token_id
+    if opts.block_size is not None:
+        if opts.block_size < 2:
+            raise UsageError("--block-size must be at least 2 (an anchor and one draft slot)")
+        upd["block_size"] = opts.block_size
+    if opts.causal is not None:
+        upd["layer_causal"] = [opts.causal] * spec.num_layers
+        upd["causal_flag"] = opts.causal
+    if opts.target_layer_ids is not None:
+        if opts.derive_target_layer_ids:
+            raise UsageError("give --target-layer-ids or --derive-target-layer-ids, not both")
+        upd["target_layer_ids"] = list(opts.target_layer_ids)
+    if opts.dtype != "auto":
+        upd["dtype"] = opts.dtype
+    spec = spec.model_copy(update=upd)
+    if opts.verifier is not None:
+        spec = _apply_verifier(spec, opts, warnings)
+    if opts.derive_target_layer_ids:
+        if spec.target_layer_ids is not None:
+            warnings.append(f"--derive-target-layer-ids ignored: the checkpoint has target_layer_ids {spec.target_layer_ids}")
+        elif spec.num_target_layers is None:
+            raise UsageError("--derive-target-layer-ids needs the target's layer count: pass --verifier")
+        else:
+            ids = mapping.build_target_layer_ids(spec.num_target_layers, spec.num_layers)
+            warnings.append(f"target_layer_ids were missing and have been DERIVED with the published rule "
+                            f"(z-lab/SGLang build_target_layer_ids({spec.num_target_layers}, {spec.num_layers})) = {ids}; "
+                            "if the draft was trained on other layers acceptance will collapse")
+            spec = spec.model_copy(update={"target_layer_ids": ids})
+    return spec
+
+
+def _apply_verifier(spec: DraftSpec, opts: ConvertOptions, warnings: list[str]) -> DraftSpec:
+    vpath = Path(opts.verifier)
+    cfg_file = vpath if vpath.name == "config.json" else vpath / "config.json"
+    name = opts.verifier_name or str(opts.verifier if vpath.name != "config.json" else vpath.parent)
+    target = mapping.target_info(read_json(cfg_file), name, file=str(cfg_file))
+    where = str(cfg_file)
+    if spec.target_hidden_size not in (None, target.hidden_size):
+        raise DFlashError(f"target_hidden_size is {spec.target_hidden_size} but the verifier's hidden_size is "
+                          f"{target.hidden_size}", file=where)
+    if spec.target_hidden_size is None and spec.hidden_size != target.hidden_size:
+        raise DFlashError(f"verifier hidden_size {target.hidden_size} differs from the draft's {spec.hidden_size} "
+                          "and the draft config has no target_hidden_size", file=where)
+    if target.vocab_size != spec.vocab_size:
+        raise DFlashError(f"verifier vocab_size {target.vocab_size} differs from the draft config's "
+                          f"vocab_size {spec.vocab_size}", file=where)
+    if spec.mask_token_id is not None and not 0 <= spec.mask_token_id < target.vocab_size:
+        raise DFlashError(f"mask_token_id {spec.mask_token_id} is outside the verifier vocab [0, {target.vocab_size})",
+                          file=where)
+    if spec.target_layer_ids is not None:
+        bad = [i for i in spec.target_layer_ids if not 0 <= i < target.num_layers]
+        if bad:
+            raise DFlashError(f"target_layer_ids {bad} are outside the verifier's {target.num_layers} layers "
+                              f"(valid: 0..{target.num_layers - 1})", file=where)
+    if spec.num_target_layers not in (None, target.num_layers):
+        warnings.append(f"num_target_layers {spec.num_target_layers} replaced by the verifier's {target.num_layers}")
+    return spec.model_copy(update={"num_target_layers": target.num_layers,
+                                   "verifier": VerifierRef(name_or_path=name, architectures=target.architectures)})
+
+
+def _check_body(ckpt: Checkpoint, spec: DraftSpec) -> None:
+    """Every expected tensor present with its shape; nothing unknown; vocab tensors coherent."""
+    where = ckpt.weight_files[0] if ckpt.weight_files else ckpt.path
+    for name in ckpt.tensors:
+        if mapping.rule_for(name, spec.variant) is None:
+            raise DFlashError(f"unexpected tensor `{name}` (not part of a {spec.variant} draft)", file=ckpt.tensors[name].file)
+    for name, shape in mapping.expected_shapes(spec).items():
+        info = ckpt.tensors.get(name)
+        if info is None:
+            if name == "d2t" and "lm_head.weight" in ckpt.tensors:
+                raise DFlashError("tensor `d2t` is missing but the draft has a pruned lm_head "
+                                  f"[{spec.draft_vocab_size}, {spec.hidden_size}]: without the vocab map its ids "
+                                  "mean nothing (acceptance collapses)", file=where)
+            raise DFlashError(f"tensor `{name}` is missing (expected shape {list(shape)})", file=where)
+        if info.shape != shape:
+            hint = ""
+            if name == "fc.weight":
+                hint = (f"; fc input width must be len(target_layer_ids)={len(spec.target_layer_ids)} x target hidden "
+                        f"{spec.target_hidden_size or spec.hidden_size}")
+            raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape)}{hint}", file=info.file)
+    for name, shape_of in mapping.OPTIONAL_SHAPES.items():
+        info = ckpt.tensors.get(name)
+        if info is not None and info.shape != shape_of(spec):
+            raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape_of(spec))}",
+                              file=info.file)
+
+
+def _int_values(ckpt: Checkpoint, name: str) -> np.ndarray:
+    info = ckpt.tensors[name]
+    if name in ckpt.pickled:
+        return ckpt.pickled[name].numpy()
+    np_dtype = {"I64": "<i8", "I32": "<i4", "BOOL": "?", "U8": "u1"}[info.dtype]
+    with open(info.file, "rb") as f:
+        f.seek(info.start)
+        return np.frombuffer(f.read(info.nbytes), dtype=np_dtype).reshape(info.shape)
+
+
+def t2d_from_d2t(d2t: np.ndarray, vocab: int, file: Any = None) -> np.ndarray:
+    """The target->draft membership mask implied by d2t offsets (target_id = draft_id + d2t[draft_id])."""
+    target_ids = np.arange(len(d2t), dtype=np.int64) + d2t.astype(np.int64)
+    if target_ids.size and (target_ids.min() < 0 or target_ids.max() >= vocab):
+        raise DFlashError(f"tensor `d2t` maps draft ids outside the target vocab [0, {vocab})", file=file)
+    if len(np.unique(target_ids)) != len(target_ids):
+        raise DFlashError("tensor `d2t` maps two draft ids to the same target id", file=file)
+    t2d = np.zeros(vocab, dtype=bool)
+    t2d[target_ids] = True
+    return t2d
+
+
+def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
+    dest = opts.to or ("hf" if ckpt.format == "speculators" else "speculators")
+    if dest not in ("hf", "speculators"):
+        raise UsageError(f"--to must be hf or speculators, not {dest!r}")
+    warnings: list[str] = []
+    spec = _apply_overrides(ckpt.spec, opts, warnings)
+    if spec.variant == "dflash2" and dest == "hf":
+        warnings.append("dflash2 drafts are written with architectures ['DFlash2DraftModel'] and their extra "
+                        "fields under dflash_config; vLLM and SGLang serve only DFlashDraftModel today")
+    config, config_warnings = mapping.spec_to_config(spec, dest)
+    warnings += config_warnings
+    _check_body(ckpt, spec)
+    out_dtype = FLOAT_DTYPES.get(opts.dtype) if opts.dtype != "auto" else None
+    if opts.dtype not in ("auto", *FLOAT_DTYPES):
+        raise UsageError(f"--dtype must be one of auto, {', '.join(FLOAT_DTYPES)}")
+    steps: list[TensorStep] = []
+    derived: dict[str, bytes] = {}
+    for name in sorted(ckpt.tensors):
+        info = ckpt.tensors[name]
+        rule = mapping.rule_for(name, spec.variant)
+        action = mapping.tensor_action(rule, dest, spec.is_pruned_vocab)
+        if action == "drop":
+            steps.append(TensorStep(name, None, "drop", rule.drop_reason, info.dtype, info.shape))
+        elif action == "derive":
+            continue  # written below from d2t (a source copy is checked against it)
+        else:
+            dtype = out_dtype if (out_dtype and info.dtype in FLOAT_DTYPES.values()) else info.dtype
+            steps.append(TensorStep(name, name, "keep", "", dtype, info.shape))
+    if spec.is_pruned_vocab:
+        d2t = _int_values(ckpt, "d2t")
+        t2d = t2d_from_d2t(d2t, spec.vocab_size, file=ckpt.tensors["d2t"].file)
+        if "t2d" in ckpt.tensors:
+            found = _int_values(ckpt, "t2d").astype(bool)
+            if not np.array_equal(found, t2d):
+                raise DFlashError("tensor `t2d` disagrees with `d2t` (they must describe the same draft vocab)",
+                                  file=ckpt.tensors["t2d"].file)
+        if dest == "speculators":
+            derived["t2d"] = t2d.astype(np.uint8).tobytes()
+            steps.append(TensorStep(None, "t2d", "derive", "rebuilt from d2t", "BOOL", (spec.vocab_size,)))
+    return ConversionPlan(ckpt, spec, dest, config, steps, warnings, derived)
+
+
+# ----------------------------------------------------------------------------- execution
+
+def _sha256_files(files: list[Path], out: dict[str, str]) -> None:
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while chunk := fh.read(8 << 20):
+                h.update(chunk)
+        out[f.name] = h.hexdigest()
+
+
+def _write_tensor(plan: ConversionPlan, step: TensorStep, src_handles: dict, dst) -> None:
+    ckpt = plan.checkpoint
+    if step.source is None:
+        dst.write(plan.derived[step.dest])
+        return
+    info: TensorInfo = ckpt.tensors[step.source]
+    if step.dtype == info.dtype and step.source not in ckpt.pickled:
+        src = src_handles.get(info.file)
+        if src is None:
+            src = src_handles[info.file] = open(info.file, "rb")
+        copy_range(src, dst, info.start, info.nbytes)
+        return
+    import torch  # only casts and pickle sources get here
+
+    tensor = ckpt.load_tensor(step.source).to(getattr(torch, TORCH_DTYPES[step.dtype])).contiguous()
+    dst.write(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+
+
+def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
+            on_progress: Callable[[int], None] | None = None,
+            before_commit: Callable[[Path], None] | None = None) -> ConversionRecord:
+    ckpt = plan.checkpoint
+    kept = plan.kept
+    sizes = [int(np.prod(s.shape, dtype=np.int64)) * DTYPE_SIZES[s.dtype] for s in kept]
+    max_shard = parse_size(opts.max_shard_size) if opts.max_shard_size else None
+    shards = plan_shards(sizes, max_shard)
+    names = shard_names(len(shards))
+    metadata = dict(ckpt.metadata) or {"format": "pt"}
+    hashes: dict[str, str] = {}
+    hasher = threading.Thread(target=_sha256_files, args=(ckpt.input_files, hashes), daemon=True)
+    hasher.start()  # hashing reads the inputs on the other core while the kernel copies
+    record_warnings = list(plan.warnings)
+    with staged_directory(dest, overwrite=opts.overwrite) as tmp:
+        handles: dict = {}
+        try:
+            weight_map: dict[str, str] = {}
+            for shard_name, idx in zip(names, shards):
+                head, _ = header_bytes([(kept[i].dest, kept[i].dtype, kept[i].shape) for i in idx], metadata)
+                with open(tmp / shard_name, "wb") as dst:
+                    dst.write(head)
+                    for i in idx:
+                        _write_tensor(plan, kept[i], handles, dst)
+                        weight_map[kept[i].dest] = shard_name
+                        if on_progress:
+                            on_progress(sizes[i])
+            if len(shards) > 1:
+                write_index(tmp, weight_map, sum(sizes))
+        finally:
+            for h in handles.values():
+                h.close()
+        (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
+        hasher.join()
+        record = ConversionRecord(
+            tool_version=__version__,
+            source=str(ckpt.path),
+            source_format=ckpt.format,
+            source_revision=opts.source_revision,
+            destination_format=plan.dest_format,
+            input_files=hashes,
+            options=opts.record(),
+            tensors_kept=[s.dest for s in kept if s.action == "keep"],
+            tensors_dropped=plan.dropped,
+            tensors_renamed={ckpt.source_names[s.source]: s.dest for s in kept
+                             if s.source and ckpt.source_names[s.source] != s.dest},
+            tensors_added={s.dest: s.reason for s in kept if s.action == "derive"},
+            warnings=record_warnings,
+        )
+        (tmp / RECORD_NAME).write_text(record.model_dump_json(indent=2) + "\n")
+        if before_commit:
+            before_commit(tmp)
+    return record
+
+
+def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = None, **kw) -> ConversionRecord:
+    """Library entry point: convert the checkpoint at `src` into `dest` (see ConvertOptions)."""
+    opts = opts or ConvertOptions()
+    ckpt = open_checkpoint(src, allow_pickle=opts.allow_pickle)
+    check_destination(Path(dest), opts.overwrite, sources=(ckpt.path,))
+    plan = plan_conversion(ckpt, opts)
+    return execute(plan, Path(dest), opts, **kw)

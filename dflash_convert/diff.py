@@ -1,0 +1,139 @@
+"""Compare two checkpoints, also across formats: what engines would run, field by field and tensor by tensor.
+
+Configs are compared as DraftSpecs (so aux ids and target ids, or `sliding_window_non_causal`
+and `dflash_config.causal`, compare by meaning). Tensors are compared by canonical name; byte-equal
+tensors are settled without torch, others get a max absolute difference. Tensors that a conversion
+drops by design (verifier copies, t2d) are listed but do not make two drafts different.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import mapping
+from .checkpoint import Checkpoint, open_checkpoint
+from .configs import DraftSpec
+
+
+def engine_view(spec: DraftSpec) -> dict[str, Any]:
+    """The config values an engine acts on, normalised across formats."""
+    any_sliding = "sliding_attention" in spec.layer_types
+    return {
+        "variant": spec.variant,
+        "block_size": spec.block_size,
+        "mask_token_id": spec.mask_token_id,
+        "target_layer_ids": spec.target_layer_ids,
+        "layer_types": spec.layer_types,
+        "layer_causal": spec.layer_causal,
+        "sliding_window": spec.sliding_window if any_sliding else None,
+        "draft_vocab_size": spec.draft_vocab_size or spec.vocab_size,
+        "vocab_size": spec.vocab_size,
+        "target_hidden_size": spec.target_hidden_size or spec.hidden_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": spec.rope_scaling,
+        "attention_bias": spec.attention_bias,
+        "hidden_act": spec.hidden_act,
+        "num_target_layers": spec.num_target_layers,
+        "verifier": spec.verifier.name_or_path if spec.verifier else None,
+        **{k: v for k, v in spec.variant_fields.items()},
+    }
+
+
+# Fields one side may simply not know (z-lab configs name no verifier): differ only when both are known.
+OPTIONAL_FIELDS = ("num_target_layers", "verifier")
+
+
+@dataclass
+class DiffResult:
+    a: str
+    b: str
+    format_a: str
+    format_b: str
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> {a, b}
+    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {status, max_abs_diff, ...}
+    ignored: dict[str, str] = field(default_factory=dict)  # name -> why it does not count
+    tolerance: float = 0.0
+
+    @property
+    def equivalent(self) -> bool:
+        return not self.config and all(t["status"] == "equal" for t in self.tensors.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "format_a": self.format_a, "format_b": self.format_b,
+                "equivalent": self.equivalent, "tolerance": self.tolerance, "config_differences": self.config,
+                "tensors": self.tensors, "ignored_tensors": self.ignored}
+
+
+def _same_bytes(a, b) -> bool:
+    if a.nbytes != b.nbytes:
+        return False
+    with open(a.file, "rb") as fa, open(b.file, "rb") as fb:
+        fa.seek(a.start)
+        fb.seek(b.start)
+        left = a.nbytes
+        while left:
+            n = min(left, 16 << 20)
+            if fa.read(n) != fb.read(n):
+                return False
+            left -= n
+    return True
+
+
+def _engine_tensors(ckpt: Checkpoint) -> tuple[set[str], dict[str, str]]:
+    """Names an engine loads (what survives conversion to HF), and the rest with the reason."""
+    used, ignored = set(), {}
+    for name in ckpt.tensors:
+        rule = mapping.rule_for(name)
+        if rule is None:
+            used.add(name)  # unknown tensors count: they make a difference
+            continue
+        action = mapping.tensor_action(rule, "hf", ckpt.spec.is_pruned_vocab)
+        if action == "keep":
+            used.add(name)
+        else:
+            ignored[name] = rule.drop_reason
+    return used, ignored
+
+
+def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, allow_pickle: bool = False) -> DiffResult:
+    ca, cb = open_checkpoint(a, allow_pickle=allow_pickle), open_checkpoint(b, allow_pickle=allow_pickle)
+    result = DiffResult(str(a), str(b), ca.format, cb.format, tolerance=tolerance)
+    va, vb = engine_view(ca.spec), engine_view(cb.spec)
+    for key in va:
+        if va[key] != vb.get(key) and not (key in OPTIONAL_FIELDS and (va[key] is None or vb.get(key) is None)):
+            result.config[key] = {"a": va[key], "b": vb.get(key)}
+    used_a, ignored_a = _engine_tensors(ca)
+    used_b, ignored_b = _engine_tensors(cb)
+    result.ignored = {**{f"a:{k}": v for k, v in ignored_a.items()}, **{f"b:{k}": v for k, v in ignored_b.items()}}
+    for name in sorted(used_a | used_b):
+        ta, tb = ca.tensors.get(name) if name in used_a else None, cb.tensors.get(name) if name in used_b else None
+        if ta is None or tb is None:
+            result.tensors[name] = {"status": "only_in_a" if tb is None else "only_in_b"}
+            continue
+        entry: dict[str, Any] = {"dtype": [ta.dtype, tb.dtype], "shape": [list(ta.shape), list(tb.shape)]}
+        if ta.shape != tb.shape:
+            entry["status"] = "shape_differs"
+        elif ta.dtype == tb.dtype and name not in ca.pickled and name not in cb.pickled and _same_bytes(ta, tb):
+            entry.update(status="equal", max_abs_diff=0.0)
+        else:
+            import torch
+
+            x, y = ca.load_tensor(name), cb.load_tensor(name)
+            if x.is_floating_point() or y.is_floating_point():
+                d = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
+            else:
+                d = float((x.long() - y.long()).abs().max().item()) if x.numel() else 0.0
+            finite = bool(torch.isfinite(torch.tensor(d)))
+            entry.update(max_abs_diff=d if finite else str(d),
+                         status="equal" if finite and d <= tolerance else "differs")
+        result.tensors[name] = entry
+    return result
