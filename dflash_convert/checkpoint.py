@@ -8,7 +8,6 @@ asks for them, and are then loaded with `weights_only=True`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import uuid
@@ -170,18 +169,6 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
 
 # ----------------------------------------------------------------------------- staging
 
-def _fsync_tree(directory: Path) -> None:
-    for p in directory.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def check_destination(dest: Path, overwrite: bool, sources: tuple[Path, ...] = ()) -> None:
     dest = Path(dest)
     for src in sources:
@@ -214,7 +201,8 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False) -> Iterator[P
         pass
     try:
         yield tmp
-        _fsync_tree(tmp)
+        # No fsync: the rename makes DST atomic against process death (kill -9, Ctrl-C), which is
+        # what users hit; forcing 2 GB to disk first would triple the cost of a conversion.
         if dest.exists():
             if not overwrite and any(dest.iterdir()):
                 raise DFlashError("destination appeared and is not empty", file=dest)
