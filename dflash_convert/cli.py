@@ -40,17 +40,21 @@ def warn(message: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
 
 
-@app.callback()
-def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
-    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
-) -> None:
-    STATE["debug"] = debug or bool(os.environ.get("DFLASH_CONVERT_DEBUG"))
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from . import __version__
 
         typer.echo(__version__)
         raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and exit."),
+) -> None:
+    STATE["debug"] = debug or bool(os.environ.get("DFLASH_CONVERT_DEBUG"))
 
 
 def main() -> None:
@@ -242,11 +246,9 @@ def _print_inspect(info: dict) -> None:
     from rich.table import Table
 
     summary = Table(show_header=False, box=None, pad_edge=False)
-    for key in ("path", "format", "variant", "block_size", "speculative_tokens", "mask_token_id", "target_layer_ids",
-                "aux_hidden_state_layer_ids", "num_target_layers", "layer_types", "layer_causal", "sliding_window",
-                "vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size", "num_hidden_layers", "verifier",
-                "dtype", "parameters"):
-        value = info[key]
+    for key, value in info.items():
+        if key in ("tensors", "checks", "problems", "files", "ok"):
+            continue
         summary.add_row(key, f"{value:,}" if key == "parameters" else str(value))
     err.print(summary)
     tensors = Table("tensor", "dtype", "shape", "role", title=f"{len(info['tensors'])} tensors", title_justify="left")
