@@ -251,13 +251,44 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
 
 # ----------------------------------------------------------------------------- execution
 
-def _sha256_files(files: list[Path], out: dict[str, str]) -> None:
-    for f in files:
+# Bit masks of the exponent field: all ones = Inf or NaN. Checked on raw bytes, no torch.
+NONFINITE_MASKS = {"F64": ("<u8", 0x7FF0000000000000), "F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00),
+                   "BF16": ("<u2", 0x7F80)}
+
+
+def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str]) -> None:
+    """sha256 of every input file and the names of float tensors holding NaN/Inf, in one read.
+
+    Runs on the other core while the kernel copies: both passes read from the page cache.
+    """
+    by_file: dict[Path, list[TensorInfo]] = {}
+    for info in ckpt.tensors.values():
+        by_file.setdefault(info.file, []).append(info)
+    for f in ckpt.input_files:
         h = hashlib.sha256()
         with open(f, "rb") as fh:
+            pos = 0
+            scan = [] if f.suffix != ".safetensors" else sorted(by_file.get(f, []), key=lambda t: t.start)
+            for info in scan:
+                if info.start > pos:  # header and padding
+                    h.update(fh.read(info.start - pos))
+                mask = NONFINITE_MASKS.get(info.dtype)
+                left, bad = info.nbytes, False
+                while left:
+                    chunk = fh.read(min(left, 8 << 20))
+                    if not chunk:
+                        raise DFlashError(f"tensor `{info.name}`: file ended early", file=f)
+                    h.update(chunk)
+                    if mask and not bad:
+                        words = np.frombuffer(chunk, dtype=mask[0])
+                        bad = bool(((words & mask[1]) == mask[1]).any())
+                    left -= len(chunk)
+                if bad:
+                    nonfinite.append(info.name)
+                pos = info.end
             while chunk := fh.read(8 << 20):
                 h.update(chunk)
-        out[f.name] = h.hexdigest()
+        hashes[f.name] = h.hexdigest()
 
 
 def _write_tensor(plan: ConversionPlan, step: TensorStep, src_handles: dict, dst) -> None:
@@ -289,8 +320,17 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
     names = shard_names(len(shards))
     metadata = dict(ckpt.metadata) or {"format": "pt"}
     hashes: dict[str, str] = {}
-    hasher = threading.Thread(target=_sha256_files, args=(ckpt.input_files, hashes), daemon=True)
-    hasher.start()  # hashing reads the inputs on the other core while the kernel copies
+    nonfinite: list[str] = []
+    failure: list[BaseException] = []
+
+    def read_inputs() -> None:
+        try:
+            _read_inputs(ckpt, hashes, nonfinite)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            failure.append(exc)
+
+    reader = threading.Thread(target=read_inputs, daemon=True)
+    reader.start()
     record_warnings = list(plan.warnings)
     with staged_directory(dest, overwrite=opts.overwrite) as tmp:
         handles: dict = {}
@@ -311,7 +351,14 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             for h in handles.values():
                 h.close()
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
-        hasher.join()
+        reader.join()
+        if failure:
+            raise failure[0]
+        nonfinite += [n for n, t in ckpt.pickled.items() if t.is_floating_point() and not t.isfinite().all()]
+        if nonfinite:
+            raise DFlashError(f"tensor `{nonfinite[0]}` contains NaN or Inf values"
+                              + (f" (and {len(nonfinite) - 1} more)" if len(nonfinite) > 1 else ""),
+                              file=ckpt.tensors[nonfinite[0]].file)
         record = ConversionRecord(
             tool_version=__version__,
             source=str(ckpt.path),

@@ -293,3 +293,17 @@ def test_kill_leaves_destination_absent_or_complete(speculators_drafts, tmp_path
     if not out.exists():
         assert not any(q.name.startswith(".term.") for q in tmp_path.iterdir())
     assert outcomes == {"absent", "complete"}, outcomes  # both ends of the race were exercised
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_nan_or_inf_tensor_refused(cli, full, tmp_path, dtype):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    t = {k: (v.to(getattr(torch, dtype)) if v.is_floating_point() else v)
+         for k, v in load_file(full / "model.safetensors").items()}
+    t["layers.1.mlp.up_proj.weight"][3, 7] = float("nan") if dtype != "float16" else float("inf")
+    save_file(t, full / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    assert_clean_failure(cli("convert", full, "-o", out), out, 1, "model.safetensors",
+                         "layers.1.mlp.up_proj.weight", "NaN or Inf")
