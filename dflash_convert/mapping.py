@@ -268,6 +268,10 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     non_causal = (not sliding_causal.pop()) if sliding_causal else SPECULATORS_NON_CAUSAL_DEFAULT[spec.variant]
     decoder = dict(spec.decoder)
     decoder["layer_types"] = list(spec.layer_types)
+    if spec.target_hidden_size not in (None, spec.hidden_size):
+        warnings.append(f"target_hidden_size {spec.target_hidden_size} differs from the draft hidden size "
+                        f"{spec.hidden_size}: vLLM reads it, but speculators' own model sizes fc from the draft "
+                        "hidden size and will not load this checkpoint")
     verifier = spec.verifier or VerifierRef()
     if not verifier.name_or_path:
         warnings.append("speculators_config.verifier.name_or_path is unknown (vLLM requires it): pass --verifier")
