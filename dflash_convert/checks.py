@@ -1,0 +1,430 @@
+"""Checks of a DFlash checkpoint, one per complaint users have (FORMATS.md section 9).
+
+`checkpoint_checks` reads config.json and safetensors headers (plus the bytes of the small int
+tensors `d2t` / `t2d`, through numpy); only `scan=True` imports torch, to look at float values one
+tensor at a time. `target_checks` compares a draft with its target's config.json, no weights: a
+Qwen3-8B-sized pair is checked in milliseconds. Every check names the tensor or field it is about.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from . import mapping
+from .checkpoint import Checkpoint
+from .configs import DraftSpec
+
+Status = Literal["pass", "fail", "warn", "skip"]
+Level = Literal["static", "numeric", "end_to_end"]
+
+
+class Check(BaseModel):
+    """One row of a report: what was checked, the measured value and the limit it was held to."""
+
+    name: str
+    status: Status
+    value: Any = None
+    threshold: Any = None
+    message: str = ""
+    level: Level = "static"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+
+def _check(name: str, ok: bool | None, message: str, *, value: Any = None, threshold: Any = None,
+           level: Level = "static", bad: Status = "fail") -> Check:
+    """pass when ok, `bad` (fail or warn) when not ok, skip when ok is None."""
+    status: Status = "skip" if ok is None else ("pass" if ok else bad)
+    return Check(name=name, status=status, value=value, threshold=threshold, message=message, level=level)
+
+
+def _first(items: list[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
+
+
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+NUMPY_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def small_tensor_values(ckpt: Checkpoint, name: str):
+    """Values of a small integer / bool tensor (d2t, t2d) as a numpy array, without torch."""
+    import numpy as np
+
+    if name in ckpt.pickled:  # torch is loaded already for pickle checkpoints
+        return ckpt.pickled[name].cpu().numpy()
+    info = ckpt.tensors[name]
+    with open(info.file, "rb") as f:
+        f.seek(info.start)
+        data = f.read(info.nbytes)
+    return np.frombuffer(data, dtype=NUMPY_DTYPES[info.dtype]).reshape(info.shape)
+
+
+# ----------------------------------------------------------------------------- checkpoint (config + headers)
+
+def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
+    """Every problem FORMATS.md section 9 lists that a checkpoint alone can show."""
+    spec = ckpt.spec
+    checks = [
+        _block_size(spec),
+        *_mask_token(spec),
+        *_layer_ids(spec),
+        _fc_width(ckpt),
+        _attention_shapes(ckpt),
+        *_tensor_set(ckpt),
+        *_vocab_map(ckpt),
+        _dtypes(ckpt),
+        _causality(spec),
+        _verifier(spec),
+    ]
+    if scan:
+        checks += scan_checks(ckpt)
+    return checks
+
+
+def _block_size(spec: DraftSpec) -> Check:
+    b = spec.block_size
+    if b is None:
+        return _check("block_size", False, "config has no block_size: engines fall back to their own default (16 in "
+                      "SGLang), which may not be what the draft was trained for", threshold=">= 2")
+    return _check("block_size", b >= 2, f"field `block_size` = {b}" + ("" if b >= 2 else
+                  ": a block needs the anchor plus at least one mask slot"), value=b, threshold=">= 2")
+
+
+def _mask_token(spec: DraftSpec) -> list[Check]:
+    m, vocab = spec.mask_token_id, spec.vocab_size
+    if m is None:
+        return [_check("mask_token_id", False, "config has no mask_token_id: engines cannot fill the block "
+                       "(pass --mask-token-id when converting)", threshold=f"< {vocab}")]
+    checks = [_check("mask_token_id", 0 <= m < vocab, f"field `mask_token_id` = {m}, vocab_size {vocab}"
+                     + ("" if 0 <= m < vocab else ": outside the target embedding table"),
+                     value=m, threshold=f"[0, {vocab})")]
+    special = _special_ids(spec.decoder.get("pad_token_id"), spec.decoder.get("eos_token_id"))
+    checks.append(_mask_vs_special("mask_token_id_special", m, *special, source="the draft config"))
+    return checks
+
+
+def _special_ids(pad, eos) -> tuple[int | None, tuple[int, ...]]:
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+    return pad, tuple(int(e) for e in eos_ids)
+
+
+def _mask_vs_special(name: str, mask: int, pad: int | None, eos: tuple[int, ...], *, source: str) -> Check:
+    """A mask id equal to eos makes the draft's block look like ended text (fail); equal to pad, a token
+    that is often untrained or zeroed (warn). z-lab/dflash #73, NeMo #2461."""
+    if mask in eos:
+        return _check(name, False, f"field `mask_token_id` = {mask} is the eos token of {source}: the block "
+                      "would be filled with end-of-text, not a mask", value=mask, threshold=f"not eos {list(eos)}")
+    if pad is not None and mask == pad:
+        return _check(name, False, f"field `mask_token_id` = {mask} is the pad token of {source}: check it is "
+                      "the token the draft was trained with", value=mask, threshold=f"not pad {pad}", bad="warn")
+    if pad is None and not eos:
+        return _check(name, None, f"{source} names no pad/eos token to compare the mask id with", value=mask)
+    return _check(name, True, f"mask id {mask} is neither pad ({pad}) nor eos ({list(eos)}) of {source}",
+                  value=mask, threshold="not pad/eos")
+
+
+def _layer_ids(spec: DraftSpec) -> list[Check]:
+    ids = spec.target_layer_ids
+    if ids is None:
+        return [_check("target_layer_ids", False, "config has no target layer ids; engines would guess them "
+                       "(acceptance collapses when the guess is wrong: sglang #37475, z-lab/dflash #156)")]
+    problems = []
+    if any(i < 0 for i in ids):
+        problems.append("negative ids")
+    if len(set(ids)) != len(ids):
+        problems.append("duplicate ids")
+    if list(ids) != sorted(ids):
+        problems.append("not in increasing order (engines capture target layers in layer order, so features "
+                        "reach fc in a different order than listed)")
+    checks = [_check("target_layer_ids", not problems and len(ids) > 0,
+                     f"target layer ids {ids}: " + ("; ".join(problems) if problems else
+                                                   "non-empty, unique, increasing" if ids else "empty"),
+                     value=list(ids), threshold="unique, increasing, >= 0")]
+    n = spec.num_target_layers
+    if n is None:
+        checks.append(_check("target_layer_ids_range", None, "num_target_layers unknown: pass --target to check "
+                             "the ids against the target's layers", value=list(ids)))
+    else:
+        out = [i for i in ids if not 0 <= i < n]
+        checks.append(_check("target_layer_ids_range", not out, f"ids {out} are not layers of a {n}-layer target"
+                             if out else f"all ids within the {n} target layers", value=list(ids),
+                             threshold=f"[0, {n})"))
+    return checks
+
+
+def _fc_width(ckpt: Checkpoint) -> Check:
+    spec, fc = ckpt.spec, ckpt.tensors.get("fc.weight")
+    if fc is None:
+        return _check("fc_width", False, "tensor `fc.weight` is missing", threshold=spec.context_width)
+    if spec.context_width is None:
+        return _check("fc_width", None, "no target layer ids: the width of `fc.weight` cannot be checked",
+                      value=list(fc.shape))
+    target_h = spec.target_hidden_size or spec.hidden_size
+    want = (spec.hidden_size, spec.context_width)
+    n_ids = len(spec.target_layer_ids)
+    ok = tuple(fc.shape) == want
+    msg = f"tensor `fc.weight` is {list(fc.shape)}; {n_ids} target ids x target hidden {target_h} -> {list(want)}"
+    if not ok and len(fc.shape) == 2 and fc.shape[1] % target_h == 0 and fc.shape[1] != spec.context_width:
+        msg += f" (the weight was made for {fc.shape[1] // target_h} ids)"
+    return _check("fc_width", ok, msg, value=list(fc.shape), threshold=list(want))
+
+
+def _attention_shapes(ckpt: Checkpoint) -> Check:
+    spec = ckpt.spec
+    want = {n: s for n, s in mapping.expected_shapes(spec).items() if ".self_attn." in n and "_proj." in n}
+    bad = [f"{n} {list(ckpt.tensors[n].shape)} != {list(s)}" for n, s in want.items()
+           if n in ckpt.tensors and tuple(ckpt.tensors[n].shape) != s]
+    dims = f"heads {spec.num_heads}, kv heads {spec.num_kv_heads}, head_dim {spec.head_dim}, hidden {spec.hidden_size}"
+    return _check("attention_shapes", not bad, ("tensor " + _first(bad) + f" (config: {dims})") if bad else
+                  f"q/k/v/o projections of {spec.num_layers} layers match {dims}",
+                  value=bad[:5] or None, threshold=dims)
+
+
+def _tensor_set(ckpt: Checkpoint) -> list[Check]:
+    spec, have = ckpt.spec, ckpt.tensors
+    expected = mapping.expected_shapes(spec)
+    vocab_names = ("lm_head.weight", "d2t")  # judged by the vocab_map check, with a better message
+    missing = [n for n in expected if n not in have and n not in vocab_names and n != "fc.weight"]
+    other = {n: s for n, s in expected.items() if n not in vocab_names and n != "fc.weight"
+             and not (".self_attn." in n and "_proj." in n)}
+    for name, size in mapping.OPTIONAL_SHAPES.items():
+        if name in have and name not in expected and name not in vocab_names and name != "t2d":
+            other[name] = size(spec)
+    wrong = [f"{n} {list(have[n].shape)} != {list(s)}" for n, s in other.items()
+             if n in have and tuple(have[n].shape) != tuple(s)]
+    unknown = [n for n in have if mapping.rule_for(n, spec.variant) is None]
+    checks = [
+        _check("missing_tensors", not missing, ("tensor " + _first(missing) + " missing") if missing else
+               f"all {len(expected)} expected tensors present", value=missing or None),
+        _check("tensor_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
+               "norms, MLP and other tensors have the shapes the config implies", value=wrong[:5] or None),
+        _check("unexpected_tensors", not unknown, ("tensor " + _first(unknown) + " is not part of a "
+               f"{spec.variant} draft; engines' loaders refuse unknown weights") if unknown else
+               "no unknown tensors", value=unknown or None),
+    ]
+    # Tensors that are harmless to speculators but should not ship (the converter drops them).
+    leftovers = [n for n in have if n.startswith("verifier_")]
+    if spec.source_format == "hf":
+        leftovers += [n for n in have if n in ("t2d", "embed_tokens.weight")]
+        if not spec.is_pruned_vocab:
+            leftovers += [n for n in have if n in ("lm_head.weight", "d2t")]
+    checks.append(_check("training_only_tensors", not leftovers, ("tensor " + _first(sorted(leftovers))
+                         + " should not be shipped (training-only or a copy of the target's; "
+                         "`dflash-convert convert` drops it)") if leftovers else "no training-only tensors",
+                         value=sorted(leftovers) or None, bad="warn"))
+    return checks
+
+
+def _vocab_map(ckpt: Checkpoint) -> list[Check]:
+    """Pruned drafts need their lm_head AND d2t; d2t must map into the target vocab; t2d must agree."""
+    spec, have = ckpt.spec, ckpt.tensors
+    vocab = spec.vocab_size
+    head = have.get("lm_head.weight")
+    rows = head.shape[0] if head is not None and head.shape else None
+    pruned_head = rows is not None and rows != vocab
+    checks: list[Check] = []
+    if spec.is_pruned_vocab or pruned_head:
+        vd = spec.draft_vocab_size if spec.is_pruned_vocab else rows
+        problems = []
+        if head is None:
+            problems.append(f"tensor `lm_head.weight` missing for draft_vocab_size {vd}")
+        elif rows != vd:
+            problems.append(f"tensor `lm_head.weight` has {rows} rows, config draft_vocab_size is "
+                            f"{spec.draft_vocab_size or vocab}")
+        if "d2t" not in have:
+            problems.append("tensor `d2t` missing while lm_head is pruned: draft ids would be read as target ids "
+                            "and acceptance collapses (vllm-ascend #9795)")
+        elif tuple(have["d2t"].shape) != (vd,):
+            problems.append(f"tensor `d2t` is {list(have['d2t'].shape)}, expected [{vd}]")
+        checks.append(_check("vocab_map", not problems, "; ".join(problems) if problems else
+                             f"pruned vocab: lm_head [{vd}, {spec.hidden_size}] with d2t [{vd}]",
+                             value={"draft_vocab": vd, "d2t": "d2t" in have}, threshold=f"lm_head rows == d2t size"))
+    else:
+        checks.append(_check("vocab_map", True, f"full vocab ({vocab}): the target's lm_head is used",
+                             value={"draft_vocab": vocab}))
+    checks += _d2t_values(ckpt, vocab)
+    return checks
+
+
+def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
+    import numpy as np
+
+    have = ckpt.tensors
+    checks: list[Check] = []
+    target_ids = None
+    if "d2t" in have:
+        info = have["d2t"]
+        if info.dtype not in NUMPY_DTYPES or info.dtype == "BOOL" or len(info.shape) != 1:
+            checks.append(_check("d2t_range", False, f"tensor `d2t` is {info.dtype} {list(info.shape)}; "
+                                 "expected a 1-D integer tensor", value=info.dtype))
+        else:
+            d2t = small_tensor_values(ckpt, "d2t").astype(np.int64)
+            target_ids = np.arange(len(d2t), dtype=np.int64) + d2t
+            lo, hi = (int(target_ids.min()), int(target_ids.max())) if len(d2t) else (0, 0)
+            dup = len(d2t) - len(np.unique(target_ids))
+            ok = lo >= 0 and hi < vocab
+            msg = (f"tensor `d2t` maps draft ids to target ids [{lo}, {hi}]" +
+                   ("" if ok else f", outside the target vocab [0, {vocab})") +
+                   (f"; {dup} target ids repeated" if dup else ""))
+            checks.append(_check("d2t_range", ok and not dup, msg, value=[lo, hi], threshold=f"[0, {vocab})",
+                                 bad="fail" if not ok else "warn"))
+    if "t2d" in have:
+        info = have["t2d"]
+        t2d = small_tensor_values(ckpt, "t2d").astype(bool).reshape(-1)
+        problems = []
+        if tuple(info.shape) != (vocab,):
+            problems.append(f"tensor `t2d` is {list(info.shape)}, expected [{vocab}]")
+        vd = ckpt.spec.draft_vocab_size or vocab
+        if int(t2d.sum()) != vd:
+            problems.append(f"tensor `t2d` marks {int(t2d.sum())} ids, draft vocab is {vd}")
+        if target_ids is not None and len(t2d) == vocab and target_ids.min(initial=0) >= 0 \
+                and target_ids.max(initial=0) < vocab and not t2d[target_ids].all():
+            problems.append("tensor `t2d` disagrees with `d2t` (a draft id maps to a target id t2d excludes)")
+        checks.append(_check("t2d_consistency", not problems, "; ".join(problems) if problems else
+                             f"t2d marks the {vd} target ids d2t maps to", value=int(t2d.sum()), threshold=vd))
+    return checks
+
+
+def _dtypes(ckpt: Checkpoint) -> Check:
+    counts: dict[str, int] = {}
+    for name, info in ckpt.tensors.items():
+        if info.dtype in FLOAT_DTYPES and not name.startswith("verifier_"):
+            counts[info.dtype] = counts.get(info.dtype, 0) + info.numel
+    if not counts:
+        return _check("dtype", False, "no floating-point tensors", value=None)
+    main = max(counts, key=counts.get)
+    if len(counts) > 1:
+        odd = sorted(n for n, i in ckpt.tensors.items() if i.dtype in FLOAT_DTYPES and i.dtype != main)
+        return _check("dtype", False, f"mixed float dtypes {sorted(counts)}: tensor {_first(odd)} is not {main}",
+                      value=sorted(counts), threshold="one float dtype", bad="warn")
+    if main in ("F32", "F64"):
+        return _check("dtype", False, f"all weights are {main}: drafts are served in bf16/fp16, this doubles the "
+                      "download (speculators #136; convert with --dtype bfloat16)", value=main,
+                      threshold="BF16/F16", bad="warn")
+    return _check("dtype", True, f"all weights {main}", value=main)
+
+
+def _causality(spec: DraftSpec) -> Check:
+    causal = list(spec.layer_causal)
+    mixed = len(set(causal)) > 1
+    desc = ", ".join(f"{i}:{'causal' if c else 'non-causal'}" for i, c in enumerate(causal))
+    return _check("causality", not mixed, f"per-layer block causality {desc}" + (
+        "; mixed drafts run wrongly on vLLM versions that apply one flag to every layer (vLLM #47745/#56692)"
+        if mixed else ""), value=causal, bad="warn")
+
+
+def _verifier(spec: DraftSpec) -> Check:
+    if spec.verifier is not None:
+        return _check("verifier", True, f"verifier {spec.verifier.name_or_path}", value=spec.verifier.name_or_path)
+    if spec.source_format == "speculators":
+        return _check("verifier", False, "speculators config names no verifier: vLLM needs "
+                      "verifier.name_or_path to find the target (pass --verifier when converting)", bad="warn")
+    return _check("verifier", None, "no verifier recorded (HF configs need none)")
+
+
+# ----------------------------------------------------------------------------- values (torch)
+
+def scan_checks(ckpt: Checkpoint) -> list[Check]:
+    """NaN/Inf and all-zero / constant tensors, reading one tensor at a time (speculators #1114, #617, #962)."""
+    import torch
+
+    nonfinite, zero, constant_mat, constant_vec = [], [], [], []
+    for name in sorted(ckpt.tensors):
+        info = ckpt.tensors[name]
+        if info.dtype not in FLOAT_DTYPES or info.numel == 0 or name.startswith("verifier_"):
+            continue
+        t = ckpt.load_tensor(name)
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            t = t.float()
+        flat = t.reshape(-1)
+        bad = int((~torch.isfinite(flat)).sum())
+        if bad:
+            nonfinite.append(f"{name} ({bad} of {flat.numel()})")
+            continue
+        lo, hi = flat.min().item(), flat.max().item()
+        if lo == hi == 0.0:
+            zero.append(name)
+        elif lo == hi and flat.numel() > 1:
+            (constant_mat if t.dim() > 1 else constant_vec).append(f"{name} (= {lo:g})")
+        del t, flat
+    return [
+        _check("finite_values", not nonfinite, ("tensor " + _first(nonfinite) + " has NaN/Inf values")
+               if nonfinite else "every float tensor is finite", value=nonfinite or None, threshold=0,
+               level="numeric"),
+        _check("degenerate_values", not (zero or constant_mat),
+               ("tensor " + _first(zero + constant_mat) + " is all zeros or constant: untrained or lost weights")
+               if zero or constant_mat else "no all-zero or constant weight matrices",
+               value=(zero + constant_mat) or None, level="numeric"),
+        _check("constant_norms", not constant_vec, ("tensor " + _first(constant_vec) +
+               " is constant: a norm that was never trained?") if constant_vec else "no constant 1-D tensors",
+               value=constant_vec or None, level="numeric", bad="warn"),
+    ]
+
+
+# ----------------------------------------------------------------------------- draft vs target config
+
+def target_checks(spec: DraftSpec, target: mapping.TargetInfo, *, ckpt: Checkpoint | None = None) -> list[Check]:
+    """The draft against its target's config.json (shapes only, no weights). With `ckpt`, d2t values too."""
+    name = target.name_or_path
+    draft_th = spec.target_hidden_size or spec.hidden_size
+    checks = [_check("target_hidden_size", draft_th == target.hidden_size,
+                     f"draft expects target hidden size {draft_th} (fc width {spec.context_width} = "
+                     f"{len(spec.target_layer_ids or [])} ids x {draft_th}); target {name} has {target.hidden_size}",
+                     value=draft_th, threshold=target.hidden_size)]
+    ids = spec.target_layer_ids
+    if ids is None:
+        checks.append(_check("target_layer_ids_in_target", None, "draft has no target layer ids"))
+    else:
+        out = [i for i in ids if not 0 <= i < target.num_layers]
+        checks.append(_check("target_layer_ids_in_target", not out,
+                             f"ids {out} are not layers of target {name} ({target.num_layers} layers)" if out else
+                             f"ids {ids} are layers of target {name} ({target.num_layers} layers)",
+                             value=list(ids), threshold=f"[0, {target.num_layers})"))
+    if spec.num_target_layers is None:
+        checks.append(_check("target_num_layers", None, f"draft config does not record num_target_layers "
+                             f"(target has {target.num_layers})", threshold=target.num_layers))
+    else:
+        checks.append(_check("target_num_layers", spec.num_target_layers == target.num_layers,
+                             f"field `num_target_layers` = {spec.num_target_layers}; target {name} has "
+                             f"{target.num_layers} layers", value=spec.num_target_layers, threshold=target.num_layers))
+    checks.append(_check("target_vocab_size", spec.vocab_size == target.vocab_size,
+                         f"draft vocab_size {spec.vocab_size}; target {name} vocab_size {target.vocab_size}",
+                         value=spec.vocab_size, threshold=target.vocab_size))
+    m = spec.mask_token_id
+    if m is None:
+        checks.append(_check("target_mask_token_id", False, "draft has no mask_token_id"))
+    elif not 0 <= m < target.vocab_size:
+        checks.append(_check("target_mask_token_id", False, f"field `mask_token_id` = {m} is outside the "
+                             f"embedding table of target {name} ({target.vocab_size} rows)",
+                             value=m, threshold=f"[0, {target.vocab_size})"))
+    else:
+        checks.append(_mask_vs_special("target_mask_token_id", m, target.pad_token_id, target.eos_token_ids,
+                                       source=f"target {name}"))
+    if spec.is_pruned_vocab:
+        vd = spec.draft_vocab_size
+        checks.append(_check("target_draft_vocab", vd <= target.vocab_size,
+                             f"draft vocab {vd} vs target vocab {target.vocab_size}", value=vd,
+                             threshold=f"<= {target.vocab_size}"))
+    if ckpt is not None and "d2t" in ckpt.tensors:
+        import numpy as np
+
+        d2t = small_tensor_values(ckpt, "d2t").astype(np.int64).reshape(-1)
+        ids_t = np.arange(len(d2t), dtype=np.int64) + d2t
+        lo, hi = (int(ids_t.min()), int(ids_t.max())) if len(d2t) else (0, 0)
+        checks.append(_check("target_d2t_range", lo >= 0 and hi < target.vocab_size,
+                             f"tensor `d2t` maps into target ids [{lo}, {hi}]; target {name} vocab "
+                             f"{target.vocab_size}", value=[lo, hi], threshold=f"[0, {target.vocab_size})"))
+    return checks
+
+
+def worst(checks: list[Check]) -> Status:
+    for status in ("fail", "warn", "pass"):
+        if any(c.status == status for c in checks):
+            return status  # type: ignore[return-value]
+    return "skip"
+
+
