@@ -1,0 +1,30 @@
+"""The bundled DFlash runtime: draft model, attention backends, transformers target, decode loop.
+
+    from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
+    draft = load_draft("path/to/draft", backend="auto")
+    target = load_target("path/to/target")
+    out = speculative_generate(draft, target, prompt_ids, max_new_tokens=64)
+    out.tokens, out.stats.tau
+
+Names are imported lazily so that `import dflash_runtime` alone does not import torch.
+"""
+
+from __future__ import annotations
+
+_EXPORTS = {
+    "load_draft": "model", "DFlashDraft": "model",
+    "BACKENDS": "attention", "select_backend": "attention",
+    "load_target": "target", "Target": "target", "check_pair": "target",
+    "speculative_generate": "decode", "target_generate": "decode", "Generation": "decode",
+    "DecodeStats": "metrics", "speedup": "metrics",
+    "resolve_device": "device", "resolve_dtype": "device",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dflash_runtime' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

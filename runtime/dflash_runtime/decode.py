@@ -1,0 +1,163 @@
+"""The DFlash decode loop (FORMATS.md section 7, batch 1) and the target-only baseline on the same path.
+
+Per step, with the anchor (last committed token, no target KV yet) at position `start`:
+    draft [anchor, MASK * (B-1)] -> B-1 proposals
+    target verifies [anchor, proposals] at start..start+B-1 -> its own token at every slot
+    a = leading proposals equal to the target's token at the previous slot
+    commit a proposals + the target's token after them (the new anchor); start += a + 1
+    crop the target KV cache to start; the draft context gains the features of the a + 1 inputs
+Every emitted token is the target's: greedy output equals target-only greedy output, and at
+temperature > 0 every token is a target sample (a proposal is accepted when it equals it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dflash_convert.errors import UsageError
+
+from .metrics import DecodeStats
+from .model import DFlashDraft, warn_block_size
+from .target import Target, check_pair
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens only
+    stats: DecodeStats
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """logits [n, V] float32 -> one token per row: argmax, or a sample at `temperature`."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def _generator(device: torch.device, temperature: float, seed: int | None) -> torch.Generator | None:
+    if temperature <= 0:
+        return None
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
+    if ids.numel() == 0:
+        raise UsageError("the prompt is empty: at least one token is needed")
+    return ids
+
+
+@torch.inference_mode()
+def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, block_size: int,
+            max_new_tokens: int, temperature: float, stop_token_ids, seed: int | None,
+            draft_window: int | None) -> Generation:
+    """The one loop; `draft=None` (block size 1) is target-only decoding."""
+    if max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise UsageError(f"temperature must be >= 0, got {temperature}")
+    device = target.device
+    stop = set(int(t) for t in stop_token_ids)
+    generator = _generator(device, temperature, seed)
+    target.set_capture(draft.target_layer_ids if draft is not None else [])
+    target.reset()
+    if draft is not None:
+        draft.reset()
+    accepted_per_step: list[int] = []
+    drafted = 0
+    draft_time = verify_time = 0.0
+
+    t0 = _now(device)
+    logits, features = target.forward(prompt, 0, last_logits_only=True)
+    anchor = int(_pick(logits[-1:], temperature, generator)[0])
+    tokens = [anchor]
+    start = prompt.numel()
+    if draft is not None:
+        draft.add_context(features, 0)
+        if draft_window is not None:
+            draft.keep_last_context(draft_window)
+    prefill_time = _now(device) - t0
+
+    while len(tokens) < max_new_tokens and anchor not in stop:
+        remaining = max_new_tokens - len(tokens)
+        size = min(block_size, remaining + 1)  # no point verifying more than can be emitted
+        block = torch.tensor([anchor], dtype=torch.long, device=device)
+        if draft is not None and size > 1:
+            t = _now(device)
+            proposals, _ = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
+                                         block_size=size, draft_window=draft_window)  # [size-1]
+            block = torch.cat([block, proposals.to(device)])
+            draft_time += _now(device) - t
+        t = _now(device)
+        logits, features = target.forward(block, start)  # [size, V], [size, A*Ht]
+        chosen = _pick(logits, temperature, generator)  # the target's token after each slot
+        verify_time += _now(device) - t
+        matches = (block[1:] == chosen[:-1]).int()
+        accepted = int(matches.cumprod(0).sum()) if matches.numel() else 0
+        new = block[1:accepted + 1].tolist() + [int(chosen[accepted])]
+        if size > 1:
+            accepted_per_step.append(accepted)
+            drafted += size - 1
+        new = new[:remaining]
+        for i, tok in enumerate(new):
+            if tok in stop:
+                new = new[:i + 1]
+                break
+        tokens.extend(new)
+        anchor = new[-1]
+        committed = start + len(new)  # the anchor and len(new)-1 accepted proposals now have target KV
+        target.crop(committed)
+        if draft is not None:
+            t = _now(device)
+            draft.add_context(features[:len(new)], start)
+            if draft_window is not None:
+                draft.keep_last_context(draft_window)
+            draft_time += _now(device) - t
+        start = committed
+
+    total = _now(device) - t0
+    stats = DecodeStats.from_steps(accepted_per_step, block_size if draft is not None else 1,
+                                   new_tokens=len(tokens), prefill_time_s=prefill_time, draft_time_s=draft_time,
+                                   verify_time_s=verify_time, total_time_s=total, drafted=drafted)
+    return Generation(tokens=tokens, stats=stats)
+
+
+def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_new_tokens: int = 64,
+                         temperature: float = 0.0, stop_token_ids=(), block_size: int | None = None,
+                         draft_window: int | None = None, seed: int | None = None) -> Generation:
+    """Generate with the draft proposing and the target verifying. `block_size` overrides the
+    draft's (with a warning: engines let a deployment choose it); `draft_window` W lets the draft
+    see only the last W committed context tokens (the target always sees everything)."""
+    check_pair(draft, target)
+    block_size = draft.block_size if block_size is None else block_size
+    if block_size < 2:
+        raise UsageError(f"block_size must be at least 2 (anchor + one draft slot), got {block_size}")
+    warn_block_size(draft, block_size)
+    if draft_window is not None and draft_window < 1:
+        raise UsageError(f"draft_window must be at least 1, got {draft_window}")
+    prompt = _prompt_tensor(prompt_ids, target.device)
+    return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
+                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=draft_window)
+
+
+def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, temperature: float = 0.0,
+                    stop_token_ids=(), seed: int | None = None) -> Generation:
+    """Target-only decoding through the same loop (one token per verify step): the speedup baseline."""
+    prompt = _prompt_tensor(prompt_ids, target.device)
+    return _decode(target, prompt, draft=None, block_size=1, max_new_tokens=max_new_tokens,
+                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=None)

@@ -1,0 +1,30 @@
+"""`--device {auto,cpu,cuda}` and `--dtype {float32,bfloat16,float16}` as torch objects."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_convert.errors import UsageError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """auto = cuda when present, else cpu; asking for cuda without one is a usage error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise UsageError(f"--device {name!r}: choose auto, cpu or cuda")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A dtype by name (float32, bfloat16, float16, or the short forms fp32, bf16, fp16)."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise UsageError(f"--dtype {name!r}: choose float32, bfloat16 or float16")
+    return DTYPES[name]

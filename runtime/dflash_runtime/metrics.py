@@ -1,0 +1,45 @@
+"""What a decode run measured: acceptance (tau, per-position rates) and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class DecodeStats:
+    """One generation. tau = mean over draft steps of (accepted drafts + 1), i.e. vLLM's
+    1 + accepted / num_drafts; per_position_rates[k] = share of draft steps whose draft k+1 was
+    accepted. Times in seconds; tokens_per_s counts new tokens over the decode time after prefill
+    (as z-lab's time per output token); the target-only baseline reports tau 1 and no drafts."""
+
+    new_tokens: int = 0
+    num_drafts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tau: float = 1.0
+    per_position_rates: list[float] = field(default_factory=list)
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+    tokens_per_s: float = 0.0
+
+    @classmethod
+    def from_steps(cls, accepted_per_step: list[int], block_size: int, *, new_tokens: int, prefill_time_s: float,
+                   draft_time_s: float, verify_time_s: float, total_time_s: float,
+                   drafted: int) -> "DecodeStats":
+        num = len(accepted_per_step)
+        rates = [sum(a > k for a in accepted_per_step) / num if num else 0.0 for k in range(max(block_size - 1, 0))]
+        decode_time = total_time_s - prefill_time_s
+        return cls(new_tokens=new_tokens, num_drafts=num, drafted=drafted, accepted=sum(accepted_per_step),
+                   tau=1.0 + sum(accepted_per_step) / num if num else 1.0, per_position_rates=rates,
+                   prefill_time_s=prefill_time_s, draft_time_s=draft_time_s, verify_time_s=verify_time_s,
+                   total_time_s=total_time_s, tokens_per_s=new_tokens / decode_time if decode_time > 0 else 0.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def speedup(speculative: DecodeStats, baseline: DecodeStats) -> float:
+    """Target-only time per output token / speculative time per output token."""
+    return speculative.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
