@@ -309,3 +309,64 @@ def schema(
     if name not in schemas.NAMES:
         raise typer.BadParameter(f"unknown schema {name!r}; choose from {', '.join(schemas.NAMES)}", param_hint="NAME")
     sys.stdout.write(schemas.render(name))
+
+
+# ----------------------------------------------------------------------------- Hub: pull / push (issue 5)
+
+@app.command()
+def pull(
+    repo: str = typer.Argument(..., help="Hub repo id (org/name)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Materialize the files in DIR instead of only the cache."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit (default: main)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Also fetch .bin/.pt pickle weights."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Download a DFlash checkpoint from the Hub (config, safetensors, index, README); prints its local path."""
+    from . import hub
+
+    resolved = hub.pull(repo, output, revision=revision, token=token, allow_pickle=allow_pickle)
+    if as_json:
+        emit_json(resolved.to_dict())
+    else:
+        err.print(f"pulled {repo}@{resolved.revision} (commit {resolved.commit_sha})", markup=False)
+        typer.echo(str(resolved.path))
+
+
+@app.command()
+def push(
+    directory: Path = typer.Argument(..., help="Checkpoint directory to upload."),
+    repo: str = typer.Argument(..., help="Hub repo id (org/name); created if missing."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch to push to (created from main if missing)."),
+    private: bool = typer.Option(False, "--private", help="Create the repo private."),
+    commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit title."),
+    commit_description: Optional[str] = typer.Option(None, "--commit-description", help="Commit description."),
+    create_pr: bool = typer.Option(False, "--create-pr", help="Open a pull request instead of committing to the branch."),
+    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
+    no_validate: bool = typer.Option(False, "--no-validate", help="Push even if static validation fails."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Upload a checkpoint directory in one commit, with a README model card; prints the commit (or PR) URL."""
+    from . import hub
+    from .errors import ValidationFailed
+
+    validation = None
+    if not no_validate:
+        from .checkpoint import open_checkpoint
+        from .checks import checkpoint_checks
+
+        checks = checkpoint_checks(open_checkpoint(directory))
+        failed = [c for c in checks if c.status == "fail"]
+        if failed:
+            names = ", ".join(f"{c.name} ({c.message})" if c.message else c.name for c in failed)
+            raise ValidationFailed(f"{directory}: static validation failed: {names}; nothing was pushed "
+                                   "(--no-validate pushes anyway)")
+        validation = {"static checks": "passed" if all(c.status != "warn" for c in checks) else "passed with warnings",
+                      "checks": [c.model_dump(include={"name", "status", "message"}) for c in checks]}
+    result = hub.push(directory, repo, revision=revision, private=private, commit_message=commit_message,
+                      commit_description=commit_description, create_pr=create_pr, token=token, validation=validation)
+    url = result.pr_url or result.commit_url
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        typer.echo(url)
