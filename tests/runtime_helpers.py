@@ -1,0 +1,138 @@
+"""Shared pieces of the runtime tests: extra tiny drafts (built once per process), an HF/z-lab-format
+draft written straight from FORMATS.md section 2, and an independent transcription of the z-lab
+draft math (FORMATS.md 6.3) to compare the runtime against."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+_ROOT = Path(tempfile.mkdtemp(prefix="dflash-runtime-tests-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=None)
+def speculators_draft(target: Path, name: str, **kwargs) -> Path:
+    """A speculators-saved draft for `target`, built once per process per (name, kwargs)."""
+    from factories import make_speculators_draft
+
+    return make_speculators_draft(_ROOT / name, target, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def target_dir(name: str, **kwargs) -> Path:
+    from factories import make_target
+
+    return make_target(_ROOT / name, **kwargs)
+
+
+def write_hf_draft(path: Path, *, hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16, inter=96, vocab=512,
+                   target_ids=(0, 3, 7), n_target=8, block_size=6, mask=511, bias=True, causal=None,
+                   seed=3) -> Path:
+    """An HF / z-lab-format draft with random weights: flat Qwen3 config + dflash_config, no prefix."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.05, offset=0.0):
+        return torch.randn(*shape, generator=g) * scale + offset
+
+    t = {"fc.weight": rnd(hidden, len(target_ids) * hidden), "hidden_norm.weight": rnd(hidden, scale=0.1, offset=1),
+         "norm.weight": rnd(hidden, scale=0.1, offset=1)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        t.update({p + "self_attn.q_proj.weight": rnd(heads * head_dim, hidden),
+                  p + "self_attn.k_proj.weight": rnd(kv_heads * head_dim, hidden),
+                  p + "self_attn.v_proj.weight": rnd(kv_heads * head_dim, hidden),
+                  p + "self_attn.o_proj.weight": rnd(hidden, heads * head_dim),
+                  p + "self_attn.q_norm.weight": rnd(head_dim, scale=0.1, offset=1),
+                  p + "self_attn.k_norm.weight": rnd(head_dim, scale=0.1, offset=1),
+                  p + "mlp.gate_proj.weight": rnd(inter, hidden), p + "mlp.up_proj.weight": rnd(inter, hidden),
+                  p + "mlp.down_proj.weight": rnd(hidden, inter),
+                  p + "input_layernorm.weight": rnd(hidden, scale=0.1, offset=1),
+                  p + "post_attention_layernorm.weight": rnd(hidden, scale=0.1, offset=1)})
+        if bias:
+            t.update({p + "self_attn.q_proj.bias": rnd(heads * head_dim, scale=0.5),
+                      p + "self_attn.k_proj.bias": rnd(kv_heads * head_dim, scale=0.5),
+                      p + "self_attn.v_proj.bias": rnd(kv_heads * head_dim, scale=0.5),
+                      p + "self_attn.o_proj.bias": rnd(hidden, scale=0.5)})
+    dflash = {"mask_token_id": mask, "target_layer_ids": list(target_ids), "block_size": block_size}
+    if causal is not None:
+        dflash["causal"] = causal
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
+              "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab, "rms_norm_eps": 1e-6,
+              "hidden_act": "silu", "attention_bias": bias, "rope_theta": 10000.0, "max_position_embeddings": 256,
+              "layer_types": ["full_attention"] * layers, "block_size": block_size, "num_target_layers": n_target,
+              "dflash_config": dflash}
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in t.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+def _rms(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rot(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def zlab_reference_logits(path: Path, features: torch.Tensor, block_ids: torch.Tensor, embed: torch.Tensor,
+                          lm_head: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    """Direct transcription of the z-lab draft math in float64, no cache: context features of
+    positions 0..s-1, block at s..s+B-1; returns logits of block slots 1..B-1 [B-1, V]."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    w = {k: v.double() for k, v in load_file(str(Path(path) / "model.safetensors")).items()}
+    eps, nH, nKV, d = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    s, B = features.shape[0], block_ids.shape[0]
+    ctx = _rms(features.double() @ w["fc.weight"].T, w["hidden_norm.weight"], eps)  # [s, H]
+    x = embed.double()[block_ids]  # [B, H]
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.arange(s + B, dtype=torch.float64)[:, None] * inv_freq[None]
+    cos, sin = torch.cat([ang, ang], -1).cos()[:, None], torch.cat([ang, ang], -1).sin()[:, None]  # [s+B, 1, d]
+    key_idx = torch.arange(s + B)[None]
+    query_idx = torch.arange(B)[:, None] + s
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+
+        def lin(inp, name):
+            out = inp @ w[p + name + ".weight"].T
+            return out + w[p + name + ".bias"] if p + name + ".bias" in w else out
+
+        h = _rms(x, w[p + "input_layernorm.weight"], eps)
+        q = _rms(lin(h, "self_attn.q_proj").view(B, nH, d), w[p + "self_attn.q_norm.weight"], eps)
+        kv_in = torch.cat([ctx, h])  # [s+B, H]
+        k = _rms(lin(kv_in, "self_attn.k_proj").view(s + B, nKV, d), w[p + "self_attn.k_norm.weight"], eps)
+        v = lin(kv_in, "self_attn.v_proj").view(s + B, nKV, d)
+        q = q * cos[s:] + _rot(q) * sin[s:]
+        k = k * cos + _rot(k) * sin
+        k, v = k.repeat_interleave(nH // nKV, 1), v.repeat_interleave(nH // nKV, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * d ** -0.5
+        if causal:
+            scores = scores.masked_fill(key_idx > query_idx, float("-inf"))
+        o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(B, nH * d)
+        x = x + lin(o, "self_attn.o_proj")
+        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        x = x + lin(torch.nn.functional.silu(lin(h, "mlp.gate_proj")) * lin(h, "mlp.up_proj"), "mlp.down_proj")
+    y = _rms(x, w["norm.weight"], eps)
+    return y[1:] @ lm_head.double().T
+
+
+def our_block_logits(draft, target, features: torch.Tensor, block_ids: torch.Tensor, start: int | None = None):
+    """The runtime's logits [B, V] for one block after context `features` (positions 0..s-1)."""
+    draft.reset()
+    draft.add_context(features, 0)
+    start = features.shape[0] if start is None else start
+    return draft.logits(draft.block_hidden(target.embed(block_ids), start), target.lm_head)

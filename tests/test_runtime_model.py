@@ -1,0 +1,172 @@
+"""The runtime draft computes what the references compute: speculators 0.9.0's own DFlash forward on
+the same weights and inputs, and the z-lab math (FORMATS.md 6.3) on an HF/z-lab-format draft."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from dflash_convert.errors import DFlashError
+from dflash_runtime import load_draft, load_target
+from runtime_helpers import our_block_logits, speculators_draft, write_hf_draft, zlab_reference_logits
+
+
+@pytest.fixture(scope="session")
+def runtime_target(tiny_target):
+    return load_target(tiny_target)
+
+
+@pytest.fixture(scope="session")
+def runtime_drafts(speculators_drafts, tiny_target):
+    """speculators-saved drafts: the lead's set plus a sliding window shorter than the context."""
+    drafts = dict(speculators_drafts)
+    drafts["window4"] = speculators_draft(tiny_target, "window4", sliding_window=4, draft_vocab=200)
+    return drafts
+
+
+def speculators_logits(path, features, ids, anchor):
+    """speculators' own _backbone_forward for one anchor: context = positions < anchor, block at anchor.
+    Uses its dense-mask SDPA path (its default flex path compiles its mask builder)."""
+    from speculators.model import SpeculatorModel
+    from torch.nn.attention.flex_attention import create_mask
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SpeculatorModel.from_pretrained(str(path)).eval()
+    model.config.transformer_layer_config._attn_implementation = "sdpa"
+    model._create_mask_fn = create_mask
+    T = ids.shape[0]
+    assert anchor < T - model.block_size  # speculators never anchors in the last block
+    loss_mask = torch.zeros(1, T)
+    loss_mask[0, anchor] = 1  # the only valid anchor
+    with torch.no_grad():
+        _, logits, *_ = model._backbone_forward(features[None], ids[None], loss_mask, torch.zeros(1, T, 64),
+                                                torch.zeros(1, T, dtype=torch.long), max_anchors=1)
+    return logits[0], model  # [B, draft vocab]
+
+
+@pytest.mark.parametrize("name", ["full", "pruned", "mixed", "non_causal", "window4", "last_layer"])
+def test_logits_equal_speculators_forward(name, runtime_drafts, runtime_target):
+    draft = load_draft(runtime_drafts[name])
+    target = runtime_target
+    target.set_capture(draft.target_layer_ids)
+    target.reset()
+    torch.manual_seed(0)
+    T, anchor = 30, 13
+    ids = torch.randint(0, 500, (T,))
+    _, features = target.forward(ids, 0)  # [T, A*H]
+    theirs, model = speculators_logits(runtime_drafts[name], features, ids, anchor)
+    block = torch.full((draft.block_size,), draft.mask_token_id)
+    block[0] = ids[anchor]
+    ours = our_block_logits(draft, target, features[:anchor], block)  # [B, V]
+    if draft.draft_to_target is not None:  # pruned: compare in the draft vocab, -inf elsewhere
+        assert torch.isinf(ours).sum() == ours.shape[0] * (ours.shape[1] - len(draft.draft_to_target))
+        ours = ours[:, draft.draft_to_target]
+    assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-5), (ours - theirs).abs().max()
+    assert torch.equal(ours[1:].argmax(-1), theirs[1:].argmax(-1))
+    assert draft.layer_causal == [i in model.sliding_window_indices and not model.sliding_window_non_causal
+                                  for i in range(len(model.layers))]
+
+
+def test_trainer_default_draft_is_causal_and_windowed(runtime_drafts):
+    draft = load_draft(runtime_drafts["full"])
+    assert draft.layer_causal == [True, True] and all(l.sliding_window == 2048 for l in draft.layers)
+    assert load_draft(runtime_drafts["non_causal"]).layer_causal == [False, False]
+    assert load_draft(runtime_drafts["mixed"]).layer_causal == [False, True]
+    assert load_draft(runtime_drafts["mixed"], causal=True).layer_causal == [True, True]
+
+
+@pytest.fixture(scope="session")
+def hf_drafts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf_drafts")
+    return {"non_causal": write_hf_draft(root / "non_causal"),
+            "causal": write_hf_draft(root / "causal", causal=True, block_size=5)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_logits_equal_zlab_math_on_hf_draft(causal, hf_drafts, runtime_target):
+    """Attention biases, GQA, legacy rope_theta key, a target id equal to the target's last layer."""
+    path = hf_drafts["causal" if causal else "non_causal"]
+    draft = load_draft(path)
+    assert draft.layer_causal == [causal] * 3 and draft.layers[0].q_bias is not None
+    target = runtime_target
+    target.set_capture(draft.target_layer_ids)
+    target.reset()
+    torch.manual_seed(1)
+    ids = torch.randint(0, 500, (17,))
+    _, features = target.forward(ids, 0)
+    s = 11
+    block = torch.full((draft.block_size,), draft.mask_token_id)
+    block[0] = ids[s]
+    ours = our_block_logits(draft, target, features[:s], block)[1:]
+    ref = zlab_reference_logits(path, features[:s], block, target.embed_tokens.weight, target.lm_head.weight,
+                                causal=causal)
+    assert torch.allclose(ours.double(), ref, atol=5e-5, rtol=1e-5), (ours.double() - ref).abs().max()
+
+
+def test_context_cache_is_equivalent_to_recomputing(hf_drafts, runtime_target):
+    """Context added in pieces (as the decode loop does) gives the same block as all at once."""
+    draft = load_draft(hf_drafts["non_causal"])
+    target = runtime_target
+    target.set_capture(draft.target_layer_ids)
+    target.reset()
+    ids = torch.randint(0, 500, (15,), generator=torch.Generator().manual_seed(2))
+    _, features = target.forward(ids, 0)
+    block = torch.full((draft.block_size,), draft.mask_token_id)
+    block[0] = ids[-1]
+    whole = our_block_logits(draft, target, features, block)
+    draft.reset()
+    for a, b in ((0, 6), (6, 7), (7, 15)):
+        draft.add_context(features[a:b], a)
+    pieces = draft.logits(draft.block_hidden(target.embed(block), 15), target.lm_head)
+    assert torch.allclose(whole, pieces, atol=1e-5)
+
+
+def test_bf16_draft_close_to_fp32(hf_drafts, runtime_target):
+    target = runtime_target
+    d32, d16 = load_draft(hf_drafts["non_causal"]), load_draft(hf_drafts["non_causal"], dtype=torch.bfloat16)
+    assert d16.fc.dtype == torch.bfloat16
+    target.set_capture(d32.target_layer_ids)
+    target.reset()
+    ids = torch.randint(0, 500, (12,), generator=torch.Generator().manual_seed(3))
+    _, features = target.forward(ids, 0)
+    block = torch.full((6,), 511)
+    block[0] = 5
+    a, b = our_block_logits(d32, target, features, block), our_block_logits(d16, target, features, block)
+    assert (a - b).abs().max() < 0.05 * a.abs().max()
+
+
+# ----------------------------------------------------------------------------- refusals
+
+def test_dflash2_is_refused_clearly(runtime_drafts):
+    with pytest.raises(DFlashError, match="dflash2 drafts are not supported by the runtime"):
+        load_draft(runtime_drafts["dflash2"])
+
+
+def test_fc_width_not_matching_ids_is_refused(tmp_path):
+    path = write_hf_draft(tmp_path / "d")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [0, 3]  # fc was built for 3 ids
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DFlashError, match=r"model.safetensors: tensor `fc.weight` has shape \[64, 192\].*128"):
+        load_draft(path)
+
+
+def test_mask_id_outside_vocab_is_refused(tmp_path):
+    path = write_hf_draft(tmp_path / "d", mask=512)
+    with pytest.raises(DFlashError, match="config.json: mask_token_id 512 is outside the vocabulary"):
+        load_draft(path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = write_hf_draft(tmp_path / "d")
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(DFlashError, match="tensor `layers.1.mlp.up_proj.weight` is missing"):
+        load_draft(path)
