@@ -181,7 +181,7 @@ def _attention_shapes(ckpt: Checkpoint) -> Check:
     dims = f"heads {spec.num_heads}, kv heads {spec.num_kv_heads}, head_dim {spec.head_dim}, hidden {spec.hidden_size}"
     return _check("attention_shapes", not bad, ("tensor " + _first(bad) + f" (config: {dims})") if bad else
                   f"q/k/v/o projections of {spec.num_layers} layers match {dims}",
-                  value=bad[:5] or None, threshold=dims)
+                  value=bad[:5] or None, threshold=f"q/o {spec.num_heads * spec.head_dim}, k/v {spec.num_kv_heads * spec.head_dim}")
 
 
 def _tensor_set(ckpt: Checkpoint) -> list[Check]:

@@ -370,3 +370,66 @@ def push(
         emit_json(result.to_dict())
     else:
         typer.echo(url)
+
+
+# ----------------------------------------------------------------------------- validate (issue 4)
+
+@app.command()
+def validate(
+    checkpoint: str = typer.Argument(..., help="Draft checkpoint (either format): directory or Hub id."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target model directory, its config.json, or Hub id. A config alone enables the static pair checks; weights enable end to end."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="One prompt per line (text, or token ids as space-separated ints / a JSON list), or JSONL with a `prompt` field. Default: a built-in set."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per prompt (end to end)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Run-time block size (default: the draft's)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (output must equal the target's)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (float32 on CPU, the checkpoint's on GPU), float32, bfloat16, float16."),
+    backend: str = typer.Option("auto", "--backend", help="Draft attention backend: auto (numeric level tries every available one), eager, sdpa, flex, flash_attn."),
+    target_backend: str = typer.Option("sdpa", "--target-backend", help="The target's attn_implementation (eager, sdpa, flex_attention, ...)."),
+    causal: Optional[bool] = typer.Option(None, "--causal/--non-causal", help="Run every draft layer causal / non-causal, as a deployment would force (default: as the checkpoint declares)."),
+    min_acceptance_length: Optional[float] = typer.Option(None, "--min-acceptance-length", help="Fail when tau (mean tokens per step) is lower."),
+    min_position_rates: Optional[str] = typer.Option(None, "--min-position-rates", help="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7."),
+    levels: Optional[str] = typer.Option(None, "--levels", help="Comma-separated subset of static,numeric,end_to_end (default: all the inputs allow)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object on stdout."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write a JUnit XML report (one testcase per check) to FILE."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of CHECKPOINT."),
+    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic inputs and of sampling."),
+) -> None:
+    """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
+    from .report import render_table, to_json, to_junit
+    from .validate import validate as run_validation
+
+    if backend not in ("auto", "eager", "sdpa", "flex", "flash_attn"):
+        raise typer.BadParameter(f"{backend!r}: choose auto, eager, sdpa, flex or flash_attn", param_hint="--backend")
+    rates = None
+    if min_position_rates is not None:
+        try:
+            rates = [float(x) for x in min_position_rates.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise typer.BadParameter(f"expected comma-separated numbers, got {min_position_rates!r}",
+                                     param_hint="--min-position-rates") from None
+    level_list = None
+    if levels is not None:
+        level_list = [x for x in levels.replace(" ", "").split(",") if x]
+        bad = [x for x in level_list if x not in ("static", "numeric", "end_to_end")]
+        if bad:
+            raise typer.BadParameter(f"unknown level(s) {bad}; choose from static, numeric, end_to_end",
+                                     param_hint="--levels")
+    ckpt_path, ckpt_sha = resolve_local(checkpoint, revision=revision, token=token)
+    target_path, target_sha = (None, None)
+    if target is not None:
+        target_path, target_sha = resolve_local(target, revision=None, token=token, for_target=True)
+    report = run_validation(ckpt_path, target=target_path, prompts=prompts, max_new_tokens=max_new_tokens,
+                            block_size=block_size, temperature=temperature, device=device, dtype=dtype,
+                            backend=backend, target_backend=target_backend, causal=causal,
+                            min_acceptance_length=min_acceptance_length, min_position_rates=rates, levels=level_list,
+                            checkpoint_revision=ckpt_sha, target_revision=target_sha, target_name=target, seed=seed)
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(to_junit(report))
+    render_table(report, err)
+    if as_json:
+        emit_json(to_json(report))
+    if not report.passed:
+        raise typer.Exit(3)

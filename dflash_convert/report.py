@@ -109,11 +109,21 @@ def render_table(report: ValidationReport, console) -> None:
 
     run = ", ".join(report.levels_run) or "none"
     skipped = "; ".join(f"{k} skipped: {v}" for k, v in report.levels_skipped.items())
-    table = Table("level", "check", "status", "value", "threshold", "message",
+    from rich.table import Column
+
+    table = Table(Column("check", no_wrap=True), Column("status", no_wrap=True),
+                  Column("value", max_width=22, overflow="fold"), Column("threshold", max_width=16, overflow="fold"),
+                  Column("message", ratio=1, min_width=30),
                   title=f"validate {report.checkpoint} (levels run: {run})", title_justify="left")
-    for c in report.checks:
-        table.add_row(c.level, c.name, f"[{STYLE[c.status]}]{c.status}[/]", _short(c.value), _short(c.threshold),
-                      c.message)
+    for level in LEVELS:
+        rows = [c for c in report.checks if c.level == level]
+        if not rows:
+            continue
+        table.add_row(f"[bold]{level}[/bold]", "", "", "", "")
+        for c in rows:
+            table.add_row(f"  {c.name}", f"[{STYLE[c.status]}]{c.status}[/]", _short(c.value), _short(c.threshold),
+                          c.message)
+        table.add_section()
     console.print(table)
     if skipped:
         console.print(skipped)

@@ -1,0 +1,458 @@
+"""`validate`: static, numeric and end-to-end checks of a draft, as many levels as the inputs allow.
+
+- static: `checks.checkpoint_checks` (headers, config, small int tensors) and, with a target config,
+  `checks.target_checks` (shapes on the meta device: no weights read).
+- numeric (draft only): the draft runs on synthetic context features with every attention backend
+  that serves it on the device (or the one asked for): outputs finite, backends agree with `eager`
+  within the dtype's tolerance, each layer causal or not as declared (perturb the last block slot:
+  earlier slots must not move in a causal layer, must move in a non-causal one). Also the value
+  scan: NaN/Inf, all-zero and constant tensors.
+- end to end (target weights): speculative decoding on prompts; greedy output must equal the
+  target's own greedy output; tau, per-position rates and speedup measured against thresholds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import __version__, mapping
+from .checkpoint import Checkpoint, open_checkpoint, read_json
+from .checks import Check, _check, checkpoint_checks, scan_checks, target_checks
+from .errors import DFlashError, UsageError
+from .report import LEVELS, AcceptanceStats, Environment, ValidationReport
+
+# Relative tolerance (max |a - b| / max |eager|) for backends vs eager, per dtype name.
+TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
+CONTEXT_TOKENS = 24  # synthetic context length of the numeric level
+# A causal layer's earlier slots must move less than this when the last slot changes (relative),
+# a non-causal layer's at least this much: kernels compute rows independently, so a causal layer
+# gives (near) bit-identical earlier rows while a bidirectional one moves them by percents.
+CAUSAL_PROBE_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+AUTO_TOKENS_WARN = 1.2  # without --min-acceptance-length, tau below this is reported as a warning
+BUILTIN_TEXT_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Question: A train travels 60 km in 45 minutes. What is its average speed in km/h?\nAnswer:",
+    "Once upon a time, in a small village by the sea,",
+)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def read_prompts(path: str | Path) -> list[str | list[int]]:
+    """Prompts from a file: JSONL with a `prompt` field (text or a list of ids), or one per line
+    (space-separated ints or a JSON list = token ids, anything else = text)."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise DFlashError(f"cannot read prompts: {exc.strerror}", file=path) from None
+    prompts: list[str | list[int]] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        stripped = line.strip()
+        if stripped.startswith("{"):
+            try:
+                value = json.loads(stripped)["prompt"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise DFlashError(f"line {n}: JSONL prompt lines need a `prompt` field", file=path) from None
+            if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(i, int) for i in value)):
+                raise DFlashError(f"line {n}: `prompt` must be text or a list of token ids", file=path)
+            prompts.append(value)
+        elif stripped.startswith("["):
+            try:
+                ids = json.loads(stripped)
+                assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+            except (json.JSONDecodeError, AssertionError):
+                raise DFlashError(f"line {n}: not a JSON list of token ids", file=path) from None
+            prompts.append(ids)
+        elif all(tok.lstrip("-").isdigit() for tok in stripped.split()):
+            prompts.append([int(tok) for tok in stripped.split()])
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise DFlashError("no prompts in the file", file=path)
+    return prompts
+
+
+def _load_tokenizer(target_dir: Path):
+    """The target's tokenizer, or None when the directory ships none (never runs remote code)."""
+    if not any((target_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise DFlashError(f"cannot load the target tokenizer: {str(exc).splitlines()[0]}", file=target_dir) from None
+
+
+def tokenize_prompts(prompts: Sequence[str | list[int]] | None, target_dir: Path, vocab_size: int,
+                     avoid: set[int], source: str = "prompts") -> tuple[list[list[int]], str]:
+    """Token-id prompts and a description of where they came from."""
+    tokenizer = _load_tokenizer(target_dir)
+    if prompts is None:
+        if tokenizer is not None:
+            prompts, source = list(BUILTIN_TEXT_PROMPTS), "built-in text prompts"
+        else:  # no tokenizer: deterministic id sequences that avoid the special ids
+            import random
+
+            rng = random.Random(0)
+            pool = [i for i in range(vocab_size) if i not in avoid]
+            prompts = [[rng.choice(pool) for _ in range(24)] for _ in range(4)]
+            source = "built-in random token-id prompts (the target has no tokenizer; pass --prompts)"
+    out = []
+    for n, p in enumerate(prompts, 1):
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise DFlashError(f"prompt {n} is text but the target ships no tokenizer: give token ids "
+                                  "(space-separated ints or a JSON list per line)", file=source)
+            ids = tokenizer(p, add_special_tokens=True)["input_ids"]
+        else:
+            ids = list(p)
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad or not ids:
+            raise DFlashError(f"prompt {n}: " + (f"token ids {bad[:3]} outside the target vocab ({vocab_size})"
+                                                 if bad else "empty"), file=source)
+        out.append(ids)
+    return out, source
+
+
+# ----------------------------------------------------------------------------- target
+
+def _target_paths(target: str | Path) -> tuple[Path, Path, bool]:
+    """(model dir, config.json, has weights) of a --target given as a directory or a config.json."""
+    path = Path(target)
+    if path.is_file():
+        return path.parent, path, False if path.name == "config.json" else True
+    if not path.is_dir():
+        raise DFlashError("target is neither a model directory nor a config.json", file=path)
+    config = path / "config.json"
+    if not config.exists():
+        raise DFlashError("target directory has no config.json", file=path)
+    weights = any(path.glob("*.safetensors"))
+    return path, config, weights
+
+
+# ----------------------------------------------------------------------------- numeric level
+
+def _with_backend(draft, name: str):
+    """The same loaded draft (weights and context cache shared) attending with another backend."""
+    from dflash_runtime.attention import BACKENDS
+
+    other = copy.copy(draft)
+    other.backend = name
+    other._attend = BACKENDS[name].fn
+    other._attend_kwargs = {}
+    return other
+
+
+def _single_layer(draft, i: int):
+    """Draft layer i alone (final norm kept): to probe that layer's causality."""
+    one = copy.copy(draft)
+    one.layers = [draft.layers[i]]
+    one.cache_k, one.cache_v = [draft.cache_k[i]], [draft.cache_v[i]]
+    return one
+
+
+def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
+                   seed: int = 0) -> tuple[list[Check], dict[str, bool], str | None]:
+    """(checks, backend -> serves this draft here, backend used for decoding) of the numeric level."""
+    import torch
+
+    from dflash_runtime.attention import BACKENDS, select_backend
+    from dflash_runtime.model import load_draft, resolve_layer_causal
+
+    spec = ckpt.spec
+    dtype_name = str(dtype).removeprefix("torch.")
+    layer_causal = resolve_layer_causal(spec, causal)
+    sliding = "sliding_attention" in spec.layer_types and spec.sliding_window is not None
+    dev_type = torch.device(device).type
+    capable = {name: b.why_not(layer_causal, sliding, dev_type, dtype) is None for name, b in BACKENDS.items()}
+    checks: list[Check] = []
+    try:
+        chosen = select_backend(backend, layer_causal, sliding, device, dtype)
+    except DFlashError as exc:
+        return [_check("backend", False, str(exc), value=backend, level="numeric")], capable, None
+    try:
+        draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal)
+    except DFlashError as exc:
+        return [_check("draft_loads", False, str(exc), level="numeric")], capable, chosen
+    checks.append(_check("draft_loads", True, f"draft loaded ({dtype_name}, {device}); backend for decoding: "
+                         f"{chosen}", value=chosen, level="numeric"))
+    names = ["eager"] + ([n for n in BACKENDS if n != "eager" and capable[n]] if backend == "auto"
+                         else [chosen] if chosen != "eager" else [])
+    g = torch.Generator().manual_seed(seed)
+    width, hidden, block = spec.context_width, spec.hidden_size, spec.block_size
+    features = torch.randn(CONTEXT_TOKENS, width, generator=g).to(device)  # [T, A*Ht] ~ target states
+    x = (torch.randn(block, hidden, generator=g) * 0.02).to(device)  # [B, H] ~ embedding rows
+    x_moved = x.clone()
+    x_moved[-1] = torch.randn(hidden, generator=g).to(device) * 0.02  # a different token in the last slot
+    with torch.inference_mode():
+        draft.reset()
+        draft.add_context(features, 0)
+        outputs = {}
+        for name in names:
+            d = _with_backend(draft, name)
+            out = d.block_hidden(x, CONTEXT_TOKENS).float()  # [B, H]
+            outputs[name] = out
+            bad = int((~torch.isfinite(out)).sum())
+            checks.append(_check(f"finite_output.{name}", bad == 0, f"{name}: {bad} of {out.numel()} block outputs "
+                                 "are NaN/Inf" if bad else f"{name}: all block outputs finite", value=bad,
+                                 threshold=0, level="numeric"))
+        ref = outputs["eager"]
+        scale = ref.abs().max().clamp_min(1e-6)
+        tol = TOLERANCE[dtype_name]
+        for name in names[1:]:
+            diff = float((outputs[name] - ref).abs().max() / scale)
+            ok = diff <= tol if diff == diff else False
+            checks.append(_check(f"backend_agreement.{name}", ok, f"{name} vs eager: max relative difference "
+                                 f"{diff:.2e} ({dtype_name} tolerance {tol:g})", value=diff, threshold=tol,
+                                 level="numeric"))
+        probe_tol = CAUSAL_PROBE_TOLERANCE[dtype_name]
+        for name in names:
+            d = _with_backend(draft, name)
+            moved, wrong = [], []
+            for i, layer_is_causal in enumerate(layer_causal):
+                one = _single_layer(d, i)
+                a = one.block_hidden(x, CONTEXT_TOKENS).float()
+                b = one.block_hidden(x_moved, CONTEXT_TOKENS).float()
+                change = float((a[:-1] - b[:-1]).abs().max() / a[:-1].abs().max().clamp_min(1e-6))
+                moved.append(change)
+                if layer_is_causal and not change <= probe_tol:
+                    wrong.append(f"layer {i} is declared causal but its earlier slots changed by {change:.1e} "
+                                 "when the last slot changed")
+                if not layer_is_causal and not change > probe_tol:
+                    wrong.append(f"layer {i} is declared non-causal but its earlier slots did not see the last "
+                                 f"slot (change {change:.1e})")
+            mode = ", ".join(f"{i}:{'causal' if c else 'non-causal'}" for i, c in enumerate(layer_causal))
+            checks.append(_check(f"causality_behaviour.{name}", not wrong, "; ".join(wrong) if wrong else
+                                 f"{name}: every layer behaves as declared ({mode})", value=moved,
+                                 threshold=probe_tol, level="numeric"))
+    return checks, capable, chosen
+
+
+# ----------------------------------------------------------------------------- end-to-end level
+
+def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], *, device: str, dtype, backend: str,
+               target_backend: str, causal: bool | None, block_size: int | None, max_new_tokens: int,
+               temperature: float, min_acceptance_length: float | None, min_position_rates: list[float] | None,
+               stop_token_ids: Iterable[int], seed: int) -> tuple[list[Check], AcceptanceStats | None]:
+    import warnings
+
+    from dflash_runtime import check_pair, load_draft, load_target, speculative_generate, target_generate
+
+    checks: list[Check] = []
+    target = load_target(target_dir, device=device, dtype=dtype, attn_implementation=target_backend,
+                         trust_remote_code=False)
+    try:
+        draft = load_draft(ckpt, device=device, dtype=dtype, backend=backend, causal=causal)
+        check_pair(draft, target)
+    except DFlashError as exc:
+        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
+    checks.append(_check("pair_compatible", True, f"draft and target {target_dir} run together "
+                         f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end"))
+    block = block_size or draft.block_size
+    stop = tuple(stop_token_ids)
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, stop_token_ids=stop, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the block-size note is reported once, as a check, below
+        speculative_generate(draft, target, prompt_ids[0], **{**kw, "max_new_tokens": 2 * block}, block_size=block)
+        target_generate(target, prompt_ids[0], **{**kw, "max_new_tokens": 4})
+        runs = [(speculative_generate(draft, target, p, block_size=block, **kw), target_generate(target, p, **kw))
+                for p in prompt_ids]
+    steps = [r.stats.num_drafts for r, _ in runs]
+    num = sum(steps)
+    accepted = sum(r.stats.accepted for r, _ in runs)
+    tau = 1.0 + accepted / num if num else 1.0
+    width = block - 1
+    rates = [sum(r.stats.per_position_rates[k] * r.stats.num_drafts for r, _ in runs
+                 if k < len(r.stats.per_position_rates)) / num if num else 0.0 for k in range(width)]
+    spec_tokens = sum(r.stats.new_tokens for r, _ in runs)
+    spec_time = sum(r.stats.total_time_s - r.stats.prefill_time_s for r, _ in runs)
+    base_tokens = sum(b.stats.new_tokens for _, b in runs)
+    base_time = sum(b.stats.total_time_s - b.stats.prefill_time_s for _, b in runs)
+    spec_tps = spec_tokens / spec_time if spec_time > 0 else 0.0
+    base_tps = base_tokens / base_time if base_time > 0 else 0.0
+    equal = sum(r.tokens == b.tokens for r, b in runs)
+    if temperature == 0:
+        first_bad = next((i for i, (r, b) in enumerate(runs) if r.tokens != b.tokens), None)
+        msg = (f"speculative greedy output equals target-only greedy output on all {len(runs)} prompts"
+               if first_bad is None else f"prompt {first_bad + 1}: speculative output differs from the target's "
+               f"greedy output at token {_first_difference(runs[first_bad][0].tokens, runs[first_bad][1].tokens)} "
+               f"({equal}/{len(runs)} prompts equal)")
+        checks.append(_check("greedy_output_equal", first_bad is None, msg, value=f"{equal}/{len(runs)}",
+                             threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
+    else:
+        checks.append(_check("greedy_output_equal", None, f"temperature {temperature}: outputs are samples; "
+                             "equality with target-only decoding is only defined for greedy decoding",
+                             level="end_to_end"))
+    if min_acceptance_length is not None:
+        checks.append(_check("acceptance_length", tau >= min_acceptance_length,
+                             f"tau {tau:.3f} over {num} draft steps (block {block}); required "
+                             f">= {min_acceptance_length}", value=round(tau, 4), threshold=min_acceptance_length,
+                             level="end_to_end"))
+    else:
+        checks.append(_check("acceptance_length", tau >= AUTO_TOKENS_WARN,
+                             f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
+                             f"given" + ("" if tau >= AUTO_TOKENS_WARN else ": the draft accepts almost nothing"),
+                             value=round(tau, 4), threshold=None, level="end_to_end", bad="warn"))
+    if min_position_rates:
+        low = [f"position {k + 1}: {rates[k]:.3f} < {m}" for k, m in enumerate(min_position_rates)
+               if k < len(rates) and rates[k] < m]
+        extra = len(min_position_rates) > len(rates)
+        checks.append(_check("position_rates", not low and not extra,
+                             "; ".join(low) if low else (f"{len(min_position_rates)} thresholds for {len(rates)} "
+                             "draft positions" if extra else "every position meets its threshold"),
+                             value=[round(r, 4) for r in rates], threshold=list(min_position_rates),
+                             level="end_to_end"))
+    if block != draft.block_size:
+        checks.append(_check("block_size_override", False, f"run at block size {block}; the draft was trained "
+                             f"at {draft.block_size}", value=block, threshold=draft.block_size,
+                             level="end_to_end", bad="warn"))
+    stats = AcceptanceStats(prompts=len(runs), new_tokens=spec_tokens, block_size=block,
+                            max_new_tokens=max_new_tokens, temperature=temperature, acceptance_length=round(tau, 4),
+                            per_position_rates=[round(r, 4) for r in rates], num_drafts=num, accepted=accepted,
+                            outputs_equal=equal, speculative_tokens_per_s=round(spec_tps, 2),
+                            target_tokens_per_s=round(base_tps, 2),
+                            speedup=round(spec_tps / base_tps, 3) if base_tps else 0.0)
+    return checks, stats
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+# ----------------------------------------------------------------------------- the command
+
+def _environment(device: str, dtype_name: str, backends: dict[str, bool], draft_backend: str | None,
+                 target_backend: str | None, causal: bool | None) -> Environment:
+    versions: dict[str, str | None] = {"python": platform.python_version(), "dflash_convert": __version__}
+    for mod in ("torch", "transformers", "numpy"):
+        m = sys.modules.get(mod)
+        versions[mod] = getattr(m, "__version__", None) if m is not None else None
+    return Environment(versions=versions, platform=platform.platform(), device=device, dtype=dtype_name,
+                       backends=backends, draft_backend=draft_backend, target_backend=target_backend,
+                       causal_override=causal)
+
+
+def _causal_override_check(ckpt: Checkpoint, causal: bool | None) -> Check | None:
+    if causal is None:
+        return None
+    declared = list(ckpt.spec.layer_causal)
+    differ = [i for i, c in enumerate(declared) if c != causal]
+    mode = "causal" if causal else "non-causal"
+    return _check("causal_override", not differ,
+                  f"run forced {mode}; layers {differ} were trained " + ("non-causal" if causal else "causal") +
+                  ": a deployment forcing this mode runs the draft unlike its training" if differ else
+                  f"run forced {mode}, as every layer declares", value=mode, threshold=declared, level="static")
+
+
+def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
+             prompts: str | Path | Sequence[str | list[int]] | None = None, max_new_tokens: int = 64,
+             block_size: int | None = None, temperature: float = 0.0, device: str = "auto", dtype: str = "auto",
+             backend: str = "auto", target_backend: str = "sdpa", causal: bool | None = None,
+             min_acceptance_length: float | None = None, min_position_rates: list[float] | None = None,
+             levels: Iterable[str] | None = None, checkpoint_revision: str | None = None,
+             target_revision: str | None = None, target_name: str | None = None, seed: int = 0,
+             allow_pickle: bool = False) -> ValidationReport:
+    """Run every level the inputs allow (or those in `levels`) and report which ran and why others did not."""
+    t0 = time.perf_counter()
+    wanted = list(levels) if levels is not None else list(LEVELS)
+    unknown = [lv for lv in wanted if lv not in LEVELS]
+    if unknown:
+        raise UsageError(f"unknown validation level(s) {unknown}; choose from {', '.join(LEVELS)}")
+    if block_size is not None and block_size < 2:
+        raise UsageError(f"--block-size must be at least 2, got {block_size}")
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    ckpt = open_checkpoint(checkpoint_path, allow_pickle=allow_pickle)
+    target_dir = target_config = None
+    target_has_weights = False
+    info = None
+    if target is not None:
+        target_dir, target_config, target_has_weights = _target_paths(target)
+        info = mapping.target_info(read_json(target_config), target_name or str(target), file=str(target_config))
+    prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
+    # end to end needs the target; fail on unusable prompts before any slow work
+    prompt_ids = None
+    if "end_to_end" in wanted and target_has_weights:
+        avoid = {i for i in (ckpt.spec.mask_token_id, info.pad_token_id, *info.eos_token_ids) if i is not None}
+        prompt_ids, _ = tokenize_prompts(prompt_list, target_dir, info.vocab_size, avoid,
+                                         source=str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
+
+    checks: list[Check] = []
+    run: list[str] = []
+    skipped: dict[str, str] = {}
+    backends: dict[str, bool] = {}
+    draft_backend = None
+    report_stats = None
+    dev_name, dtype_name = device, dtype
+
+    if "static" in wanted:
+        checks += checkpoint_checks(ckpt, scan=False)
+        if info is not None:
+            checks += target_checks(ckpt.spec, info, ckpt=ckpt)
+        override = _causal_override_check(ckpt, causal)
+        if override:
+            checks.append(override)
+        run.append("static")
+    needs_torch = "numeric" in wanted or ("end_to_end" in wanted and target_has_weights)
+    if needs_torch:
+        from dflash_runtime.device import resolve_device, resolve_dtype
+
+        dev = resolve_device(device)
+        dev_name = str(dev)
+        if dtype == "auto":  # CPUs here have no fast bf16 math: float32 on CPU, the checkpoint's dtype on GPU
+            torch_dtype = resolve_dtype("float32") if dev.type == "cpu" else resolve_dtype(
+                {"BF16": "bfloat16", "F16": "float16"}.get(ckpt.tensors["fc.weight"].dtype if "fc.weight" in
+                                                           ckpt.tensors else "F32", "float32"))
+        else:
+            torch_dtype = resolve_dtype(dtype)
+        dtype_name = str(torch_dtype).removeprefix("torch.")
+    if "numeric" in wanted:
+        checks += scan_checks(ckpt)
+        numeric, backends, draft_backend = numeric_checks(ckpt, device=dev_name, dtype=torch_dtype, backend=backend,
+                                                          causal=causal, seed=seed)
+        checks += numeric
+        run.append("numeric")
+    if "end_to_end" in wanted:
+        if target is None:
+            skipped["end_to_end"] = "no --target given"
+        elif not target_has_weights:
+            skipped["end_to_end"] = f"target {target} has no weights (config only)"
+        elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in checks):
+            skipped["end_to_end"] = "the draft cannot be loaded (see the numeric checks)"
+        else:
+            stop = info.eos_token_ids if info is not None else ()
+            e2e, stats = end_to_end(ckpt, target_dir, prompt_ids, device=dev_name, dtype=torch_dtype,
+                                    backend=backend, target_backend=target_backend, causal=causal,
+                                    block_size=block_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    min_acceptance_length=min_acceptance_length,
+                                    min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed)
+            checks += e2e
+            run.append("end_to_end")
+            report_stats = stats
+    for lv in LEVELS:
+        if lv not in wanted and lv not in skipped:
+            skipped[lv] = "not requested"
+    env = _environment(dev_name, dtype_name, backends, draft_backend, target_backend if "end_to_end" in run else None,
+                       causal)
+    return ValidationReport(
+        tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
+        checkpoint_revision=checkpoint_revision, target=target_name or (str(target) if target is not None else None),
+        target_revision=target_revision, levels_run=run, levels_skipped=skipped, checks=checks,
+        acceptance=report_stats, environment=env,
+        duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in checks))
+
+
+def validate_output_dir(path: str | Path) -> ValidationReport:
+    """Static + numeric validation of a freshly converted checkpoint (convert --validate, before the rename)."""
+    return validate(path, levels=("static", "numeric"))
