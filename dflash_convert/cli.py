@@ -243,22 +243,23 @@ def inspect(
 
 
 def _print_inspect(info: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     summary = Table(show_header=False, box=None, pad_edge=False)
     for key, value in info.items():
         if key in ("tensors", "checks", "problems", "files", "ok"):
             continue
-        summary.add_row(key, f"{value:,}" if key == "parameters" else str(value))
+        summary.add_row(key, f"{value:,}" if key == "parameters" else escape(str(value)))
     err.print(summary)
     tensors = Table("tensor", "dtype", "shape", "role", title=f"{len(info['tensors'])} tensors", title_justify="left")
     for t in info["tensors"]:
-        tensors.add_row(t["name"], t["dtype"], str(t["shape"]), t["role"])
+        tensors.add_row(escape(t["name"]), t["dtype"], escape(str(t["shape"])), escape(t["role"]))
     err.print(tensors)
     if info["problems"]:
         for c in info["problems"]:
             colour = "red" if c["status"] == "fail" else "yellow"
-            err.print(f"[{colour}]{c['status'].upper()}[/{colour}] {c['name']}: {c['message']}")
+            err.print(f"[{colour}]{c['status'].upper()}[/{colour}] {c['name']}: {escape(c['message'])}")
     else:
         err.print("[green]no problems found[/green]")
 
