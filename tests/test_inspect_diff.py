@@ -1,0 +1,81 @@
+"""inspect and diff on real speculators drafts and their conversions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from factories import read_config
+
+
+def test_inspect_speculators_and_hf(cli, speculators_drafts, tmp_path):
+    r = cli("inspect", speculators_drafts["pruned"], "--json")
+    assert r.code == 0, r.err
+    info = r.json()
+    assert info["format"] == "speculators" and info["variant"] == "dflash"
+    assert info["target_layer_ids"] == [0, 3, 5] and info["aux_hidden_state_layer_ids"] == [1, 4, 6]
+    assert info["block_size"] == 8 and info["speculative_tokens"] == 7
+    assert info["mask_token_id"] == 511
+    assert info["layer_causal"] == [True, True]
+    assert info["vocab_size"] == 512 and info["draft_vocab_size"] == 128
+    assert {t["name"] for t in info["tensors"]} >= {"d2t", "t2d", "lm_head.weight", "fc.weight"}
+    # parameters an engine loads: body + pruned lm_head (+ d2t), not t2d
+    assert info["parameters"] == sum(
+        __import__("math").prod(t["shape"]) for t in info["tensors"] if t["name"] != "t2d")
+    hf = tmp_path / "hf"
+    assert cli("convert", speculators_drafts["mixed"], "-o", hf).code == 0
+    info = cli("inspect", hf, "--json").json()
+    assert info["format"] == "hf" and info["layer_causal"] == [False, True] and info["causal_flag"] is None
+
+
+def test_inspect_reports_problems_and_exits_3(cli, speculators_drafts, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(speculators_drafts["full"], src)
+    cfg = read_config(src)
+    cfg["mask_token_id"] = 600  # outside the 512-token vocab
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = cli("inspect", src, "--json")
+    assert r.code == 3
+    problems = r.json()["problems"]
+    assert any(p["status"] == "fail" and "mask" in p["name"] for p in problems)
+    r = cli("inspect", src)
+    assert r.code == 3 and "FAIL" in r.err and "600" in r.err
+
+
+def test_inspect_scan_finds_nan(cli, speculators_drafts, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    shutil.copytree(speculators_drafts["full"], src)
+    t = load_file(src / "model.safetensors")
+    t["norm.weight"][0] = float("nan")
+    save_file(t, src / "model.safetensors", metadata={"format": "pt"})
+    assert cli("inspect", src, "--json").code == 0  # headers only: values not read
+    r = cli("inspect", src, "--scan", "--json")
+    assert r.code == 3
+    assert any("norm.weight" in (p["message"] or "") for p in r.json()["problems"])
+
+
+def test_diff_across_formats_and_differences(cli, speculators_drafts, tmp_path):
+    hf = tmp_path / "hf"
+    assert cli("convert", speculators_drafts["pruned"], "-o", hf).code == 0
+    r = cli("diff", speculators_drafts["pruned"], hf, "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["equivalent"] and d["format_a"] == "speculators" and d["format_b"] == "hf"
+    assert "a:t2d" in d["ignored_tensors"]  # dropped by design, not a difference
+    # an off-by-one id is a config difference, across formats
+    cfg = read_config(hf)
+    cfg["dflash_config"]["target_layer_ids"] = [1, 4, 6]
+    (hf / "config.json").write_text(json.dumps(cfg))
+    d = cli("diff", speculators_drafts["pruned"], hf, "--json")
+    assert d.code == 3 and d.json()["config_differences"]["target_layer_ids"] == {"a": [0, 3, 5], "b": [1, 4, 6]}
+    # a changed tensor reports its max abs difference; a tolerance can accept it
+    bf = tmp_path / "bf16"
+    assert cli("convert", speculators_drafts["pruned"], "-o", bf, "--dtype", "bfloat16").code == 0
+    d = cli("diff", speculators_drafts["pruned"], bf, "--json")
+    assert d.code == 3
+    fc = d.json()["tensors"]["fc.weight"]
+    assert fc["status"] == "differs" and 0 < fc["max_abs_diff"] < 1e-2
+    assert cli("diff", speculators_drafts["pruned"], bf, "--tolerance", "0.05").code == 0  # bf16 rounding of weights near 1
