@@ -94,21 +94,15 @@ def parse_int_list(text: Optional[str], flag: str) -> Optional[list[int]]:
 
 
 def resolve_local(source: str, *, revision: Optional[str], token: Optional[str], allow_pickle: bool = False,
-                  for_target: bool = False):
+                  for_target: bool = False, config_only: bool = False):
     """A local path as is, or a Hub id downloaded to the cache: (path, commit sha or None)."""
-    path = Path(source)
-    if path.exists() or revision is None and not _looks_like_hub_id(source):
-        return path, None
+    if revision is None and Path(source).exists():  # the common case stays free of huggingface_hub imports
+        return Path(source), None
     from . import hub
 
     resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
-                                  for_target=for_target)
+                                  for_target=for_target, config_only=config_only)
     return resolved.path, resolved.commit_sha
-
-
-def _looks_like_hub_id(source: str) -> bool:
-    parts = source.split("/")
-    return len(parts) == 2 and all(parts) and not source.startswith((".", "/", "~"))
 
 
 def _progress_bar(total: int, description: str):
@@ -155,13 +149,13 @@ def convert(
     src_path, src_sha = resolve_local(src, revision=revision, token=token, allow_pickle=allow_pickle)
     verifier_path, verifier_name = None, None
     if verifier is not None:
-        verifier_path, _ = resolve_local(verifier, revision=None, token=token, for_target=True)
+        verifier_path, _ = resolve_local(verifier, revision=None, token=token, config_only=True)
         verifier_name = verifier
     opts = ConvertOptions(to=to, verifier=verifier_path, verifier_name=verifier_name, mask_token_id=mask_token_id,
                           target_layer_ids=parse_int_list(target_layer_ids, "--target-layer-ids"),
                           derive_target_layer_ids=derive_target_layer_ids, block_size=block_size, causal=causal,
                           dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite, allow_pickle=allow_pickle,
-                          source_revision=src_sha)
+                          source_revision=src_sha, source_id=src if src_sha else None)
     if max_shard_size is not None:
         from .safetensors_io import parse_size
 

@@ -59,6 +59,7 @@ class ConvertOptions:
     overwrite: bool = False
     allow_pickle: bool = False
     source_revision: str | None = None  # resolved commit sha when the source came from the Hub
+    source_id: str | None = None  # the Hub repo id the source came from (recorded instead of the cache path)
 
     def record(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -361,7 +362,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
                               file=ckpt.tensors[nonfinite[0]].file)
         record = ConversionRecord(
             tool_version=__version__,
-            source=str(ckpt.path),
+            source=opts.source_id or str(ckpt.path),
             source_format=ckpt.format,
             source_revision=opts.source_revision,
             destination_format=plan.dest_format,
