@@ -109,6 +109,7 @@ def render_table(report: ValidationReport, console) -> None:
 
     run = ", ".join(report.levels_run) or "none"
     skipped = "; ".join(f"{k} skipped: {v}" for k, v in report.levels_skipped.items())
+    from rich.markup import escape
     from rich.table import Column
 
     table = Table(Column("check", no_wrap=True), Column("status", no_wrap=True),
@@ -121,18 +122,18 @@ def render_table(report: ValidationReport, console) -> None:
             continue
         table.add_row(f"[bold]{level}[/bold]", "", "", "", "")
         for c in rows:
-            table.add_row(f"  {c.name}", f"[{STYLE[c.status]}]{c.status}[/]", _short(c.value), _short(c.threshold),
-                          c.message)
+            table.add_row(f"  {escape(c.name)}", f"[{STYLE[c.status]}]{c.status}[/]", escape(_short(c.value)),
+                          escape(_short(c.threshold)), escape(c.message))
         table.add_section()
     console.print(table)
     if skipped:
-        console.print(skipped)
+        console.print(skipped, markup=False)
     a = report.acceptance
     if a is not None:
         console.print(f"acceptance length {a.acceptance_length:.2f} (block {a.block_size}), per-position "
                       f"{_short(a.per_position_rates, 200)}, speedup {a.speedup:.2f}x "
                       f"({a.speculative_tokens_per_s:.1f} vs {a.target_tokens_per_s:.1f} tok/s), "
-                      f"outputs equal on {a.outputs_equal}/{a.prompts} prompts")
+                      f"outputs equal on {a.outputs_equal}/{a.prompts} prompts", markup=False)
     n = report.counts()
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     console.print(f"{verdict}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped "

@@ -1,0 +1,268 @@
+"""`validate`: the bundled trained pair passes every level; mis-wired copies of it fail with the check
+that should catch them named in the report; JSON follows the schema, JUnit counts failures; exit codes.
+
+Tests that need acceptance to mean something use the bundled trained pair (examples/pair); the
+rest run on tiny random drafts saved by speculators (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dflash_convert.checkpoint import open_checkpoint, read_json
+from test_checks import copy_draft
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = ROOT / "examples" / "pair"
+PAIR_PROMPTS = 6  # held-out prompts used per end-to-end run (of the pair's prompts.txt)
+PAIR_TOKENS = "48"
+
+
+@dataclass
+class Pair:
+    target: Path
+    draft: Path
+    prompts: Path
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory) -> Pair:
+    if not all((PAIR / p).exists() for p in ("target/config.json", "draft/config.json", "prompts.txt")):
+        pytest.skip("the bundled trained pair (examples/pair) is not in this checkout")
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    lines = [line for line in (PAIR / "prompts.txt").read_text().splitlines() if line.strip()]
+    prompts.write_text("\n".join(lines[:PAIR_PROMPTS]) + "\n")
+    return Pair(PAIR / "target", PAIR / "draft", prompts)
+
+
+def e2e_args(pair: Pair, draft: Path | None = None, *extra: str) -> list[str]:
+    return ["validate", str(draft or pair.draft), "--target", str(pair.target), "--prompts", str(pair.prompts),
+            "--max-new-tokens", PAIR_TOKENS, "--json", *extra]
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {c["name"]: c["status"] for c in report["checks"]}
+
+
+def failed(report: dict) -> list[str]:
+    return sorted(c["name"] for c in report["checks"] if c["status"] == "fail")
+
+
+@pytest.fixture(scope="session")
+def good_run(pair, cli, tmp_path_factory):
+    junit = tmp_path_factory.mktemp("junit") / "good.xml"
+    r = cli(*e2e_args(pair), "--min-acceptance-length", "3", "--junit", str(junit))
+    return r, junit
+
+
+# ----------------------------------------------------------------------------- the trained pair
+
+def test_bundled_pair_passes_every_level(good_run):
+    r, junit = good_run
+    assert r.code == 0, r.err[-2000:]
+    report = r.json()
+    assert report["levels_run"] == ["static", "numeric", "end_to_end"] and report["passed"] is True
+    assert failed(report) == []
+    s = statuses(report)
+    assert s["greedy_output_equal"] == "pass" and s["acceptance_length"] == "pass"
+    assert all(s[n] == "pass" for n in s if n.startswith(("backend_agreement.", "causality_behaviour.")))
+    a = report["acceptance"]
+    assert a["acceptance_length"] >= 3 and a["outputs_equal"] == a["prompts"] == PAIR_PROMPTS
+    rates = a["per_position_rates"]
+    assert len(rates) == a["block_size"] - 1 and rates == sorted(rates, reverse=True) and rates[0] > 0.5
+    assert report["environment"]["backends"]["eager"] is True
+    assert report["environment"]["versions"]["torch"]
+    root = ET.parse(junit).getroot()
+    assert root.get("failures") == "0" and int(root.get("tests")) == len(report["checks"])
+
+
+def test_json_report_validates_against_the_schema(good_run):
+    import jsonschema
+
+    schema = json.loads((ROOT / "schemas" / "validation-report.schema.json").read_text())
+    jsonschema.validate(good_run[0].json(), schema)
+    bad = {**good_run[0].json(), "checks": [{"name": "x", "status": "maybe"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def _shifted_ids(pair: Pair) -> list[int]:
+    spec = open_checkpoint(pair.draft).spec
+    n = read_json(pair.target / "config.json")["num_hidden_layers"]
+    up = [i + 1 for i in spec.target_layer_ids]
+    return up if max(up) < n else [i - 1 for i in spec.target_layer_ids]
+
+
+def test_target_ids_off_by_one_drop_tau(pair, good_run, cli, tmp_path):
+    ids = _shifted_ids(pair)
+    draft = copy_draft(pair.draft, tmp_path / "draft", spec_update={"target_layer_ids": ids})
+    r = cli(*e2e_args(pair, draft), "--min-acceptance-length", "3")
+    assert r.code == 3, r.err[-2000:]
+    report = r.json()
+    assert failed(report) == ["acceptance_length"]  # nothing static can see it: only acceptance does
+    good_tau = good_run[0].json()["acceptance"]["acceptance_length"]
+    assert report["acceptance"]["acceptance_length"] < good_tau - 1.0
+    assert statuses(report)["greedy_output_equal"] == "pass"  # still lossless, just slow
+
+
+def test_target_ids_in_the_wrong_order(pair, cli, tmp_path):
+    ids = list(reversed(open_checkpoint(pair.draft).spec.target_layer_ids))
+    draft = copy_draft(pair.draft, tmp_path / "draft", spec_update={"target_layer_ids": ids})
+    r = cli("validate", draft, "--target", pair.target, "--levels", "static", "--json")
+    assert r.code == 3 and failed(r.json()) == ["target_layer_ids"]
+    assert "increasing" in next(c["message"] for c in r.json()["checks"] if c["name"] == "target_layer_ids")
+
+
+def test_wrong_mask_id(pair, cli, tmp_path):
+    spec = open_checkpoint(pair.draft).spec
+    info = read_json(pair.target / "config.json")
+    # a plausible but wrong id (an ordinary token): only acceptance shows it
+    draft = copy_draft(pair.draft, tmp_path / "plain", spec_update={"mask_token_id": 7})
+    r = cli(*e2e_args(pair, draft), "--min-acceptance-length", "3")
+    assert r.code == 3 and failed(r.json()) == ["acceptance_length"], r.err[-2000:]
+    assert spec.mask_token_id != 7
+    # the eos token: caught statically against the target config
+    eos = info["eos_token_id"]
+    draft = copy_draft(pair.draft, tmp_path / "eos", spec_update={"mask_token_id": eos if isinstance(eos, int)
+                                                                       else eos[0]})
+    r = cli("validate", draft, "--target", pair.target, "--levels", "static", "--json")
+    assert r.code == 3 and "target_mask_token_id" in failed(r.json())
+
+
+def test_causal_draft_forced_non_causal(pair, good_run, cli, tmp_path):
+    spec = open_checkpoint(pair.draft).spec
+    if not all(spec.layer_causal):
+        pytest.skip("the bundled draft is not causal")
+    # the deployment forces non-causal: named statically, and acceptance drops end to end
+    r = cli(*e2e_args(pair), "--non-causal", "--min-acceptance-length", "3")
+    assert r.code == 3
+    report = r.json()
+    assert "causal_override" in failed(report)
+    assert all(v == "pass" for n, v in statuses(report).items() if n.startswith("causality_behaviour."))
+    assert report["acceptance"]["acceptance_length"] < good_run[0].json()["acceptance"]["acceptance_length"] - 0.5
+    # a conversion that lost the causality flag: the checkpoint itself now says non-causal
+    draft = copy_draft(pair.draft, tmp_path / "flag", spec_update={"layer_causal": [False] * spec.num_layers})
+    r = cli(*e2e_args(pair, draft), "--min-acceptance-length", "3")
+    assert r.code == 3 and failed(r.json()) == ["acceptance_length"]
+
+
+def test_fc_of_the_wrong_width(pair, cli, tmp_path):
+    import torch
+
+    def widen(t):
+        t["fc.weight"] = torch.cat([t["fc.weight"], t["fc.weight"][:, :8]], dim=1)
+
+    draft = copy_draft(pair.draft, tmp_path / "draft", edit_tensors=widen)
+    r = cli(*e2e_args(pair, draft))
+    assert r.code == 3
+    report = r.json()
+    assert {"fc_width", "draft_loads"} <= set(failed(report))
+    assert "end_to_end" in report["levels_skipped"]
+
+
+def test_nan_tensor(pair, cli, tmp_path):
+    def spoil(t):
+        t["layers.0.self_attn.v_proj.weight"][0, 0] = float("nan")
+
+    draft = copy_draft(pair.draft, tmp_path / "draft", edit_tensors=spoil)
+    junit = tmp_path / "report.xml"
+    r = cli("validate", draft, "--levels", "static,numeric", "--json", "--junit", junit)
+    assert r.code == 3
+    report = r.json()
+    assert "finite_values" in failed(report) and "finite_output.eager" in failed(report)
+    msg = next(c["message"] for c in report["checks"] if c["name"] == "finite_values")
+    assert "layers.0.self_attn.v_proj.weight" in msg
+    # JUnit: one testcase per check, failures counted right
+    root = ET.parse(junit).getroot()
+    cases = root.findall(".//testcase")
+    failures = [c.get("name") for c in cases if c.find("failure") is not None]
+    assert len(cases) == len(report["checks"]) and sorted(failures) == failed(report)
+    assert int(root.get("failures")) == len(failures) == sum(int(s.get("failures")) for s in root.iter("testsuite"))
+    assert int(root.get("skipped")) == sum(c["status"] == "skip" for c in report["checks"])
+
+
+def test_target_with_a_different_hidden_size(pair, cli, tmp_path):
+    from factories import make_target
+
+    raw = read_json(pair.target / "config.json")
+    other = make_target(tmp_path / "other", layers=raw["num_hidden_layers"], hidden=raw["hidden_size"] // 2,
+                        vocab=raw["vocab_size"])
+    r = cli(*e2e_args(pair, None), "--target", other)  # the later --target wins
+    assert r.code == 3
+    assert {"target_hidden_size", "pair_compatible"} <= set(failed(r.json()))
+
+
+# ----------------------------------------------------------------------------- random drafts (logic)
+
+def test_random_pair_is_lossless_and_reports_low_acceptance(speculators_drafts, tiny_target, tmp_path, cli):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": [5, 6, 7, 8, 9, 10]}\n{"prompt": [100, 3, 44, 2]}\n')
+    r = cli("validate", speculators_drafts["mixed"], "--target", tiny_target, "--prompts", prompts,
+            "--max-new-tokens", "12", "--backend", "sdpa", "--json")
+    assert r.code == 0, r.err[-2000:]
+    report = r.json()
+    s = statuses(report)
+    assert s["greedy_output_equal"] == "pass" and s["acceptance_length"] == "warn"  # random: accepts ~nothing
+    assert set(n for n in s if n.startswith("causality_behaviour.")) == {"causality_behaviour.eager",
+                                                                         "causality_behaviour.sdpa"}
+    probe = next(c for c in report["checks"] if c["name"] == "causality_behaviour.sdpa")
+    assert probe["value"][0] > probe["threshold"] >= probe["value"][1]  # layer 0 full (bidirectional), 1 causal
+    assert report["environment"]["draft_backend"] == "sdpa"
+
+
+def test_pruned_draft_without_d2t(speculators_drafts, tmp_path, cli):
+    def drop(t):
+        del t["d2t"], t["t2d"]
+
+    draft = copy_draft(speculators_drafts["pruned"], tmp_path / "d", edit_tensors=drop)
+    r = cli("validate", draft, "--json")
+    assert r.code == 3 and {"vocab_map", "draft_loads"} <= set(failed(r.json()))
+    assert r.json()["levels_run"] == ["static", "numeric"]
+    assert r.json()["levels_skipped"]["end_to_end"] == "no --target given"
+
+
+def test_convert_validate_keeps_nothing_when_validation_fails(speculators_drafts, tmp_path, cli):
+    def zero(t):
+        t["layers.1.mlp.gate_proj.weight"].zero_()
+
+    bad = copy_draft(speculators_drafts["full"], tmp_path / "bad", edit_tensors=zero)
+    r = cli("convert", bad, "-o", tmp_path / "out", "--validate")
+    assert r.code == 3 and "degenerate_values" in r.err and not (tmp_path / "out").exists()
+    assert cli("convert", speculators_drafts["full"], "-o", tmp_path / "ok", "--validate").code == 0
+    assert (tmp_path / "ok" / "config.json").exists()
+
+
+def test_exit_codes_and_prompt_errors(speculators_drafts, tiny_target, tmp_path, cli):
+    full = speculators_drafts["full"]
+    assert cli("validate", tmp_path / "missing").code == 1
+    assert cli("validate", full, "--backend", "cudnn").code == 2
+    assert cli("validate", full, "--levels", "static,fast").code == 2
+    assert cli("validate", full, "--min-position-rates", "0.9,x").code == 2
+    text = tmp_path / "text.txt"
+    text.write_text("hello world\n")  # the tiny target ships no tokenizer
+    r = cli("validate", full, "--target", tiny_target, "--prompts", text)
+    assert r.code == 1 and "text" in r.err and "tokenizer" in r.err and str(text) in r.err
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2 99999\n")
+    r = cli("validate", full, "--target", tiny_target, "--prompts", bad)
+    assert r.code == 1 and "99999" in r.err
+    r = cli("validate", full, "--target", tiny_target / "config.json", "--levels", "static,end_to_end", "--json")
+    assert r.code == 0 and r.json()["levels_skipped"]["end_to_end"].endswith("has no weights (config only)")
+
+
+def test_read_prompts_formats(tmp_path):
+    from dflash_convert.validate import read_prompts
+
+    p = tmp_path / "p.txt"
+    p.write_text('1 2 3\n\n[4, 5]\n{"prompt": "Hi there"}\n{"prompt": [6]}\nplain text 7\n')
+    assert read_prompts(p) == [[1, 2, 3], [4, 5], "Hi there", [6], "plain text 7"]
+    p.write_text('{"text": "x"}\n')
+    from dflash_convert.errors import DFlashError
+
+    with pytest.raises(DFlashError, match="line 1: JSONL prompt lines need a `prompt` field"):
+        read_prompts(p)
