@@ -120,6 +120,13 @@ def _hub_error(exc: Exception, *, repo_id: str, revision: str | None, endpoint: 
     from huggingface_hub.utils import OfflineModeIsEnabled
 
     where = f"{repo_id}@{revision or 'main'}"
+    # The client wraps some failures (e.g. an LFS upload giving up) in a RuntimeError: use the cause.
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, (e.HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled)):
+            exc = cause
+            break
+        cause = cause.__cause__ or cause.__context__
     if isinstance(exc, e.HFValidationError):
         return UsageError(f"invalid Hub repo id or revision {where!r}: {_one_line(exc, token)}")
     if isinstance(exc, e.RevisionNotFoundError):
@@ -159,6 +166,17 @@ def _hub_error(exc: Exception, *, repo_id: str, revision: str | None, endpoint: 
     return DFlashError(f"failed to {action} {where}: {type(exc).__name__}: {_one_line(exc, token)}")
 
 
+def _close_progress_bars() -> None:
+    """End the client's interrupted tqdm bars, so the error line starts on a line of its own."""
+    try:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
 def _hub_call(fn, *, repo_id: str, revision: str | None, endpoint: str, token: str | None, action: str):
     """Run fn(); any client error becomes one DFlashError line (our own DFlashErrors pass through)."""
     try:
@@ -168,6 +186,7 @@ def _hub_call(fn, *, repo_id: str, revision: str | None, endpoint: str, token: s
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - the client raises many types; each becomes one line
+        _close_progress_bars()
         raise _hub_error(exc, repo_id=repo_id, revision=revision, endpoint=endpoint, token=token,
                          action=action) from None
 
@@ -415,13 +434,17 @@ def model_card(spec: DraftSpec, *, repo_id: str, validation: dict[str, Any] | No
 
 
 def write_model_card(directory: str | Path, spec: DraftSpec | None = None, *, repo_id: str,
-                     validation: dict[str, Any] | None = None) -> Path:
-    """Write or update directory/README.md (atomically; a symlinked README is replaced, not written through)."""
+                     validation: dict[str, Any] | None = None, existing: str | None = None) -> Path:
+    """Write or update directory/README.md (atomically; a symlinked README is replaced, not written through).
+
+    The README updated is the local one, else `existing` (e.g. the README already on the Hub).
+    """
     directory = Path(directory)
     if spec is None:
         spec = open_checkpoint(directory).spec
     readme = directory / README_NAME
-    existing = readme.read_text(encoding="utf-8") if readme.exists() else None
+    if readme.exists():
+        existing = readme.read_text(encoding="utf-8")
     record = None
     if (directory / RECORD_NAME).exists():
         try:
@@ -471,11 +494,7 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
     endpoint = _endpoint(endpoint)
     if _offline():
         raise DFlashError(f"HF_HUB_OFFLINE=1: cannot push {directory} to {repo_id}")
-    if model_card and (directory / CONFIG_NAME).exists():
-        readme = write_model_card(directory, repo_id=repo_id, validation=validation)
-        _say(f"model card written: {readme}")
-    files = _local_files(directory)
-    if not files:
+    if not _local_files(directory):
         raise DFlashError("nothing to push: the directory is empty", file=directory)
 
     api = _api(endpoint, token)
@@ -492,8 +511,17 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
     info = _hub_call(lambda: api.repo_info(repo_id, revision=branch), **call)
     if private and not info.private:
         _say(f"warning: {repo_id} already exists and is public; --private does not change an existing repo")
-    local = set(files)
     remote = [s.rfilename for s in info.siblings or []]
+    if model_card and (directory / CONFIG_NAME).exists():
+        remote_readme = None
+        if not (directory / README_NAME).exists() and README_NAME in remote:  # keep what users wrote on the Hub
+            readme_path = _hub_call(lambda: api.hf_hub_download(repo_id, README_NAME, revision=info.sha,
+                                                                cache_dir=_cache_dir()), **call)
+            remote_readme = Path(readme_path).read_text(encoding="utf-8")
+        readme = write_model_card(directory, repo_id=repo_id, validation=validation, existing=remote_readme)
+        _say(f"model card written: {readme}")
+    files = _local_files(directory)
+    local = set(files)
     stale = [n for n in filter_repo_objects(remote, allow_patterns=WEIGHT_PATTERNS) if n not in local]
     operations = [CommitOperationDelete(path_in_repo=n) for n in stale]
     operations += [CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(directory / n)) for n in files]

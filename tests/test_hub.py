@@ -1,0 +1,358 @@
+"""Hub integration against the REAL huggingface_hub client and a Hub-compatible server on 127.0.0.1.
+
+The server (tests/hub_server.py) keeps everything in memory; each test gets its own server,
+cache (HF_HOME / HF_HUB_CACHE) and token. Commands run in-process through the real entry point
+(conftest.run_cli), or as subprocesses where every byte written (logs included) must be seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hub_server import HubServer
+
+TOKEN = "hf_fakeTokenForTestsOnly0123456789abcdef"
+BAD_TOKEN = "hf_fakeWrongToken9876543210"
+TARGET_ID = "test-org/tiny-qwen3"
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture
+def hub():
+    server = HubServer(valid_token=TOKEN, lfs_threshold=64 * 1024).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def hub_env(hub, tmp_path, monkeypatch):
+    """Per-test cache, token and endpoint, read by dflash_convert.hub at call time."""
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf_home"
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))  # never a developer's stored token
+    return home
+
+
+@pytest.fixture(scope="session")
+def hub_draft(tmp_path_factory, tiny_target) -> Path:
+    """A speculators-format draft saved by speculators 0.9.0, its verifier renamed to a Hub id."""
+    from factories import make_speculators_draft
+
+    path = make_speculators_draft(tmp_path_factory.mktemp("hub") / "draft", tiny_target)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["name_or_path"] = TARGET_ID
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+@pytest.fixture
+def draft(hub_draft, tmp_path) -> Path:
+    """A private copy per test (push writes README.md into it)."""
+    return Path(shutil.copytree(hub_draft, tmp_path / "draft"))
+
+
+def local_files(path: Path) -> dict[str, bytes]:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".cache" not in p.parts}
+
+
+def one_error_line(r, *needles: str) -> str:
+    """Exit 1, and stderr holds exactly one `Error:` line (no traceback) containing every needle."""
+    assert r.code == 1, (r.code, r.out, r.err)
+    errors = [line for line in r.err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, r.err
+    assert "Traceback" not in r.err
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+# ----------------------------------------------------------------------------- push
+
+def test_push_creates_repo_in_one_commit_with_lfs_and_card(cli, hub, draft):
+    r = cli("push", draft, "org/draft")
+    assert r.code == 0, r.err
+    head = hub.commit_at("org/draft").sha
+    assert r.out.strip() == f"{hub.url}/org/draft/commit/{head}"
+    assert hub.commits("org/draft") == 2  # the repo's initial commit + ONE upload commit
+    remote = hub.files_at("org/draft")
+    assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local_files(draft)
+    # the weights went through the LFS batch + PUT path, the config as a regular file
+    assert hub.is_lfs("org/draft", "model.safetensors") and not hub.is_lfs("org/draft", "config.json")
+    import hashlib
+
+    assert hashlib.sha256(remote["model.safetensors"]).hexdigest() in hub.lfs_puts
+    card = remote["README.md"].decode()
+    meta = yaml.safe_load(card.split("---")[1])
+    assert meta["library_name"] == "speculators" and meta["base_model"] == TARGET_ID
+    assert {"dflash", "speculative-decoding"} <= set(meta["tags"])
+    assert '"method": "dflash", "model": "org/draft", "num_speculative_tokens": 7' in card
+    assert "--speculative-algorithm DFLASH" in card and "--speculative-num-draft-tokens 8" in card
+    assert "| dtype | warn |" in card  # the static validation summary: F32 weights are flagged
+
+
+def test_push_json_and_existing_repo_keeps_user_readme_and_drops_stale_shards(cli, hub, draft):
+    user_readme = ("---\nlicense: apache-2.0\ntags:\n- mine\n---\n\n# My draft\n\nTrained on my data.\n")
+    hub.seed_repo("org/draft", {"README.md": user_readme.encode(), "model-00001-of-00002.safetensors": b"x" * 10,
+                                "model-00002-of-00002.safetensors": b"y" * 10,
+                                "model.safetensors.index.json": b'{"weight_map": {}}', "notes.txt": b"keep me"})
+    before = hub.commits("org/draft")
+    r = cli("push", draft, "org/draft", "--commit-message", "new weights", "--commit-description", "why", "--json")
+    assert r.code == 0, r.err
+    out = r.json()
+    commit = hub.commit_at("org/draft")
+    assert out["commit_sha"] == commit.sha and out["pr_url"] is None and out["changed"] is True
+    assert (commit.title, commit.description) == ("new weights", "why")
+    assert hub.commits("org/draft") == before + 1
+    remote = hub.files_at("org/draft")
+    assert not any(n.startswith("model-0000") or n.endswith(".index.json") for n in remote)  # stale set removed
+    assert remote["notes.txt"] == b"keep me"  # files that are not weights are left alone
+    card = remote["README.md"].decode()
+    assert "# My draft\n\nTrained on my data." in card and "## DFlash draft" in card
+    meta = yaml.safe_load(card.split("---")[1])
+    assert meta["license"] == "apache-2.0" and meta["tags"][:1] == ["mine"] and "dflash" in meta["tags"]
+
+
+def test_push_to_new_branch_then_pull_by_branch_tag_and_commit(cli, hub, draft, tmp_path):
+    r = cli("push", draft, "org/draft", "--revision", "dev")
+    assert r.code == 0, r.err
+    dev = hub.commit_at("org/draft", "dev").sha
+    assert "model.safetensors" not in hub.files_at("org/draft", "main")  # main untouched
+    hub.create_tag("org/draft", "v1", "dev")
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["block_size"] = 4
+    (draft / "config.json").write_text(json.dumps(cfg))
+    assert cli("push", draft, "org/draft").code == 0  # main now differs from dev
+    main = hub.commit_at("org/draft", "main").sha
+    assert main != dev
+    for rev, sha in (("dev", dev), ("v1", dev), (dev, dev), ("main", main)):
+        r = cli("pull", "org/draft", "--revision", rev, "--json")
+        assert r.code == 0, r.err
+        got = r.json()
+        assert got["commit_sha"] == sha, rev
+        assert Path(got["path"]).name == sha  # the standard cache layout: snapshots/<sha>
+        assert json.loads((Path(got["path"]) / "config.json").read_text())["block_size"] == (4 if sha == main else 8)
+    # -o DIR: plain files, the same bytes as the branch
+    r = cli("pull", "org/draft", "--revision", "dev", "-o", tmp_path / "out")
+    assert r.code == 0 and r.out.strip() == str(tmp_path / "out")
+    remote = hub.files_at("org/draft", "dev")
+    assert local_files(tmp_path / "out") == {k: remote[k] for k in ("config.json", "model.safetensors", "README.md")}
+
+
+def test_push_refuses_a_tag_as_branch(cli, hub, draft):
+    hub.seed_repo("org/draft", {"a.txt": b"a"})
+    hub.create_tag("org/draft", "v1")
+    r = cli("push", draft, "org/draft", "--revision", "v1")
+    one_error_line(r, "v1", "tag")
+
+
+def test_create_pr(cli, hub, draft):
+    hub.seed_repo("org/draft", {"a.txt": b"a"})
+    main_before = hub.commit_at("org/draft").sha
+    r = cli("push", draft, "org/draft", "--create-pr")
+    assert r.code == 0, r.err
+    assert r.out.strip() == f"{hub.url}/org/draft/discussions/1"
+    assert hub.commit_at("org/draft").sha == main_before  # the branch itself is unchanged
+    pr = hub.files_at("org/draft", "refs/pr/1")
+    assert pr["model.safetensors"] == (draft / "model.safetensors").read_bytes() and pr["a.txt"] == b"a"
+
+
+def test_push_refuses_a_draft_failing_static_validation(cli, hub, draft):
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["mask_token_id"] = 9999  # outside the 512-token vocabulary
+    (draft / "config.json").write_text(json.dumps(cfg))
+    r = cli("push", draft, "org/draft")
+    assert r.code == 3 and "mask_token_id" in r.err and "nothing was pushed" in r.err, r.err
+    assert "org/draft" not in hub.repos and not (draft / "README.md").exists()
+    r = cli("push", draft, "org/draft", "--no-validate")
+    assert r.code == 0, r.err
+    assert json.loads(hub.files_at("org/draft")["config.json"])["mask_token_id"] == 9999
+
+
+# ----------------------------------------------------------------------------- cache and offline
+
+def test_offline_uses_the_cache(cli, hub, draft, monkeypatch, hub_env):
+    assert cli("push", draft, "org/draft").code == 0
+    sha = hub.commit_at("org/draft").sha
+    first = cli("pull", "org/draft", "--json").json()
+    hub.stop()  # nothing answers any more
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for rev in (None, sha):
+        r = cli("pull", "org/draft", *(["--revision", rev] if rev else []), "--json")
+        assert r.code == 0, r.err
+        got = r.json()
+        assert (got["path"], got["commit_sha"], got["revision"]) == (first["path"], sha, rev or "main")
+    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.hub import resolve_source
+
+    resolved = resolve_source("org/draft")
+    assert resolved.commit_sha == sha and open_checkpoint(resolved.path).spec.block_size == 8
+    one_error_line(cli("pull", "org/draft", "--revision", "dev"), "org/draft@dev", "HF_HUB_OFFLINE=1")
+
+
+# ----------------------------------------------------------------------------- errors: one line, exit 1
+
+def test_repo_not_found(cli):
+    one_error_line(cli("pull", "org/missing"), "org/missing", "not found")
+
+
+def test_revision_not_found(cli, hub, draft):
+    assert cli("push", draft, "org/draft").code == 0
+    one_error_line(cli("pull", "org/draft", "--revision", "nope"), "'nope'", "org/draft")
+    one_error_line(cli("pull", "org/draft", "--revision", "0" * 40), "org/draft")
+
+
+def test_bad_token_is_401_and_token_precedence(cli, hub, draft, monkeypatch, hub_env):
+    one_error_line(cli("push", draft, "org/draft", "--token", BAD_TOKEN), "401", "org/draft@main")
+    one_error_line(cli("pull", "org/draft", "--token", BAD_TOKEN), "401", "org/draft@main")
+    # --token beats HF_TOKEN ...
+    monkeypatch.setenv("HF_TOKEN", BAD_TOKEN)
+    assert cli("push", draft, "org/draft", "--token", TOKEN).code == 0
+    one_error_line(cli("pull", "org/draft"), "401")
+    # ... and HF_TOKEN beats the stored token, which is used when nothing else is given
+    (hub_env / "token").parent.mkdir(parents=True, exist_ok=True)
+    (hub_env / "token").write_text(TOKEN)
+    one_error_line(cli("pull", "org/draft"), "401")
+    monkeypatch.delenv("HF_TOKEN")
+    assert cli("push", draft, "org/other").code == 0  # writes need a token: the stored one was sent
+
+
+def test_server_going_away_during_commit_leaves_no_commit(cli, hub, draft):
+    hub.seed_repo("org/draft", {"a.txt": b"a"})
+    before = (hub.commits("org/draft"), hub.files_at("org/draft"))
+    hub.drop_next("commit")
+    one_error_line(cli("push", draft, "org/draft"), "connection to the Hub", "org/draft@main")
+    assert (hub.commits("org/draft"), hub.files_at("org/draft")) == before
+    r = cli("push", draft, "org/draft")  # a rerun completes it
+    assert r.code == 0 and hub.commits("org/draft") == before[0] + 1
+
+
+def test_server_going_away_during_lfs_upload_leaves_no_commit(cli, hub, draft, monkeypatch):
+    import time
+
+    monkeypatch.setattr(time, "sleep", lambda s: None)  # the client's retry back-off, not its logic
+    hub.seed_repo("org/draft", {"a.txt": b"a"})
+    before = (hub.commits("org/draft"), hub.files_at("org/draft"))
+    hub.drop_next("lfs_put", 100)  # every attempt of the weights upload loses its connection
+    one_error_line(cli("push", draft, "org/draft"), "connection to the Hub", "org/draft@main")
+    assert (hub.commits("org/draft"), hub.files_at("org/draft")) == before
+    assert not hub.lfs_puts
+
+
+def test_remote_file_name_escaping_the_directory(cli, hub, draft, tmp_path, hub_env):
+    hub.seed_repo("org/evil", {"config.json": (draft / "config.json").read_bytes()})
+    hub.inject_file("org/evil", "../../evil.safetensors", b"pwned")
+    for extra in ([], ["-o", str(tmp_path / "out" / "inner")]):
+        one_error_line(cli("pull", "org/evil", *extra), "escapes", "../../evil.safetensors")
+    assert not [p for p in tmp_path.rglob("evil.safetensors")]
+    assert not [req for req in hub.requests if "/resolve/" in req[1]]  # refused before any download
+
+
+def test_not_a_hub_id_or_local_path(cli, tmp_path):
+    from dflash_convert.errors import DFlashError, UsageError
+    from dflash_convert.hub import is_hub_id, resolve_source
+
+    assert is_hub_id("org/name") and is_hub_id("z-lab/Qwen3-8B-DFlash-b16")
+    assert not any(map(is_hub_id, ["./x", "/abs/x", "a/b/c", "org/..", "~/x", "org/name.git", "name"]))
+    assert resolve_source(tmp_path).path == tmp_path and resolve_source(tmp_path).commit_sha is None
+    with pytest.raises(UsageError):
+        resolve_source(tmp_path, revision="main")
+    with pytest.raises(DFlashError, match="not a Hub repo id"):
+        resolve_source("a/b/c")
+    assert cli("pull", "./not-an-id").code == 2
+
+
+# ----------------------------------------------------------------------------- the token stays secret
+
+def test_token_never_appears_in_any_output_or_file(hub, draft, tmp_path, hub_env):
+    env = {**os.environ, "HF_HUB_VERBOSITY": "info"}
+    runs = [
+        ["push", str(draft), "org/draft", "--json"],  # token from HF_TOKEN
+        ["push", str(draft), "org/draft2", "--token", TOKEN, "--create-pr"],
+        ["pull", "org/draft", "--token", TOKEN, "-o", str(tmp_path / "out")],
+        ["--debug", "pull", "org/draft", "--token", BAD_TOKEN],  # a 401, with the traceback shown
+    ]
+    seen = []
+    for args in runs:
+        p = subprocess.run([sys.executable, "-m", "dflash_convert", *args], capture_output=True, text=True, env=env,
+                           timeout=120)
+        seen.append(p.stdout + p.stderr)
+        assert TOKEN not in p.stdout + p.stderr and BAD_TOKEN not in p.stdout + p.stderr, args
+    assert re.search(r"/org/draft/commit/[0-9a-f]{40}", seen[0]) and "/org/draft2/discussions/1" in seen[1]
+    assert "401" in seen[3] and "Traceback" in seen[3]
+    for f in [*tmp_path.rglob("*")]:
+        if f.is_file() and "hf_home" not in f.parts:  # the stored-token file would be the only place
+            assert TOKEN.encode() not in f.read_bytes(), f
+    for content in hub.files_at("org/draft").values():
+        assert TOKEN.encode() not in content
+
+
+# ----------------------------------------------------------------------------- model card
+
+def test_model_card_update_is_idempotent_and_keeps_user_text(hub_draft):
+    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.hub import CARD_BEGIN, CARD_END, model_card
+
+    spec = open_checkpoint(hub_draft).spec
+    user = "---\nlicense: mit\n---\n\nIntro by the author.\n\n"
+    first = model_card(spec, repo_id="org/d", validation=None, existing=user + "\n\nFooter.\n")
+    assert first.count(CARD_BEGIN) == 1 and first.count(CARD_END) == 1
+    assert first.index("Intro by the author.") < first.index(CARD_BEGIN) and "Footer." in first
+    edited = first.replace("Intro by the author.", "Intro, edited.")
+    second = model_card(spec.model_copy(update={"block_size": 16}), repo_id="org/d", validation=None, existing=edited)
+    assert "Intro, edited." in second and "Footer." in second and second.count(CARD_BEGIN) == 1
+    assert '"num_speculative_tokens": 15' in second and '"num_speculative_tokens": 7' not in second
+    assert model_card(spec, repo_id="org/d", validation=None, existing=first) == first
+
+
+def test_model_card_non_causal_and_pruned_notes(hub_draft):
+    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.hub import model_card
+
+    spec = open_checkpoint(hub_draft).spec
+    causal = model_card(spec, repo_id="org/d", validation=None)
+    assert "--attention-backend" not in causal and "full target vocabulary (512 tokens)" in causal
+    nc = spec.model_copy(update={"layer_causal": [False] * spec.num_layers, "draft_vocab_size": 128})
+    card = model_card(nc, repo_id="org/d", validation={"checks": [{"name": "x", "status": "warn", "message": "m"}]})
+    assert "--attention-backend FLASH_ATTN" in card and "FLEX_ATTENTION" in card and "non-causal" in card
+    assert "predicts 128 of the target's 512 tokens" in card and "| x | warn | m |" in card
+    unknown = spec.model_copy(update={"verifier": None})
+    text = model_card(unknown, repo_id="org/d", validation=None)
+    assert "base_model" not in text.split("---")[1] and "vllm serve <TARGET_MODEL>" in text
+
+
+# ----------------------------------------------------------------------------- convert straight from the Hub
+
+def test_convert_from_hub_id_and_push(cli, hub, draft, tmp_path):
+    pytest.importorskip("dflash_convert.validate")
+    hub.seed_repo("org/spec-draft", local_files(draft))
+    src_sha = hub.commit_at("org/spec-draft").sha
+    out = tmp_path / "hf"
+    r = cli("convert", "org/spec-draft", "--revision", "main", "-o", out, "--push", "org/hf-draft", "--json")
+    assert r.code == 0, r.err
+    result = r.json()
+    assert result["source_revision"] == src_sha
+    assert json.loads((out / "conversion.json").read_text())["source_revision"] == src_sha
+    remote = hub.files_at("org/hf-draft")
+    assert remote["model.safetensors"] == (out / "model.safetensors").read_bytes()
+    assert remote["conversion.json"] == (out / "conversion.json").read_bytes()
+    assert "## DFlash draft" in remote["README.md"].decode()
