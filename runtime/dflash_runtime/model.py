@@ -151,10 +151,12 @@ class DFlashDraft:
         sin = (emb.sin() * self.rope_scale).to(x.dtype)
         return x * cos + rotate_half(x) * sin
 
+    @torch.inference_mode()
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
         """features [T, A*Ht] (target states at target_layer_ids, in id order) -> ctx [T, H]."""
         return rms_norm(F.linear(features.to(self.device, self.dtype), self.fc), self.hidden_norm, self.eps)
 
+    @torch.inference_mode()
     def add_context(self, features: torch.Tensor, start: int | None = None) -> None:
         """Append committed tokens' features [T, A*Ht] at positions start.. (default: right after the cache)."""
         start = self.ctx_end if start is None else start
@@ -183,6 +185,7 @@ class DFlashDraft:
 
     # ------------------------------------------------------------------ block forward
 
+    @torch.inference_mode()
     def block_hidden(self, x: torch.Tensor, start: int, draft_window: int | None = None) -> torch.Tensor:
         """x [B, H] embedded block at positions start..start+B-1 -> final-normed hidden [B, H].
 
@@ -210,6 +213,7 @@ class DFlashDraft:
             x = x + F.linear(self.act(F.linear(h, layer.gate_proj)) * F.linear(h, layer.up_proj), layer.down_proj)
         return rms_norm(x, self.norm, self.eps)
 
+    @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, target_lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """hidden [n, H] -> logits [n, V] over the TARGET vocab (ids outside a pruned vocab get -inf)."""
         if self.lm_head is None:

@@ -32,7 +32,7 @@ class Target:
     """A causal LM run one sequence at a time (batch 1) with a croppable KV cache."""
 
     def __init__(self, model):
-        self.model = model.eval()
+        self.model = model.eval().requires_grad_(False)
         self.config = model.config
         self.layers = decoder_layers(model)
         self.num_layers = len(self.layers)

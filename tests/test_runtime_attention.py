@@ -1,0 +1,148 @@
+"""Attention backends: each computes eager's function for every mask the drafts use; the capability
+table refuses what a backend cannot serve and names the ones that can; masks mean what 6.4 says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_convert.errors import DFlashError
+from dflash_runtime import attention, load_draft, load_target
+from dflash_runtime.attention import BACKENDS, Backend, select_backend, visible_mask
+from runtime_helpers import our_block_logits, speculators_draft
+
+RUNNABLE = [name for name, b in BACKENDS.items() if b.why_not([True], True, "cpu", torch.float32) is None]
+TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
+
+
+def test_visible_mask_is_block_aligned_not_top_left():
+    m = visible_mask(ctx_len=4, block_len=3, causal=True, ctx_first=1, device="cpu").int()
+    assert m.tolist() == [[0, 1, 1, 1, 1, 0, 0],
+                          [0, 1, 1, 1, 1, 1, 0],
+                          [0, 1, 1, 1, 1, 1, 1]]
+    assert visible_mask(4, 3, False, 0, "cpu").all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal,ctx_first", [(False, 0), (True, 0), (False, 9), (True, 9), (True, 40)])
+def test_backends_agree_with_eager(dtype, causal, ctx_first):
+    g = torch.Generator().manual_seed(0)
+    T, B, nH, nKV, d = 40, 16, 8, 2, 32
+    q = torch.randn(1, nH, B, d, generator=g).to(dtype)
+    k = torch.randn(1, nKV, T + B, d, generator=g).to(dtype)
+    v = torch.randn(1, nKV, T + B, d, generator=g).to(dtype)
+    ref = attention.eager_attention(q, k, v, scale=d ** -0.5, causal=causal, ctx_first=ctx_first).float()
+    assert len(RUNNABLE) >= 3  # eager, sdpa, flex on CPU
+    for name in RUNNABLE:
+        out = BACKENDS[name].fn(q, k, v, scale=d ** -0.5, causal=causal, ctx_first=ctx_first)
+        assert out.shape == q.shape and out.dtype == dtype
+        assert (out.float() - ref).abs().max() <= TOL[dtype] * max(1.0, ref.abs().max()), name
+
+
+def test_auto_and_explicit_selection():
+    assert select_backend("auto", [False, True], True, "cpu", torch.float32) == "sdpa"
+    assert select_backend("flex", [True], False, "cpu", torch.bfloat16) == "flex"
+    with pytest.raises(DFlashError, match="backend 'flash_attn' cannot run this non-causal draft on cpu: .*"
+                                          "backends that can: sdpa, flex, eager"):
+        select_backend("flash_attn", [False, False], False, "cpu", torch.bfloat16)
+    with pytest.raises(DFlashError, match="unknown attention backend 'xformers'"):
+        select_backend("xformers", [True], False, "cpu", torch.float32)
+
+
+def test_backend_without_non_causal_support_is_refused_for_non_causal_layers(monkeypatch):
+    causal_only = Backend("causal_only", attention.sdpa_attention, non_causal=False, causal=True,
+                          sliding_window=True, devices=("cpu",), dtypes=(torch.float32,))
+    monkeypatch.setitem(BACKENDS, "causal_only", causal_only)
+    assert select_backend("causal_only", [True, True], True, "cpu", torch.float32) == "causal_only"
+    with pytest.raises(DFlashError, match="cannot run this mixed causal/non-causal draft on cpu: it has no "
+                                          "non-causal .*backends that can: sdpa, flex, eager"):
+        select_backend("causal_only", [False, True], True, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="session")
+def attention_drafts(speculators_drafts, tiny_target):
+    return {"non_causal": speculators_drafts["non_causal"], "causal": speculators_drafts["full"],
+            "mixed": speculators_drafts["mixed"],
+            "sliding": speculators_draft(tiny_target, "window4", sliding_window=4, draft_vocab=200)}
+
+
+@pytest.fixture(scope="session")
+def context(tiny_target, attention_drafts):
+    """Target features of 24 random tokens (all drafts here use the same ids)."""
+    target = load_target(tiny_target)
+    draft = load_draft(attention_drafts["causal"])
+    target.set_capture(draft.target_layer_ids)
+    target.reset()
+    ids = torch.randint(0, 500, (24,), generator=torch.Generator().manual_seed(5))
+    _, features = target.forward(ids, 0)
+    block = torch.full((draft.block_size,), draft.mask_token_id)
+    block[0] = ids[-1]
+    return target, features, block
+
+
+@pytest.mark.parametrize("kind", ["non_causal", "causal", "mixed", "sliding"])
+def test_every_backend_runs_every_draft_like_eager(kind, attention_drafts, context):
+    target, features, block = context
+    ref = our_block_logits(load_draft(attention_drafts[kind], backend="eager"), target, features, block)
+    for name in RUNNABLE:
+        for dtype in (torch.float32, torch.bfloat16):
+            draft = load_draft(attention_drafts[kind], backend=name, dtype=dtype)
+            assert draft.backend == name
+            out = our_block_logits(draft, target, features, block)
+            finite = torch.isfinite(ref)
+            assert torch.equal(finite, torch.isfinite(out))
+            tol = 1e-4 if dtype == torch.float32 else 0.05 * ref[finite].abs().max()
+            assert (out[finite] - ref[finite]).abs().max() <= tol, (name, dtype)
+
+
+def test_causal_and_non_causal_differ_exactly_where_they_should(attention_drafts, context):
+    """Slot j of a causal block sees slots <= j only: changing the last slot's token changes no
+    earlier slot; in a non-causal block it changes every slot."""
+    target, features, block = context
+    other = block.clone()
+    other[-1] = 7
+    causal, bidir = load_draft(attention_drafts["causal"], causal=True), load_draft(attention_drafts["causal"],
+                                                                                   causal=False)
+    c1, c2 = our_block_logits(causal, target, features, block), our_block_logits(causal, target, features, other)
+    b1, b2 = our_block_logits(bidir, target, features, block), our_block_logits(bidir, target, features, other)
+    assert torch.equal(c1[:-1], c2[:-1]) and not torch.allclose(c1[-1], c2[-1], atol=1e-4)
+    assert ((b1 - b2).abs().amax(dim=-1) > 1e-4).all()
+    assert ((c1 - b1).abs().amax(dim=-1)[:-1] > 1e-4).all()
+
+
+def test_sliding_window_limits_the_visible_context(attention_drafts, context):
+    """Window 4, anchor at s = 24: context positions >= 20 are seen, 19 and before are not."""
+    target, features, block = context
+    draft = load_draft(attention_drafts["sliding"])
+    assert [l.sliding_window for l in draft.layers] == [4, 4]
+    ref = our_block_logits(draft, target, features, block)
+    early = features.clone()
+    early[:20] = torch.randn_like(early[:20])
+    assert torch.equal(our_block_logits(draft, target, early, block), ref)
+    edge = features.clone()
+    edge[20] = torch.randn_like(edge[20])
+    assert not torch.allclose(our_block_logits(draft, target, edge, block), ref, atol=1e-4)
+    # the same draft with its window lifted does see position 19
+    wide = load_draft(attention_drafts["causal"])
+    assert not torch.allclose(our_block_logits(wide, target, early, block),
+                              our_block_logits(wide, target, features, block), atol=1e-4)
+
+
+def test_draft_window_limits_the_visible_context(attention_drafts, context):
+    target, features, block = context
+    draft = load_draft(attention_drafts["non_causal"])
+
+    def run(feats, window):
+        draft.reset()
+        draft.add_context(feats, 0)
+        return draft.logits(draft.block_hidden(target.embed(block), 24, draft_window=window), target.lm_head)
+
+    ref = run(features, 6)
+    early = features.clone()
+    early[:18] = torch.randn_like(early[:18])
+    assert torch.equal(run(early, 6), ref)
+    assert not torch.allclose(run(early, None), run(features, None), atol=1e-4)
+    draft.keep_last_context(6)  # trimming the cache to the window changes nothing
+    assert draft.context_len == 6
+    trimmed = draft.logits(draft.block_hidden(target.embed(block), 24, draft_window=6), target.lm_head)
+    assert torch.allclose(trimmed, run(features, 6), atol=1e-6)  # (masked vs sliced SDPA: last-bit noise)
