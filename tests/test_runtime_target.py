@@ -1,0 +1,97 @@
+"""The target adapter: features are the right layers' outputs (the last one before the final norm),
+the KV cache crops back exactly, and pairs that cannot run together are refused with a clear line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_convert.errors import DFlashError
+from dflash_runtime import check_pair, load_draft, load_target
+from runtime_helpers import target_dir, write_hf_draft
+
+
+@pytest.fixture(scope="session")
+def target(tiny_target):
+    return load_target(tiny_target)
+
+
+def test_features_are_layer_outputs_and_the_last_is_pre_norm(target):
+    ids = torch.randint(0, 500, (9,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hs = target.model(input_ids=ids[None], output_hidden_states=True).hidden_states  # 9 entries for 8 layers
+    target.set_capture([0, 3, 6, 7])
+    target.reset()
+    _, features = target.forward(ids, 0)
+    parts = features.split(target.hidden_size, dim=-1)
+    for layer_id, part in zip([0, 3, 6], parts[:3]):
+        assert torch.allclose(part, hs[layer_id + 1][0], atol=1e-6), layer_id
+    last = parts[3]
+    assert not torch.allclose(last, hs[8][0], atol=1e-2)  # hidden_states[-1] is after the final norm ...
+    final_norm = target.model.get_decoder().norm
+    assert torch.allclose(final_norm(last), hs[8][0], atol=1e-5)  # ... of exactly this layer output
+
+
+def test_capture_follows_id_order_and_repeats(target):
+    ids = torch.arange(6)
+    target.set_capture([5, 2, 5])
+    target.reset()
+    _, f = target.forward(ids, 0)
+    a, b, c = f.split(target.hidden_size, dim=-1)
+    assert torch.equal(a, c) and not torch.equal(a, b)
+
+
+def test_cache_crops_back_exactly(target):
+    g = torch.Generator().manual_seed(1)
+    prefix, rejected, accepted = (torch.randint(0, 500, (n,), generator=g) for n in (10, 5, 5))
+    target.set_capture([3])
+    target.reset()
+    full_logits, full_feats = target.forward(torch.cat([prefix, accepted]), 0)
+    target.reset()
+    target.forward(prefix, 0)
+    target.forward(rejected, 10)
+    target.crop(10)
+    assert target.cache_len == 10
+    logits, feats = target.forward(accepted, 10)
+    assert torch.allclose(logits, full_logits[10:], atol=1e-5) and torch.allclose(feats, full_feats[10:], atol=1e-5)
+    with pytest.raises(DFlashError, match="target cache holds 15 positions, forward asked to start at 12"):
+        target.forward(accepted, 12)
+
+
+def test_target_from_a_model_object_and_its_own_attention(tiny_target):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32)
+    t = load_target(model, attn_implementation="eager")
+    assert t.model.config._attn_implementation == "eager" and t.num_layers == 8 and t.vocab_size == 512
+
+
+def test_not_a_model_directory(tmp_path):
+    with pytest.raises(DFlashError, match="not a model directory"):
+        load_target(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def hf_draft(tmp_path_factory):
+    return load_draft(write_hf_draft(tmp_path_factory.mktemp("pair") / "d", target_ids=(0, 3, 7)))
+
+
+def test_pair_checks(hf_draft, target):
+    check_pair(hf_draft, target)  # ids 0, 3, 7 on an 8-layer target with hidden 64, vocab 512
+    with pytest.raises(DFlashError, match=r"fc.weight` takes 192 inputs, but the target gives 3 layer ids x "
+                                          r"hidden size 32 = 96"):
+        check_pair(hf_draft, load_target(target_dir("hidden32", hidden=32)))
+    with pytest.raises(DFlashError, match=r"target_layer_ids \[0, 3, 7\] name layer\(s\) \[7\], but the target "
+                                          r"has only 6 decoder layers"):
+        check_pair(hf_draft, load_target(target_dir("layers6", layers=6)))
+    with pytest.raises(DFlashError, match="draft vocab_size 512 differs from the target's vocabulary "
+                                          r"\(600 embedding rows\)"):
+        check_pair(hf_draft, load_target(target_dir("vocab600", vocab=600)))
+    spec = hf_draft.spec.model_copy(update={"mask_token_id": 512})
+    with pytest.raises(DFlashError, match=r"mask_token_id 512 is outside the target vocabulary \(0..511\)"):
+        check_pair(spec, target)
+
+
+def test_capture_of_a_missing_layer_is_refused(target):
+    with pytest.raises(DFlashError, match=r"target layer ids \[8\] do not exist: the target has 8 layers"):
+        target.set_capture([1, 8])
