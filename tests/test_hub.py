@@ -356,3 +356,34 @@ def test_convert_from_hub_id_and_push(cli, hub, draft, tmp_path):
     assert remote["model.safetensors"] == (out / "model.safetensors").read_bytes()
     assert remote["conversion.json"] == (out / "conversion.json").read_bytes()
     assert "## DFlash draft" in remote["README.md"].decode()
+
+
+# ----------------------------------------------------------------------------- what gets downloaded
+
+def test_download_fetches_only_what_is_needed(hub, draft):
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.hub import resolve_source
+
+    config = (draft / "config.json").read_bytes()
+    hub.seed_repo("org/target", {"config.json": config, "model.safetensors": b"w" * 100, "tokenizer.json": b"{}",
+                                 "generation_config.json": b"{}", "pytorch_model.bin": b"pickle", "big.onnx": b"o"})
+    names = lambda r: sorted(p.name for p in r.path.iterdir())  # noqa: E731
+    assert names(resolve_source("org/target", config_only=True)) == ["config.json"]
+    assert names(resolve_source("org/target")) == ["config.json", "model.safetensors"]
+    assert names(resolve_source("org/target", for_target=True)) == ["config.json", "generation_config.json",
+                                                                    "model.safetensors", "tokenizer.json"]
+    hub.seed_repo("org/pickled", {"config.json": config, "pytorch_model.bin": b"pickle"})
+    with pytest.raises(DFlashError, match="--allow-pickle"):
+        resolve_source("org/pickled")
+    assert names(resolve_source("org/pickled", allow_pickle=True)) == ["config.json", "pytorch_model.bin"]
+    hub.seed_repo("org/empty", {"notes.txt": b"n"})
+    with pytest.raises(DFlashError, match="no config.json"):
+        resolve_source("org/empty")
+
+
+def test_private_repo(cli, hub, draft, monkeypatch):
+    assert cli("push", draft, "org/secret", "--private").code == 0
+    assert hub.repos["org/secret"].private
+    assert cli("pull", "org/secret").code == 0
+    monkeypatch.delenv("HF_TOKEN")  # anonymous: the private repo is invisible
+    one_error_line(cli("pull", "org/secret"), "org/secret", "not found")
