@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from .checkpoint import CONFIG_NAME, open_checkpoint, read_json
