@@ -195,8 +195,9 @@ def convert(
         from . import hub
 
         pushed = hub.push(output, push, revision=None, private=private, commit_message=commit_message,
-                          commit_description=commit_description, create_pr=create_pr, token=token)
-        result["push"] = pushed.to_dict() if hasattr(pushed, "to_dict") else pushed.__dict__
+                          commit_description=commit_description, create_pr=create_pr, token=token,
+                          validation=report.summary() if report is not None else None)
+        result["push"] = pushed.to_dict()
     if as_json:
         emit_json(result)
     else:
