@@ -11,10 +11,20 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 _ROOT = Path(tempfile.mkdtemp(prefix="dflash-runtime-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models run several times faster on one thread (no thread hand-offs on a shared 2-core box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=None)

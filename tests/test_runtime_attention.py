@@ -9,7 +9,7 @@ import torch
 from dflash_convert.errors import DFlashError
 from dflash_runtime import attention, load_draft, load_target
 from dflash_runtime.attention import BACKENDS, Backend, select_backend, visible_mask
-from runtime_helpers import our_block_logits, speculators_draft
+from runtime_helpers import one_torch_thread, our_block_logits, speculators_draft  # noqa: F401 (autouse fixture)
 
 RUNNABLE = [name for name, b in BACKENDS.items() if b.why_not([True], True, "cpu", torch.float32) is None]
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}

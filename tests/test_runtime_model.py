@@ -11,6 +11,7 @@ import torch
 
 from dflash_convert.errors import DFlashError
 from dflash_runtime import load_draft, load_target
+from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 from runtime_helpers import our_block_logits, speculators_draft, write_hf_draft, zlab_reference_logits
 
 

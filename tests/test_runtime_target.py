@@ -8,7 +8,7 @@ import torch
 
 from dflash_convert.errors import DFlashError
 from dflash_runtime import check_pair, load_draft, load_target
-from runtime_helpers import target_dir, write_hf_draft
+from runtime_helpers import one_torch_thread, target_dir, write_hf_draft  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(scope="session")
