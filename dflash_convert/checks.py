@@ -1,8 +1,8 @@
 """Checks of a DFlash checkpoint, one per complaint users have (FORMATS.md section 9).
 
 `checkpoint_checks` reads config.json and safetensors headers (plus the bytes of the small int
-tensors `d2t` / `t2d`, through numpy); only `scan=True` imports torch, to look at float values one
-tensor at a time. `target_checks` compares a draft with its target's config.json, no weights: a
+tensors `d2t` / `t2d`, through numpy); `scan=True` also reads every float tensor's bit patterns,
+one chunk at a time, with numpy (NaN/Inf, all-zero, constant). torch is never imported. `target_checks` compares a draft with its target's config.json, no weights: a
 Qwen3-8B-sized pair is checked in milliseconds. Every check names the tensor or field it is about.
 """
 
@@ -326,31 +326,66 @@ def _verifier(spec: DraftSpec) -> Check:
     return _check("verifier", None, "no verifier recorded (HF configs need none)")
 
 
-# ----------------------------------------------------------------------------- values (torch)
+# ----------------------------------------------------------------------------- values (numpy, from the bit patterns)
+
+# Per float dtype: (unsigned int type of the same width, exponent mask, sign mask). A value is NaN or
+# Inf exactly when all its exponent bits are set (float8_e4m3 has no Inf: NaN is 0x7F/0xFF).
+FLOAT_BITS = {"F64": ("<u8", 0x7FF0000000000000, 1 << 63), "F32": ("<u4", 0x7F800000, 1 << 31),
+              "F16": ("<u2", 0x7C00, 1 << 15), "BF16": ("<u2", 0x7F80, 1 << 15),
+              "F8_E4M3": ("u1", 0x7F, 0x80), "F8_E5M2": ("u1", 0x7C, 0x80)}
+SCAN_CHUNK = 1 << 25  # elements read at a time: memory stays flat however big the tensor
+
+
+def _as_float(bits: int, dtype: str) -> float:
+    import numpy as np
+
+    if dtype == "BF16":
+        return float(np.array([bits << 16], dtype="<u4").view("<f4")[0])
+    view = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}.get(dtype)
+    return float(np.array([bits], dtype=FLOAT_BITS[dtype][0]).view(view)[0]) if view else float("nan")
+
+
+def _scan_tensor(ckpt: Checkpoint, name: str) -> tuple[int, bool, int | None]:
+    """(NaN/Inf count, all zero, constant bit pattern or None) of one float tensor, read in chunks."""
+    import numpy as np
+
+    info = ckpt.tensors[name]
+    utype, exp_mask, sign_mask = FLOAT_BITS[info.dtype]
+    size = np.dtype(utype).itemsize
+    if name in ckpt.pickled:  # torch is loaded already for pickle checkpoints
+        import torch
+
+        same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+        chunks = [ckpt.pickled[name].contiguous().view(-1).view(same_width).cpu().numpy().view(utype)]
+    else:
+        chunks = (np.fromfile(info.file, dtype=utype, count=min(SCAN_CHUNK, info.numel - i),
+                              offset=info.start + i * size) for i in range(0, info.numel, SCAN_CHUNK))
+    nonfinite, zero, first, constant = 0, True, None, True
+    for a in chunks:
+        nonfinite += int(np.count_nonzero((a & exp_mask) == exp_mask))
+        zero = zero and not np.any(a & (sign_mask - 1))  # every bit but the sign clear: +0 or -0
+        if first is None and len(a):
+            first = int(a[0])
+        constant = constant and bool(np.all(a == first))
+    return nonfinite, zero, first if constant and info.numel > 1 else None
+
 
 def scan_checks(ckpt: Checkpoint) -> list[Check]:
-    """NaN/Inf and all-zero / constant tensors, reading one tensor at a time (speculators #1114, #617, #962)."""
-    import torch
-
+    """NaN/Inf and all-zero / constant tensors (speculators #1114, #617, #962), from the raw bits of one
+    tensor at a time: no torch, and no float conversion of a 2 GB checkpoint."""
     nonfinite, zero, constant_mat, constant_vec = [], [], [], []
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
-        if info.dtype not in FLOAT_DTYPES or info.numel == 0 or name.startswith("verifier_"):
+        if info.dtype not in FLOAT_BITS or info.numel == 0 or name.startswith("verifier_"):
             continue
-        t = ckpt.load_tensor(name)
-        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            t = t.float()
-        flat = t.reshape(-1)
-        bad = int((~torch.isfinite(flat)).sum())
+        bad, all_zero, const = _scan_tensor(ckpt, name)
         if bad:
-            nonfinite.append(f"{name} ({bad} of {flat.numel()})")
-            continue
-        lo, hi = flat.min().item(), flat.max().item()
-        if lo == hi == 0.0:
+            nonfinite.append(f"{name} ({bad} of {info.numel})")
+        elif all_zero:
             zero.append(name)
-        elif lo == hi and flat.numel() > 1:
-            (constant_mat if t.dim() > 1 else constant_vec).append(f"{name} (= {lo:g})")
-        del t, flat
+        elif const is not None:
+            (constant_mat if len(info.shape) > 1 else constant_vec).append(
+                f"{name} (= {_as_float(const, info.dtype):g})")
     return [
         _check("finite_values", not nonfinite, ("tensor " + _first(nonfinite) + " has NaN/Inf values")
                if nonfinite else "every float tensor is finite", value=nonfinite or None, threshold=0,

@@ -266,3 +266,20 @@ def test_read_prompts_formats(tmp_path):
 
     with pytest.raises(DFlashError, match="line 1: JSONL prompt lines need a `prompt` field"):
         read_prompts(p)
+
+
+def test_numeric_level_catches_a_backend_that_ignores_causality(speculators_drafts, monkeypatch):
+    import dataclasses
+
+    from dflash_runtime import attention
+
+    from dflash_convert.validate import validate
+
+    def top_left_causal(q, k, v, *, scale, causal, ctx_first):  # a classic bug: the block mask dropped
+        return attention.sdpa_attention(q, k, v, scale=scale, causal=False, ctx_first=ctx_first)
+
+    monkeypatch.setitem(attention.BACKENDS, "sdpa", dataclasses.replace(attention.BACKENDS["sdpa"], fn=top_left_causal))
+    report = validate(speculators_drafts["full"], levels=["numeric"], backend="sdpa")
+    status = {c.name: c.status for c in report.checks}
+    assert status["causality_behaviour.sdpa"] == "fail" and status["backend_agreement.sdpa"] == "fail"
+    assert status["causality_behaviour.eager"] == "pass" and not report.passed
