@@ -95,3 +95,21 @@ def test_pair_checks(hf_draft, target):
 def test_capture_of_a_missing_layer_is_refused(target):
     with pytest.raises(DFlashError, match=r"target layer ids \[8\] do not exist: the target has 8 layers"):
         target.set_capture([1, 8])
+
+
+def test_device_and_dtype_options(speculators_drafts):
+    from dflash_convert.errors import UsageError
+    from dflash_runtime import resolve_device, resolve_dtype
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("bfloat16") is torch.bfloat16 and resolve_dtype("fp16") is torch.float16
+    with pytest.raises(UsageError, match="--dtype 'int8': choose float32, bfloat16 or float16"):
+        resolve_dtype("int8")
+    with pytest.raises(UsageError, match="--device 'tpu'"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            resolve_device("cuda")
+        with pytest.raises(DFlashError, match="CUDA is not available"):
+            load_draft(speculators_drafts["full"], device="cuda")

@@ -265,6 +265,9 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     Tensors are read one at a time from their byte ranges and cast to `dtype` on `device`.
     `causal` overrides every layer's causality; `compile` compiles FlexAttention (backend flex).
     """
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DFlashError("device cuda was asked for, but CUDA is not available on this machine")
     ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source)
     spec = ckpt.spec
     file = str(ckpt.config_file)
