@@ -171,3 +171,28 @@ def test_missing_tensor_is_named(tmp_path):
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.raises(DFlashError, match="tensor `layers.1.mlp.up_proj.weight` is missing"):
         load_draft(path)
+
+
+def test_scaled_rope_equals_transformers_and_dynamic_is_refused(tmp_path):
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    path = write_hf_draft(tmp_path / "d")
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["rope_theta"]
+    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 64}
+    (path / "config.json").write_text(json.dumps(cfg))
+    draft = load_draft(path)
+    decoder = {k: v for k, v in cfg.items() if k not in ("dflash_config", "architectures", "block_size",
+                                                         "num_target_layers")}
+    ref = Qwen3RotaryEmbedding(Qwen3Config(**decoder))
+    assert torch.allclose(draft.inv_freq, ref.inv_freq) and draft.rope_scale == pytest.approx(ref.attention_scaling)
+    x = torch.randn(1, 2, 5, 16)
+    cos, sin = ref(x, torch.arange(20, 25)[None])
+    half = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
+    assert torch.allclose(draft._rope(x, torch.arange(20, 25)), x * cos[:, None] + half * sin[:, None], atol=1e-6)
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DFlashError, match="config.json: RoPE type 'dynamic' is not supported by the runtime"):
+        load_draft(path)

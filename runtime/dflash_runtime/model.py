@@ -40,15 +40,20 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rope_kind(spec: DraftSpec) -> str:
+    scaling = spec.rope_scaling or {}
+    return scaling.get("rope_type") or scaling.get("type") or "default"
+
+
 def rope_inv_freq(spec: DraftSpec) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [d/2] and the cos/sin scale (1.0 unless a scaled RoPE says otherwise)."""
     d = spec.head_dim
     scaling = spec.rope_scaling
     if scaling is None:
         return 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)), 1.0
-    kind = scaling.get("rope_type") or scaling.get("type")
+    kind = rope_kind(spec)
     if kind not in SUPPORTED_ROPE:
-        raise DFlashError(f"field `rope_scaling`: RoPE type {kind!r} is not supported by the runtime "
+        raise DFlashError(f"RoPE type {kind!r} is not supported by the runtime "
                           f"(supported: default, {', '.join(SUPPORTED_ROPE)})")
     from transformers import Qwen3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -253,6 +258,9 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
                               ("block_size", spec.block_size)) if v is None]
     if missing:
         raise DFlashError(f"config has no {', '.join(missing)}: the draft cannot run without it", file=file)
+    if rope_kind(spec) not in ("default", *SUPPORTED_ROPE):
+        raise DFlashError(f"RoPE type {rope_kind(spec)!r} is not supported by the runtime "
+                          f"(supported: default, {', '.join(SUPPORTED_ROPE)})", file=file)
     if spec.mask_token_id >= spec.vocab_size or spec.mask_token_id < 0:
         raise DFlashError(f"mask_token_id {spec.mask_token_id} is outside the vocabulary ({spec.vocab_size})",
                           file=file)
