@@ -12,7 +12,8 @@ step's FLOPs); the block is embedded from a small random table (a 16-row gather 
 Part 2 (when examples/pair exists): greedy speculative vs target-only decoding on the trained
 pair's held-out prompts: tau, tokens/s, speedup, and the draft/verify split.
 
-    python benchmarks/runtime_bench.py [--dtypes float32 bfloat16] [--backends ...] [--steady 3]
+    python benchmarks/runtime_bench.py [--dtypes float32 bfloat16] [--backends ...] [--steady 3] [--threads N]
+    python benchmarks/runtime_bench.py --skip-step --threads 1 --pair-block-sizes 0 8   # trained pair only
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def bench_pair(pair: Path, max_new_tokens: int, limit: int, block_sizes) -> None
     draft, target = load_draft(pair / "draft"), load_target(pair / "target")
     print(f"target: {target.num_layers} layers, hidden {target.hidden_size}; draft: {draft.spec.num_layers} layers, "
           f"block {draft.block_size}, backend {draft.backend}; {len(prompts)} prompts x {max_new_tokens} tokens; "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
     target_generate(target, prompts[0], max_new_tokens=4)  # warm-up
     speculative_generate(draft, target, prompts[0], max_new_tokens=4)
     base_time = base_tokens = 0.0
@@ -186,6 +187,8 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS))
     ap.add_argument("--steady", type=int, default=3, help="steady-state steps timed (median reported)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own); tiny "
+                    "models run faster on 1 thread, especially on a busy machine")
     ap.add_argument("--skip-step", action="store_true", help="only the trained-pair part")
     ap.add_argument("--pair", type=Path, default=ROOT / "examples" / "pair")
     ap.add_argument("--pair-tokens", type=int, default=64)
@@ -193,6 +196,8 @@ def main() -> None:
     ap.add_argument("--pair-block-sizes", type=int, nargs="+", default=[0], help="0 = the draft's own")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with torch.inference_mode():
         if not args.skip_step:
             bench_draft_step([getattr(torch, d) for d in args.dtypes], args.backends, args.steady)
