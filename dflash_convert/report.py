@@ -29,10 +29,12 @@ class AcceptanceStats(BaseModel):
     per_position_rates: list[float] = Field(description="fraction of steps whose draft at block slot k+1 was accepted")
     num_drafts: int
     accepted: int
-    outputs_equal: int = Field(description="prompts whose speculative output equals the target-only output")
+    outputs_equal: int = Field(description="prompts whose speculative output is the target's greedy output")
+    baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
     speculative_tokens_per_s: float
     target_tokens_per_s: float
-    speedup: float = Field(description="target-only time per token / speculative time per token")
+    speedup: float = Field(description="target-only time per token / speculative time per token, on the "
+                           "baseline prompts")
 
 
 class Environment(BaseModel):

@@ -34,6 +34,7 @@ CONTEXT_TOKENS = 24  # synthetic context length of the numeric level
 # a non-causal layer's at least this much: kernels compute rows independently, so a causal layer
 # gives (near) bit-identical earlier rows while a bidirectional one moves them by percents.
 CAUSAL_PROBE_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
 AUTO_TOKENS_WARN = 1.2  # without --min-acceptance-length, tau below this is reported as a warning
 BUILTIN_TEXT_PROMPTS = (
     "The capital of France is",
@@ -168,8 +169,8 @@ def _single_layer(draft, i: int):
 
 
 def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
-                   seed: int = 0) -> tuple[list[Check], dict[str, bool], str | None]:
-    """(checks, backend -> serves this draft here, backend used for decoding) of the numeric level."""
+                   block_size: int | None = None, seed: int = 0) -> tuple[list[Check], dict[str, bool], Any]:
+    """(checks, backend -> serves this draft here, the loaded draft set to the decoding backend or None)."""
     import torch
 
     from dflash_runtime.attention import BACKENDS, select_backend
@@ -189,13 +190,13 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     try:
         draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal)
     except DFlashError as exc:
-        return [_check("draft_loads", False, str(exc), level="numeric")], capable, chosen
+        return [_check("draft_loads", False, str(exc), level="numeric")], capable, None
     checks.append(_check("draft_loads", True, f"draft loaded ({dtype_name}, {device}); backend for decoding: "
                          f"{chosen}", value=chosen, level="numeric"))
     names = ["eager"] + ([n for n in BACKENDS if n != "eager" and capable[n]] if backend == "auto"
                          else [chosen] if chosen != "eager" else [])
     g = torch.Generator().manual_seed(seed)
-    width, hidden, block = spec.context_width, spec.hidden_size, spec.block_size
+    width, hidden, block = spec.context_width, spec.hidden_size, block_size or spec.block_size
     features = torch.randn(CONTEXT_TOKENS, width, generator=g).to(device)  # [T, A*Ht] ~ target states
     x = (torch.randn(block, hidden, generator=g) * 0.02).to(device)  # [B, H] ~ embedding rows
     x_moved = x.clone()
@@ -247,13 +248,14 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
         checks.append(_check(f"causality_behaviour.{name}", not wrong, f"{name}: " + "; ".join(wrong) if wrong else
                              f"{name}: block attention behaves as declared ({mode})", value=probes[name],
                              threshold=probe_tol, level="numeric"))
-    return checks, capable, chosen
+    draft.reset()
+    return checks, capable, _with_backend(draft, chosen)
 
 
 # ----------------------------------------------------------------------------- end-to-end level
 
-def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], *, device: str, dtype, backend: str,
-               target_backend: str, causal: bool | None, block_size: int | None, max_new_tokens: int,
+def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], *, draft=None, device: str, dtype,
+               backend: str, target_backend: str, causal: bool | None, block_size: int | None, max_new_tokens: int,
                temperature: float, min_acceptance_length: float | None, min_position_rates: list[float] | None,
                stop_token_ids: Iterable[int], seed: int) -> tuple[list[Check], AcceptanceStats | None]:
     import warnings
@@ -264,7 +266,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     target = load_target(target_dir, device=device, dtype=dtype, attn_implementation=target_backend,
                          trust_remote_code=False)
     try:
-        draft = load_draft(ckpt, device=device, dtype=dtype, backend=backend, causal=causal)
+        if draft is None:  # not loaded by the numeric level
+            draft = load_draft(ckpt, device=device, dtype=dtype, backend=backend, causal=causal)
         check_pair(draft, target)
     except DFlashError as exc:
         return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
@@ -276,32 +279,37 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the block-size note is reported once, as a check, below
         speculative_generate(draft, target, prompt_ids[0], **{**kw, "max_new_tokens": 2 * block}, block_size=block)
-        target_generate(target, prompt_ids[0], **{**kw, "max_new_tokens": 4})
-        runs = [(speculative_generate(draft, target, p, block_size=block, **kw), target_generate(target, p, **kw))
-                for p in prompt_ids]
-    steps = [r.stats.num_drafts for r, _ in runs]
-    num = sum(steps)
-    accepted = sum(r.stats.accepted for r, _ in runs)
+        target_generate(target, prompt_ids[0], **{**kw, "max_new_tokens": 4})  # warm-up of both paths
+        runs = [speculative_generate(draft, target, p, block_size=block, **kw) for p in prompt_ids]
+        # Target-only decoding is the slow part: it runs on the first prompts only, for the speedup and
+        # a direct comparison; every prompt's output is checked against the target's argmax below.
+        base_n = min(BASELINE_PROMPTS, len(prompt_ids))
+        baselines = [target_generate(target, p, **kw) for p in prompt_ids[:base_n]]
+    num = sum(r.stats.num_drafts for r in runs)
+    accepted = sum(r.stats.accepted for r in runs)
     tau = 1.0 + accepted / num if num else 1.0
-    width = block - 1
-    rates = [sum(r.stats.per_position_rates[k] * r.stats.num_drafts for r, _ in runs
-                 if k < len(r.stats.per_position_rates)) / num if num else 0.0 for k in range(width)]
-    spec_tokens = sum(r.stats.new_tokens for r, _ in runs)
-    spec_time = sum(r.stats.total_time_s - r.stats.prefill_time_s for r, _ in runs)
-    base_tokens = sum(b.stats.new_tokens for _, b in runs)
-    base_time = sum(b.stats.total_time_s - b.stats.prefill_time_s for _, b in runs)
-    spec_tps = spec_tokens / spec_time if spec_time > 0 else 0.0
-    base_tps = base_tokens / base_time if base_time > 0 else 0.0
-    equal = sum(r.tokens == b.tokens for r, b in runs)
+    rates = [sum(r.stats.per_position_rates[k] * r.stats.num_drafts for r in runs
+                 if k < len(r.stats.per_position_rates)) / num if num else 0.0 for k in range(block - 1)]
+    spec_tokens = sum(r.stats.new_tokens for r in runs)
+    spec_tps = _tokens_per_s(runs)
+    speedup = _tokens_per_s(runs[:base_n]) / _tokens_per_s(baselines) if _tokens_per_s(baselines) else 0.0
     if temperature == 0:
-        first_bad = next((i for i, (r, b) in enumerate(runs) if r.tokens != b.tokens), None)
-        msg = (f"speculative greedy output equals target-only greedy output on all {len(runs)} prompts"
-               if first_bad is None else f"prompt {first_bad + 1}: speculative output differs from the target's "
-               f"greedy output at token {_first_difference(runs[first_bad][0].tokens, runs[first_bad][1].tokens)} "
-               f"({equal}/{len(runs)} prompts equal)")
-        checks.append(_check("greedy_output_equal", first_bad is None, msg, value=f"{equal}/{len(runs)}",
+        bad = []  # (prompt, first token that is not the target's greedy choice)
+        for i, (p, r) in enumerate(zip(prompt_ids, runs)):
+            at = _first_non_greedy(target, p, r.tokens)
+            if at is None and i < base_n and r.tokens != baselines[i].tokens:
+                at = _first_difference(r.tokens, baselines[i].tokens)
+            if at is not None:
+                bad.append((i, at))
+        equal = len(runs) - len(bad)
+        msg = (f"speculative output is the target's greedy output on all {len(runs)} prompts (every token the "
+               f"target's argmax after the tokens before it; identical to target-only decoding on the first "
+               f"{base_n})" if not bad else f"prompt {bad[0][0] + 1}: token {bad[0][1]} of the speculative output "
+               f"is not the target's greedy choice ({equal}/{len(runs)} prompts equal)")
+        checks.append(_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
                              threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
     else:
+        equal = 0
         checks.append(_check("greedy_output_equal", None, f"temperature {temperature}: outputs are samples; "
                              "equality with target-only decoding is only defined for greedy decoding",
                              level="end_to_end"))
@@ -331,10 +339,30 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     stats = AcceptanceStats(prompts=len(runs), new_tokens=spec_tokens, block_size=block,
                             max_new_tokens=max_new_tokens, temperature=temperature, acceptance_length=round(tau, 4),
                             per_position_rates=[round(r, 4) for r in rates], num_drafts=num, accepted=accepted,
-                            outputs_equal=equal, speculative_tokens_per_s=round(spec_tps, 2),
-                            target_tokens_per_s=round(base_tps, 2),
-                            speedup=round(spec_tps / base_tps, 3) if base_tps else 0.0)
+                            outputs_equal=equal, baseline_prompts=base_n,
+                            speculative_tokens_per_s=round(spec_tps, 2),
+                            target_tokens_per_s=round(_tokens_per_s(baselines), 2), speedup=round(speedup, 3))
     return checks, stats
+
+
+def _tokens_per_s(generations) -> float:
+    """New tokens over decode time (prefill excluded, as z-lab's time per output token)."""
+    time_s = sum(g.stats.total_time_s - g.stats.prefill_time_s for g in generations)
+    return sum(g.stats.new_tokens for g in generations) / time_s if time_s > 0 else 0.0
+
+
+def _first_non_greedy(target, prompt: list[int], tokens: list[int]) -> int | None:
+    """Index of the first generated token that is not the target's argmax given everything before it
+    (one teacher-forced target pass), or None when the whole output is the target's greedy output."""
+    import torch
+
+    target.set_capture([])
+    target.reset()
+    ids = torch.tensor(prompt + tokens, dtype=torch.long)
+    logits, _ = target.forward(ids, 0)  # [P+N, V]
+    greedy = logits[len(prompt) - 1:-1].argmax(dim=-1).tolist()  # the target's choice for each new token
+    target.reset()
+    return next((i for i, (t, g) in enumerate(zip(tokens, greedy)) if t != g), None)
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -405,6 +433,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
     backends: dict[str, bool] = {}
     draft_backend = None
     report_stats = None
+    loaded = None  # the draft the numeric level loaded, reused end to end
     dev_name, dtype_name = device, dtype
 
     if "static" in wanted:
@@ -430,8 +459,9 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         dtype_name = str(torch_dtype).removeprefix("torch.")
     if "numeric" in wanted:
         checks += scan_checks(ckpt)
-        numeric, backends, draft_backend = numeric_checks(ckpt, device=dev_name, dtype=torch_dtype, backend=backend,
-                                                          causal=causal, seed=seed)
+        numeric, backends, loaded = numeric_checks(ckpt, device=dev_name, dtype=torch_dtype, backend=backend,
+                                                   causal=causal, block_size=block_size, seed=seed)
+        draft_backend = loaded.backend if loaded is not None else None
         checks += numeric
         run.append("numeric")
     if "end_to_end" in wanted:
@@ -443,7 +473,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
             skipped["end_to_end"] = "the draft cannot be loaded (see the numeric checks)"
         else:
             stop = info.eos_token_ids if info is not None else ()
-            e2e, stats = end_to_end(ckpt, target_dir, prompt_ids, device=dev_name, dtype=torch_dtype,
+            e2e, stats = end_to_end(ckpt, target_dir, prompt_ids, draft=loaded, device=dev_name, dtype=torch_dtype,
                                     backend=backend, target_backend=target_backend, causal=causal,
                                     block_size=block_size, max_new_tokens=max_new_tokens, temperature=temperature,
                                     min_acceptance_length=min_acceptance_length,
