@@ -196,3 +196,20 @@ def test_scaled_rope_equals_transformers_and_dynamic_is_refused(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DFlashError, match="config.json: RoPE type 'dynamic' is not supported by the runtime"):
         load_draft(path)
+
+
+@pytest.mark.parametrize("name", ["pruned", "mixed", "last_layer"])
+def test_converted_hf_draft_runs_identically(name, runtime_drafts, runtime_target, cli, tmp_path):
+    """The same draft in both formats (converted by dflash-convert) gives bit-identical logits."""
+    assert cli("convert", runtime_drafts[name], "-o", tmp_path / "hf").code == 0
+    original, converted = load_draft(runtime_drafts[name]), load_draft(tmp_path / "hf")
+    assert converted.spec.source_format == "hf" and converted.layer_causal == original.layer_causal
+    target = runtime_target
+    target.set_capture(original.target_layer_ids)
+    target.reset()
+    ids = torch.randint(0, 500, (14,), generator=torch.Generator().manual_seed(4))
+    _, features = target.forward(ids, 0)
+    block = torch.full((original.block_size,), original.mask_token_id)
+    block[0] = ids[-1]
+    assert torch.equal(our_block_logits(original, target, features, block),
+                       our_block_logits(converted, target, features, block))
