@@ -29,7 +29,8 @@ class AcceptanceStats(BaseModel):
     per_position_rates: list[float] = Field(description="fraction of steps whose draft at block slot k+1 was accepted")
     num_drafts: int
     accepted: int
-    outputs_equal: int = Field(description="prompts whose speculative output is the target's greedy output")
+    outputs_equal: int | None = Field(description="prompts whose speculative output is the target's greedy output "
+                                      "(None when sampling)")
     baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
     speculative_tokens_per_s: float
     target_tokens_per_s: float
@@ -135,7 +136,8 @@ def render_table(report: ValidationReport, console) -> None:
         console.print(f"acceptance length {a.acceptance_length:.2f} (block {a.block_size}), per-position "
                       f"{_short(a.per_position_rates, 200)}, speedup {a.speedup:.2f}x "
                       f"({a.speculative_tokens_per_s:.1f} vs {a.target_tokens_per_s:.1f} tok/s), "
-                      f"outputs equal on {a.outputs_equal}/{a.prompts} prompts", markup=False)
+                      + (f"outputs equal on {a.outputs_equal}/{a.prompts} prompts" if a.outputs_equal is not None
+                         else f"sampled at temperature {a.temperature}"), markup=False)
     n = report.counts()
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     console.print(f"{verdict}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped "

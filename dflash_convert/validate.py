@@ -309,7 +309,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         checks.append(_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
                              threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
     else:
-        equal = 0
+        equal = None
         checks.append(_check("greedy_output_equal", None, f"temperature {temperature}: outputs are samples; "
                              "equality with target-only decoding is only defined for greedy decoding",
                              level="end_to_end"))
