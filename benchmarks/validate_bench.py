@@ -62,12 +62,14 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed after)")
     ap.add_argument("--skip-8b", action="store_true", help="only the bundled pair")
     ap.add_argument("--max-new-tokens", default="64")
+    ap.add_argument("--pair", type=Path, default=PAIR, help="trained pair directory (target/, draft/, prompts.txt)")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="dflash-validate-bench-"))
     try:
         import os
 
-        print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
+        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; "
+              f"python {sys.version.split()[0]}")
         if not args.skip_8b:
             t = time.perf_counter()
             draft = _shapes.write_draft(root / "qwen3-8b-dflash-b16", "hf", layers=5)
@@ -83,15 +85,19 @@ def main() -> None:
             wall, rss, report = validate(str(draft), "--levels", "static,numeric", "--target", str(root / "qwen3-8b"))
             describe("8B-shaped, static + numeric", wall, rss, report, 60)
             shutil.rmtree(draft)
-        if (PAIR / "draft" / "config.json").exists():
-            wall, rss, report = validate(str(PAIR / "draft"), "--levels", "static,numeric", "--target",
-                                         str(PAIR / "target"))
-            describe("bundled pair, static + numeric", wall, rss, report, None)
-            wall, rss, report = validate(str(PAIR / "draft"), "--target", str(PAIR / "target"), "--prompts",
-                                         str(PAIR / "prompts.txt"), "--max-new-tokens", args.max_new_tokens)
-            describe("bundled pair, end to end (all levels)", wall, rss, report, 20)
+        pair = args.pair
+        if (pair / "draft" / "config.json").exists():
+            wall, rss, report = validate(str(pair / "draft"), "--levels", "static,numeric", "--target",
+                                         str(pair / "target"))
+            describe(f"pair {pair}, static + numeric", wall, rss, report, None)
+            for threads in ([], ["--threads", "1"]):
+                wall, rss, report = validate(str(pair / "draft"), "--target", str(pair / "target"), "--prompts",
+                                             str(pair / "prompts.txt"), "--max-new-tokens", args.max_new_tokens,
+                                             *threads)
+                describe(f"pair {pair}, end to end (all levels), {report['environment']['threads']} thread(s)",
+                         wall, rss, report, 20)
         else:
-            print("bundled pair examples/pair not present: skipped")
+            print(f"trained pair {pair} not present: skipped")
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

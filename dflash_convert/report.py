@@ -47,6 +47,7 @@ class Environment(BaseModel):
     draft_backend: str | None = None
     target_backend: str | None = None
     causal_override: bool | None = None
+    threads: int | None = Field(None, description="torch CPU threads")
 
 
 class ValidationReport(BaseModel):

@@ -377,9 +377,10 @@ def _environment(device: str, dtype_name: str, backends: dict[str, bool], draft_
     for mod in ("torch", "transformers", "numpy"):
         m = sys.modules.get(mod)
         versions[mod] = getattr(m, "__version__", None) if m is not None else None
+    torch = sys.modules.get("torch")
     return Environment(versions=versions, platform=platform.platform(), device=device, dtype=dtype_name,
                        backends=backends, draft_backend=draft_backend, target_backend=target_backend,
-                       causal_override=causal)
+                       causal_override=causal, threads=torch.get_num_threads() if torch is not None else None)
 
 
 def _causal_override_check(ckpt: Checkpoint, causal: bool | None) -> Check | None:
