@@ -146,3 +146,15 @@ def test_draft_window_limits_the_visible_context(attention_drafts, context):
     assert draft.context_len == 6
     trimmed = draft.logits(draft.block_hidden(target.embed(block), 24, draft_window=6), target.lm_head)
     assert torch.allclose(trimmed, run(features, 6), atol=1e-6)  # (masked vs sliced SDPA: last-bit noise)
+
+
+def test_compiled_flex_with_padded_context_equals_eager():
+    """compile=True pads the context to a bucket of 128 keys (masked); one compile, same numbers."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 8, 16, generator=g)
+    for ctx_len, causal, ctx_first in ((40, True, 0), (75, True, 30)):  # same bucket: no recompile
+        k = torch.randn(1, 2, ctx_len + 8, 16, generator=g)
+        v = torch.randn(1, 2, ctx_len + 8, 16, generator=g)
+        ref = attention.eager_attention(q, k, v, scale=0.25, causal=causal, ctx_first=ctx_first)
+        out = attention.flex_attention(q, k, v, scale=0.25, causal=causal, ctx_first=ctx_first, compile=True)
+        assert torch.allclose(out, ref, atol=1e-5)

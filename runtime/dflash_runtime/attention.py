@@ -57,28 +57,38 @@ def sdpa_attention(q, k, v, *, scale: float, causal: bool, ctx_first: int) -> to
 
 
 _compiled_flex = None
+FLEX_KV_BUCKET = 128  # compiled flex: context padded to a multiple of this, so shapes (and compiles) repeat
 
 
 def flex_attention(q, k, v, *, scale: float, causal: bool, ctx_first: int, compile: bool = False) -> torch.Tensor:
-    """FlexAttention with a mask_mod equal to `visible_mask`; eager by default (compiling costs
-    seconds on the first call), compiled with `compile=True`."""
+    """FlexAttention with a mask_mod equal to `visible_mask`; eager by default. With `compile=True`
+    the context is zero-padded to a multiple of FLEX_KV_BUCKET (pad keys are masked) and the mask's
+    scalars are tensors, so one compiled kernel serves many steps (compiling costs seconds)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     block_len, ctx_len = q.shape[2], k.shape[2] - q.shape[2]
+    pad = (-ctx_len) % FLEX_KV_BUCKET if compile else 0
+    if pad:
+        zeros = k.new_zeros(k.shape[0], k.shape[1], pad, k.shape[3])
+        k = torch.cat([k[:, :, :ctx_len], zeros, k[:, :, ctx_len:]], dim=2)
+        v = torch.cat([v[:, :, :ctx_len], zeros, v[:, :, ctx_len:]], dim=2)
+    n_ctx = torch.tensor(ctx_len, device=q.device)  # tensors, not ints: a compiled mask_mod must not specialise
+    first = torch.tensor(ctx_first, device=q.device)
+    block_at = ctx_len + pad  # key index of block slot 0
 
     def mask_mod(b, h, q_idx, kv_idx):
-        is_ctx = kv_idx < ctx_len
-        ctx_ok = is_ctx & (kv_idx >= ctx_first)
-        block_ok = ~is_ctx & ((kv_idx <= q_idx + ctx_len) if causal else (kv_idx >= 0))
+        ctx_ok = (kv_idx < n_ctx) & (kv_idx >= first)
+        in_block = kv_idx >= block_at
+        block_ok = in_block & (kv_idx <= q_idx + block_at) if causal else in_block
         return ctx_ok | block_ok
 
-    block_mask = create_block_mask(mask_mod, None, None, block_len, ctx_len + block_len, device=q.device)
+    block_mask = create_block_mask(mask_mod, None, None, block_len, block_at + block_len, device=q.device)
     fn = flex
     if compile:
         if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex, dynamic=True)
+            _compiled_flex = torch.compile(flex, dynamic=False)
         fn = _compiled_flex
     return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
