@@ -42,7 +42,17 @@ def pair(tmp_path_factory) -> Pair:
 
 def e2e_args(pair: Pair, draft: Path | None = None, *extra: str) -> list[str]:
     return ["validate", str(draft or pair.draft), "--target", str(pair.target), "--prompts", str(pair.prompts),
-            "--max-new-tokens", PAIR_TOKENS, "--json", *extra]
+            "--max-new-tokens", PAIR_TOKENS, "--threads", "1", "--json", *extra]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """`--threads 1` (the tiny pair's fastest setting) runs in-process: give other tests their threads back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def miswired_args(pair: Pair, good: dict, draft: Path | None = None, *extra: str) -> list[str]:
@@ -62,8 +72,14 @@ def failed(report: dict) -> list[str]:
 
 @pytest.fixture(scope="session")
 def good_run(pair, cli, tmp_path_factory):
+    import torch
+
     junit = tmp_path_factory.mktemp("junit") / "good.xml"
-    r = cli(*e2e_args(pair), "--min-acceptance-length", "3", "--junit", str(junit))
+    threads = torch.get_num_threads()
+    try:
+        r = cli(*e2e_args(pair), "--min-acceptance-length", "3", "--junit", str(junit))
+    finally:
+        torch.set_num_threads(threads)
     return r, junit
 
 
