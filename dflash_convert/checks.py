@@ -456,6 +456,34 @@ def target_checks(spec: DraftSpec, target: mapping.TargetInfo, *, ckpt: Checkpoi
     return checks
 
 
+def duplicate_tensors_check(path) -> Check:
+    """Tensor names stored twice across shards (or as `x` and `model.x`): loaders keep one copy at random.
+    open_checkpoint refuses such a checkpoint, so this reads the headers itself and names the duplicates."""
+    from pathlib import Path
+
+    from .checkpoint import _weight_files
+    from .safetensors_io import read_header
+
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    if not path.is_dir():
+        return _check("duplicate_tensors", None, f"{path} is not a directory")
+    files, _, _ = _weight_files(path, allow_pickle=True)
+    seen: dict[str, str] = {}
+    dups = []
+    for f in files:
+        if f.suffix != ".safetensors":
+            continue
+        for name in read_header(f)[0]:
+            canon = mapping.canonical_name(name)
+            if canon in seen:
+                dups.append(f"{name} ({seen[canon]} and {f.name})")
+            seen.setdefault(canon, f.name)
+    return _check("duplicate_tensors", not dups, ("tensor " + _first(dups) + " is stored twice") if dups else
+                  f"no tensor stored twice across {len(files)} file(s)", value=dups or None)
+
+
 def worst(checks: list[Check]) -> Status:
     for status in ("fail", "warn", "pass"):
         if any(c.status == status for c in checks):

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Sequence
 
 from . import __version__, mapping
 from .checkpoint import Checkpoint, open_checkpoint, read_json
-from .checks import Check, _check, checkpoint_checks, scan_checks, target_checks
+from .checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
 from .errors import DFlashError, UsageError
 from .report import LEVELS, AcceptanceStats, Environment, ValidationReport
 
@@ -413,6 +413,14 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         raise UsageError(f"--block-size must be at least 2, got {block_size}")
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    duplicates = duplicate_tensors_check(checkpoint_path)
+    if duplicates.failed:  # the checkpoint cannot be opened: report the one problem found
+        return ValidationReport(
+            tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_revision=checkpoint_revision,
+            target=target_name or (str(target) if target is not None else None), target_revision=target_revision,
+            levels_run=["static"], levels_skipped={lv: "the checkpoint stores a tensor twice" for lv in LEVELS[1:]},
+            checks=[duplicates], environment=_environment(device, dtype, {}, None, None, causal),
+            duration_s=round(time.perf_counter() - t0, 3), passed=False)
     ckpt = open_checkpoint(checkpoint_path, allow_pickle=allow_pickle)
     target_dir = target_config = None
     target_has_weights = False
@@ -438,7 +446,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
     dev_name, dtype_name = device, dtype
 
     if "static" in wanted:
-        checks += checkpoint_checks(ckpt, scan=False)
+        checks += [duplicates, *checkpoint_checks(ckpt, scan=False)]
         if info is not None:
             checks += target_checks(ckpt.spec, info, ckpt=ckpt)
         override = _causal_override_check(ckpt, causal)

@@ -200,3 +200,26 @@ def test_checks_without_scan_do_not_import_torch(speculators_drafts):
             "assert 'torch' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_tensor_stored_in_two_shards(speculators_drafts, tmp_path, cli):
+    from safetensors.torch import load_file, save_file
+
+    from dflash_convert.checks import duplicate_tensors_check
+
+    d = tmp_path / "sharded"
+    shutil.copytree(speculators_drafts["full"], d)
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    first, second = names[: len(names) // 2], names[len(names) // 2:] + ["fc.weight"]
+    save_file({n: tensors[n] for n in first}, d / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    save_file({n: tensors[n] for n in second}, d / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in first}
+    weight_map.update({n: "model-00002-of-00002.safetensors" for n in second if n not in weight_map})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    c = duplicate_tensors_check(d)
+    assert c.status == "fail" and "fc.weight (model-00001-of-00002.safetensors and model-00002" in c.message
+    r = cli("validate", d, "--json")
+    assert r.code == 3 and [x["name"] for x in r.json()["checks"] if x["status"] == "fail"] == ["duplicate_tensors"]
+    assert duplicate_tensors_check(speculators_drafts["full"]).status == "pass"
