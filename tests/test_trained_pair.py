@@ -1,0 +1,86 @@
+"""The shipped trained pair (examples/pair, made by examples/train_pair.py).
+
+What a user relies on: greedy speculative decoding through the bundled runtime reproduces the
+target's own greedy output token for token, and the draft is good enough for acceptance to mean
+something (tau >= 3 at block size 8 or more on the held-out prompts shipped with it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+MAX_NEW = 48
+NUM_PROMPTS = 6  # keeps the module well under 30 s on 2 idle cores
+MIN_TAU = 3.0
+
+
+def read_prompts(path: Path) -> list[list[int]]:
+    return [[int(t) for t in line.split()] for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return read_prompts(PAIR / "prompts.txt")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from dflash_runtime.model import load_draft
+    from dflash_runtime.target import load_target
+
+    return load_draft(PAIR / "draft"), load_target(PAIR / "target")
+
+
+@pytest.fixture(scope="module")
+def baselines(pair, prompts) -> list[list[int]]:
+    """Target-only greedy outputs, through the same loop (computed once for every block size)."""
+    from dflash_runtime.decode import target_generate
+
+    _, target = pair
+    return [target_generate(target, p, max_new_tokens=MAX_NEW).tokens for p in prompts[:NUM_PROMPTS]]
+
+
+def test_shipped_pair_is_shaped_like_a_real_one():
+    """Speculators-format draft, block >= 8, target with several times the draft's layers, <= 10 MB."""
+    from dflash_convert.checkpoint import open_checkpoint, read_json
+    from dflash_convert.mapping import target_info
+
+    ckpt = open_checkpoint(PAIR / "draft")
+    assert ckpt.format == "speculators"
+    assert ckpt.raw_config["architectures"] == ["DFlashDraftModel"]  # a model save, not a config-only save
+    spec = ckpt.spec
+    assert spec.block_size >= 8
+    info = target_info(read_json(PAIR / "target" / "config.json"), str(PAIR / "target"))
+    assert info.num_layers >= 4 * spec.num_layers
+    assert spec.hidden_size == info.hidden_size
+    assert max(spec.target_layer_ids) < info.num_layers
+    size = sum(f.stat().st_size for d in ("draft", "target") for f in (PAIR / d).iterdir() if f.is_file())
+    assert size <= 10 * 2**20
+
+
+def test_prompts_are_token_ids_of_the_target_vocab(prompts):
+    from dflash_convert.checkpoint import open_checkpoint
+
+    spec = open_checkpoint(PAIR / "draft").spec
+    assert len(prompts) >= 8
+    assert all(p and all(0 <= t < spec.vocab_size and t != spec.mask_token_id for t in p) for p in prompts)
+
+
+@pytest.mark.filterwarnings("ignore:run-time block size")  # expected: 8 differs from the trained 16
+@pytest.mark.parametrize("block_size", [None, 8])  # the checkpoint's own block size, and the minimum the bar names
+def test_greedy_is_lossless_and_tau_at_least_3(pair, prompts, baselines, block_size):
+    from dflash_runtime.decode import speculative_generate
+
+    draft, target = pair
+    drafts = accepted = 0
+    for i, (prompt, base) in enumerate(zip(prompts, baselines)):
+        spec = speculative_generate(draft, target, prompt, max_new_tokens=MAX_NEW, block_size=block_size)
+        assert len(base) == MAX_NEW
+        assert spec.tokens == base, f"prompt {i}: speculative output differs from target greedy"
+        drafts += spec.stats.num_drafts
+        accepted += spec.stats.accepted
+    tau = 1 + accepted / drafts
+    assert tau >= MIN_TAU, f"tau {tau:.2f} < {MIN_TAU} at block size {block_size or draft.spec.block_size}"
