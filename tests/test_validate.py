@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAIR = Path(os.environ.get("DFLASH_TEST_PAIR", ROOT / "examples" / "pair"))  # another trained pair for trials
 PAIR_PROMPTS = 3  # held-out prompts used per end-to-end run (of the pair's prompts.txt)
 PAIR_TOKENS = "32"
+TAU_FLOOR = 0.95  # mis-wired copies are held to this share of the good pair's tau (greedy: deterministic)
 
 
 @dataclass
@@ -56,9 +57,9 @@ def _restore_torch_threads():
 
 
 def miswired_args(pair: Pair, good: dict, draft: Path | None = None, *extra: str) -> list[str]:
-    """A mis-wired copy end to end (numerics skipped: they cannot see wiring), held to 90% of the good tau,
+    """A mis-wired copy end to end (numerics skipped: they cannot see wiring), held to 95% of the good tau,
     the way a CI gate pins a known-good acceptance."""
-    floor = f"{0.9 * good['acceptance']['acceptance_length']:.3f}"
+    floor = f"{TAU_FLOOR * good['acceptance']['acceptance_length']:.3f}"
     return [*e2e_args(pair, draft, *extra), "--levels", "static,end_to_end", "--min-acceptance-length", floor]
 
 
@@ -115,10 +116,13 @@ def test_json_report_validates_against_the_schema(good_run):
 
 
 def _shifted_ids(pair: Pair) -> list[int]:
+    """Every id one layer too low: a z-lab checkpoint written as speculators without the +1 (speculators
+    #705). (One layer too high is invisible on the bundled pair: its adjacent layers carry the same
+    features, tau 11.625 with [1, 7] and [2, 8] on all its prompts.)"""
     spec = open_checkpoint(pair.draft).spec
     n = read_json(pair.target / "config.json")["num_hidden_layers"]
-    up = [i + 1 for i in spec.target_layer_ids]
-    return up if max(up) < n else [i - 1 for i in spec.target_layer_ids]
+    down = [i - 1 for i in spec.target_layer_ids]
+    return down if min(down) >= 0 else [i + 1 for i in spec.target_layer_ids if i + 1 < n]
 
 
 def test_target_ids_off_by_one_drop_tau(pair, good_run, cli, tmp_path):
@@ -129,7 +133,7 @@ def test_target_ids_off_by_one_drop_tau(pair, good_run, cli, tmp_path):
     assert r.code == 3, r.err[-2000:]
     report = r.json()
     assert failed(report) == ["acceptance_length"]  # nothing static can see it: only acceptance does
-    assert report["acceptance"]["acceptance_length"] < 0.9 * good["acceptance"]["acceptance_length"]
+    assert report["acceptance"]["acceptance_length"] < TAU_FLOOR * good["acceptance"]["acceptance_length"]
     assert statuses(report)["greedy_output_equal"] == "pass"  # still lossless, just slow
 
 
@@ -165,7 +169,7 @@ def test_causal_draft_forced_non_causal(pair, good_run, cli, tmp_path):
     # the deployment forces non-causal: named statically; the draft really runs non-causal (numeric
     # probe) and acceptance drops end to end
     r = cli(*e2e_args(pair), "--non-causal", "--min-acceptance-length",
-            f"{0.9 * good['acceptance']['acceptance_length']:.3f}")
+            f"{TAU_FLOOR * good['acceptance']['acceptance_length']:.3f}")
     assert r.code == 3
     report = r.json()
     assert {"causal_override", "acceptance_length"} <= set(failed(report))
@@ -228,7 +232,7 @@ def test_random_pair_is_lossless_and_reports_low_acceptance(speculators_drafts, 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": [5, 6, 7, 8, 9, 10]}\n{"prompt": [100, 3, 44, 2]}\n')
     r = cli("validate", speculators_drafts["mixed"], "--target", tiny_target, "--prompts", prompts,
-            "--max-new-tokens", "12", "--backend", "sdpa", "--json")
+            "--max-new-tokens", "12", "--backend", "sdpa", "--threads", "1", "--json")
     assert r.code == 0, r.err[-2000:]
     report = r.json()
     s = statuses(report)
