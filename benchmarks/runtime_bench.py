@@ -23,6 +23,7 @@ import gc
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -158,8 +159,6 @@ def bench_pair(pair: Path, max_new_tokens: int, limit: int, block_sizes) -> None
     base_tps = base_tokens / base_time
     print(f"{'block':>5} {'tau':>6} {'tok/s':>8} {'target-only tok/s':>18} {'speedup':>8} {'draft s':>8} "
           f"{'verify s':>9} {'other s':>8} {'equal':>6}")
-    import warnings
-
     for bs in block_sizes:
         acc = drafts = 0
         t_draft = t_verify = t_decode = 0.0
@@ -196,6 +195,7 @@ def main() -> None:
     ap.add_argument("--pair-block-sizes", type=int, nargs="+", default=[0], help="0 = the draft's own")
     args = ap.parse_args()
     torch.manual_seed(0)
+    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # flex is eager here
     if args.threads:
         torch.set_num_threads(args.threads)
     with torch.inference_mode():

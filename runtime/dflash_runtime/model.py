@@ -9,6 +9,7 @@ Only context K/V are kept between steps; block K/V are recomputed each step.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,17 @@ class DFlashDraft:
         inv_freq, self.rope_scale = rope_inv_freq(spec)
         self.inv_freq = inv_freq.to(self.device)  # [d/2] float32
         self.reset()
+
+    def with_backend(self, name: str, *, compile: bool = False) -> "DFlashDraft":
+        """The same draft (weights shared; context cache shared until either side changes it)
+        attending with another backend, checked against the capability table."""
+        sliding = any(layer.sliding_window is not None for layer in self.layers)
+        name = select_backend(name, self.layer_causal, sliding, self.device, self.dtype)
+        other = copy.copy(self)
+        other.backend = name
+        other._attend = BACKENDS[name].fn
+        other._attend_kwargs = {"compile": True} if name == "flex" and compile else {}
+        return other
 
     # ------------------------------------------------------------------ context cache
 
