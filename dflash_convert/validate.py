@@ -147,13 +147,7 @@ def _target_paths(target: str | Path) -> tuple[Path, Path, bool]:
 
 def _with_backend(draft, name: str):
     """The same loaded draft (weights and context cache shared) attending with another backend."""
-    from dflash_runtime.attention import BACKENDS
-
-    other = copy.copy(draft)
-    other.backend = name
-    other._attend = BACKENDS[name].fn
-    other._attend_kwargs = {}
-    return other
+    return draft.with_backend(name)
 
 
 def _earlier_slots_change(a, b) -> float:
