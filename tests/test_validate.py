@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,3 +313,24 @@ def test_numeric_level_catches_a_backend_that_ignores_causality(speculators_draf
     status = {c.name: c.status for c in report.checks}
     assert status["causality_behaviour.sdpa"] == "fail" and status["backend_agreement.sdpa"] == "fail"
     assert status["causality_behaviour.eager"] == "pass" and not report.passed
+
+
+def test_text_prompts_go_through_the_target_tokenizer(speculators_drafts, tiny_target, tmp_path, cli):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target, target)
+    words = ["hello", "world", "the", "cat", "sat", "[UNK]"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(target)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello world the cat\n3 4 0\n")
+    from dflash_convert.validate import read_prompts, tokenize_prompts
+
+    ids, _ = tokenize_prompts(read_prompts(prompts), target, 512, set())
+    assert ids == [[0, 1, 2, 3], [3, 4, 0]]
+    r = cli("validate", speculators_drafts["full"], "--target", target, "--prompts", prompts, "--levels",
+            "end_to_end", "--max-new-tokens", "4", "--threads", "1", "--json")
+    assert r.code == 0 and r.json()["acceptance"]["prompts"] == 2
