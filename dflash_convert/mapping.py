@@ -204,6 +204,18 @@ def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
 
 # ----------------------------------------------------------------------------- spec -> config
 
+# Decoder keys some DFlash drafts carry that change the math away from plain Qwen3 (z-lab's
+# modeling code applies them); the value at which each is a no-op.
+NEUTRAL_DECODER_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
+                        "attn_logit_softcapping": None}
+
+
+def non_qwen3_features(spec: DraftSpec) -> list[str]:
+    """`key=value` for every decoder key whose value makes the draft differ from the Qwen3 math."""
+    return [f"{k}={spec.decoder[k]!r}" for k, neutral in NEUTRAL_DECODER_KEYS.items()
+            if k in spec.decoder and spec.decoder[k] != neutral]
+
+
 def check_complete(spec: DraftSpec) -> None:
     """What every engine needs before a config can be written."""
     missing = [name for name, value in (("block_size", spec.block_size), ("mask_token_id", spec.mask_token_id),

@@ -213,3 +213,23 @@ def test_converted_hf_draft_runs_identically(name, runtime_drafts, runtime_targe
     block[0] = ids[-1]
     assert torch.equal(our_block_logits(original, target, features, block),
                        our_block_logits(converted, target, features, block))
+
+
+def test_non_qwen3_scalings_are_refused(speculators_drafts, tmp_path):
+    """Keys such as final_logit_softcapping change the math; running without them would be silently wrong."""
+    import json
+    import shutil
+
+    from dflash_convert.errors import DFlashError
+    from dflash_runtime.model import load_draft
+
+    src = tmp_path / "d"
+    shutil.copytree(speculators_drafts["full"], src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["transformer_layer_config"]["final_logit_softcapping"] = 30.0
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DFlashError, match="final_logit_softcapping=30.0"):
+        load_draft(src)
+    cfg["transformer_layer_config"]["final_logit_softcapping"] = None
+    (src / "config.json").write_text(json.dumps(cfg))
+    load_draft(src)

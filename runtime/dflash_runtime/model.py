@@ -270,6 +270,10 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
                               ("block_size", spec.block_size)) if v is None]
     if missing:
         raise DFlashError(f"config has no {', '.join(missing)}: the draft cannot run without it", file=file)
+    unsupported = mapping.non_qwen3_features(spec)
+    if unsupported:
+        raise DFlashError(f"config sets {', '.join(unsupported)}: the runtime implements the plain Qwen3 layer math "
+                          "only, so its logits would not be this draft's", file=file)
     if rope_kind(spec) not in ("default", *SUPPORTED_ROPE):
         raise DFlashError(f"RoPE type {rope_kind(spec)!r} is not supported by the runtime "
                           f"(supported: default, {', '.join(SUPPORTED_ROPE)})", file=file)
