@@ -105,9 +105,12 @@ class DFlashDraft:
         self.scale = self.head_dim ** -0.5
         self._attend = BACKENDS[backend].fn
         self._attend_kwargs = {"compile": True} if backend == "flex" and compile else {}
-        from transformers.activations import ACT2FN
+        if spec.hidden_act == "silu":  # Qwen3's; importing transformers.activations costs seconds
+            self.act = F.silu
+        else:
+            from transformers.activations import ACT2FN
 
-        self.act = ACT2FN[spec.hidden_act]
+            self.act = ACT2FN[spec.hidden_act]
         self.fc = tensors["fc.weight"]  # [H, A*Ht]
         self.hidden_norm = tensors["hidden_norm.weight"]  # [H]
         self.norm = tensors["norm.weight"]  # [H]
