@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from . import mapping
 from .configs import DraftSpec
 from .errors import DFlashError
-from .safetensors_io import INDEX_NAME, SINGLE_NAME, TensorInfo, read_header
+from .safetensors_io import INDEX_NAME, INT_NUMPY_DTYPES, SINGLE_NAME, TensorInfo, read_header
 
 CONFIG_NAME = "config.json"
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -66,6 +66,18 @@ class Checkpoint:
     @property
     def input_files(self) -> list[Path]:
         return [self.config_file, *([self.index_file] if self.index_file else []), *self.weight_files]
+
+    def int_values(self, name: str):
+        """A small integer / bool tensor (d2t, t2d) as a numpy array, read without torch."""
+        import numpy as np
+
+        if name in self.pickled:  # torch is loaded already for pickle checkpoints
+            return self.pickled[name].cpu().numpy()
+        info = self.tensors[name]
+        with open(info.file, "rb") as f:
+            f.seek(info.start)
+            data = f.read(info.nbytes)
+        return np.frombuffer(data, dtype=INT_NUMPY_DTYPES[info.dtype]).reshape(info.shape)
 
     def load_tensor(self, name: str, device: str = "cpu"):
         """One tensor as torch.Tensor, read from its byte range (never the whole file)."""

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from . import mapping
 from .checkpoint import Checkpoint
 from .configs import DraftSpec
+from .safetensors_io import FLOAT_BITS, INT_NUMPY_DTYPES
 
 Status = Literal["pass", "fail", "warn", "skip"]
 Level = Literal["static", "numeric", "end_to_end"]
@@ -47,22 +48,6 @@ def _first(items: list[str], n: int = 3) -> str:
 
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
-NUMPY_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
-
-
-def small_tensor_values(ckpt: Checkpoint, name: str):
-    """Values of a small integer / bool tensor (d2t, t2d) as a numpy array, without torch."""
-    import numpy as np
-
-    if name in ckpt.pickled:  # torch is loaded already for pickle checkpoints
-        return ckpt.pickled[name].cpu().numpy()
-    info = ckpt.tensors[name]
-    with open(info.file, "rb") as f:
-        f.seek(info.start)
-        data = f.read(info.nbytes)
-    return np.frombuffer(data, dtype=NUMPY_DTYPES[info.dtype]).reshape(info.shape)
-
-
 # ----------------------------------------------------------------------------- checkpoint (config + headers)
 
 def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
@@ -258,11 +243,11 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
     target_ids = None
     if "d2t" in have:
         info = have["d2t"]
-        if info.dtype not in NUMPY_DTYPES or info.dtype == "BOOL" or len(info.shape) != 1:
+        if info.dtype not in INT_NUMPY_DTYPES or info.dtype == "BOOL" or len(info.shape) != 1:
             checks.append(_check("d2t_range", False, f"tensor `d2t` is {info.dtype} {list(info.shape)}; "
                                  "expected a 1-D integer tensor", value=info.dtype))
         else:
-            d2t = small_tensor_values(ckpt, "d2t").astype(np.int64)
+            d2t = ckpt.int_values("d2t").astype(np.int64)
             target_ids = np.arange(len(d2t), dtype=np.int64) + d2t
             lo, hi = (int(target_ids.min()), int(target_ids.max())) if len(d2t) else (0, 0)
             dup = len(d2t) - len(np.unique(target_ids))
@@ -274,7 +259,7 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
                                  bad="fail" if not ok else "warn"))
     if "t2d" in have:
         info = have["t2d"]
-        t2d = small_tensor_values(ckpt, "t2d").astype(bool).reshape(-1)
+        t2d = ckpt.int_values("t2d").astype(bool).reshape(-1)
         problems = []
         if tuple(info.shape) != (vocab,):
             problems.append(f"tensor `t2d` is {list(info.shape)}, expected [{vocab}]")
@@ -328,11 +313,6 @@ def _verifier(spec: DraftSpec) -> Check:
 
 # ----------------------------------------------------------------------------- values (numpy, from the bit patterns)
 
-# Per float dtype: (unsigned int type of the same width, exponent mask, sign mask). A value is NaN or
-# Inf exactly when all its exponent bits are set (float8_e4m3 has no Inf: NaN is 0x7F/0xFF).
-FLOAT_BITS = {"F64": ("<u8", 0x7FF0000000000000, 1 << 63), "F32": ("<u4", 0x7F800000, 1 << 31),
-              "F16": ("<u2", 0x7C00, 1 << 15), "BF16": ("<u2", 0x7F80, 1 << 15),
-              "F8_E4M3": ("u1", 0x7F, 0x80), "F8_E5M2": ("u1", 0x7C, 0x80)}
 SCAN_CHUNK = 1 << 25  # elements read at a time: memory stays flat however big the tensor
 
 
@@ -447,7 +427,7 @@ def target_checks(spec: DraftSpec, target: mapping.TargetInfo, *, ckpt: Checkpoi
     if ckpt is not None and "d2t" in ckpt.tensors:
         import numpy as np
 
-        d2t = small_tensor_values(ckpt, "d2t").astype(np.int64).reshape(-1)
+        d2t = ckpt.int_values("d2t").astype(np.int64).reshape(-1)
         ids_t = np.arange(len(d2t), dtype=np.int64) + d2t
         lo, hi = (int(ids_t.min()), int(ids_t.max())) if len(d2t) else (0, 0)
         checks.append(_check("target_d2t_range", lo >= 0 and hi < target.vocab_size,

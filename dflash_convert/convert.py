@@ -31,6 +31,7 @@ from .configs import ConversionRecord, DraftSpec, VerifierRef
 from .errors import DFlashError, UsageError
 from .safetensors_io import (
     DTYPE_SIZES,
+    FLOAT_BITS,
     TensorInfo,
     copy_range,
     header_bytes,
@@ -186,16 +187,6 @@ def _check_body(ckpt: Checkpoint, spec: DraftSpec) -> None:
                               file=info.file)
 
 
-def _int_values(ckpt: Checkpoint, name: str) -> np.ndarray:
-    info = ckpt.tensors[name]
-    if name in ckpt.pickled:
-        return ckpt.pickled[name].numpy()
-    np_dtype = {"I64": "<i8", "I32": "<i4", "BOOL": "?", "U8": "u1"}[info.dtype]
-    with open(info.file, "rb") as f:
-        f.seek(info.start)
-        return np.frombuffer(f.read(info.nbytes), dtype=np_dtype).reshape(info.shape)
-
-
 def t2d_from_d2t(d2t: np.ndarray, vocab: int, file: Any = None) -> np.ndarray:
     """The target->draft membership mask implied by d2t offsets (target_id = draft_id + d2t[draft_id])."""
     target_ids = np.arange(len(d2t), dtype=np.int64) + d2t.astype(np.int64)
@@ -237,10 +228,10 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
             dtype = out_dtype if (out_dtype and info.dtype in FLOAT_DTYPES.values()) else info.dtype
             steps.append(TensorStep(name, name, "keep", "", dtype, info.shape))
     if spec.is_pruned_vocab:
-        d2t = _int_values(ckpt, "d2t")
+        d2t = ckpt.int_values("d2t")
         t2d = t2d_from_d2t(d2t, spec.vocab_size, file=ckpt.tensors["d2t"].file)
         if "t2d" in ckpt.tensors:
-            found = _int_values(ckpt, "t2d").astype(bool)
+            found = ckpt.int_values("t2d").astype(bool)
             if not np.array_equal(found, t2d):
                 raise DFlashError("tensor `t2d` disagrees with `d2t` (they must describe the same draft vocab)",
                                   file=ckpt.tensors["t2d"].file)
@@ -251,11 +242,6 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
 
 
 # ----------------------------------------------------------------------------- execution
-
-# Bit masks of the exponent field: all ones = Inf or NaN. Checked on raw bytes, no torch.
-NONFINITE_MASKS = {"F64": ("<u8", 0x7FF0000000000000), "F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00),
-                   "BF16": ("<u2", 0x7F80)}
-
 
 def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str]) -> None:
     """sha256 of every input file and the names of float tensors holding NaN/Inf, in one read.
@@ -273,7 +259,7 @@ def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str])
             for info in scan:
                 if info.start > pos:  # header and padding
                     h.update(fh.read(info.start - pos))
-                mask = NONFINITE_MASKS.get(info.dtype)
+                mask = FLOAT_BITS.get(info.dtype)
                 left, bad = info.nbytes, False
                 while left:
                     chunk = fh.read(min(left, 8 << 20))

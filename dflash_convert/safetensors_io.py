@@ -20,6 +20,13 @@ from .errors import DFlashError
 
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+# Raw-bit views used without torch. Per float dtype: (unsigned int of the same width, exponent mask,
+# sign mask); a value is NaN or Inf exactly when all its exponent bits are set (float8_e4m3 has no
+# Inf: NaN is 0x7F/0xFF).
+FLOAT_BITS = {"F64": ("<u8", 0x7FF0000000000000, 1 << 63), "F32": ("<u4", 0x7F800000, 1 << 31),
+              "F16": ("<u2", 0x7C00, 1 << 15), "BF16": ("<u2", 0x7F80, 1 << 15),
+              "F8_E4M3": ("u1", 0x7F, 0x80), "F8_E5M2": ("u1", 0x7C, 0x80)}
+INT_NUMPY_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
