@@ -295,3 +295,20 @@ def test_overwrite(cli, speculators_drafts, tmp_path):
     assert cli("convert", speculators_drafts["pruned"], "-o", out, "--overwrite").code == 0
     assert "d2t" in tensors_of(out)
     assert [p.name for p in tmp_path.iterdir()] == ["o"]  # no staging leftovers
+
+
+def test_hub_cache_blob_names_are_the_recorded_sha256(cli, speculators_drafts, tmp_path):
+    """Hub-cache LFS files are links to blobs/<sha256>: the record uses the name and stays exact."""
+    src = speculators_drafts["full"]
+    blobs, snap = tmp_path / "cache" / "blobs", tmp_path / "cache" / "snapshots" / ("a" * 40)
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        digest = hashlib.sha256((src / name).read_bytes()).hexdigest()
+        shutil.copy(src / name, blobs / digest)
+        (snap / name).symlink_to(blobs / digest)
+    out = tmp_path / "out"
+    assert cli("convert", snap, "-o", out).code == 0
+    record = json.loads((out / "conversion.json").read_text())
+    for name in ("config.json", "model.safetensors"):
+        assert record["input_files"][name] == hashlib.sha256((src / name).read_bytes()).hexdigest()
