@@ -79,6 +79,19 @@ class Checkpoint:
             data = f.read(info.nbytes)
         return np.frombuffer(data, dtype=INT_NUMPY_DTYPES[info.dtype]).reshape(info.shape)
 
+    def d2t_target_ids(self):
+        """Target id of every draft id of a pruned draft (`target_id = draft_id + d2t[draft_id]`), checked."""
+        import numpy as np
+
+        d2t = self.int_values("d2t").astype(np.int64)
+        ids = np.arange(len(d2t), dtype=np.int64) + d2t
+        vocab, file = self.spec.vocab_size, self.tensors["d2t"].file
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise DFlashError(f"tensor `d2t` maps draft ids outside the target vocab [0, {vocab})", file=file)
+        if len(np.unique(ids)) != len(ids):
+            raise DFlashError("tensor `d2t` maps two draft ids to the same target id", file=file)
+        return ids
+
     def load_tensor(self, name: str, device: str = "cpu"):
         """One tensor as torch.Tensor, read from its byte range (never the whole file)."""
         import torch

@@ -188,18 +188,6 @@ def _check_body(ckpt: Checkpoint, spec: DraftSpec) -> None:
                               file=info.file)
 
 
-def t2d_from_d2t(d2t: np.ndarray, vocab: int, file: Any = None) -> np.ndarray:
-    """The target->draft membership mask implied by d2t offsets (target_id = draft_id + d2t[draft_id])."""
-    target_ids = np.arange(len(d2t), dtype=np.int64) + d2t.astype(np.int64)
-    if target_ids.size and (target_ids.min() < 0 or target_ids.max() >= vocab):
-        raise DFlashError(f"tensor `d2t` maps draft ids outside the target vocab [0, {vocab})", file=file)
-    if len(np.unique(target_ids)) != len(target_ids):
-        raise DFlashError("tensor `d2t` maps two draft ids to the same target id", file=file)
-    t2d = np.zeros(vocab, dtype=bool)
-    t2d[target_ids] = True
-    return t2d
-
-
 def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
     dest = opts.to or ("hf" if ckpt.format == "speculators" else "speculators")
     if dest not in ("hf", "speculators"):
@@ -229,8 +217,9 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
             dtype = out_dtype if (out_dtype and info.dtype in FLOAT_DTYPES.values()) else info.dtype
             steps.append(TensorStep(name, name, "keep", "", dtype, info.shape))
     if spec.is_pruned_vocab:
-        d2t = ckpt.int_values("d2t")
-        t2d = t2d_from_d2t(d2t, spec.vocab_size, file=ckpt.tensors["d2t"].file)
+        target_ids = ckpt.d2t_target_ids()
+        t2d = np.zeros(spec.vocab_size, dtype=bool)
+        t2d[target_ids] = True
         if "t2d" in ckpt.tensors:
             found = ckpt.int_values("t2d").astype(bool)
             if not np.array_equal(found, t2d):

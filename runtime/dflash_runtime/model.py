@@ -320,11 +320,7 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
         t = ckpt.load_tensor(name_, str(device))
         tensors[name_] = t if name_ == "d2t" else t.to(dtype)
     if spec.is_pruned_vocab:
-        d2t = tensors["d2t"].long()
-        ids = torch.arange(len(d2t), device=d2t.device) + d2t
-        if ids.min() < 0 or ids.max() >= spec.vocab_size or len(torch.unique(ids)) != len(ids):
-            raise DFlashError(f"tensor `d2t` maps draft ids outside 0..{spec.vocab_size - 1} or twice",
-                              file=ckpt.tensors["d2t"].file)
+        ckpt.d2t_target_ids()  # raises on ids outside the target vocab or repeated
     return DFlashDraft(spec, tensors, layer_causal=layer_causal, backend=name, device=device, dtype=dtype,
                        compile=compile)
 
