@@ -100,8 +100,13 @@ def resolve_local(source: str, *, revision: Optional[str], token: Optional[str],
         return Path(source), None
     from . import hub
 
-    resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
-                                  for_target=for_target, config_only=config_only)
+    try:
+        resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
+                                      for_target=for_target, config_only=config_only)
+    except DFlashError as exc:
+        if revision is None and hub.is_hub_id(source):  # say both readings of an ambiguous argument
+            raise type(exc)(f"{source} is not a local directory, and as a Hub repo id: {exc}") from None
+        raise
     return resolved.path, resolved.commit_sha
 
 
