@@ -124,7 +124,7 @@ def _progress_bar(total: int, description: str):
 
 @app.command()
 def convert(
-    src: str = typer.Argument(..., help="Checkpoint directory or Hub id (org/name) to convert."),
+    src: str = typer.Argument(..., metavar="SRC", help="Checkpoint directory or Hub id (org/name) to convert."),
     output: Path = typer.Option(..., "-o", "--output", help="Destination directory (written atomically)."),
     to: Optional[str] = typer.Option(None, "--to", help="hf or speculators (default: the other format)."),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="Target model directory, its config.json, or Hub id: fills num_target_layers and the verifier block, and checks the pair."),
@@ -220,7 +220,7 @@ def convert(
 
 @app.command()
 def inspect(
-    path: str = typer.Argument(..., help="Checkpoint directory or Hub id."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory or Hub id."),
     scan: bool = typer.Option(False, "--scan", help="Also read tensor values (NaN/Inf, all-zero); imports torch."),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Accept .bin pickle weights (weights_only=True)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
@@ -266,8 +266,8 @@ def _print_inspect(info: dict) -> None:
 
 @app.command()
 def diff(
-    a: str = typer.Argument(..., help="First checkpoint (directory or Hub id)."),
-    b: str = typer.Argument(..., help="Second checkpoint (directory or Hub id)."),
+    a: str = typer.Argument(..., metavar="A", help="First checkpoint (directory or Hub id)."),
+    b: str = typer.Argument(..., metavar="B", help="Second checkpoint (directory or Hub id)."),
     tolerance: float = typer.Option(0.0, "--tolerance", help="Max abs difference still counted as equal."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision for Hub ids."),
     token: Optional[str] = typer.Option(None, "--token", help="Hub token."),
@@ -299,7 +299,7 @@ def diff(
 
 @app.command()
 def schema(
-    name: Optional[str] = typer.Argument(None, help="speculators-config, hf-config, conversion-record or validation-report; all when omitted."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="speculators-config, hf-config, conversion-record or validation-report; all when omitted."),
 ) -> None:
     """Print the JSON Schemas of the files and reports dflash-convert reads and writes."""
     from . import schemas
@@ -316,7 +316,7 @@ def schema(
 
 @app.command()
 def pull(
-    repo: str = typer.Argument(..., help="Hub repo id (org/name)."),
+    repo: str = typer.Argument(..., metavar="REPO", help="Hub repo id (org/name)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Materialize the files in DIR instead of only the cache."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit (default: main)."),
     token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
@@ -336,8 +336,8 @@ def pull(
 
 @app.command()
 def push(
-    directory: Path = typer.Argument(..., help="Checkpoint directory to upload."),
-    repo: str = typer.Argument(..., help="Hub repo id (org/name); created if missing."),
+    directory: Path = typer.Argument(..., metavar="DIRECTORY", help="Checkpoint directory to upload."),
+    repo: str = typer.Argument(..., metavar="REPO", help="Hub repo id (org/name); created if missing."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch to push to (created from main if missing)."),
     private: bool = typer.Option(False, "--private", help="Create the repo private."),
     commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit title."),
@@ -377,7 +377,7 @@ def push(
 
 @app.command()
 def validate(
-    checkpoint: str = typer.Argument(..., help="Draft checkpoint (either format): directory or Hub id."),
+    checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="Draft checkpoint (either format): directory or Hub id."),
     target: Optional[str] = typer.Option(None, "--target", help="Target model directory, its config.json, or Hub id. A config alone enables the static pair checks; weights enable end to end."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="One prompt per line (text, or token ids as space-separated ints / a JSON list), or JSONL with a `prompt` field. Default: a built-in set."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per prompt (end to end)."),
