@@ -67,6 +67,35 @@ class Checkpoint:
     def input_files(self) -> list[Path]:
         return [self.config_file, *([self.index_file] if self.index_file else []), *self.weight_files]
 
+    def check_tensors(self, spec: DraftSpec | None = None) -> None:
+        """Every tensor the spec implies is present with its shape, and nothing unknown is (raises)."""
+        spec = spec or self.spec
+        where = self.weight_files[0] if self.weight_files else self.path
+        for name in self.tensors:
+            if mapping.rule_for(name, spec.variant) is None:
+                raise DFlashError(f"unexpected tensor `{name}` (not part of a {spec.variant} draft)",
+                                  file=self.tensors[name].file)
+        for name, shape in mapping.expected_shapes(spec).items():
+            info = self.tensors.get(name)
+            if info is None:
+                if name == "d2t" and "lm_head.weight" in self.tensors:
+                    raise DFlashError("tensor `d2t` is missing but the draft has a pruned lm_head "
+                                      f"[{spec.draft_vocab_size}, {spec.hidden_size}]: without the vocab map its ids "
+                                      "mean nothing (acceptance collapses)", file=where)
+                raise DFlashError(f"tensor `{name}` is missing (expected shape {list(shape)})", file=where)
+            if info.shape != shape:
+                hint = ""
+                if name == "fc.weight":
+                    hint = (f"; fc input width must be len(target_layer_ids)={len(spec.target_layer_ids)} x "
+                            f"target hidden {spec.target_hidden_size or spec.hidden_size}")
+                raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape)}{hint}",
+                                  file=info.file)
+        for name, shape_of in mapping.OPTIONAL_SHAPES.items():
+            info = self.tensors.get(name)
+            if info is not None and info.shape != shape_of(spec):
+                raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape_of(spec))}",
+                                  file=info.file)
+
     def int_values(self, name: str):
         """A small integer / bool tensor (d2t, t2d) as a numpy array, read without torch."""
         import numpy as np

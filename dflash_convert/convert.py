@@ -20,7 +20,6 @@ import numpy as np
 
 from . import __version__, mapping
 from .checkpoint import (
-    SAFETENSORS_DTYPE,
     TORCH_DTYPES,
     Checkpoint,
     check_destination,
@@ -161,33 +160,6 @@ def _apply_verifier(spec: DraftSpec, opts: ConvertOptions, warnings: list[str]) 
                                    "verifier": VerifierRef(name_or_path=name, architectures=target.architectures)})
 
 
-def _check_body(ckpt: Checkpoint, spec: DraftSpec) -> None:
-    """Every expected tensor present with its shape; nothing unknown; vocab tensors coherent."""
-    where = ckpt.weight_files[0] if ckpt.weight_files else ckpt.path
-    for name in ckpt.tensors:
-        if mapping.rule_for(name, spec.variant) is None:
-            raise DFlashError(f"unexpected tensor `{name}` (not part of a {spec.variant} draft)", file=ckpt.tensors[name].file)
-    for name, shape in mapping.expected_shapes(spec).items():
-        info = ckpt.tensors.get(name)
-        if info is None:
-            if name == "d2t" and "lm_head.weight" in ckpt.tensors:
-                raise DFlashError("tensor `d2t` is missing but the draft has a pruned lm_head "
-                                  f"[{spec.draft_vocab_size}, {spec.hidden_size}]: without the vocab map its ids "
-                                  "mean nothing (acceptance collapses)", file=where)
-            raise DFlashError(f"tensor `{name}` is missing (expected shape {list(shape)})", file=where)
-        if info.shape != shape:
-            hint = ""
-            if name == "fc.weight":
-                hint = (f"; fc input width must be len(target_layer_ids)={len(spec.target_layer_ids)} x target hidden "
-                        f"{spec.target_hidden_size or spec.hidden_size}")
-            raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape)}{hint}", file=info.file)
-    for name, shape_of in mapping.OPTIONAL_SHAPES.items():
-        info = ckpt.tensors.get(name)
-        if info is not None and info.shape != shape_of(spec):
-            raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape_of(spec))}",
-                              file=info.file)
-
-
 def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
     dest = opts.to or ("hf" if ckpt.format == "speculators" else "speculators")
     if dest not in ("hf", "speculators"):
@@ -199,7 +171,7 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
                         "fields under dflash_config; vLLM and SGLang serve only DFlashDraftModel today")
     config, config_warnings = mapping.spec_to_config(spec, dest)
     warnings += config_warnings
-    _check_body(ckpt, spec)
+    ckpt.check_tensors(spec)
     out_dtype = FLOAT_DTYPES.get(opts.dtype) if opts.dtype != "auto" else None
     if opts.dtype not in ("auto", *FLOAT_DTYPES):
         raise UsageError(f"--dtype must be one of auto, {', '.join(FLOAT_DTYPES)}")

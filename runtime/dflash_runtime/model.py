@@ -302,21 +302,9 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     layer_causal = resolve_layer_causal(spec, causal)
     sliding = any(t == "sliding_attention" for t in spec.layer_types) and spec.sliding_window is not None
     name = select_backend(backend, layer_causal, sliding, device, dtype)
-    shapes = mapping.expected_shapes(spec)
-    weights_file = str(ckpt.weight_files[0]) if ckpt.weight_files else file
-    fc = ckpt.tensors.get("fc.weight")
-    if fc is not None and len(fc.shape) == 2 and fc.shape[1] != spec.context_width:
-        raise DFlashError(f"tensor `fc.weight` has shape {list(fc.shape)}: its input width must be "
-                          f"{len(spec.target_layer_ids)} target layer ids x target hidden "
-                          f"{spec.target_hidden_size or spec.hidden_size} = {spec.context_width}", file=weights_file)
+    ckpt.check_tensors(spec)
     tensors: dict[str, torch.Tensor] = {}
-    for name_, shape in shapes.items():
-        info = ckpt.tensors.get(name_)
-        if info is None:
-            raise DFlashError(f"tensor `{name_}` is missing", file=weights_file)
-        if tuple(info.shape) != tuple(shape):
-            raise DFlashError(f"tensor `{name_}` has shape {list(info.shape)}, expected {list(shape)}",
-                              file=info.file)
+    for name_ in mapping.expected_shapes(spec):
         t = ckpt.load_tensor(name_, str(device))
         tensors[name_] = t if name_ == "d2t" else t.to(dtype)
     if spec.is_pruned_vocab:
