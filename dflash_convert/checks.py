@@ -227,7 +227,7 @@ def _vocab_map(ckpt: Checkpoint) -> list[Check]:
             problems.append(f"tensor `d2t` is {list(have['d2t'].shape)}, expected [{vd}]")
         checks.append(_check("vocab_map", not problems, "; ".join(problems) if problems else
                              f"pruned vocab: lm_head [{vd}, {spec.hidden_size}] with d2t [{vd}]",
-                             value={"draft_vocab": vd, "d2t": "d2t" in have}, threshold=f"lm_head rows == d2t size"))
+                             value={"draft_vocab": vd, "d2t": "d2t" in have}, threshold="lm_head rows == d2t size"))
     else:
         checks.append(_check("vocab_map", True, f"full vocab ({vocab}): the target's lm_head is used",
                              value={"draft_vocab": vocab}))

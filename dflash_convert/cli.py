@@ -186,7 +186,6 @@ def convert(
                 names = ", ".join(c.name for c in report.failed_checks)
                 raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
 
-    total = sum(s.shape and __import__("math").prod(s.shape) or 0 for s in plan.kept)
     progress, advance = _progress_bar(sum(ckpt.tensors[s.source].nbytes for s in plan.kept if s.source), "converting")
     with progress:
         record = execute(plan, output, opts, on_progress=advance, before_commit=before_commit)

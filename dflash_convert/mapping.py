@@ -18,8 +18,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from .configs import (
-    DecoderConfig,
-    DFlashBlock,
     DraftSpec,
     HFDFlashConfig,
     SpeculatorsDFlashConfig,

@@ -117,7 +117,7 @@ def copy_range(src, dst, start: int, length: int) -> None:
         while length:
             n = os.copy_file_range(src.fileno(), dst.fileno(), length, start, out)
             if n == 0:
-                raise DFlashError(f"source ended early while copying", file=src.name)
+                raise DFlashError("source ended early while copying", file=src.name)
             start, out, length = start + n, out + n, length - n
         dst.seek(out)
         return
