@@ -269,10 +269,10 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
     if spec.variant != "dflash":
         raise DFlashError(f"{spec.variant} drafts are not supported by the runtime: their extra modules "
                           "(local convolutions, candidate selector) are not specified; only dflash runs", file=file)
-    missing = [n for n, v in (("target_layer_ids", spec.target_layer_ids), ("mask_token_id", spec.mask_token_id),
-                              ("block_size", spec.block_size)) if v is None]
-    if missing:
-        raise DFlashError(f"config has no {', '.join(missing)}: the draft cannot run without it", file=file)
+    try:
+        mapping.check_complete(spec)  # block size, mask id and target ids: what every engine needs
+    except DFlashError as exc:
+        raise DFlashError(str(exc), file=file) from None
     unsupported = mapping.non_qwen3_features(spec)
     if unsupported:
         raise DFlashError(f"config sets {', '.join(unsupported)}: the runtime implements the plain Qwen3 layer math "
