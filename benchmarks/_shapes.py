@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_convert.catalogue import expected_shapes
+from dflash_convert.mapping import spec_from_config
 from dflash_convert.safetensors_io import header_bytes
 
 H, HEADS, KV, HEAD_DIM, INTER, VOCAB, N_TARGET = 4096, 32, 8, 128, 12288, 151936, 36
@@ -21,18 +23,9 @@ MASK = 151669
 
 
 def draft_shapes(layers: int = 5) -> list[tuple[str, tuple[int, ...]]]:
-    shapes = [("fc.weight", (H, len(TARGET_IDS) * H)), ("hidden_norm.weight", (H,)), ("norm.weight", (H,))]
-    for i in range(layers):
-        p = f"layers.{i}."
-        shapes += [
-            (p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,)),
-            (p + "self_attn.q_proj.weight", (HEADS * HEAD_DIM, H)), (p + "self_attn.k_proj.weight", (KV * HEAD_DIM, H)),
-            (p + "self_attn.v_proj.weight", (KV * HEAD_DIM, H)), (p + "self_attn.o_proj.weight", (H, HEADS * HEAD_DIM)),
-            (p + "self_attn.q_norm.weight", (HEAD_DIM,)), (p + "self_attn.k_norm.weight", (HEAD_DIM,)),
-            (p + "mlp.gate_proj.weight", (INTER, H)), (p + "mlp.up_proj.weight", (INTER, H)),
-            (p + "mlp.down_proj.weight", (H, INTER)),
-        ]
-    return shapes
+    """Every tensor of the draft, with its shape, as the tensor catalogue sizes it for this config."""
+    spec = spec_from_config(config("hf", layers))
+    return list(expected_shapes(spec).items())
 
 
 def decoder_config(layers: int) -> dict:

@@ -44,7 +44,7 @@ def random_tensors(spec, dtype) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Random draft weights of the real shapes in `dtype` (norm weights near 1) and a random
     [vocab, H] lm_head. Matrices are cut from one random pool at shifting offsets: drawing 1.7 B
     normals one by one takes a minute on this machine."""
-    from dflash_convert.mapping import expected_shapes
+    from dflash_convert.catalogue import expected_shapes
 
     g = torch.Generator().manual_seed(0)
     pool = (torch.randn(1 << 24, generator=g) * 0.02).to(dtype)

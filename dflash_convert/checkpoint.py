@@ -16,17 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import mapping
+from . import catalogue, mapping
 from .configs import DraftSpec
+from .dtypes import DTYPES, code_for_torch, torch_dtype
 from .errors import DFlashError
-from .safetensors_io import INDEX_NAME, INT_NUMPY_DTYPES, SINGLE_NAME, TensorInfo, read_header
+from .safetensors_io import INDEX_NAME, SINGLE_NAME, TensorInfo, read_header
 
 CONFIG_NAME = "config.json"
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-                "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64"}
-SAFETENSORS_DTYPE = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -68,33 +65,15 @@ class Checkpoint:
         return [self.config_file, *([self.index_file] if self.index_file else []), *self.weight_files]
 
     def check_tensors(self, spec: DraftSpec | None = None) -> None:
-        """Every tensor the spec implies is present with its shape, and nothing unknown is (raises)."""
+        """Every tensor the spec implies is present with its shape, and nothing unknown is (raises the first
+        problem catalogue.tensor_problems finds)."""
         spec = spec or self.spec
-        where = self.weight_files[0] if self.weight_files else self.path
-        for name in self.tensors:
-            if mapping.rule_for(name, spec.variant) is None:
-                raise DFlashError(f"unexpected tensor `{name}` (not part of a {spec.variant} draft)",
-                                  file=self.tensors[name].file)
-        for name, shape in mapping.expected_shapes(spec).items():
-            info = self.tensors.get(name)
-            if info is None:
-                if name == "d2t" and "lm_head.weight" in self.tensors:
-                    raise DFlashError("tensor `d2t` is missing but the draft has a pruned lm_head "
-                                      f"[{spec.draft_vocab_size}, {spec.hidden_size}]: without the vocab map its ids "
-                                      "mean nothing (acceptance collapses)", file=where)
-                raise DFlashError(f"tensor `{name}` is missing (expected shape {list(shape)})", file=where)
-            if info.shape != shape:
-                hint = ""
-                if name == "fc.weight":
-                    hint = (f"; fc input width must be len(target_layer_ids)={len(spec.target_layer_ids)} x "
-                            f"target hidden {spec.target_hidden_size or spec.hidden_size}")
-                raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape)}{hint}",
-                                  file=info.file)
-        for name, shape_of in mapping.OPTIONAL_SHAPES.items():
-            info = self.tensors.get(name)
-            if info is not None and info.shape != shape_of(spec):
-                raise DFlashError(f"tensor `{name}` has shape {list(info.shape)}, expected {list(shape_of(spec))}",
-                                  file=info.file)
+        problems = catalogue.tensor_problems(spec, {n: i.shape for n, i in self.tensors.items()})
+        if problems:
+            p = problems[0]
+            info = self.tensors.get(p.tensor)
+            where = info.file if info else (self.weight_files[0] if self.weight_files else self.path)
+            raise DFlashError(p.message, file=where)
 
     def int_values(self, name: str):
         """A small integer / bool tensor (d2t, t2d) as a numpy array, read without torch."""
@@ -106,15 +85,18 @@ class Checkpoint:
         with open(info.file, "rb") as f:
             f.seek(info.start)
             data = f.read(info.nbytes)
-        return np.frombuffer(data, dtype=INT_NUMPY_DTYPES[info.dtype]).reshape(info.shape)
+        d = DTYPES[info.dtype]
+        if d.is_float:
+            raise DFlashError(f"tensor `{name}` is {info.dtype}; expected an integer or bool tensor", file=info.file)
+        return np.frombuffer(data, dtype=d.numpy).reshape(info.shape)
 
     def d2t_target_ids(self):
-        """Target id of every draft id of a pruned draft (`target_id = draft_id + d2t[draft_id]`), checked."""
+        """Target id of every draft id of a pruned draft (catalogue.d2t_target_ids), checked."""
         import numpy as np
 
-        d2t = self.int_values("d2t").astype(np.int64)
-        ids = np.arange(len(d2t), dtype=np.int64) + d2t
-        vocab, file = self.spec.vocab_size, self.tensors["d2t"].file
+        d2t = catalogue.name("d2t")
+        ids = catalogue.d2t_target_ids(self.int_values(d2t))
+        vocab, file = self.spec.vocab_size, self.tensors[d2t].file
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             raise DFlashError(f"tensor `d2t` maps draft ids outside the target vocab [0, {vocab})", file=file)
         if len(np.unique(ids)) != len(ids):
@@ -128,7 +110,7 @@ class Checkpoint:
         if name in self.pickled:
             return self.pickled[name].to(device)
         info = self.tensors[name]
-        dtype = getattr(torch, TORCH_DTYPES[info.dtype])
+        dtype = torch_dtype(info.dtype, tensor=name, file=info.file)
         with open(info.file, "rb") as f:
             f.seek(info.start)
             buf = bytearray(info.nbytes)
@@ -189,7 +171,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
         if i == 0:
             metadata = meta
         for name, info in found.items():
-            canon = mapping.canonical_name(name)
+            canon = catalogue.canonical_name(name)
             if canon in tensors:
                 raise DFlashError(f"tensor `{name}` appears twice (also in {tensors[canon].file.name})", file=f)
             tensors[canon] = info
@@ -211,11 +193,16 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
             state = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - torch raises many types for corrupt/unsafe pickles
             raise DFlashError(f"cannot load with weights_only=True: {str(exc).splitlines()[0]}", file=f) from None
-        for name, tensor in (state.get("state_dict", state)).items():
-            canon = mapping.canonical_name(name)
+        state = state.get("state_dict", state) if isinstance(state, dict) else state
+        if not isinstance(state, dict):
+            raise DFlashError(f"holds a {type(state).__name__}, not a dict of tensors", file=f)
+        for name, tensor in state.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise DFlashError(f"entry `{name}` is a {type(tensor).__name__}, not a tensor"[:200], file=f)
+            canon = catalogue.canonical_name(name)
             pickled[canon] = tensor
             source_names[canon] = name
-            tensors[canon] = TensorInfo(canon, SAFETENSORS_DTYPE.get(str(tensor.dtype).removeprefix("torch."), "F32"),
+            tensors[canon] = TensorInfo(canon, code_for_torch(tensor.dtype, tensor=name, file=f),
                                         tuple(tensor.shape), f, 0, tensor.numel() * tensor.element_size())
     return Checkpoint(path=path, raw_config=raw, spec=spec, tensors=tensors, source_names=source_names,
                       weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled)

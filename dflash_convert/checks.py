@@ -12,10 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from . import mapping
+from . import catalogue, mapping
+from .catalogue import TensorProblem
 from .checkpoint import Checkpoint
 from .configs import DraftSpec
-from .safetensors_io import FLOAT_BITS, INT_NUMPY_DTYPES
+from .dtypes import DTYPES
 
 Status = Literal["pass", "fail", "warn", "skip"]
 Level = Literal["static", "numeric", "end_to_end"]
@@ -47,19 +48,22 @@ def _first(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
 
 
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+FC, LM_HEAD, D2T, T2D = (catalogue.name(k) for k in ("fc", "lm_head", "d2t", "t2d"))
+
+
 # ----------------------------------------------------------------------------- checkpoint (config + headers)
 
 def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
     """Every problem FORMATS.md section 9 lists that a checkpoint alone can show."""
     spec = ckpt.spec
+    problems = catalogue.tensor_problems(spec, {n: i.shape for n, i in ckpt.tensors.items()})
     checks = [
         _block_size(spec),
         *_mask_token(spec),
         *_layer_ids(spec),
         _fc_width(ckpt),
-        _attention_shapes(ckpt),
-        *_tensor_set(ckpt),
+        _attention_shapes(spec, problems),
+        *_tensor_set(ckpt, problems),
         *_vocab_map(ckpt),
         _dtypes(ckpt),
         _causality(spec),
@@ -142,46 +146,39 @@ def _layer_ids(spec: DraftSpec) -> list[Check]:
 
 
 def _fc_width(ckpt: Checkpoint) -> Check:
-    spec, fc = ckpt.spec, ckpt.tensors.get("fc.weight")
+    spec, fc = ckpt.spec, ckpt.tensors.get(FC)
     if fc is None:
-        return _check("fc_width", False, "tensor `fc.weight` is missing", threshold=spec.context_width)
+        return _check("fc_width", False, f"tensor `{FC}` is missing", threshold=spec.context_width)
     if spec.context_width is None:
-        return _check("fc_width", None, "no target layer ids: the width of `fc.weight` cannot be checked",
+        return _check("fc_width", None, f"no target layer ids: the width of `{FC}` cannot be checked",
                       value=list(fc.shape))
     target_h = spec.target_hidden_size or spec.hidden_size
     want = (spec.hidden_size, spec.context_width)
     n_ids = len(spec.target_layer_ids)
     ok = tuple(fc.shape) == want
-    msg = f"tensor `fc.weight` is {list(fc.shape)}; {n_ids} target ids x target hidden {target_h} -> {list(want)}"
+    msg = f"tensor `{FC}` is {list(fc.shape)}; {n_ids} target ids x target hidden {target_h} -> {list(want)}"
     if not ok and len(fc.shape) == 2 and fc.shape[1] % target_h == 0 and fc.shape[1] != spec.context_width:
         msg += f" (the weight was made for {fc.shape[1] // target_h} ids)"
     return _check("fc_width", ok, msg, value=list(fc.shape), threshold=list(want))
 
 
-def _attention_shapes(ckpt: Checkpoint) -> Check:
-    spec = ckpt.spec
-    want = {n: s for n, s in mapping.expected_shapes(spec).items() if ".self_attn." in n and "_proj." in n}
-    bad = [f"{n} {list(ckpt.tensors[n].shape)} != {list(s)}" for n, s in want.items()
-           if n in ckpt.tensors and tuple(ckpt.tensors[n].shape) != s]
+def _attention_shapes(spec: DraftSpec, problems: list[TensorProblem]) -> Check:
+    bad = [f"{p.tensor} {list(p.have)} != {list(p.want)}" for p in problems
+           if p.kind == "shape" and p.check == "attention_shapes"]
     dims = f"heads {spec.num_heads}, kv heads {spec.num_kv_heads}, head_dim {spec.head_dim}, hidden {spec.hidden_size}"
     return _check("attention_shapes", not bad, ("tensor " + _first(bad) + f" (config: {dims})") if bad else
                   f"q/k/v/o projections of {spec.num_layers} layers match {dims}",
                   value=bad[:5] or None, threshold=f"q/o {spec.num_heads * spec.head_dim}, k/v {spec.num_kv_heads * spec.head_dim}")
 
 
-def _tensor_set(ckpt: Checkpoint) -> list[Check]:
+def _tensor_set(ckpt: Checkpoint, problems: list[TensorProblem]) -> list[Check]:
+    """The catalogue's tensor-set problems that no more specific check (fc_width, attention_shapes,
+    vocab_map, t2d_consistency) reports, and the tensors that should not ship."""
     spec, have = ckpt.spec, ckpt.tensors
-    expected = mapping.expected_shapes(spec)
-    vocab_names = ("lm_head.weight", "d2t")  # judged by the vocab_map check, with a better message
-    missing = [n for n in expected if n not in have and n not in vocab_names and n != "fc.weight"]
-    other = {n: s for n, s in expected.items() if n not in vocab_names and n != "fc.weight"
-             and not (".self_attn." in n and "_proj." in n)}
-    for name, size in mapping.OPTIONAL_SHAPES.items():
-        if name in have and name not in expected and name not in vocab_names and name != "t2d":
-            other[name] = size(spec)
-    wrong = [f"{n} {list(have[n].shape)} != {list(s)}" for n, s in other.items()
-             if n in have and tuple(have[n].shape) != tuple(s)]
-    unknown = [n for n in have if mapping.rule_for(n, spec.variant) is None]
+    missing = [p.tensor for p in problems if p.check == "missing_tensors"]
+    wrong = [f"{p.tensor} {list(p.have)} != {list(p.want)}" for p in problems if p.check == "tensor_shapes"]
+    unknown = [p.tensor for p in problems if p.check == "unexpected_tensors"]
+    expected = catalogue.expected_shapes(spec)
     checks = [
         _check("missing_tensors", not missing, ("tensor " + _first(missing) + " missing") if missing else
                f"all {len(expected)} expected tensors present", value=missing or None),
@@ -191,16 +188,11 @@ def _tensor_set(ckpt: Checkpoint) -> list[Check]:
                f"{spec.variant} draft; engines' loaders refuse unknown weights") if unknown else
                "no unknown tensors", value=unknown or None),
     ]
-    # Tensors that are harmless to speculators but should not ship (the converter drops them).
-    leftovers = [n for n in have if n.startswith("verifier_")]
-    if spec.source_format == "hf":
-        leftovers += [n for n in have if n in ("t2d", "embed_tokens.weight")]
-        if not spec.is_pruned_vocab:
-            leftovers += [n for n in have if n in ("lm_head.weight", "d2t")]
-    checks.append(_check("training_only_tensors", not leftovers, ("tensor " + _first(sorted(leftovers))
+    leftovers = sorted(n for n in have if catalogue.is_leftover(n, spec))
+    checks.append(_check("training_only_tensors", not leftovers, ("tensor " + _first(leftovers)
                          + " should not be shipped (training-only or a copy of the target's; "
                          "`dflash-convert convert` drops it)") if leftovers else "no training-only tensors",
-                         value=sorted(leftovers) or None, bad="warn"))
+                         value=leftovers or None, bad="warn"))
     return checks
 
 
@@ -208,7 +200,7 @@ def _vocab_map(ckpt: Checkpoint) -> list[Check]:
     """Pruned drafts need their lm_head AND d2t; d2t must map into the target vocab; t2d must agree."""
     spec, have = ckpt.spec, ckpt.tensors
     vocab = spec.vocab_size
-    head = have.get("lm_head.weight")
+    head = have.get(LM_HEAD)
     rows = head.shape[0] if head is not None and head.shape else None
     pruned_head = rows is not None and rows != vocab
     checks: list[Check] = []
@@ -216,18 +208,18 @@ def _vocab_map(ckpt: Checkpoint) -> list[Check]:
         vd = spec.draft_vocab_size if spec.is_pruned_vocab else rows
         problems = []
         if head is None:
-            problems.append(f"tensor `lm_head.weight` missing for draft_vocab_size {vd}")
+            problems.append(f"tensor `{LM_HEAD}` missing for draft_vocab_size {vd}")
         elif rows != vd:
-            problems.append(f"tensor `lm_head.weight` has {rows} rows, config draft_vocab_size is "
+            problems.append(f"tensor `{LM_HEAD}` has {rows} rows, config draft_vocab_size is "
                             f"{spec.draft_vocab_size or vocab}")
-        if "d2t" not in have:
-            problems.append("tensor `d2t` missing while lm_head is pruned: draft ids would be read as target ids "
+        if D2T not in have:
+            problems.append(f"tensor `{D2T}` missing while lm_head is pruned: draft ids would be read as target ids "
                             "and acceptance collapses (vllm-ascend #9795)")
-        elif tuple(have["d2t"].shape) != (vd,):
-            problems.append(f"tensor `d2t` is {list(have['d2t'].shape)}, expected [{vd}]")
+        elif tuple(have[D2T].shape) != (vd,):
+            problems.append(f"tensor `{D2T}` is {list(have[D2T].shape)}, expected [{vd}]")
         checks.append(_check("vocab_map", not problems, "; ".join(problems) if problems else
                              f"pruned vocab: lm_head [{vd}, {spec.hidden_size}] with d2t [{vd}]",
-                             value={"draft_vocab": vd, "d2t": "d2t" in have}, threshold="lm_head rows == d2t size"))
+                             value={"draft_vocab": vd, "d2t": D2T in have}, threshold="lm_head rows == d2t size"))
     else:
         checks.append(_check("vocab_map", True, f"full vocab ({vocab}): the target's lm_head is used",
                              value={"draft_vocab": vocab}))
@@ -235,63 +227,81 @@ def _vocab_map(ckpt: Checkpoint) -> list[Check]:
     return checks
 
 
+def _int_tensor(ckpt: Checkpoint, name: str) -> str | None:
+    """Why a tensor cannot be read as a 1-D integer / bool array, or None."""
+    info = ckpt.tensors[name]
+    if DTYPES[info.dtype].is_float or len(info.shape) != 1:
+        return f"tensor `{name}` is {info.dtype} {list(info.shape)}; expected a 1-D integer tensor"
+    return None
+
+
 def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
     have = ckpt.tensors
-    if "d2t" not in have and "t2d" not in have:
+    if D2T not in have and T2D not in have:
         return []  # full-vocab draft: nothing to read, and no numpy import (inspect stays fast)
     import numpy as np
 
     checks: list[Check] = []
     target_ids = None
-    if "d2t" in have:
-        info = have["d2t"]
-        if info.dtype not in INT_NUMPY_DTYPES or info.dtype == "BOOL" or len(info.shape) != 1:
-            checks.append(_check("d2t_range", False, f"tensor `d2t` is {info.dtype} {list(info.shape)}; "
-                                 "expected a 1-D integer tensor", value=info.dtype))
+    if D2T in have:
+        bad = _int_tensor(ckpt, D2T) or (None if DTYPES[have[D2T].dtype].kind == "int" else
+                                          f"tensor `{D2T}` is {have[D2T].dtype}; expected integers")
+        if bad:
+            checks.append(_check("d2t_range", False, bad, value=have[D2T].dtype))
         else:
-            d2t = ckpt.int_values("d2t").astype(np.int64)
-            target_ids = np.arange(len(d2t), dtype=np.int64) + d2t
-            lo, hi = (int(target_ids.min()), int(target_ids.max())) if len(d2t) else (0, 0)
-            dup = len(d2t) - len(np.unique(target_ids))
+            target_ids = catalogue.d2t_target_ids(ckpt.int_values(D2T))
+            lo, hi = (int(target_ids.min()), int(target_ids.max())) if len(target_ids) else (0, 0)
+            dup = len(target_ids) - len(np.unique(target_ids))
             ok = lo >= 0 and hi < vocab
-            msg = (f"tensor `d2t` maps draft ids to target ids [{lo}, {hi}]" +
+            msg = (f"tensor `{D2T}` maps draft ids to target ids [{lo}, {hi}]" +
                    ("" if ok else f", outside the target vocab [0, {vocab})") +
                    (f"; {dup} target ids repeated" if dup else ""))
             checks.append(_check("d2t_range", ok and not dup, msg, value=[lo, hi], threshold=f"[0, {vocab})",
                                  bad="fail" if not ok else "warn"))
-    if "t2d" in have:
-        info = have["t2d"]
-        t2d = ckpt.int_values("t2d").astype(bool).reshape(-1)
+    if T2D in have:
+        info = have[T2D]
+        bad = _int_tensor(ckpt, T2D)
+        if bad:
+            checks.append(_check("t2d_consistency", False, bad, value=info.dtype))
+            return checks
+        t2d = ckpt.int_values(T2D).astype(bool).reshape(-1)
         problems = []
         if tuple(info.shape) != (vocab,):
-            problems.append(f"tensor `t2d` is {list(info.shape)}, expected [{vocab}]")
+            problems.append(f"tensor `{T2D}` is {list(info.shape)}, expected [{vocab}]")
         vd = ckpt.spec.draft_vocab_size or vocab
         if int(t2d.sum()) != vd:
-            problems.append(f"tensor `t2d` marks {int(t2d.sum())} ids, draft vocab is {vd}")
+            problems.append(f"tensor `{T2D}` marks {int(t2d.sum())} ids, draft vocab is {vd}")
         if target_ids is not None and len(t2d) == vocab and target_ids.min(initial=0) >= 0 \
                 and target_ids.max(initial=0) < vocab and not t2d[target_ids].all():
-            problems.append("tensor `t2d` disagrees with `d2t` (a draft id maps to a target id t2d excludes)")
+            problems.append(f"tensor `{T2D}` disagrees with `{D2T}` (a draft id maps to a target id t2d excludes)")
         checks.append(_check("t2d_consistency", not problems, "; ".join(problems) if problems else
                              f"t2d marks the {vd} target ids d2t maps to", value=int(t2d.sum()), threshold=vd))
     return checks
 
 
+def _shipped_float(ckpt: Checkpoint, name: str) -> bool:
+    """A float tensor engines load (not a training-only copy conversion drops anyway)."""
+    rule = catalogue.rule_for(name)
+    return DTYPES[ckpt.tensors[name].dtype].is_float and not (rule and rule.never_shipped)
+
+
 def _dtypes(ckpt: Checkpoint) -> Check:
     counts: dict[str, int] = {}
     for name, info in ckpt.tensors.items():
-        if info.dtype in FLOAT_DTYPES and not name.startswith("verifier_"):
+        if _shipped_float(ckpt, name):
             counts[info.dtype] = counts.get(info.dtype, 0) + info.numel
     if not counts:
         return _check("dtype", False, "no floating-point tensors", value=None)
     main = max(counts, key=counts.get)
     if len(counts) > 1:
-        odd = sorted(n for n, i in ckpt.tensors.items() if i.dtype in FLOAT_DTYPES and i.dtype != main)
+        odd = sorted(n for n, i in ckpt.tensors.items() if _shipped_float(ckpt, n) and i.dtype != main)
         return _check("dtype", False, f"mixed float dtypes {sorted(counts)}: tensor {_first(odd)} is not {main}",
                       value=sorted(counts), threshold="one float dtype", bad="warn")
-    if main in ("F32", "F64"):
+    half = "/".join(c for c, d in DTYPES.items() if d.cast_target and d.itemsize == 2)
+    if DTYPES[main].itemsize > 2:
         return _check("dtype", False, f"all weights are {main}: drafts are served in bf16/fp16, this doubles the "
                       "download (speculators #136; convert with --dtype bfloat16)", value=main,
-                      threshold="BF16/F16", bad="warn")
+                      threshold=half, bad="warn")
     return _check("dtype", True, f"all weights {main}", value=main)
 
 
@@ -318,13 +328,17 @@ def _verifier(spec: DraftSpec) -> Check:
 SCAN_CHUNK = 1 << 25  # elements read at a time: memory stays flat however big the tensor
 
 
-def _as_float(bits: int, dtype: str) -> float:
+def _as_float(bits: int, code: str) -> float:
     import numpy as np
 
-    if dtype == "BF16":
-        return float(np.array([bits << 16], dtype="<u4").view("<f4")[0])
-    view = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}.get(dtype)
-    return float(np.array([bits], dtype=FLOAT_BITS[dtype][0]).view(view)[0]) if view else float("nan")
+    d = DTYPES[code]
+    if d.numpy:
+        return float(np.array([bits], dtype=d.bits).view(d.numpy)[0])
+    if d.upper_half_of:
+        wide = DTYPES[d.upper_half_of]
+        shifted = bits << (8 * (wide.itemsize - d.itemsize))
+        return float(np.array([shifted], dtype=wide.bits).view(wide.numpy)[0])
+    return float("nan")  # float8: numpy has no such type (the bit pattern is still reported as constant)
 
 
 def _scan_tensor(ckpt: Checkpoint, name: str) -> tuple[int, bool, int | None]:
@@ -332,20 +346,20 @@ def _scan_tensor(ckpt: Checkpoint, name: str) -> tuple[int, bool, int | None]:
     import numpy as np
 
     info = ckpt.tensors[name]
-    utype, exp_mask, sign_mask = FLOAT_BITS[info.dtype]
-    size = np.dtype(utype).itemsize
+    d = DTYPES[info.dtype]
+    utype = d.bits
     if name in ckpt.pickled:  # torch is loaded already for pickle checkpoints
         import torch
 
-        same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+        same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[d.itemsize]
         chunks = [ckpt.pickled[name].contiguous().view(-1).view(same_width).cpu().numpy().view(utype)]
     else:
         chunks = (np.fromfile(info.file, dtype=utype, count=min(SCAN_CHUNK, info.numel - i),
-                              offset=info.start + i * size) for i in range(0, info.numel, SCAN_CHUNK))
-    nonfinite, zero, first, constant = 0, True, None, True
+                              offset=info.start + i * d.itemsize) for i in range(0, info.numel, SCAN_CHUNK))
+    nonfinite, zero, first, constant = 0, d.zero_mask is not None, None, True
     for a in chunks:
-        nonfinite += int(np.count_nonzero((a & exp_mask) == exp_mask))
-        zero = zero and not np.any(a & (sign_mask - 1))  # every bit but the sign clear: +0 or -0
+        nonfinite += int(np.count_nonzero((a & d.nan_mask) == d.nan_value))
+        zero = zero and not np.any(a & d.zero_mask)  # +0 or -0 everywhere
         if first is None and len(a):
             first = int(a[0])
         constant = constant and bool(np.all(a == first))
@@ -358,7 +372,7 @@ def scan_checks(ckpt: Checkpoint) -> list[Check]:
     nonfinite, zero, constant_mat, constant_vec = [], [], [], []
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
-        if info.dtype not in FLOAT_BITS or info.numel == 0 or name.startswith("verifier_"):
+        if info.numel == 0 or not _shipped_float(ckpt, name):
             continue
         bad, all_zero, const = _scan_tensor(ckpt, name)
         if bad:
@@ -426,14 +440,11 @@ def target_checks(spec: DraftSpec, target: mapping.TargetInfo, *, ckpt: Checkpoi
         checks.append(_check("target_draft_vocab", vd <= target.vocab_size,
                              f"draft vocab {vd} vs target vocab {target.vocab_size}", value=vd,
                              threshold=f"<= {target.vocab_size}"))
-    if ckpt is not None and "d2t" in ckpt.tensors:
-        import numpy as np
-
-        d2t = ckpt.int_values("d2t").astype(np.int64).reshape(-1)
-        ids_t = np.arange(len(d2t), dtype=np.int64) + d2t
-        lo, hi = (int(ids_t.min()), int(ids_t.max())) if len(d2t) else (0, 0)
+    if ckpt is not None and D2T in ckpt.tensors and not _int_tensor(ckpt, D2T):
+        ids_t = catalogue.d2t_target_ids(ckpt.int_values(D2T))
+        lo, hi = (int(ids_t.min()), int(ids_t.max())) if len(ids_t) else (0, 0)
         checks.append(_check("target_d2t_range", lo >= 0 and hi < target.vocab_size,
-                             f"tensor `d2t` maps into target ids [{lo}, {hi}]; target {name} vocab "
+                             f"tensor `{D2T}` maps into target ids [{lo}, {hi}]; target {name} vocab "
                              f"{target.vocab_size}", value=[lo, hi], threshold=f"[0, {target.vocab_size})"))
     return checks
 
@@ -458,7 +469,7 @@ def duplicate_tensors_check(path) -> Check:
         if f.suffix != ".safetensors":
             continue
         for name in read_header(f)[0]:
-            canon = mapping.canonical_name(name)
+            canon = catalogue.canonical_name(name)
             if canon in seen:
                 dups.append(f"{name} ({seen[canon]} and {f.name})")
             seen.setdefault(canon, f.name)

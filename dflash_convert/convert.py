@@ -1,7 +1,7 @@
 """Convert a DFlash checkpoint between the speculators and HF / z-lab formats.
 
 Plan, then execute. The plan is pure (config mapping + one decision per tensor from
-mapping.TENSOR_RULES); execution streams: it writes each destination header, then copies every
+the tensor catalogue); execution streams: it writes each destination header, then copies every
 kept tensor's byte range straight from the source file. torch is imported only to cast dtypes.
 Output is staged beside the destination and renamed into place only when complete.
 """
@@ -18,9 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import __version__, mapping
+from . import __version__, catalogue, mapping
 from .checkpoint import (
-    TORCH_DTYPES,
     Checkpoint,
     check_destination,
     open_checkpoint,
@@ -28,10 +27,9 @@ from .checkpoint import (
     staged_directory,
 )
 from .configs import ConversionRecord, DraftSpec, VerifierRef
+from .dtypes import CAST_TARGETS, DTYPES, torch_dtype
 from .errors import DFlashError, UsageError
 from .safetensors_io import (
-    DTYPE_SIZES,
-    FLOAT_BITS,
     TensorInfo,
     copy_range,
     header_bytes,
@@ -41,7 +39,6 @@ from .safetensors_io import (
     write_index,
 )
 
-FLOAT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 RECORD_NAME = "conversion.json"
 
 
@@ -172,34 +169,37 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
     config, config_warnings = mapping.spec_to_config(spec, dest)
     warnings += config_warnings
     ckpt.check_tensors(spec)
-    out_dtype = FLOAT_DTYPES.get(opts.dtype) if opts.dtype != "auto" else None
-    if opts.dtype not in ("auto", *FLOAT_DTYPES):
-        raise UsageError(f"--dtype must be one of auto, {', '.join(FLOAT_DTYPES)}")
+    out_dtype = CAST_TARGETS.get(opts.dtype) if opts.dtype != "auto" else None
+    if opts.dtype not in ("auto", *CAST_TARGETS):
+        raise UsageError(f"--dtype must be one of auto, {', '.join(CAST_TARGETS)}")
     steps: list[TensorStep] = []
     derived: dict[str, bytes] = {}
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
-        rule = mapping.rule_for(name, spec.variant)
-        action = mapping.tensor_action(rule, dest, spec.is_pruned_vocab)
+        rule = catalogue.rule_for(name, spec.variant)
+        action = catalogue.tensor_action(rule, dest, spec.is_pruned_vocab)
         if action == "drop":
             steps.append(TensorStep(name, None, "drop", rule.drop_reason, info.dtype, info.shape))
         elif action == "derive":
             continue  # written below from d2t (a source copy is checked against it)
         else:
-            dtype = out_dtype if (out_dtype and info.dtype in FLOAT_DTYPES.values()) else info.dtype
+            # --dtype casts the float weights among the cast targets; float8 and integer tensors keep theirs
+            dtype = out_dtype if (out_dtype and info.dtype in CAST_TARGETS.values()) else info.dtype
             steps.append(TensorStep(name, name, "keep", "", dtype, info.shape))
     if spec.is_pruned_vocab:
+        t2d_name, t2d_rule = catalogue.name("t2d"), catalogue.BY_KEY["t2d"]
         target_ids = ckpt.d2t_target_ids()
         t2d = np.zeros(spec.vocab_size, dtype=bool)
         t2d[target_ids] = True
-        if "t2d" in ckpt.tensors:
-            found = ckpt.int_values("t2d").astype(bool)
+        if t2d_name in ckpt.tensors:
+            found = ckpt.int_values(t2d_name).astype(bool)
             if not np.array_equal(found, t2d):
-                raise DFlashError("tensor `t2d` disagrees with `d2t` (they must describe the same draft vocab)",
-                                  file=ckpt.tensors["t2d"].file)
-        if dest == "speculators":
-            derived["t2d"] = t2d.astype(np.uint8).tobytes()
-            steps.append(TensorStep(None, "t2d", "derive", "rebuilt from d2t", "BOOL", (spec.vocab_size,)))
+                raise DFlashError(f"tensor `{t2d_name}` disagrees with `{catalogue.name('d2t')}` (they must describe "
+                                  "the same draft vocab)", file=ckpt.tensors[t2d_name].file)
+        if catalogue.tensor_action(t2d_rule, dest, True) == "derive":
+            derived[t2d_name] = t2d.astype(np.uint8).tobytes()
+            steps.append(TensorStep(None, t2d_name, "derive", "rebuilt from d2t", t2d_rule.dtype,
+                                    t2d_rule.shape(spec)))
     return ConversionPlan(ckpt, spec, dest, config, steps, warnings, derived)
 
 
@@ -237,16 +237,16 @@ def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str])
             for info in scan:
                 if info.start > pos:  # header and padding
                     h.update(fh.read(info.start - pos))
-                mask = FLOAT_BITS.get(info.dtype)
+                d = DTYPES[info.dtype]
                 left, bad = info.nbytes, False
                 while left:
                     chunk = fh.read(min(left, 8 << 20))
                     if not chunk:
                         raise DFlashError(f"tensor `{info.name}`: file ended early", file=f)
                     h.update(chunk)
-                    if mask and not bad:
-                        words = np.frombuffer(chunk, dtype=mask[0])
-                        bad = bool(((words & mask[1]) == mask[1]).any())
+                    if d.is_float and not bad:
+                        words = np.frombuffer(chunk, dtype=d.bits)
+                        bad = bool(((words & d.nan_mask) == d.nan_value).any())
                     left -= len(chunk)
                 if bad:
                     nonfinite.append(info.name)
@@ -270,7 +270,7 @@ def _write_tensor(plan: ConversionPlan, step: TensorStep, src_handles: dict, dst
         return
     import torch  # only casts and pickle sources get here
 
-    tensor = ckpt.load_tensor(step.source).to(getattr(torch, TORCH_DTYPES[step.dtype])).contiguous()
+    tensor = ckpt.load_tensor(step.source).to(torch_dtype(step.dtype, tensor=step.dest)).contiguous()
     dst.write(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
 
 
@@ -279,7 +279,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             before_commit: Callable[[Path], None] | None = None) -> ConversionRecord:
     ckpt = plan.checkpoint
     kept = plan.kept
-    sizes = [int(np.prod(s.shape, dtype=np.int64)) * DTYPE_SIZES[s.dtype] for s in kept]
+    sizes = [int(np.prod(s.shape, dtype=np.int64)) * DTYPES[s.dtype].itemsize for s in kept]
     max_shard = parse_size(opts.max_shard_size) if opts.max_shard_size else None
     shards = plan_shards(sizes, max_shard)
     names = shard_names(len(shards))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import mapping
+from . import catalogue
 from .checkpoint import Checkpoint, open_checkpoint
 from .configs import DraftSpec
 
@@ -92,11 +92,11 @@ def _engine_tensors(ckpt: Checkpoint) -> tuple[set[str], dict[str, str]]:
     """Names an engine loads (what survives conversion to HF), and the rest with the reason."""
     used, ignored = set(), {}
     for name in ckpt.tensors:
-        rule = mapping.rule_for(name)
+        rule = catalogue.rule_for(name)
         if rule is None:
             used.add(name)  # unknown tensors count: they make a difference
             continue
-        action = mapping.tensor_action(rule, "hf", ckpt.spec.is_pruned_vocab)
+        action = catalogue.tensor_action(rule, "hf", ckpt.spec.is_pruned_vocab)
         if action == "keep":
             used.add(name)
         else:

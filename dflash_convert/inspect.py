@@ -10,8 +10,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import mapping
+from . import catalogue, mapping
 from .checkpoint import open_checkpoint
+from .dtypes import DTYPES
 
 
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False) -> dict[str, Any]:
@@ -23,12 +24,12 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     params = 0
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
-        rule = mapping.rule_for(name, spec.variant)
+        rule = catalogue.rule_for(name, spec.variant)
         tensors.append({"name": name, "dtype": info.dtype, "shape": list(info.shape),
                         "file": info.file.name, "role": rule.role if rule else "unknown"})
-        if rule and mapping.tensor_action(rule, "hf", spec.is_pruned_vocab) == "keep":
+        if rule and catalogue.tensor_action(rule, "hf", spec.is_pruned_vocab) == "keep":
             params += math.prod(info.shape)
-    float_dtypes = sorted({t["dtype"] for t in tensors if t["dtype"].startswith(("F", "BF"))})
+    float_dtypes = sorted({t["dtype"] for t in tensors if DTYPES[t["dtype"]].is_float})
     checks = checkpoint_checks(ckpt, scan=scan)
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
     return {

@@ -1,8 +1,8 @@
 """The one mapping table between the two DFlash formats, as data plus small pure functions.
 
 - config: speculators config <-> DraftSpec <-> HF/z-lab config (layer ids, causality, vocab, block)
-- tensors: TENSOR_RULES say, per tensor name, what it is and what each destination does with it
-- shapes: what every tensor's shape must be for a given DraftSpec
+- verifier: what a draft needs to know of its target's config.json
+(the tensors are in catalogue.py)
 
 Facts (FORMATS.md): speculators `aux_hidden_state_layer_ids` = z-lab `target_layer_ids` + 1;
 HF `is_causal` > `dflash_config.causal` > "sliding layers are causal" (vLLM's resolution);
@@ -11,7 +11,6 @@ speculators: full layers never causal, sliding layers causal unless `sliding_win
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,110 +345,3 @@ def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json
                           eos_token_ids=eos_ids)
     except (KeyError, TypeError, ValueError) as exc:
         raise DFlashError(f"target config lacks or mistypes field {exc}", file=file) from None
-
-
-# ----------------------------------------------------------------------------- tensors
-
-KEEP, DROP, KEEP_IF_PRUNED, DERIVE_IF_PRUNED = "keep", "drop", "keep-if-pruned", "derive-if-pruned"
-
-
-@dataclass(frozen=True)
-class TensorRule:
-    pattern: str  # full-match regex on the tensor name (after RENAMES)
-    role: str
-    to_hf: str
-    to_speculators: str
-    drop_reason: str = ""
-    variants: tuple[str, ...] = ("dflash", "dflash2")
-
-
-_LAYER = r"layers\.\d+\."
-TENSOR_RULES: tuple[TensorRule, ...] = (
-    TensorRule(r"fc\.weight", "context fusion fc [H, A*H_target]", KEEP, KEEP),
-    TensorRule(r"hidden_norm\.weight", "context RMSNorm", KEEP, KEEP),
-    TensorRule(r"norm\.weight", "final RMSNorm", KEEP, KEEP),
-    TensorRule(_LAYER + r"self_attn\.[qkvo]_proj\.(weight|bias)", "attention projection", KEEP, KEEP),
-    TensorRule(_LAYER + r"self_attn\.[qk]_norm\.weight", "per-head q/k RMSNorm", KEEP, KEEP),
-    TensorRule(_LAYER + r"mlp\.(gate|up|down)_proj\.weight", "MLP projection", KEEP, KEEP),
-    TensorRule(_LAYER + r"(input|post_attention)_layernorm\.weight", "layer RMSNorm", KEEP, KEEP),
-    TensorRule(_LAYER + r"(attention|mlp)_conv\.(base_kernel|kernel_projection\.weight)",
-               "dflash2 local convolution", KEEP, KEEP, variants=("dflash2",)),
-    TensorRule(r"candidate_selector\.(predecessor_codebook|successor_codebook|hidden_projection\.weight)",
-               "dflash2 candidate selector", KEEP, KEEP, variants=("dflash2",)),
-    TensorRule(r"lm_head\.weight", "draft lm_head [draft_vocab, H]", KEEP_IF_PRUNED, KEEP_IF_PRUNED,
-               "full-vocab copy of the verifier lm_head; engines use the target's"),
-    TensorRule(r"d2t", "draft->target id offsets (int64 [draft_vocab])", KEEP_IF_PRUNED, KEEP_IF_PRUNED,
-               "identity vocab map of a full-vocab draft"),
-    TensorRule(r"t2d", "target->draft membership (bool [vocab])", DROP, DERIVE_IF_PRUNED,
-               "derivable from d2t; HF-format consumers (vLLM) skip it"),
-    TensorRule(r"embed_tokens\.weight", "copy of the verifier embedding (speculators <= 0.8 saves)", DROP, DROP,
-               "copy of the verifier embedding; engines use the target's"),
-    TensorRule(r"verifier_(lm_head|norm)\.weight", "training-only verifier copy", DROP, DROP,
-               "training-only verifier copy, never shipped"),
-)
-# Exports that wrap the body in a module prefix; names are normalised before the rules apply.
-RENAMES: tuple[tuple[str, str], ...] = ((r"model\.(.+)", r"\1"),)
-
-
-def canonical_name(name: str) -> str:
-    for pattern, repl in RENAMES:
-        m = re.fullmatch(pattern, name)
-        if m and rule_for(m.expand(repl)) is not None:
-            return m.expand(repl)
-    return name
-
-
-def rule_for(name: str, variant: str | None = None) -> TensorRule | None:
-    for rule in TENSOR_RULES:
-        if re.fullmatch(rule.pattern, name) and (variant is None or variant in rule.variants):
-            return rule
-    return None
-
-
-def tensor_action(rule: TensorRule, dest_format: str, pruned: bool) -> str:
-    """keep / drop / derive for one tensor going to `dest_format`."""
-    action = rule.to_hf if dest_format == "hf" else rule.to_speculators
-    if action == KEEP_IF_PRUNED:
-        return KEEP if pruned else DROP
-    if action == DERIVE_IF_PRUNED:
-        return "derive" if pruned else DROP
-    return action
-
-
-def expected_shapes(spec: DraftSpec) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor a DFlash body must have (dflash2 extras are not sized here)."""
-    H, d, nH, nKV, inter = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {"hidden_norm.weight": (H,), "norm.weight": (H,)}
-    if spec.context_width is not None:
-        shapes["fc.weight"] = (H, spec.context_width)
-    for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (nH * d, H),
-            p + "self_attn.k_proj.weight": (nKV * d, H),
-            p + "self_attn.v_proj.weight": (nKV * d, H),
-            p + "self_attn.o_proj.weight": (H, nH * d),
-            p + "self_attn.q_norm.weight": (d,),
-            p + "self_attn.k_norm.weight": (d,),
-            p + "mlp.gate_proj.weight": (inter, H),
-            p + "mlp.up_proj.weight": (inter, H),
-            p + "mlp.down_proj.weight": (H, inter),
-            p + "input_layernorm.weight": (H,),
-            p + "post_attention_layernorm.weight": (H,),
-        })
-        if spec.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (nH * d,), p + "self_attn.k_proj.bias": (nKV * d,),
-                           p + "self_attn.v_proj.bias": (nKV * d,), p + "self_attn.o_proj.bias": (H,)})
-    if spec.is_pruned_vocab:
-        shapes.update({"lm_head.weight": (spec.draft_vocab_size, H), "d2t": (spec.draft_vocab_size,)})
-    return shapes
-
-
-OPTIONAL_SHAPES = {  # present in some checkpoints, sized when present
-    "t2d": lambda s: (s.vocab_size,),
-    "embed_tokens.weight": lambda s: (s.vocab_size, s.hidden_size),
-    "verifier_norm.weight": lambda s: (s.hidden_size,),
-    "verifier_lm_head.weight": lambda s: (s.draft_vocab_size or s.vocab_size, s.hidden_size),
-    "lm_head.weight": lambda s: (s.draft_vocab_size or s.vocab_size, s.hidden_size),
-    "d2t": lambda s: (s.draft_vocab_size or s.vocab_size,),
-}

@@ -16,17 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from .dtypes import DTYPES
 from .errors import DFlashError
 
-DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
-# Raw-bit views used without torch. Per float dtype: (unsigned int of the same width, exponent mask,
-# sign mask); a value is NaN or Inf exactly when all its exponent bits are set (float8_e4m3 has no
-# Inf: NaN is 0x7F/0xFF).
-FLOAT_BITS = {"F64": ("<u8", 0x7FF0000000000000, 1 << 63), "F32": ("<u4", 0x7F800000, 1 << 31),
-              "F16": ("<u2", 0x7C00, 1 << 15), "BF16": ("<u2", 0x7F80, 1 << 15),
-              "F8_E4M3": ("u1", 0x7F, 0x80), "F8_E5M2": ("u1", 0x7C, 0x80)}
-INT_NUMPY_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -81,14 +73,14 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             dtype, shape, (begin, end) = entry["dtype"], tuple(int(x) for x in entry["shape"]), entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise DFlashError(f"tensor `{name}`: malformed header entry {entry!r}"[:200], file=path) from None
-        if dtype not in DTYPE_SIZES:
-            raise DFlashError(f"tensor `{name}`: unknown dtype {dtype!r}", file=path)
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise DFlashError(f"tensor `{name}`: unknown dtype {dtype!r}"[:200], file=path)
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
             raise DFlashError(f"tensor `{name}`: bad data_offsets {[begin, end]}", file=path)
         if base + end > size:
             raise DFlashError(f"tensor `{name}`: data_offsets {[begin, end]} run past the end of the file "
                               f"({size - base} data bytes); the file is truncated", file=path)
-        if end - begin != math.prod(shape) * DTYPE_SIZES[dtype]:
+        if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
             raise DFlashError(f"tensor `{name}`: {end - begin} bytes for {dtype} {list(shape)}", file=path)
         tensors[name] = TensorInfo(name, dtype, shape, path, base + begin, base + end)
     return tensors, {str(k): str(v) for k, v in metadata.items()}
@@ -101,7 +93,7 @@ def header_bytes(entries: Iterable[tuple[str, str, tuple[int, ...]]], metadata: 
         header["__metadata__"] = metadata
     offsets, pos = [], 0
     for name, dtype, shape in entries:
-        nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
+        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
         offsets.append((pos, pos + nbytes))
         pos += nbytes

@@ -22,9 +22,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from . import __version__, mapping
+from . import __version__, catalogue, mapping
 from .checkpoint import Checkpoint, open_checkpoint, read_json
 from .checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
+from .dtypes import compute_name
 from .errors import DFlashError, UsageError
 from .report import LEVELS, AcceptanceStats, Environment, ValidationReport
 
@@ -457,9 +458,8 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         dev = resolve_device(device)
         dev_name = str(dev)
         if dtype == "auto":  # CPUs here have no fast bf16 math: float32 on CPU, the checkpoint's dtype on GPU
-            torch_dtype = resolve_dtype("float32") if dev.type == "cpu" else resolve_dtype(
-                {"BF16": "bfloat16", "F16": "float16"}.get(ckpt.tensors["fc.weight"].dtype if "fc.weight" in
-                                                           ckpt.tensors else "F32", "float32"))
+            fc = ckpt.tensors.get(catalogue.name("fc"))
+            torch_dtype = resolve_dtype("float32" if dev.type == "cpu" else compute_name(fc and fc.dtype))
         else:
             torch_dtype = resolve_dtype(dtype)
         dtype_name = str(torch_dtype).removeprefix("torch.")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from dflash_convert.dtypes import CAST_TARGETS, DTYPES, code_for_name
 from dflash_convert.errors import UsageError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -22,9 +20,11 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
-    """A dtype by name (float32, bfloat16, float16, or the short forms fp32, bf16, fp16)."""
+    """A compute dtype by name (the dtype table's cast targets: float32, bfloat16, float16, or fp32, bf16, fp16)."""
     if isinstance(name, torch.dtype):
         return name
-    if name not in DTYPES:
-        raise UsageError(f"--dtype {name!r}: choose float32, bfloat16 or float16")
-    return DTYPES[name]
+    code = code_for_name(name)
+    if code is None:
+        *rest, last = CAST_TARGETS
+        raise UsageError(f"--dtype {name!r}: choose {', '.join(rest)} or {last}")
+    return getattr(torch, DTYPES[code].torch)

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from dflash_convert import mapping
+from dflash_convert import catalogue, mapping
 from dflash_convert.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.configs import DraftSpec
 from dflash_convert.errors import DFlashError
@@ -66,7 +66,8 @@ def rope_inv_freq(spec: DraftSpec) -> tuple[torch.Tensor, float]:
 
 @dataclass
 class DraftLayer:
-    """Weights of one decoder layer ([out, in] as stored) and its attention mode."""
+    """Weights of one decoder layer ([out, in] as stored) and its attention mode; the weight fields are
+    named by their catalogue keys."""
 
     input_layernorm: torch.Tensor  # [H]
     post_attention_layernorm: torch.Tensor  # [H]
@@ -111,29 +112,25 @@ class DFlashDraft:
             from transformers.activations import ACT2FN
 
             self.act = ACT2FN[spec.hidden_act]
-        self.fc = tensors["fc.weight"]  # [H, A*Ht]
-        self.hidden_norm = tensors["hidden_norm.weight"]  # [H]
-        self.norm = tensors["norm.weight"]  # [H]
+        name = catalogue.name  # tensor names by catalogue key
+        self.fc = tensors[name("fc")]  # [H, A*Ht]
+        self.hidden_norm = tensors[name("hidden_norm")]  # [H]
+        self.norm = tensors[name("norm")]  # [H]
         self.layers: list[DraftLayer] = []
         for i in range(spec.num_layers):
-            p = f"layers.{i}."
             sliding = spec.layer_types[i] == "sliding_attention"
-            self.layers.append(DraftLayer(
-                *(tensors[p + n] for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
-                                           "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                           "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                           "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-                                           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")),
-                *(tensors.get(p + f"self_attn.{n}_proj.bias") for n in "qkvo"),
+            self.layers.append(DraftLayer(  # biases are None unless the config has attention_bias
+                **{key: tensors[name(key, i)] if catalogue.BY_KEY[key].needed(spec) else None
+                   for key in catalogue.LAYER_KEYS},
                 causal=self.layer_causal[i],
                 sliding_window=spec.sliding_window if sliding else None,
             ))
-        # Pruned vocab: own lm_head [Vd, H]; draft id i is target id i + d2t[i].
-        self.lm_head = tensors.get("lm_head.weight") if spec.is_pruned_vocab else None
+        # Pruned vocab: own lm_head [Vd, H] and the draft -> target id map built from d2t.
+        self.lm_head = tensors.get(name("lm_head")) if spec.is_pruned_vocab else None
         self.draft_to_target = None
         if self.lm_head is not None:
-            d2t = tensors["d2t"].long()
-            self.draft_to_target = torch.arange(len(d2t), device=d2t.device) + d2t  # [Vd]
+            ids = catalogue.d2t_target_ids(tensors[name("d2t")].cpu().numpy())
+            self.draft_to_target = torch.from_numpy(ids).to(self.lm_head.device)  # [Vd]
         inv_freq, self.rope_scale = rope_inv_freq(spec)
         self.inv_freq = inv_freq.to(self.device)  # [d/2] float32
         self.reset()
@@ -304,9 +301,9 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     name = select_backend(backend, layer_causal, sliding, device, dtype)
     ckpt.check_tensors(spec)
     tensors: dict[str, torch.Tensor] = {}
-    for name_ in mapping.expected_shapes(spec):
-        t = ckpt.load_tensor(name_, str(device))
-        tensors[name_] = t if name_ == "d2t" else t.to(dtype)
+    for tensor in catalogue.expected_shapes(spec):
+        t = ckpt.load_tensor(tensor, str(device))
+        tensors[tensor] = t.to(dtype) if t.is_floating_point() else t  # d2t stays integer
     if spec.is_pruned_vocab:
         ckpt.d2t_target_ids()  # raises on ids outside the target vocab or repeated
     return DFlashDraft(spec, tensors, layer_causal=layer_causal, backend=name, device=device, dtype=dtype,

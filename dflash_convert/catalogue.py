@@ -1,0 +1,236 @@
+"""The one tensor catalogue of a DFlash draft, as data.
+
+Each entry says, for one tensor: its name (the same in the speculators and the HF / z-lab format;
+`{i}` is a draft layer index), its role, its shape as a function of the DraftSpec, whether a draft
+must have it, which variants have it, what conversion to each format does with it, and which static
+check judges its shape. Conversion, the tensor-set validator, the leftovers check, the runtime
+loader (through `key`) and the benchmarks all read this table; nothing else spells a tensor name.
+Exports that wrap the body in `model.` are normalised by RENAMES before the table applies.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .configs import DraftSpec
+
+KEEP, DROP, KEEP_IF_PRUNED, DERIVE_IF_PRUNED = "keep", "drop", "keep-if-pruned", "derive-if-pruned"
+BOTH = ("dflash", "dflash2")
+
+Shape = tuple[int, ...]
+
+
+def _always(spec: DraftSpec) -> bool:  # noqa: ARG001
+    return True
+
+
+def _never(spec: DraftSpec) -> bool:  # noqa: ARG001
+    return False
+
+
+def _pruned(spec: DraftSpec) -> bool:
+    return spec.is_pruned_vocab
+
+
+def _bias(spec: DraftSpec) -> bool:
+    return spec.attention_bias
+
+
+def _draft_vocab(spec: DraftSpec) -> int:
+    return spec.draft_vocab_size or spec.vocab_size
+
+
+@dataclass(frozen=True)
+class Tensor:
+    key: str  # short identifier (the runtime's field name)
+    name: str  # name template in both formats; "{i}" = draft layer index
+    role: str
+    shape: Callable[[DraftSpec], Shape | None]  # None: not sized (unknown without target ids, or unspecified)
+    needed: Callable[[DraftSpec], bool] = _always  # a draft of this spec must have it
+    to_hf: str = KEEP
+    to_speculators: str = KEEP
+    drop_reason: str = ""
+    variants: tuple[str, ...] = BOTH
+    check: str = "tensor_shapes"  # the static check that reports a wrong shape
+    hint: Callable[[DraftSpec], str] | None = None  # why the shape is what it is, added to errors
+    dtype: str | None = None  # the dtype code conversion writes when it derives the tensor
+
+    @property
+    def never_shipped(self) -> bool:
+        """Dropped by conversion to either format: training-only or a copy of the target's weights."""
+        return self.to_hf == DROP and self.to_speculators == DROP
+
+    @property
+    def per_layer(self) -> bool:
+        return "{i}" in self.name
+
+    def names(self, spec: DraftSpec) -> list[str]:
+        return [self.name.format(i=i) for i in range(spec.num_layers)] if self.per_layer else [self.name]
+
+
+def _fc_hint(s: DraftSpec) -> str:
+    return (f"fc input width must be len(target_layer_ids)={len(s.target_layer_ids or [])} x "
+            f"target hidden {s.target_hidden_size or s.hidden_size}")
+
+
+_DFLASH2 = "dflash2 extra (not sized: its shapes are not specified)"
+CATALOGUE: tuple[Tensor, ...] = (
+    Tensor("fc", "fc.weight", "context fusion fc [H, A*Ht]",
+           lambda s: None if s.context_width is None else (s.hidden_size, s.context_width),
+           check="fc_width", hint=_fc_hint),
+    Tensor("hidden_norm", "hidden_norm.weight", "context RMSNorm", lambda s: (s.hidden_size,)),
+    Tensor("norm", "norm.weight", "final RMSNorm", lambda s: (s.hidden_size,)),
+    Tensor("input_layernorm", "layers.{i}.input_layernorm.weight", "layer RMSNorm", lambda s: (s.hidden_size,)),
+    Tensor("post_attention_layernorm", "layers.{i}.post_attention_layernorm.weight", "layer RMSNorm",
+           lambda s: (s.hidden_size,)),
+    Tensor("q_proj", "layers.{i}.self_attn.q_proj.weight", "attention projection",
+           lambda s: (s.num_heads * s.head_dim, s.hidden_size), check="attention_shapes"),
+    Tensor("k_proj", "layers.{i}.self_attn.k_proj.weight", "attention projection",
+           lambda s: (s.num_kv_heads * s.head_dim, s.hidden_size), check="attention_shapes"),
+    Tensor("v_proj", "layers.{i}.self_attn.v_proj.weight", "attention projection",
+           lambda s: (s.num_kv_heads * s.head_dim, s.hidden_size), check="attention_shapes"),
+    Tensor("o_proj", "layers.{i}.self_attn.o_proj.weight", "attention projection",
+           lambda s: (s.hidden_size, s.num_heads * s.head_dim), check="attention_shapes"),
+    Tensor("q_norm", "layers.{i}.self_attn.q_norm.weight", "per-head q/k RMSNorm", lambda s: (s.head_dim,)),
+    Tensor("k_norm", "layers.{i}.self_attn.k_norm.weight", "per-head q/k RMSNorm", lambda s: (s.head_dim,)),
+    Tensor("gate_proj", "layers.{i}.mlp.gate_proj.weight", "MLP projection",
+           lambda s: (s.intermediate_size, s.hidden_size)),
+    Tensor("up_proj", "layers.{i}.mlp.up_proj.weight", "MLP projection", lambda s: (s.intermediate_size, s.hidden_size)),
+    Tensor("down_proj", "layers.{i}.mlp.down_proj.weight", "MLP projection",
+           lambda s: (s.hidden_size, s.intermediate_size)),
+    Tensor("q_bias", "layers.{i}.self_attn.q_proj.bias", "attention projection bias",
+           lambda s: (s.num_heads * s.head_dim,), needed=_bias, check="attention_shapes"),
+    Tensor("k_bias", "layers.{i}.self_attn.k_proj.bias", "attention projection bias",
+           lambda s: (s.num_kv_heads * s.head_dim,), needed=_bias, check="attention_shapes"),
+    Tensor("v_bias", "layers.{i}.self_attn.v_proj.bias", "attention projection bias",
+           lambda s: (s.num_kv_heads * s.head_dim,), needed=_bias, check="attention_shapes"),
+    Tensor("o_bias", "layers.{i}.self_attn.o_proj.bias", "attention projection bias",
+           lambda s: (s.hidden_size,), needed=_bias, check="attention_shapes"),
+    *(Tensor(f"{part}_conv_{leaf.split('.')[0]}", f"layers.{{i}}.{part}_conv.{leaf}", "dflash2 local convolution",
+             lambda s: None, needed=_never, variants=("dflash2",))
+      for part in ("attention", "mlp") for leaf in ("base_kernel", "kernel_projection.weight")),
+    *(Tensor(f"selector_{leaf.split('.')[0]}", f"candidate_selector.{leaf}", "dflash2 candidate selector",
+             lambda s: None, needed=_never, variants=("dflash2",))
+      for leaf in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")),
+    Tensor("lm_head", "lm_head.weight", "draft lm_head [draft_vocab, H]",
+           lambda s: (_draft_vocab(s), s.hidden_size), needed=_pruned, to_hf=KEEP_IF_PRUNED,
+           to_speculators=KEEP_IF_PRUNED, drop_reason="full-vocab copy of the verifier lm_head; engines use the target's",
+           check="vocab_map"),
+    Tensor("d2t", "d2t", "draft->target id offsets (int64 [draft_vocab])", lambda s: (_draft_vocab(s),),
+           needed=_pruned, to_hf=KEEP_IF_PRUNED, to_speculators=KEEP_IF_PRUNED,
+           drop_reason="identity vocab map of a full-vocab draft", check="vocab_map",
+           hint=lambda s: f"the pruned lm_head [{_draft_vocab(s)}, {s.hidden_size}] names target ids only through "
+                          "d2t (without it acceptance collapses)"),
+    Tensor("t2d", "t2d", "target->draft membership (bool [vocab])", lambda s: (s.vocab_size,), needed=_never,
+           to_hf=DROP, to_speculators=DERIVE_IF_PRUNED,
+           drop_reason="derivable from d2t; HF-format consumers (vLLM) skip it", check="t2d_consistency",
+           dtype="BOOL"),
+    Tensor("embed_tokens", "embed_tokens.weight", "copy of the verifier embedding (speculators <= 0.8 saves)",
+           lambda s: (s.vocab_size, s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
+           drop_reason="copy of the verifier embedding; engines use the target's"),
+    Tensor("verifier_lm_head", "verifier_lm_head.weight", "training-only verifier copy",
+           lambda s: (_draft_vocab(s), s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
+           drop_reason="training-only verifier copy, never shipped"),
+    Tensor("verifier_norm", "verifier_norm.weight", "training-only verifier copy", lambda s: (s.hidden_size,),
+           needed=_never, to_hf=DROP, to_speculators=DROP, drop_reason="training-only verifier copy, never shipped"),
+)
+BY_KEY = {t.key: t for t in CATALOGUE}
+LAYER_KEYS = tuple(t.key for t in CATALOGUE if t.per_layer and t.variants == BOTH)
+_PATTERNS = [(re.compile(re.escape(t.name).replace(r"\{i\}", r"(\d+)")), t) for t in CATALOGUE]
+# Exports that wrap the body in a module prefix; names are normalised before the catalogue applies.
+RENAMES: tuple[tuple[str, str], ...] = ((r"model\.(.+)", r"\1"),)
+
+
+def name(key: str, layer: int | None = None) -> str:
+    """The tensor name of catalogue entry `key` (of draft layer `layer` for per-layer entries)."""
+    t = BY_KEY[key]
+    return t.name.format(i=layer) if t.per_layer else t.name
+
+
+def rule_for(tensor: str, variant: str | None = None) -> Tensor | None:
+    for pattern, t in _PATTERNS:
+        if pattern.fullmatch(tensor) and (variant is None or variant in t.variants):
+            return t
+    return None
+
+
+def canonical_name(tensor: str) -> str:
+    for pattern, repl in RENAMES:
+        m = re.fullmatch(pattern, tensor)
+        if m and rule_for(m.expand(repl)) is not None:
+            return m.expand(repl)
+    return tensor
+
+
+def tensor_action(rule: Tensor, dest_format: str, pruned: bool) -> str:
+    """keep / drop / derive for one tensor going to `dest_format`."""
+    action = rule.to_hf if dest_format == "hf" else rule.to_speculators
+    if action == KEEP_IF_PRUNED:
+        return KEEP if pruned else DROP
+    if action == DERIVE_IF_PRUNED:
+        return "derive" if pruned else DROP
+    return action
+
+
+def expected_shapes(spec: DraftSpec) -> dict[str, Shape]:
+    """Name -> shape of every tensor a draft of this spec must have (unsized ones left out)."""
+    shapes: dict[str, Shape] = {}
+    for t in CATALOGUE:
+        if spec.variant in t.variants and t.needed(spec):
+            shape = t.shape(spec)
+            if shape is not None:
+                shapes.update((n, shape) for n in t.names(spec))
+    return shapes
+
+
+def is_leftover(tensor: str, spec: DraftSpec) -> bool:
+    """A tensor this checkpoint carries that conversion to its own format would drop (should not ship)."""
+    rule = rule_for(tensor, spec.variant)
+    return rule is not None and tensor_action(rule, spec.source_format, spec.is_pruned_vocab) == DROP
+
+
+@dataclass(frozen=True)
+class TensorProblem:
+    kind: str  # "unexpected", "missing" or "shape"
+    tensor: str
+    check: str  # the static check that reports it
+    message: str  # one line, starting with "tensor `name`"
+    have: Shape | None = None
+    want: Shape | None = None
+
+
+def _hint(rule: Tensor, spec: DraftSpec) -> str:
+    return f"; {rule.hint(spec)}" if rule.hint else ""
+
+
+def tensor_problems(spec: DraftSpec, have: dict[str, Shape]) -> list[TensorProblem]:
+    """The one tensor-set validator: unknown tensors, then missing ones, then wrong shapes (present
+    tensors of any known entry are sized), each with the check that reports it."""
+    problems = []
+    for tensor in have:
+        if rule_for(tensor, spec.variant) is None:
+            problems.append(TensorProblem("unexpected", tensor, "unexpected_tensors",
+                                          f"unexpected tensor `{tensor}` (not part of a {spec.variant} draft)"))
+    for tensor, shape in expected_shapes(spec).items():
+        if tensor not in have:
+            rule = rule_for(tensor)
+            check = rule.check if rule.check in ("fc_width", "vocab_map") else "missing_tensors"
+            problems.append(TensorProblem("missing", tensor, check, f"tensor `{tensor}` is missing (expected shape "
+                                          f"{list(shape)}){_hint(rule, spec)}", want=shape))
+    for tensor, got in have.items():
+        rule = rule_for(tensor, spec.variant)
+        want = rule.shape(spec) if rule else None
+        if want is not None and tuple(got) != want:
+            problems.append(TensorProblem("shape", tensor, rule.check, f"tensor `{tensor}` has shape {list(got)}, "
+                                          f"expected {list(want)}{_hint(rule, spec)}", have=tuple(got), want=want))
+    return problems
+
+
+def d2t_target_ids(d2t):
+    """Target id of every draft id of a pruned draft: `target_id = draft_id + d2t[draft_id]` (numpy int64)."""
+    import numpy as np
+
+    d2t = np.asarray(d2t).astype(np.int64).reshape(-1)
+    return np.arange(len(d2t), dtype=np.int64) + d2t
