@@ -6,17 +6,28 @@
 2. A KV cache that can be cropped back to the committed length after a verify step.
 3. The embedding table and lm_head the draft borrows.
 Its attention implementation is its own setting, independent of the draft's backend.
+
+Loading refuses incomplete weights before any tensor is read (transformers would fill missing
+parameters with random values), and a target larger than one device can be placed by transformers
++ accelerate (`device_map`, `max_memory`: GPUs, then CPU memory, then disk offload); the draft
+then runs on the device of the target's last layers (`Target.draft_device`).
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from dflash_convert.checkpoint import _weight_files
 from dflash_convert.configs import DraftSpec
 from dflash_convert.errors import DFlashError
+from dflash_convert.safetensors_io import read_header
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -41,12 +52,16 @@ class Target:
         if self.lm_head is None:
             raise DFlashError(f"{type(model).__name__}: has no output embeddings (lm_head)")
         self.vocab_size, self.hidden_size = self.embed_tokens.weight.shape
-        self.device = self.embed_tokens.weight.device
-        self.dtype = self.embed_tokens.weight.dtype
+        self.dtype = self.embed_tokens.weight.dtype  # meta tensors of offloaded modules keep their dtype
+        # where each end runs: inputs go to the embedding's device, the draft beside the last layers
+        self.device = _execution_device(model, self.embed_tokens)
+        self.draft_device = _execution_device(model, self.layers[-1])
+        self.offloaded = _offloaded(model)
         self.capture_ids: list[int] = []
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = []
         self.cache = None
+        self._offload_folder = None  # a device map's disk offload, removed with the Target
 
     # ------------------------------------------------------------------ feature capture
 
@@ -105,17 +120,141 @@ class Target:
         self.cache = out.past_key_values
         features = None
         if self.capture_ids:
-            features = torch.cat([self._captured[i] for i in self.capture_ids], dim=-1)
+            features = torch.cat([self._captured[i].to(self.draft_device) for i in self.capture_ids], dim=-1)
         return out.logits[0].float(), features
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Raw embedding rows [n, Ht] (the draft embeds its block with the target's table)."""
+        if self.embed_tokens.weight.device.type == "meta":  # offloaded: its hook brings the weight in
+            with torch.inference_mode():
+                return self.embed_tokens(ids.to(self.device))
         return F.embedding(ids.to(self.device), self.embed_tokens.weight)
 
 
+def _execution_device(model, module: torch.nn.Module) -> torch.device:
+    """The device `module` computes on. A dispatched model (device map) says it in hf_device_map;
+    modules placed on "cpu" or "disk" there compute on the main device (the first GPU of the map,
+    else the CPU), as accelerate's dispatch runs them."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return next(module.parameters()).device
+    names = {m: n for n, m in model.named_modules()}
+    name = names.get(module, "")
+    while name not in device_map and name:
+        name = name.rpartition(".")[0]
+    where = device_map.get(name, "cpu")
+    gpus = [d for d in device_map.values() if d not in ("cpu", "disk")]
+    if where in ("cpu", "disk"):
+        where = gpus[0] if gpus else "cpu"
+    return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+
+
+def _offloaded(model) -> dict[str, int]:
+    """Device -> modules of a device-mapped model (empty for a model on one device)."""
+    counts: dict[str, int] = {}
+    for where in (getattr(model, "hf_device_map", None) or {}).values():
+        key = f"cuda:{where}" if isinstance(where, int) else str(where)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def stored_weight_names(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over a model directory's safetensors files (headers only)."""
+    files, _, _ = _weight_files(Path(path), allow_pickle=False)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        found, _ = read_header(f)
+        shapes.update({name: info.shape for name, info in found.items()})
+    return shapes
+
+
+def _model_names(model, stored: list[str]) -> dict[str, str] | None:
+    """Stored name -> the model's parameter name, renamed as transformers renames on load; None when
+    a weight converter (fused or split tensors) applies, so names cannot be compared one to one."""
+    meta = model.state_dict()
+    prefix = getattr(model, "base_model_prefix", "") or None
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        transforms = get_model_conversion_mapping(model, None, None)
+        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    except (ImportError, TypeError, AttributeError):  # another transformers: its base-prefix rule only
+        renamings = converters = None
+    out = {}
+    for key in stored:
+        if renamings is not None:
+            new, converted = rename_source_key(key, renamings, converters, prefix, meta)
+            if converted is not None:
+                return None
+        else:
+            new = key
+            if prefix and new not in meta and f"{prefix}.{new}" in meta:
+                new = f"{prefix}.{new}"
+            elif prefix and new.startswith(prefix + ".") and new[len(prefix) + 1:] in meta:
+                new = new[len(prefix) + 1:]
+        out[key] = new
+    return out
+
+
+def check_target_weights(model, path: Path) -> None:
+    """Refuse weight files that do not hold exactly the model's parameters and persistent buffers
+    (`model` built on the meta device from the config; nothing is loaded). Tied parameters count as
+    present when any of their group is stored; the model's own ignore patterns are respected."""
+    stored = stored_weight_names(path)
+    names = _model_names(model, list(stored))
+    if names is None:
+        return  # fused/split conversions: transformers' loading report is checked after loading instead
+    expected = model.state_dict()  # persistent only: rotary inv_freq and other non-persistent buffers are not in it
+    present = set(names.values())
+    tied = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    for target_name, source_name in list(tied.items()):
+        if target_name in present or source_name in present:
+            present |= {target_name, source_name}
+    ignore_missing = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or []]
+    ignore_unexpected = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    missing = [k for k in expected if k not in present and not any(p.search(k) for p in ignore_missing)]
+    if missing:
+        more = f" and {len(missing) - 1} more of its {len(expected)} parameters are" if len(missing) > 1 else " is"
+        raise DFlashError(f"target weights are incomplete: `{missing[0]}`{more} missing from its safetensors files "
+                          "(transformers would fill them with random values)", file=path)
+    unexpected = [k for k, new in names.items() if new not in expected and not any(p.search(k) for p in
+                                                                                    ignore_unexpected)]
+    if unexpected:
+        more = f" and {len(unexpected) - 1} more stored tensors are" if len(unexpected) > 1 else " is"
+        raise DFlashError(f"target weights do not match its config: `{unexpected[0]}`{more} not parameters of "
+                          f"{type(model).__name__}", file=path)
+    for key, new in names.items():
+        want = tuple(expected[new].shape)
+        if tuple(stored[key]) != want:
+            raise DFlashError(f"target tensor `{key}` has shape {list(stored[key])}, its config implies {list(want)}",
+                              file=path)
+
+
+def meta_model(path: Path, trust_remote_code: bool = False):
+    """The target's model class built from its config on the meta device (no memory, no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise DFlashError(f"cannot build the target model from its config: {str(exc).splitlines()[0]}",
+                          file=path) from None
+
+
 def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
-                trust_remote_code: bool = False) -> Target:
-    """A Target from a local model directory (safetensors only) or a transformers PreTrainedModel."""
+                trust_remote_code: bool = False, device_map: str | dict | None = None,
+                max_memory: dict | None = None) -> Target:
+    """A Target from a local model directory (safetensors only) or a transformers PreTrainedModel.
+
+    `device_map` ("auto", "balanced", "sequential" or an explicit map) and `max_memory` ({0: bytes,
+    "cpu": bytes}) hand placement to transformers + accelerate; what fits nowhere is offloaded to a
+    temporary folder kept as long as the Target lives. Without them the whole target goes to `device`.
+    """
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
     if isinstance(source, PreTrainedModel):
@@ -127,12 +266,36 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     path = Path(source)
     if not (path / "config.json").exists():
         raise DFlashError("not a model directory (no config.json)", file=path)
+    check_target_weights(meta_model(path, trust_remote_code), path)
+    offload = None
+    kwargs = {}
+    if max_memory is not None and device_map is None:
+        device_map = "auto"
+    if device_map is not None:
+        offload = tempfile.TemporaryDirectory(prefix="dflash-offload-")
+        kwargs = dict(device_map=device_map, offload_folder=offload.name,
+                      max_memory={int(k) if str(k).isdigit() else k: v for k, v in max_memory.items()}
+                      if max_memory else None)
+    elif torch.device(device).type == "cuda":
+        kwargs = dict(device_map=str(torch.device(device)))  # straight to the GPU, no CPU copy
+    placement_log = logging.getLogger("accelerate.big_modeling")  # "some parameters are on the meta device"
+    level = placement_log.level
+    placement_log.setLevel(logging.ERROR)  # the placement is reported by the caller (Target.offloaded)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation,
-                                                     trust_remote_code=trust_remote_code, use_safetensors=True)
-    except (OSError, ValueError, KeyError) as exc:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
+            use_safetensors=True, output_loading_info=True, **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise DFlashError(f"cannot load the target model: {str(exc).splitlines()[0]}", file=path) from None
-    return Target(model.to(device))
+    finally:
+        placement_log.setLevel(level)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers' own report, for checkpoints whose names a converter rewrites
+        raise DFlashError(f"target weights are incomplete: `{missing[0]}` and {len(missing) - 1} more were not in "
+                          "its files (transformers filled them with random values)", file=path)
+    target = Target(model if device_map is not None or torch.device(device).type == "cuda" else model.to(device))
+    target._offload_folder = offload  # removed with the Target
+    return target
 
 
 def check_pair(draft, target: Target) -> None:
