@@ -8,6 +8,15 @@ Per step, with the anchor (last committed token, no target KV yet) at position `
     crop the target KV cache to start; the draft context gains the features of the a + 1 inputs
 Every emitted token is the target's: greedy output equals target-only greedy output, and at
 temperature > 0 every token is a target sample (a proposal is accepted when it equals it).
+
+Draft sampling (vLLM's names): "greedy" (default) proposes the draft's argmax and, at temperature > 0,
+accepts a proposal when it equals the target's sample at that slot; this is rejection sampling with
+a one-hot draft distribution (accept x with probability p(x), else a sample of p restricted to the
+other tokens), so the output is distributed as the target's. "probabilistic" samples the proposals
+from the draft at the request's temperature and accepts by standard speculative rejection sampling:
+proposal x at slot k is kept with probability min(1, p_k(x) / q_k(x)); the first rejected slot is
+resampled from normalize(max(0, p_k - q_k)); when all are kept, one bonus token comes from the
+target's distribution after the last. At temperature 0 both are greedy.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ import torch
 from dflash_convert.errors import UsageError
 
 from .metrics import DecodeStats
+
+DRAFT_SAMPLING = ("greedy", "probabilistic")
 from .model import DFlashDraft, warn_block_size
 from .target import Target, check_pair
 
@@ -44,6 +55,35 @@ def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator |
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
+def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_logits: torch.Tensor | None, *,
+                 temperature: float, generator: torch.Generator | None, sampling: str = "greedy"
+                 ) -> tuple[int, list[int]]:
+    """The verify decision for one block. block [S] = anchor + S-1 proposals, target_logits [S, V]
+    (the target's logits after each slot), draft_logits [S-1, V] (the draft's, used by
+    "probabilistic" at temperature > 0) -> (accepted proposals a, committed tokens: the a accepted
+    proposals and one token of the target's)."""
+    proposals = block[1:]  # [S-1]
+    if temperature <= 0 or sampling == "greedy":
+        chosen = _pick(target_logits, temperature, generator).to(block.device)  # the target's token after each slot
+        matches = (proposals == chosen[:-1]).int()
+        accepted = int(matches.cumprod(0).sum()) if matches.numel() else 0
+        return accepted, proposals[:accepted].tolist() + [int(chosen[accepted])]
+    device = target_logits.device
+    p = torch.softmax(target_logits / temperature, dim=-1)  # [S, V]
+    q = torch.softmax(draft_logits.to(device).float() / temperature, dim=-1)  # [S-1, V]
+    x = proposals.to(device)[:, None]
+    ratio = p[:-1].gather(1, x)[:, 0] / q.gather(1, x)[:, 0]  # p_k(x_k) / q_k(x_k), q_k(x_k) > 0: x_k ~ q_k
+    keep = torch.rand(ratio.shape, generator=generator, device=device) < ratio  # P = min(1, ratio)
+    accepted = int(keep.int().cumprod(0).sum()) if keep.numel() else 0
+    if accepted < proposals.numel():
+        residual = (p[accepted] - q[accepted]).clamp_min(0)  # normalize(max(0, p - q))
+        dist = residual if float(residual.sum()) > 0 else p[accepted]
+        last = int(torch.multinomial(dist / dist.sum(), 1, generator=generator)[0])
+    else:
+        last = int(torch.multinomial(p[-1], 1, generator=generator)[0])  # bonus token
+    return accepted, proposals[:accepted].tolist() + [last]
+
+
 def _generator(device: torch.device, temperature: float, seed: int | None) -> torch.Generator | None:
     if temperature <= 0:
         return None
@@ -65,15 +105,17 @@ def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
 @torch.inference_mode()
 def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, block_size: int,
             max_new_tokens: int, temperature: float, stop_token_ids, seed: int | None,
-            draft_window: int | None) -> Generation:
+            draft_window: int | None, draft_sampling: str = "greedy") -> Generation:
     """The one loop; `draft=None` (block size 1) is target-only decoding."""
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if temperature < 0:
         raise UsageError(f"temperature must be >= 0, got {temperature}")
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise UsageError(f"draft sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
     device = target.device
     stop = set(int(t) for t in stop_token_ids)
-    generator = _generator(device, temperature, seed)
+    probabilistic = draft_sampling == "probabilistic" and temperature > 0
     target.set_capture(draft.target_layer_ids if draft is not None else [])
     target.reset()
     if draft is not None:
@@ -84,6 +126,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
 
     t0 = _now(device)
     logits, features = target.forward(prompt, 0, last_logits_only=True)
+    generator = _generator(logits.device, temperature, seed)  # sampling happens where the logits are
     anchor = int(_pick(logits[-1:], temperature, generator)[0])
     tokens = [anchor]
     start = prompt.numel()
@@ -97,19 +140,21 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         remaining = max_new_tokens - len(tokens)
         size = min(block_size, remaining + 1)  # no point verifying more than can be emitted
         block = torch.tensor([anchor], dtype=torch.long, device=device)
+        draft_logits = None
         if draft is not None and size > 1:
             t = _now(device)
-            proposals, _ = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
-                                         block_size=size, draft_window=draft_window)  # [size-1]
+            proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
+                                                    block_size=size, draft_window=draft_window)  # [size-1]
+            if probabilistic:  # the block sampled at the request's temperature
+                probs = torch.softmax(draft_logits.float() / temperature, dim=-1)  # [size-1, V]
+                proposals = torch.multinomial(probs.to(logits.device), 1, generator=generator)[:, 0]
             block = torch.cat([block, proposals.to(device)])
             draft_time += _now(device) - t
         t = _now(device)
         logits, features = target.forward(block, start)  # [size, V], [size, A*Ht]
-        chosen = _pick(logits, temperature, generator)  # the target's token after each slot
+        accepted, new = accept_block(block, logits, draft_logits, temperature=temperature, generator=generator,
+                                     sampling=draft_sampling)
         verify_time += _now(device) - t
-        matches = (block[1:] == chosen[:-1]).int()
-        accepted = int(matches.cumprod(0).sum()) if matches.numel() else 0
-        new = block[1:accepted + 1].tolist() + [int(chosen[accepted])]
         if size > 1:
             accepted_per_step.append(accepted)
             drafted += size - 1
@@ -139,10 +184,12 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
 
 def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_new_tokens: int = 64,
                          temperature: float = 0.0, stop_token_ids=(), block_size: int | None = None,
-                         draft_window: int | None = None, seed: int | None = None) -> Generation:
+                         draft_window: int | None = None, seed: int | None = None,
+                         draft_sampling: str = "greedy") -> Generation:
     """Generate with the draft proposing and the target verifying. `block_size` overrides the
     draft's (with a warning: engines let a deployment choose it); `draft_window` W lets the draft
-    see only the last W committed context tokens (the target always sees everything)."""
+    see only the last W committed context tokens (the target always sees everything);
+    `draft_sampling` "greedy" or "probabilistic" (see the module docstring)."""
     check_pair(draft, target)
     block_size = draft.block_size if block_size is None else block_size
     if block_size < 2:
@@ -152,7 +199,8 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
         raise UsageError(f"draft_window must be at least 1, got {draft_window}")
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
-                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=draft_window)
+                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=draft_window,
+                   draft_sampling=draft_sampling)
 
 
 def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, temperature: float = 0.0,
