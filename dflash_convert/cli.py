@@ -110,6 +110,11 @@ def resolve_local(source: str, *, revision: Optional[str], token: Optional[str],
     return resolved.path, resolved.commit_sha
 
 
+def status_line(message: str) -> None:
+    """One progress line on stderr (also under --json, whose stdout holds only the JSON)."""
+    err.print(message, style="dim", markup=False, soft_wrap=True)
+
+
 def _progress_bar(total: int, description: str):
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
@@ -181,7 +186,11 @@ def convert(
             from .validate import validate_output_dir
             from .errors import ValidationFailed
 
-            report = validate_output_dir(tmp)
+            status_line("validating the converted checkpoint (static, numeric)")
+            report = validate_output_dir(tmp, progress=status_line)
+            n = report.counts()
+            status_line(f"validation {'passed' if report.passed else 'FAILED'}: {n['pass']} passed, {n['fail']} failed, "
+                        f"{n['warn']} warnings ({', '.join(report.levels_run)})")
             if report.failed:
                 names = ", ".join(c.name for c in report.failed_checks)
                 raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
@@ -395,7 +404,12 @@ def validate(
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of CHECKPOINT."),
     token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthetic inputs and of sampling."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's). Tiny models on a busy machine run fastest on 1."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: 1 for tiny pairs, else torch's; shown in the report)."),
+    draft_sampling: str = typer.Option("greedy", "--draft-sampling", help="greedy (the draft's argmax, vLLM's default) or probabilistic (sampled at --temperature, accepted by rejection sampling)."),
+    device_map: Optional[str] = typer.Option(None, "--device-map", help="Place the target with transformers + accelerate: auto, balanced or sequential (GPUs, then CPU, then disk)."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto)."),
+    min_speedup: Optional[float] = typer.Option(None, "--min-speedup", help="Fail when the measured speedup is lower (otherwise it is informational)."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run numeric and end-to-end levels even when static checks failed."),
 ) -> None:
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
     from .report import render_table, to_json, to_junit
@@ -417,12 +431,20 @@ def validate(
         if bad:
             raise typer.BadParameter(f"unknown level(s) {bad}; choose from static, numeric, end_to_end",
                                      param_hint="--levels")
-    if threads is not None:
-        if threads < 1:
-            raise typer.BadParameter("must be at least 1", param_hint="--threads")
-        import torch
+    if threads is not None and threads < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--threads")
+    if draft_sampling not in ("greedy", "probabilistic"):
+        raise typer.BadParameter(f"{draft_sampling!r}: choose greedy or probabilistic", param_hint="--draft-sampling")
+    if device_map is not None and device_map not in ("auto", "balanced", "sequential"):
+        raise typer.BadParameter(f"{device_map!r}: choose auto, balanced or sequential", param_hint="--device-map")
+    budget = None
+    if max_memory is not None:
+        from .memory import parse_max_memory
 
-        torch.set_num_threads(threads)
+        try:
+            budget = parse_max_memory(max_memory)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--max-memory") from None
     ckpt_path, ckpt_sha = resolve_local(checkpoint, revision=revision, token=token)
     target_path, target_sha = (None, None)
     if target is not None:
@@ -431,7 +453,9 @@ def validate(
                             block_size=block_size, temperature=temperature, device=device, dtype=dtype,
                             backend=backend, target_backend=target_backend, causal=causal,
                             min_acceptance_length=min_acceptance_length, min_position_rates=rates, levels=level_list,
-                            checkpoint_revision=ckpt_sha, target_revision=target_sha, target_name=target, seed=seed)
+                            checkpoint_revision=ckpt_sha, target_revision=target_sha, target_name=target, seed=seed,
+                            threads=threads, draft_sampling=draft_sampling, device_map=device_map, max_memory=budget,
+                            min_speedup=min_speedup, keep_going=keep_going, progress=status_line)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))

@@ -25,6 +25,9 @@ class AcceptanceStats(BaseModel):
     block_size: int
     max_new_tokens: int
     temperature: float
+    draft_sampling: Literal["greedy", "probabilistic"] = Field(
+        "greedy", description="greedy: the draft's argmax, accepted when equal to the target's token; "
+        "probabilistic: sampled at the temperature, accepted by speculative rejection sampling")
     acceptance_length: float = Field(description="tau: mean tokens committed per draft+verify step (max block_size)")
     per_position_rates: list[float] = Field(description="fraction of steps whose draft at block slot k+1 was accepted")
     num_drafts: int
@@ -32,22 +35,31 @@ class AcceptanceStats(BaseModel):
     outputs_equal: int | None = Field(description="prompts whose speculative output is the target's greedy output "
                                       "(None when sampling)")
     baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
-    speculative_tokens_per_s: float
-    target_tokens_per_s: float
-    speedup: float = Field(description="target-only time per token / speculative time per token, on the "
-                           "baseline prompts")
+    timing_rounds: int = Field(1, description="interleaved rounds of target-only and speculative decoding of the "
+                               "baseline prompts that the tokens/s and the speedup are measured on")
+    speculative_tokens_per_s: float = Field(description="speculative decoding over all timed runs")
+    target_tokens_per_s: float = Field(description="target-only decoding over all timed runs")
+    speedup: float = Field(description="speculative_tokens_per_s / target_tokens_per_s: the same timed runs")
+    speedup_range: list[float] = Field(default_factory=list, description="[min, max] speedup of a single round")
+    speculative_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
+    target_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
 
 
 class Environment(BaseModel):
     versions: dict[str, str | None] = Field(description="python, torch, transformers, dflash_convert, ...")
     platform: str
     device: str
-    dtype: str
+    dtype: str = Field(description="the draft's dtype")
+    target_dtype: str | None = None
+    device_map: str | None = Field(None, description="the target's placement by transformers + accelerate")
+    draft_sampling: str = "greedy"
     backends: dict[str, bool] = Field(default_factory=dict, description="draft attention backend -> usable here")
     draft_backend: str | None = None
     target_backend: str | None = None
     causal_override: bool | None = None
     threads: int | None = Field(None, description="torch CPU threads")
+    cores: int | None = Field(None, description="CPU cores this process may use")
+    load_average: float | None = Field(None, description="1-minute load average when the report was made")
 
 
 class ValidationReport(BaseModel):
@@ -134,15 +146,21 @@ def render_table(report: ValidationReport, console) -> None:
         console.print(skipped, markup=False)
     a = report.acceptance
     if a is not None:
+        spread = f", per round {a.speedup_range[0]:.2f}-{a.speedup_range[1]:.2f}x" if a.speedup_range else ""
+        threads = report.environment.threads
         console.print(f"acceptance length {a.acceptance_length:.2f} (block {a.block_size}), per-position "
                       f"{_short(a.per_position_rates, 200)}, speedup {a.speedup:.2f}x "
-                      f"({a.speculative_tokens_per_s:.1f} vs {a.target_tokens_per_s:.1f} tok/s), "
+                      f"({a.speculative_tokens_per_s:.1f} vs {a.target_tokens_per_s:.1f} tok/s over "
+                      f"{a.timing_rounds} interleaved round(s){spread}"
+                      + (f", {threads} thread(s)" if threads else "") + "), "
                       + (f"outputs equal on {a.outputs_equal}/{a.prompts} prompts" if a.outputs_equal is not None
-                         else f"sampled at temperature {a.temperature}"), markup=False)
+                         else f"sampled at temperature {a.temperature} ({a.draft_sampling} drafting)"), markup=False)
     n = report.counts()
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
+    failed = report.failed_checks
+    names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
     console.print(f"{verdict}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped "
-                  f"in {report.duration_s:.1f} s")
+                  f"in {report.duration_s:.1f} s{escape(names)}")
 
 
 def to_json(report: ValidationReport) -> dict[str, Any]:

@@ -9,34 +9,44 @@
   scan: NaN/Inf, all-zero and constant tensors.
 - end to end (target weights): speculative decoding on prompts; greedy output must equal the
   target's own greedy output; tau, per-position rates and speedup measured against thresholds.
+
+Before anything is loaded a memory plan (`memory.plan`) says whether draft and target fit at the run's
+dtype (by default each checkpoint's own) and refuses the run in one line when they do not. A failed
+static level skips the expensive levels unless `keep_going`. `progress` receives one status line per
+level and phase (the CLI prints them on stderr).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import platform
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from . import __version__, catalogue, mapping
+from . import __version__, catalogue, mapping, memory
 from .checkpoint import Checkpoint, open_checkpoint, read_json
 from .checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
-from .dtypes import compute_name
 from .errors import DFlashError, UsageError
 from .report import LEVELS, AcceptanceStats, Environment, ValidationReport
 
 # Relative tolerance (max |a - b| / max |eager|) for backends vs eager, per dtype name.
-TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
+# bfloat16 keeps 8 significant bits (eps 2**-8): backends that sum in another order differ by several
+# eps after a few layers, and CPU runs now load drafts in their own (usually bf16) dtype.
+TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 6e-2}
 CONTEXT_TOKENS = 24  # synthetic context length of the numeric level
 # A causal layer's earlier slots must move less than this when the last slot changes (relative),
 # a non-causal layer's at least this much: kernels compute rows independently, so a causal layer
 # gives (near) bit-identical earlier rows while a bidirectional one moves them by percents.
 CAUSAL_PROBE_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
+TIMING_ROUNDS = 3  # interleaved target-only / speculative rounds over the baseline prompts
+TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
+BUSY_LOAD = 0.75  # 1-minute load average per usable core above which timings are reported unreliable
 AUTO_TOKENS_WARN = 1.2  # without --min-acceptance-length, tau below this is reported as a warning
 BUILTIN_TEXT_PROMPTS = (
     "The capital of France is",
@@ -165,7 +175,8 @@ def _single_layer(draft, i: int):
 
 
 def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
-                   block_size: int | None = None, seed: int = 0) -> tuple[list[Check], dict[str, bool], Any]:
+                   block_size: int | None = None, seed: int = 0,
+                   progress: Callable[[str], None] | None = None) -> tuple[list[Check], dict[str, bool], Any]:
     """(checks, backend -> serves this draft here, the loaded draft set to the decoding backend or None)."""
     import torch
 
@@ -183,6 +194,8 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
         chosen = select_backend(backend, layer_causal, sliding, device, dtype)
     except DFlashError as exc:
         return [_check("backend", False, str(exc), value=backend, level="numeric")], capable, None
+    say = progress or (lambda message: None)
+    say(f"numeric: loading the draft ({dtype_name}, {device})")
     try:
         draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal)
     except DFlashError as exc:
@@ -206,6 +219,7 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
         draft.add_context(features, 0)
         outputs, probes = {}, {}
         for name in names:
+            say(f"numeric: backend {name}")
             d = _with_backend(draft, name)
             out = d.block_hidden(x, CONTEXT_TOKENS).float()  # [B, H]
             outputs[name] = out
@@ -253,17 +267,30 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
 # ----------------------------------------------------------------------------- end-to-end level
 
 def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], *, draft=None, device: str, dtype,
-               backend: str, target_backend: str, causal: bool | None, block_size: int | None, max_new_tokens: int,
-               temperature: float, min_acceptance_length: float | None, min_position_rates: list[float] | None,
-               stop_token_ids: Iterable[int], seed: int) -> tuple[list[Check], AcceptanceStats | None]:
+               target_dtype=None, backend: str, target_backend: str, causal: bool | None, block_size: int | None,
+               max_new_tokens: int, temperature: float, min_acceptance_length: float | None,
+               min_position_rates: list[float] | None, stop_token_ids: Iterable[int], seed: int,
+               draft_sampling: str = "greedy", device_map: str | None = None, max_memory: dict | None = None,
+               min_speedup: float | None = None, timing_rounds: int = TIMING_ROUNDS,
+               progress: Callable[[str], None] | None = None) -> tuple[list[Check], AcceptanceStats | None]:
     from dflash_runtime import check_pair, load_draft, load_target, speculative_generate, target_generate
 
+    say = progress or (lambda message: None)
     checks: list[Check] = []
-    target = load_target(target_dir, device=device, dtype=dtype, attn_implementation=target_backend,
-                         trust_remote_code=False)
+    target_dtype = target_dtype or dtype
+    say(f"end to end: loading the target {target_dir} ({str(target_dtype).removeprefix('torch.')}, "
+        + (f"device map {device_map}" if device_map or max_memory else device) + ")")
+    target = load_target(target_dir, device=device, dtype=target_dtype, attn_implementation=target_backend,
+                         trust_remote_code=False, device_map=device_map, max_memory=max_memory)
+    if target.offloaded:
+        say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
+            + f"; the draft runs on {target.draft_device}")
     try:
         if draft is None:  # not loaded by the numeric level
-            draft = load_draft(ckpt, device=device, dtype=dtype, backend=backend, causal=causal)
+            say(f"end to end: loading the draft ({str(dtype).removeprefix('torch.')}, {target.draft_device})")
+            draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=backend, causal=causal)
+        elif draft.device != target.draft_device:
+            draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=draft.backend, causal=causal)
         check_pair(draft, target)
     except DFlashError as exc:
         return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
@@ -272,23 +299,46 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     block = block_size or draft.block_size
     stop = tuple(stop_token_ids)
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, stop_token_ids=stop, seed=seed)
+    spec_kw = dict(kw, block_size=block, draft_sampling=draft_sampling)
+    base_n = min(BASELINE_PROMPTS, len(prompt_ids))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the block-size note is reported once, as a check, below
-        speculative_generate(draft, target, prompt_ids[0], **{**kw, "max_new_tokens": 2 * block}, block_size=block)
+        say("end to end: warm-up")
+        speculative_generate(draft, target, prompt_ids[0], **{**spec_kw, "max_new_tokens": 2 * block})
         target_generate(target, prompt_ids[0], **{**kw, "max_new_tokens": 4})  # warm-up of both paths
-        runs = [speculative_generate(draft, target, p, block_size=block, **kw) for p in prompt_ids]
-        # Target-only decoding is the slow part: it runs on the first prompts only, for the speedup and
-        # a direct comparison; every prompt's output is checked against the target's argmax below.
-        base_n = min(BASELINE_PROMPTS, len(prompt_ids))
-        baselines = [target_generate(target, p, **kw) for p in prompt_ids[:base_n]]
+        runs = []
+        for i, p in enumerate(prompt_ids, 1):
+            runs.append(speculative_generate(draft, target, p, **spec_kw))
+            say(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
+                f"tau {runs[-1].stats.tau:.2f}")
+        # Timing: target-only and speculative decoding of the first prompts, interleaved (the order
+        # alternates per round) so that both see the same machine; the speedup is the ratio of exactly
+        # the tokens/s reported, and the rounds give its spread.
+        rounds: list[tuple[list, list]] = []
+        for r in range(timing_rounds):
+            base_round, spec_round = [], []
+            for p in prompt_ids[:base_n]:
+                if r % 2 == 0:
+                    base_round.append(target_generate(target, p, **kw))
+                    spec_round.append(speculative_generate(draft, target, p, **spec_kw))
+                else:
+                    spec_round.append(speculative_generate(draft, target, p, **spec_kw))
+                    base_round.append(target_generate(target, p, **kw))
+            rounds.append((base_round, spec_round))
+            say(f"end to end: timing round {r + 1}/{timing_rounds}: speedup "
+                f"{_ratio(_tokens_per_s(spec_round), _tokens_per_s(base_round)):.2f}x")
+    baselines = rounds[0][0]
+    timed_base = [g for base_round, _ in rounds for g in base_round]
+    timed_spec = [g for _, spec_round in rounds for g in spec_round]
     num = sum(r.stats.num_drafts for r in runs)
     accepted = sum(r.stats.accepted for r in runs)
     tau = 1.0 + accepted / num if num else 1.0
     rates = [sum(r.stats.per_position_rates[k] * r.stats.num_drafts for r in runs
                  if k < len(r.stats.per_position_rates)) / num if num else 0.0 for k in range(block - 1)]
     spec_tokens = sum(r.stats.new_tokens for r in runs)
-    spec_tps = _tokens_per_s(runs)
-    speedup = _tokens_per_s(runs[:base_n]) / _tokens_per_s(baselines) if _tokens_per_s(baselines) else 0.0
+    spec_tps, base_tps = _tokens_per_s(timed_spec), _tokens_per_s(timed_base)
+    speedup = _ratio(spec_tps, base_tps)
+    per_round = [_ratio(_tokens_per_s(sr), _tokens_per_s(br)) for br, sr in rounds]
     if temperature == 0:
         bad = []  # (prompt, first token that is not the target's greedy choice)
         for i, (p, r) in enumerate(zip(prompt_ids, runs)):
@@ -328,23 +378,71 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                              "draft positions" if extra else "every position meets its threshold"),
                              value=[round(r, 4) for r in rates], threshold=list(min_position_rates),
                              level="end_to_end"))
+    checks.append(_speedup_check(speedup, per_round, spec_tps, base_tps, base_n, timing_rounds, min_speedup))
     if block != draft.block_size:
         checks.append(_check("block_size_override", False, f"run at block size {block}; the draft was trained "
                              f"at {draft.block_size}", value=block, threshold=draft.block_size,
                              level="end_to_end", bad="warn"))
     stats = AcceptanceStats(prompts=len(runs), new_tokens=spec_tokens, block_size=block,
-                            max_new_tokens=max_new_tokens, temperature=temperature, acceptance_length=round(tau, 4),
-                            per_position_rates=[round(r, 4) for r in rates], num_drafts=num, accepted=accepted,
-                            outputs_equal=equal, baseline_prompts=base_n,
-                            speculative_tokens_per_s=round(spec_tps, 2),
-                            target_tokens_per_s=round(_tokens_per_s(baselines), 2), speedup=round(speedup, 3))
+                            max_new_tokens=max_new_tokens, temperature=temperature, draft_sampling=draft_sampling,
+                            acceptance_length=round(tau, 4), per_position_rates=[round(r, 4) for r in rates],
+                            num_drafts=num, accepted=accepted, outputs_equal=equal, baseline_prompts=base_n,
+                            timing_rounds=timing_rounds, speculative_tokens_per_s=spec_tps,
+                            target_tokens_per_s=base_tps, speedup=speedup,
+                            speedup_range=[min(per_round), max(per_round)],
+                            speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
+                            target_tokens_per_s_range=_tps_range([br for br, _ in rounds]))
     return checks, stats
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
 
 
 def _tokens_per_s(generations) -> float:
     """New tokens over decode time (prefill excluded, as z-lab's time per output token)."""
     time_s = sum(g.stats.total_time_s - g.stats.prefill_time_s for g in generations)
     return sum(g.stats.new_tokens for g in generations) / time_s if time_s > 0 else 0.0
+
+
+def _tps_range(rounds) -> list[float]:
+    per_round = [_tokens_per_s(r) for r in rounds]
+    return [min(per_round), max(per_round)]
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_load() -> tuple[float | None, bool]:
+    """(1-minute load average, whether it makes timings unreliable on the usable cores)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None, False
+    return load, load > BUSY_LOAD * usable_cores()
+
+
+def _speedup_check(speedup: float, per_round: list[float], spec_tps: float, base_tps: float, prompts: int,
+                   rounds: int, min_speedup: float | None) -> Check:
+    """Speedup of the timed runs: a gate only with --min-speedup; a warning when the machine is busy."""
+    import torch
+
+    load, busy = machine_load()
+    threads = torch.get_num_threads()
+    msg = (f"speedup {speedup:.2f}x ({spec_tps:.1f} vs {base_tps:.1f} tok/s over {rounds} interleaved round(s) of "
+           f"{prompts} prompt(s); per round {min(per_round):.2f}x-{max(per_round):.2f}x; {threads} thread(s))")
+    if busy:
+        msg += (f"; load average {load:.1f} on {usable_cores()} core(s): other work competes for the CPU, timings "
+                "are unreliable")
+    if min_speedup is not None:
+        return _check("speedup", speedup >= min_speedup, msg + f"; required >= {min_speedup}",
+                      value=round(speedup, 4), threshold=min_speedup, level="end_to_end")
+    return _check("speedup", not busy, msg + "; informational (no --min-speedup given)", value=round(speedup, 4),
+                  level="end_to_end", bad="warn")
 
 
 def _first_non_greedy(target, prompt: list[int], tokens: list[int]) -> int | None:
@@ -368,15 +466,21 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 # ----------------------------------------------------------------------------- the command
 
 def _environment(device: str, dtype_name: str, backends: dict[str, bool], draft_backend: str | None,
-                 target_backend: str | None, causal: bool | None) -> Environment:
+                 target_backend: str | None, causal: bool | None, *, threads: int | None = None,
+                 target_dtype: str | None = None, device_map: str | None = None,
+                 draft_sampling: str = "greedy") -> Environment:
     versions: dict[str, str | None] = {"python": platform.python_version(), "dflash_convert": __version__}
     for mod in ("torch", "transformers", "numpy"):
         m = sys.modules.get(mod)
         versions[mod] = getattr(m, "__version__", None) if m is not None else None
     torch = sys.modules.get("torch")
+    load, _ = machine_load()
     return Environment(versions=versions, platform=platform.platform(), device=device, dtype=dtype_name,
+                       target_dtype=target_dtype, device_map=device_map, draft_sampling=draft_sampling,
                        backends=backends, draft_backend=draft_backend, target_backend=target_backend,
-                       causal_override=causal, threads=torch.get_num_threads() if torch is not None else None)
+                       causal_override=causal, threads=threads or (torch.get_num_threads() if torch is not None
+                                                                   else None),
+                       cores=usable_cores(), load_average=round(load, 2) if load is not None else None)
 
 
 def _causal_override_check(ckpt: Checkpoint, causal: bool | None) -> Check | None:
@@ -398,9 +502,18 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
              min_acceptance_length: float | None = None, min_position_rates: list[float] | None = None,
              levels: Iterable[str] | None = None, checkpoint_revision: str | None = None,
              target_revision: str | None = None, target_name: str | None = None, seed: int = 0,
-             allow_pickle: bool = False) -> ValidationReport:
-    """Run every level the inputs allow (or those in `levels`) and report which ran and why others did not."""
+             allow_pickle: bool = False, draft_sampling: str = "greedy", device_map: str | None = None,
+             max_memory: dict[str, int] | None = None, threads: int | None = None,
+             min_speedup: float | None = None, keep_going: bool = False, timing_rounds: int = TIMING_ROUNDS,
+             progress: Callable[[str], None] | None = None) -> ValidationReport:
+    """Run every level the inputs allow (or those in `levels`) and report which ran and why others did not.
+
+    dtype "auto" loads each checkpoint in its own dtype (its config's `dtype`/`torch_dtype`, else the
+    dtype its weights are stored in). threads None picks 1 on CPU for tiny pairs, torch's default
+    otherwise (the choice is in the report). Raises DFlashError, before loading anything, when the
+    memory plan says the run does not fit."""
     t0 = time.perf_counter()
+    say = progress or (lambda message: None)
     wanted = list(levels) if levels is not None else list(LEVELS)
     unknown = [lv for lv in wanted if lv not in LEVELS]
     if unknown:
@@ -409,6 +522,16 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         raise UsageError(f"--block-size must be at least 2, got {block_size}")
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if draft_sampling not in ("greedy", "probabilistic"):
+        raise UsageError(f"--draft-sampling {draft_sampling!r}: choose greedy or probabilistic")
+    if device_map is not None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        raise UsageError(f"--device-map {device_map!r}: choose auto, balanced or sequential")
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {threads}")
+    if timing_rounds < 1:
+        raise UsageError(f"timing rounds must be at least 1, got {timing_rounds}")
+    if max_memory is not None and device_map is None:
+        device_map = "auto"  # a memory budget means placement by the device map
     duplicates = duplicate_tensors_check(checkpoint_path)
     if duplicates.failed:  # the checkpoint cannot be opened: report the one problem found
         return ValidationReport(
@@ -439,9 +562,11 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
     draft_backend = None
     report_stats = None
     loaded = None  # the draft the numeric level loaded, reused end to end
-    dev_name, dtype_name = device, dtype
+    dev_name, dtype_name, target_dtype_name = device, dtype, None
+    chosen_threads = None
 
     if "static" in wanted:
+        say("static: config, tensor headers" + (" and the target's config" if info is not None else ""))
         checks += [duplicates, *checkpoint_checks(ckpt, scan=False)]
         if info is not None:  # the target answers what the draft config alone could not
             answered = {"target_layer_ids_range", "mask_token_id_special"}
@@ -451,47 +576,95 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         if override:
             checks.append(override)
         run.append("static")
-    needs_torch = "numeric" in wanted or ("end_to_end" in wanted and target_has_weights)
-    if needs_torch:
-        from dflash_runtime.device import resolve_device, resolve_dtype
+        static_failed = [c.name for c in checks if c.status == "fail"]
+        say(f"static: {len(checks)} checks, " + (f"failed: {', '.join(static_failed)}" if static_failed else
+                                                  "none failed"))
+        if static_failed and not keep_going:
+            why = f"static checks failed ({', '.join(static_failed)}); --keep-going runs it anyway"
+            for lv in ("numeric", "end_to_end"):
+                if lv in wanted:
+                    skipped[lv] = why
+            wanted = [lv for lv in wanted if lv not in skipped]
+    e2e_runs = "end_to_end" in wanted and target_has_weights
+    needs_torch = "numeric" in wanted or e2e_runs
+    previous_threads = None
+    try:
+        if needs_torch:
+            import torch
 
-        dev = resolve_device(device)
-        dev_name = str(dev)
-        if dtype == "auto":  # CPUs here have no fast bf16 math: float32 on CPU, the checkpoint's dtype on GPU
-            fc = ckpt.tensors.get(catalogue.name("fc"))
-            torch_dtype = resolve_dtype("float32" if dev.type == "cpu" else compute_name(fc and fc.dtype))
-        else:
-            torch_dtype = resolve_dtype(dtype)
-        dtype_name = str(torch_dtype).removeprefix("torch.")
-    if "numeric" in wanted:
-        checks += scan_checks(ckpt)
-        numeric, backends, loaded = numeric_checks(ckpt, device=dev_name, dtype=torch_dtype, backend=backend,
-                                                   causal=causal, block_size=block_size, seed=seed)
-        draft_backend = loaded.backend if loaded is not None else None
-        checks += numeric
-        run.append("numeric")
-    if "end_to_end" in wanted:
-        if target is None:
-            skipped["end_to_end"] = "no --target given"
-        elif not target_has_weights:
-            skipped["end_to_end"] = f"target {target} has no weights (config only)"
-        elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in checks):
-            skipped["end_to_end"] = "the draft cannot be loaded (see the numeric checks)"
-        else:
-            stop = info.eos_token_ids if info is not None else ()
-            e2e, stats = end_to_end(ckpt, target_dir, prompt_ids, draft=loaded, device=dev_name, dtype=torch_dtype,
-                                    backend=backend, target_backend=target_backend, causal=causal,
-                                    block_size=block_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    min_acceptance_length=min_acceptance_length,
-                                    min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed)
-            checks += e2e
-            run.append("end_to_end")
-            report_stats = stats
+            from dflash_runtime.device import resolve_device, resolve_dtype
+
+            dev = resolve_device(device)
+            dev_name = str(dev)
+            draft_dtype_name = dtype if dtype != "auto" else _own_dtype({"dtype": ckpt.spec.dtype}, ckpt.tensors)
+            torch_dtype = resolve_dtype(draft_dtype_name)
+            dtype_name = str(torch_dtype).removeprefix("torch.")
+            target_torch_dtype = None
+            if e2e_runs:
+                target_dtype_name = dtype if dtype != "auto" else _own_dtype(read_json(target_config),
+                                                                            memory.weight_headers(target_dir))
+                target_torch_dtype = resolve_dtype(target_dtype_name)
+                target_dtype_name = str(target_torch_dtype).removeprefix("torch.")
+            # the memory plan, before anything is loaded
+            spec = ckpt.spec
+            draft_tensors = [ckpt.tensors[n] for n in catalogue.expected_shapes(spec) if n in ckpt.tensors]
+            block = block_size or spec.block_size
+            sequence = (max(map(len, prompt_ids)) if prompt_ids else CONTEXT_TOKENS) + max_new_tokens + block
+            plan = memory.plan(draft_tensors, dtype_name, device=dev_name, target_dir=target_dir if e2e_runs else None,
+                               target_dtype=target_dtype_name, draft_layers=spec.num_layers,
+                               draft_kv_width=spec.num_kv_heads * spec.head_dim, sequence=sequence, block=block,
+                               device_map=device_map if e2e_runs else None, max_memory=max_memory)
+            if not plan.fits:
+                raise DFlashError(plan.refusal())
+            say(f"memory plan: {plan.describe()}")
+            if dev.type == "cpu":
+                previous_threads = torch.get_num_threads()
+                tiny = plan.draft_bytes + plan.target_bytes < TINY_MODEL_BYTES
+                chosen_threads = threads or (1 if tiny else previous_threads)
+                torch.set_num_threads(chosen_threads)
+                say(f"CPU threads: {chosen_threads}" + ("" if threads else " (tiny models run fastest on one)"
+                                                        if tiny else " (torch's default)"))
+        if "numeric" in wanted:
+            say("numeric: value scan")
+            checks += scan_checks(ckpt)
+            numeric, backends, loaded = numeric_checks(ckpt, device=dev_name, dtype=torch_dtype, backend=backend,
+                                                       causal=causal, block_size=block_size, seed=seed, progress=say)
+            draft_backend = loaded.backend if loaded is not None else None
+            checks += numeric
+            run.append("numeric")
+            failed_numeric = [c.name for c in numeric if c.status == "fail"]
+            say("numeric: " + (f"failed: {', '.join(failed_numeric)}" if failed_numeric else "none failed"))
+        if "end_to_end" in wanted:
+            if target is None:
+                skipped["end_to_end"] = "no --target given"
+            elif not target_has_weights:
+                skipped["end_to_end"] = f"target {target} has no weights (config only)"
+            elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in checks):
+                skipped["end_to_end"] = "the draft cannot be loaded (see the numeric checks)"
+            else:
+                stop = info.eos_token_ids if info is not None else ()
+                e2e, stats = end_to_end(ckpt, target_dir, prompt_ids, draft=loaded, device=dev_name, dtype=torch_dtype,
+                                        target_dtype=target_torch_dtype, backend=backend,
+                                        target_backend=target_backend, causal=causal, block_size=block_size,
+                                        max_new_tokens=max_new_tokens, temperature=temperature,
+                                        min_acceptance_length=min_acceptance_length,
+                                        min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed,
+                                        draft_sampling=draft_sampling, device_map=device_map, max_memory=max_memory,
+                                        min_speedup=min_speedup, timing_rounds=timing_rounds, progress=say)
+                checks += e2e
+                run.append("end_to_end")
+                report_stats = stats
+    finally:
+        if previous_threads is not None:
+            import torch
+
+            torch.set_num_threads(previous_threads)
     for lv in LEVELS:
-        if lv not in wanted and lv not in skipped:
+        if lv not in run and lv not in skipped:
             skipped[lv] = "not requested"
     env = _environment(dev_name, dtype_name, backends, draft_backend, target_backend if "end_to_end" in run else None,
-                       causal)
+                       causal, threads=chosen_threads, target_dtype=target_dtype_name, device_map=device_map,
+                       draft_sampling=draft_sampling)
     return ValidationReport(
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=checkpoint_revision, target=target_name or (str(target) if target is not None else None),
@@ -500,6 +673,11 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in checks))
 
 
-def validate_output_dir(path: str | Path) -> ValidationReport:
+def _own_dtype(raw_config: dict, tensors) -> str:
+    """A checkpoint's own dtype: its config's, else the one its floating weights are stored in, else float32."""
+    return memory.config_dtype(raw_config) or memory.stored_dtype(tensors) or "float32"
+
+
+def validate_output_dir(path: str | Path, progress: Callable[[str], None] | None = None) -> ValidationReport:
     """Static + numeric validation of a freshly converted checkpoint (convert --validate, before the rename)."""
-    return validate(path, levels=("static", "numeric"))
+    return validate(path, levels=("static", "numeric"), progress=progress)

@@ -169,7 +169,7 @@ def test_causal_draft_forced_non_causal(pair, good_run, cli, tmp_path):
     good = good_run[0].json()
     # the deployment forces non-causal: named statically; the draft really runs non-causal (numeric
     # probe) and acceptance drops end to end
-    r = cli(*e2e_args(pair), "--non-causal", "--min-acceptance-length",
+    r = cli(*e2e_args(pair), "--non-causal", "--keep-going", "--min-acceptance-length",
             f"{TAU_FLOOR * good['acceptance']['acceptance_length']:.3f}")
     assert r.code == 3
     report = r.json()
@@ -191,7 +191,14 @@ def test_fc_of_the_wrong_width(pair, cli, tmp_path):
     r = cli(*e2e_args(pair, draft))
     assert r.code == 3
     report = r.json()
-    assert {"fc_width", "draft_loads"} <= set(failed(report))
+    # a failed static level skips the expensive levels, and the last line names the failed check
+    assert "fc_width" in failed(report) and report["levels_run"] == ["static"]
+    assert all("static checks failed (fc_width" in report["levels_skipped"][lv] for lv in ("numeric", "end_to_end"))
+    assert r.err.strip().splitlines()[-1].endswith("failed: " + ", ".join(c["name"] for c in report["checks"]
+                                                                           if c["status"] == "fail"))
+    r = cli(*e2e_args(pair, draft), "--keep-going")
+    report = r.json()
+    assert r.code == 3 and {"fc_width", "draft_loads"} <= set(failed(report))
     assert "end_to_end" in report["levels_skipped"]
 
 
@@ -222,7 +229,7 @@ def test_target_with_a_different_hidden_size(pair, cli, tmp_path):
     raw = read_json(pair.target / "config.json")
     other = make_target(tmp_path / "other", layers=raw["num_hidden_layers"], hidden=raw["hidden_size"] // 2,
                         vocab=raw["vocab_size"])
-    r = cli(*e2e_args(pair, None), "--target", other)  # the later --target wins
+    r = cli(*e2e_args(pair, None), "--target", other, "--keep-going")  # the later --target wins
     assert r.code == 3
     assert {"target_hidden_size", "pair_compatible"} <= set(failed(r.json()))
 
@@ -250,7 +257,7 @@ def test_pruned_draft_without_d2t(speculators_drafts, tmp_path, cli):
         del t["d2t"], t["t2d"]
 
     draft = copy_draft(speculators_drafts["pruned"], tmp_path / "d", edit_tensors=drop)
-    r = cli("validate", draft, "--json")
+    r = cli("validate", draft, "--json", "--keep-going")
     assert r.code == 3 and {"vocab_map", "draft_loads"} <= set(failed(r.json()))
     assert r.json()["levels_run"] == ["static", "numeric"]
     assert r.json()["levels_skipped"]["end_to_end"] == "no --target given"

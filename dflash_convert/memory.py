@@ -1,0 +1,283 @@
+"""Memory plan: will the draft and the target fit, known before anything is loaded.
+
+Weights: parameter counts from the safetensors headers times the size of the dtype they will be
+loaded in (floating tensors take the run's dtype; integer tensors keep theirs). Runtime: the
+target's KV cache for the longest sequence of the run, the draft's context cache, and the largest
+activations of one forward (prefill hidden states and MLP, attention scores, float32 logits),
+plus a fixed allowance for the libraries' own allocations. Free memory: MemAvailable from
+/proc/meminfo (psutil where /proc is absent), bounded by a cgroup memory limit when one is set;
+on CUDA, torch.cuda.mem_get_info per GPU.
+
+No torch is imported for CPU plans; nothing is read beyond JSON configs and safetensors headers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import _weight_files, read_json
+from .dtypes import DTYPES, code_for_name, compute_name
+from .errors import DFlashError
+from .safetensors_io import TensorInfo, read_header
+
+LIBRARY_ALLOWANCE = 384 << 20  # torch/transformers allocations beyond tensors (allocator slack, kernels)
+GB = 1e9
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 2**20:.0f} MB"
+
+
+# ----------------------------------------------------------------------------- what is there
+
+def weight_headers(model_dir: Path) -> dict[str, TensorInfo]:
+    """Every tensor of a model directory's safetensors files (headers only), by its stored name."""
+    files, _, _ = _weight_files(Path(model_dir), allow_pickle=False)
+    tensors: dict[str, TensorInfo] = {}
+    for f in files:
+        found, _ = read_header(f)
+        tensors.update(found)
+    return tensors
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a --dtype name (float32, bfloat16, ...)."""
+    return DTYPES[code_for_name(dtype)].itemsize
+
+
+def config_dtype(raw: dict[str, Any]) -> str | None:
+    """The checkpoint's own compute dtype from its config (`dtype`, older `torch_dtype`, or a text_config's)."""
+    for cfg in (raw, raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}):
+        for key in ("dtype", "torch_dtype"):
+            value = cfg.get(key)
+            if isinstance(value, str):
+                code = code_for_name(value.removeprefix("torch."))
+                return DTYPES[code].torch if code else None
+    return None
+
+
+def stored_dtype(tensors: dict[str, TensorInfo]) -> str | None:
+    """The compute dtype of the code most floating bytes are stored in (when a config names none)."""
+    by: dict[str, int] = {}
+    for t in tensors.values():
+        if t.dtype in DTYPES and DTYPES[t.dtype].is_float:
+            by[t.dtype] = by.get(t.dtype, 0) + t.nbytes
+    return compute_name(max(by, key=by.get)) if by else None
+
+
+def bytes_at(tensors, dtype: str) -> int:
+    """Bytes of these tensors once loaded with floating ones cast to `dtype`."""
+    size = itemsize(dtype)
+    return sum(t.numel * (size if DTYPES[t.dtype].is_float else DTYPES[t.dtype].itemsize) for t in tensors)
+
+
+def runtime_bytes(target_cfg: dict[str, Any], draft_layers: int, draft_kv_width: int, *, dtype: str,
+                  sequence: int, block: int) -> int:
+    """KV caches and the largest activations of a batch-1 run over `sequence` positions."""
+    cfg = target_cfg.get("text_config") if isinstance(target_cfg.get("text_config"), dict) else target_cfg
+    size = itemsize(dtype)
+    hidden, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
+    heads = int(cfg.get("num_attention_heads") or 1)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    inter = int(cfg.get("intermediate_size") or 4 * hidden)
+    kv = 2 * layers * kv_heads * head_dim * sequence * size * 2  # x2: a cache grown by concatenation is copied
+    draft_kv = 2 * draft_layers * draft_kv_width * sequence * size
+    activations = (sequence * (4 * hidden + 3 * inter) * size  # one layer's hidden, attention and MLP buffers
+                   + heads * sequence * sequence * 4  # attention scores (float32) where a kernel materializes them
+                   + 3 * max(sequence, block) * vocab * 4)  # float32 logits, their softmax and a copy
+    return kv + draft_kv + activations
+
+
+# ----------------------------------------------------------------------------- what is free
+
+def _cgroup_limit() -> int | None:
+    """Bytes this process may still allocate under a cgroup v2/v1 memory limit, or None."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            return max(int(limit) - usage, 0)
+    return None
+
+
+def cpu_available() -> int | None:
+    """Bytes a new allocation can get without swapping: MemAvailable (or psutil), within a cgroup limit."""
+    available = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+                break
+    except OSError:
+        pass
+    if available is None:
+        try:
+            import psutil
+
+            available = int(psutil.virtual_memory().available)
+        except ImportError:
+            return None
+    limit = _cgroup_limit()
+    return min(available, limit) if limit is not None else available
+
+
+def device_available(device: str) -> int | None:
+    """Free bytes on `device` ('cpu', 'cuda', 'cuda:1'), None when unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        free, _ = torch.cuda.mem_get_info(index)
+        return int(free)
+    return cpu_available()
+
+
+def placement_budget(max_memory: dict[str, int] | None) -> dict[str, int | None]:
+    """Per-device bytes a device map may use: --max-memory where given, else what is free (GPUs, then CPU)."""
+    if max_memory:
+        return dict(max_memory)
+    budget: dict[str, int | None] = {}
+    if "torch" in __import__("sys").modules:
+        import torch
+
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                budget[str(i)] = device_available(f"cuda:{i}")
+    budget["cpu"] = cpu_available()
+    return budget
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass
+class MemoryPlan:
+    device: str
+    draft_dtype: str
+    draft_bytes: int
+    target_dtype: str | None = None
+    target_bytes: int = 0
+    runtime_bytes: int = 0
+    available: int | None = None  # free bytes on `device` (single-device runs)
+    device_map: str | None = None
+    budget: dict[str, int | None] = field(default_factory=dict)  # device-map runs: per-device budget
+    alternatives: dict[str, int] = field(default_factory=dict)  # option -> bytes needed with it
+
+    @property
+    def needed(self) -> int:
+        return self.draft_bytes + self.target_bytes + self.runtime_bytes + LIBRARY_ALLOWANCE
+
+    @property
+    def needed_here(self) -> int:
+        """Bytes that must fit on `device`: all of it, or with a device map (the target spills to other
+        devices, CPU memory, then disk) the draft, the caches and the activations."""
+        return self.needed - (self.target_bytes if self.device_map else 0)
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.needed_here <= self.available
+
+    def parts(self) -> list[str]:
+        parts = [f"draft {_fmt(self.draft_bytes)} {self.draft_dtype}"]
+        if self.target_dtype is not None:
+            parts += [f"target {_fmt(self.target_bytes)} {self.target_dtype}",
+                      f"KV cache + activations {_fmt(self.runtime_bytes)}"]
+        return parts + [f"libraries {_fmt(LIBRARY_ALLOWANCE)}"]
+
+    def where(self) -> str:
+        if not self.device_map:
+            return self.device
+        budget = ", ".join(f"{k} {'free memory' if v is None else _fmt(v)}" for k, v in self.budget.items())
+        return f"{self.device} (device map {self.device_map}: {budget}, then disk)"
+
+    def describe(self) -> str:
+        free = "unknown" if self.available is None else _fmt(self.available)
+        return f"{' + '.join(self.parts())} = {_fmt(self.needed)}; {free} free on {self.where()}"
+
+    def refusal(self) -> str:
+        """The one line said when the run does not fit (before anything is loaded)."""
+        options = [f"{opt} (needs {_fmt(n)})" if n else opt for opt, n in self.alternatives.items()]
+        return (f"not enough memory on {self.where()}: the run needs {_fmt(self.needed_here)} ({', '.join(self.parts())}),"
+                f" {_fmt(self.available or 0)} free; options: " + "; ".join(options))
+
+
+def plan(draft_tensors: list[TensorInfo], draft_dtype: str, *, device: str, target_dir: Path | None = None,
+         target_dtype: str | None = None, draft_layers: int = 0, draft_kv_width: int = 0, sequence: int = 0,
+         block: int = 16, device_map: str | None = None, max_memory: dict[str, int] | None = None) -> MemoryPlan:
+    """The plan for a run that loads the draft (and the target when `target_dir` is given)."""
+    p = MemoryPlan(device=device, draft_dtype=draft_dtype, draft_bytes=bytes_at(draft_tensors, draft_dtype))
+    target_cfg = None
+    if target_dir is not None:
+        target_cfg = read_json(Path(target_dir) / "config.json")
+        target_tensors = list(weight_headers(target_dir).values())
+        p.target_dtype = target_dtype
+        p.target_bytes = bytes_at(target_tensors, target_dtype)
+        try:
+            p.runtime_bytes = runtime_bytes(target_cfg, draft_layers, draft_kv_width, dtype=target_dtype,
+                                            sequence=sequence, block=block)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DFlashError(f"target config lacks or mistypes field {exc}",
+                              file=Path(target_dir) / "config.json") from None
+    p.available = device_available(device)
+    if device_map is not None:
+        p.device_map = device_map
+        p.budget = placement_budget(max_memory)
+    if not p.fits:
+        if target_dir is not None:
+            for smaller in ("bfloat16",):
+                if itemsize(smaller) < max(itemsize(target_dtype), itemsize(draft_dtype)):
+                    alt = plan(draft_tensors, smaller, device=device, target_dir=target_dir, target_dtype=smaller,
+                               draft_layers=draft_layers, draft_kv_width=draft_kv_width, sequence=sequence,
+                               block=block)
+                    p.alternatives[f"--dtype {smaller}"] = alt.needed
+            if device_map is None:
+                p.alternatives["--device-map auto (the target spills to CPU memory, then disk)"] = 0
+            p.alternatives["--levels static,numeric (draft only)"] = p.draft_bytes + LIBRARY_ALLOWANCE
+        elif itemsize("bfloat16") < itemsize(draft_dtype):
+            p.alternatives["--dtype bfloat16"] = (bytes_at(draft_tensors, "bfloat16") + LIBRARY_ALLOWANCE)
+        if not p.alternatives:
+            p.alternatives["--levels static (headers only)"] = 0
+    return p
+
+
+def parse_max_memory(text: str) -> dict[str, int]:
+    """`0=20GiB,cpu=30GiB` or `cpu=200MB` -> {'0': bytes, 'cpu': bytes} (GPU indices, cpu)."""
+    from .safetensors_io import parse_size
+
+    out: dict[str, int] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or not (key == "cpu" or key.isdigit()):
+            raise ValueError(f"{item!r}: expected DEVICE=SIZE with DEVICE a GPU index or cpu (e.g. 0=20GiB,cpu=30GiB)")
+        try:
+            out[key] = parse_size(value)
+        except ValueError as exc:
+            raise ValueError(f"{item!r}: {exc}") from None
+        if out[key] <= 0 or not math.isfinite(out[key]):
+            raise ValueError(f"{item!r}: the size must be positive")
+    if not out:
+        raise ValueError("empty --max-memory")
+    return out
+
+
+def rss_peak_bytes() -> int | None:
+    """This process's peak resident set (VmHWM), for benchmarks and reports."""
+    try:
+        for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
