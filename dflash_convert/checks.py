@@ -8,40 +8,13 @@ Qwen3-8B-sized pair is checked in milliseconds. Every check names the tensor or 
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel
-
-from . import catalogue, mapping
+from . import catalogue, compat, mapping
 from .catalogue import TensorProblem
 from .checkpoint import Checkpoint
+from .compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
+from .compat import make_check as _check
 from .configs import DraftSpec
 from .dtypes import DTYPES
-
-Status = Literal["pass", "fail", "warn", "skip"]
-Level = Literal["static", "numeric", "end_to_end"]
-
-
-class Check(BaseModel):
-    """One row of a report: what was checked, the measured value and the limit it was held to."""
-
-    name: str
-    status: Status
-    value: Any = None
-    threshold: Any = None
-    message: str = ""
-    level: Level = "static"
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "fail"
-
-
-def _check(name: str, ok: bool | None, message: str, *, value: Any = None, threshold: Any = None,
-           level: Level = "static", bad: Status = "fail") -> Check:
-    """pass when ok, `bad` (fail or warn) when not ok, skip when ok is None."""
-    status: Status = "skip" if ok is None else ("pass" if ok else bad)
-    return Check(name=name, status=status, value=value, threshold=threshold, message=message, level=level)
 
 
 def _first(items: list[str], n: int = 3) -> str:
@@ -88,32 +61,9 @@ def _mask_token(spec: DraftSpec) -> list[Check]:
     if m is None:
         return [_check("mask_token_id", False, "config has no mask_token_id: engines cannot fill the block "
                        "(pass --mask-token-id when converting)", threshold=f"< {vocab}")]
-    checks = [_check("mask_token_id", 0 <= m < vocab, f"field `mask_token_id` = {m}, vocab_size {vocab}"
-                     + ("" if 0 <= m < vocab else ": outside the target embedding table"),
-                     value=m, threshold=f"[0, {vocab})")]
-    special = _special_ids(spec.decoder.get("pad_token_id"), spec.decoder.get("eos_token_id"))
-    checks.append(_mask_vs_special("mask_token_id_special", m, *special, source="the draft config"))
-    return checks
-
-
-def _special_ids(pad, eos) -> tuple[int | None, tuple[int, ...]]:
-    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-    return pad, tuple(int(e) for e in eos_ids)
-
-
-def _mask_vs_special(name: str, mask: int, pad: int | None, eos: tuple[int, ...], *, source: str) -> Check:
-    """A mask id equal to eos makes the draft's block look like ended text (fail); equal to pad, a token
-    that is often untrained or zeroed (warn). z-lab/dflash #73, NeMo #2461."""
-    if mask in eos:
-        return _check(name, False, f"field `mask_token_id` = {mask} is the eos token of {source}: the block "
-                      "would be filled with end-of-text, not a mask", value=mask, threshold=f"not eos {list(eos)}")
-    if pad is not None and mask == pad:
-        return _check(name, False, f"field `mask_token_id` = {mask} is the pad token of {source}: check it is "
-                      "the token the draft was trained with", value=mask, threshold=f"not pad {pad}", bad="warn")
-    if pad is None and not eos:
-        return _check(name, None, f"{source} names no pad/eos token to compare the mask id with", value=mask)
-    return _check(name, True, f"mask id {mask} is neither pad ({pad}) nor eos ({list(eos)}) of {source}",
-                  value=mask, threshold="not pad/eos")
+    pad, eos = mapping.special_ids(spec.decoder.get("pad_token_id"), spec.decoder.get("eos_token_id"))
+    return [compat.mask_range_check(m, vocab, source="the draft config"),
+            compat.mask_special_check(m, pad, eos, source="the draft config")]
 
 
 def _layer_ids(spec: DraftSpec) -> list[Check]:
@@ -399,52 +349,13 @@ def scan_checks(ckpt: Checkpoint) -> list[Check]:
 # ----------------------------------------------------------------------------- draft vs target config
 
 def target_checks(spec: DraftSpec, target: mapping.TargetInfo, *, ckpt: Checkpoint | None = None) -> list[Check]:
-    """The draft against its target's config.json (shapes only, no weights). With `ckpt`, d2t values too."""
-    name = target.name_or_path
-    draft_th = spec.target_hidden_size or spec.hidden_size
-    checks = [_check("target_hidden_size", draft_th == target.hidden_size,
-                     f"draft expects target hidden size {draft_th} (fc width {spec.context_width} = "
-                     f"{len(spec.target_layer_ids or [])} ids x {draft_th}); target {name} has {target.hidden_size}",
-                     value=draft_th, threshold=target.hidden_size)]
-    ids = spec.target_layer_ids
-    if ids is None:
-        checks.append(_check("target_layer_ids_in_target", None, "draft has no target layer ids"))
-    else:
-        out = [i for i in ids if not 0 <= i < target.num_layers]
-        checks.append(_check("target_layer_ids_in_target", not out,
-                             f"ids {out} are not layers of target {name} ({target.num_layers} layers)" if out else
-                             f"ids {ids} are layers of target {name} ({target.num_layers} layers)",
-                             value=list(ids), threshold=f"[0, {target.num_layers})"))
-    if spec.num_target_layers is None:
-        checks.append(_check("target_num_layers", None, f"draft config does not record num_target_layers "
-                             f"(target has {target.num_layers})", threshold=target.num_layers))
-    else:
-        checks.append(_check("target_num_layers", spec.num_target_layers == target.num_layers,
-                             f"field `num_target_layers` = {spec.num_target_layers}; target {name} has "
-                             f"{target.num_layers} layers", value=spec.num_target_layers, threshold=target.num_layers))
-    checks.append(_check("target_vocab_size", spec.vocab_size == target.vocab_size,
-                         f"draft vocab_size {spec.vocab_size}; target {name} vocab_size {target.vocab_size}",
-                         value=spec.vocab_size, threshold=target.vocab_size))
-    m = spec.mask_token_id
-    if m is None:
-        checks.append(_check("target_mask_token_id", False, "draft has no mask_token_id"))
-    elif not 0 <= m < target.vocab_size:
-        checks.append(_check("target_mask_token_id", False, f"field `mask_token_id` = {m} is outside the "
-                             f"embedding table of target {name} ({target.vocab_size} rows)",
-                             value=m, threshold=f"[0, {target.vocab_size})"))
-    else:
-        checks.append(_mask_vs_special("target_mask_token_id", m, target.pad_token_id, target.eos_token_ids,
-                                       source=f"target {name}"))
-    if spec.is_pruned_vocab:
-        vd = spec.draft_vocab_size
-        checks.append(_check("target_draft_vocab", vd <= target.vocab_size,
-                             f"draft vocab {vd} vs target vocab {target.vocab_size}", value=vd,
-                             threshold=f"<= {target.vocab_size}"))
+    """The draft against its target's config.json (compat.compatibility_checks). With `ckpt`, d2t values too."""
+    checks = compat.compatibility_checks(spec, target)
     if ckpt is not None and D2T in ckpt.tensors and not _int_tensor(ckpt, D2T):
         ids_t = catalogue.d2t_target_ids(ckpt.int_values(D2T))
         lo, hi = (int(ids_t.min()), int(ids_t.max())) if len(ids_t) else (0, 0)
         checks.append(_check("target_d2t_range", lo >= 0 and hi < target.vocab_size,
-                             f"tensor `{D2T}` maps into target ids [{lo}, {hi}]; target {name} vocab "
+                             f"tensor `{D2T}` maps into target ids [{lo}, {hi}]; target {target.name_or_path} vocab "
                              f"{target.vocab_size}", value=[lo, hi], threshold=f"[0, {target.vocab_size})"))
     return checks
 

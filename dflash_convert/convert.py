@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import __version__, catalogue, mapping
+from . import __version__, catalogue, compat, mapping
 from .checkpoint import (
     Checkpoint,
     check_destination,
@@ -129,32 +129,20 @@ def _apply_overrides(spec: DraftSpec, opts: ConvertOptions, warnings: list[str])
 
 
 def _apply_verifier(spec: DraftSpec, opts: ConvertOptions, warnings: list[str]) -> DraftSpec:
+    """Record the verifier (its layer count and name) and hold the draft to compat.compatibility_checks:
+    the first failure is raised, warnings (a pad mask id) are kept."""
     vpath = Path(opts.verifier)
     cfg_file = vpath if vpath.name == "config.json" else vpath / "config.json"
     name = opts.verifier_name or str(opts.verifier if vpath.name != "config.json" else vpath.parent)
     target = mapping.target_info(read_json(cfg_file), name, file=str(cfg_file))
-    where = str(cfg_file)
-    if spec.target_hidden_size not in (None, target.hidden_size):
-        raise DFlashError(f"target_hidden_size is {spec.target_hidden_size} but the verifier's hidden_size is "
-                          f"{target.hidden_size}", file=where)
-    if spec.target_hidden_size is None and spec.hidden_size != target.hidden_size:
-        raise DFlashError(f"verifier hidden_size {target.hidden_size} differs from the draft's {spec.hidden_size} "
-                          "and the draft config has no target_hidden_size", file=where)
-    if target.vocab_size != spec.vocab_size:
-        raise DFlashError(f"verifier vocab_size {target.vocab_size} differs from the draft config's "
-                          f"vocab_size {spec.vocab_size}", file=where)
-    if spec.mask_token_id is not None and not 0 <= spec.mask_token_id < target.vocab_size:
-        raise DFlashError(f"mask_token_id {spec.mask_token_id} is outside the verifier vocab [0, {target.vocab_size})",
-                          file=where)
-    if spec.target_layer_ids is not None:
-        bad = [i for i in spec.target_layer_ids if not 0 <= i < target.num_layers]
-        if bad:
-            raise DFlashError(f"target_layer_ids {bad} are outside the verifier's {target.num_layers} layers "
-                              f"(valid: 0..{target.num_layers - 1})", file=where)
     if spec.num_target_layers not in (None, target.num_layers):
         warnings.append(f"num_target_layers {spec.num_target_layers} replaced by the verifier's {target.num_layers}")
-    return spec.model_copy(update={"num_target_layers": target.num_layers,
+    spec = spec.model_copy(update={"num_target_layers": target.num_layers,
                                    "verifier": VerifierRef(name_or_path=name, architectures=target.architectures)})
+    checks = compat.compatibility_checks(spec, target)
+    compat.raise_first_failure(checks, file=cfg_file)
+    warnings += [c.message for c in checks if c.status == "warn"]
+    return spec
 
 
 def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:

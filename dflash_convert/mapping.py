@@ -334,14 +334,18 @@ class TargetInfo:
     eos_token_ids: tuple[int, ...]
 
 
+def special_ids(pad, eos) -> tuple[int | None, tuple[int, ...]]:
+    """(pad id, eos ids) of a config's `pad_token_id` and `eos_token_id` (an int, a list or None)."""
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+    return pad, tuple(int(e) for e in eos_ids)
+
+
 def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json") -> TargetInfo:
     cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw  # multimodal wrappers
     try:
-        eos = cfg.get("eos_token_id", raw.get("eos_token_id"))
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        pad, eos = special_ids(cfg.get("pad_token_id"), cfg.get("eos_token_id", raw.get("eos_token_id")))
         return TargetInfo(name_or_path=name_or_path, architectures=list(raw.get("architectures") or []),
                           num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
-                          vocab_size=int(cfg["vocab_size"]), pad_token_id=cfg.get("pad_token_id"),
-                          eos_token_ids=eos_ids)
+                          vocab_size=int(cfg["vocab_size"]), pad_token_id=pad, eos_token_ids=eos)
     except (KeyError, TypeError, ValueError) as exc:
         raise DFlashError(f"target config lacks or mistypes field {exc}", file=file) from None

@@ -156,3 +156,55 @@ def test_f8_e8m0_through_the_cli(speculators_drafts, tmp_path, cli, monkeypatch)
     monkeypatch.delattr(torch, "float8_e8m0fnu")
     r = cli("validate", d, "--levels", "static,numeric", "--json")
     assert r.code == 3 and "norm.weight`: dtype F8_E8M0 has no torch equivalent" in r.out
+
+
+# ----------------------------------------------------------------------------- draft/target compatibility
+
+def test_hidden_size_mismatch_fails_static_convert_and_runtime_alike(tiny_target, tmp_path, cli):
+    """A draft whose target_hidden_size matches the target but whose own hidden size does not: the
+    block is embedded with the target's table, so it cannot run. Static validation, conversion with
+    --verifier and the runtime refuse it with the one rule (compat's target_hidden_size)."""
+    from safetensors.torch import load_file, save_file
+
+    from dflash_convert.checkpoint import read_json
+    from dflash_convert.checks import target_checks
+    from dflash_convert.mapping import target_info
+    from dflash_runtime import check_pair, load_draft, load_target
+    from runtime_helpers import write_hf_draft
+
+    d = write_hf_draft(tmp_path / "d", hidden=32, target_ids=(0, 3, 7))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["target_hidden_size"] = 64  # the tiny target's hidden size; fc is sized for it
+    (d / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(d / "model.safetensors")
+    tensors["fc.weight"] = torch.randn(32, 3 * 64) * 0.05
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+    spec = open_checkpoint(d).spec
+    static = {c.name: c for c in target_checks(spec, target_info(read_json(tiny_target / "config.json"), "t"))}
+    assert static["target_hidden_size"].status == "fail" and "hidden size is 32" in static["target_hidden_size"].message
+    r = cli("validate", d, "--target", tiny_target, "--levels", "static", "--json")
+    assert r.code == 3 and "target_hidden_size" in [c["name"] for c in r.json()["checks"] if c["status"] == "fail"]
+
+    with pytest.raises(DFlashError, match="the draft's hidden size is 32") as runtime:
+        check_pair(load_draft(d), load_target(tiny_target))
+    assert static["target_hidden_size"].message.split("; ", 1)[1] == str(runtime.value).split("; ", 1)[1]
+    out = tmp_path / "out"
+    r = cli("convert", d, "-o", out, "--verifier", tiny_target)
+    assert r.code == 1 and "the draft's hidden size is 32" in r.err and not out.exists()
+
+
+def test_convert_with_verifier_checks_the_mask_against_eos_and_pad(speculators_drafts, tiny_target, tmp_path, cli):
+    from dflash_convert.checkpoint import read_json
+
+    raw = read_json(tiny_target / "config.json")
+    out = tmp_path / "eos"
+    r = cli("convert", speculators_drafts["full"], "-o", out, "--verifier", tiny_target,
+            "--mask-token-id", raw["eos_token_id"])
+    assert r.code == 1 and f"mask_token_id {raw['eos_token_id']} is the eos token" in r.err and not out.exists()
+    out = tmp_path / "pad"
+    r = cli("convert", speculators_drafts["full"], "-o", out, "--verifier", tiny_target,
+            "--mask-token-id", raw["pad_token_id"], "--json")
+    assert r.code == 0
+    record = json.loads((out / "conversion.json").read_text())
+    assert any(f"mask_token_id {raw['pad_token_id']} is the pad token" in w for w in record["warnings"])

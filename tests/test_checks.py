@@ -64,7 +64,8 @@ def test_converted_hf_draft_passes_and_target_checks(speculators_drafts, tiny_ta
     t = by_name(target_checks(ckpt.spec, info, ckpt=ckpt))
     assert {n: c.status for n, c in t.items()} == {
         "target_hidden_size": "pass", "target_layer_ids_in_target": "pass", "target_num_layers": "pass",
-        "target_vocab_size": "pass", "target_mask_token_id": "pass", "target_draft_vocab": "pass",
+        "target_vocab_size": "pass", "target_mask_token_id": "pass", "target_mask_token_id_special": "pass",
+        "target_draft_vocab": "pass",
         "target_d2t_range": "pass"}
 
 
@@ -124,7 +125,7 @@ def test_mask_token_out_of_range_and_equal_to_eos(speculators_drafts, tiny_targe
     info = mapping.target_info(read_json(tiny_target / "config.json"), "tiny")
     for mask, status in ((info.eos_token_ids[0], "fail"), (info.pad_token_id, "warn")):
         spec = open_checkpoint(speculators_drafts["full"]).spec.model_copy(update={"mask_token_id": mask})
-        c = by_name(target_checks(spec, info))["target_mask_token_id"]
+        c = by_name(target_checks(spec, info))["target_mask_token_id_special"]
         assert c.status == status and str(mask) in c.message
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BOTTOM = {"errors", "configs", "dtypes", "catalogue", "mapping", "safetensors_io", "checkpoint"}
+BOTTOM = {"errors", "configs", "dtypes", "catalogue", "mapping", "compat", "safetensors_io", "checkpoint"}
 TOP = {"cli", "__main__"}
 
 

@@ -159,7 +159,7 @@ def test_wrong_mask_id(pair, good_run, cli, tmp_path):
     draft = copy_draft(pair.draft, tmp_path / "eos", spec_update={"mask_token_id": eos if isinstance(eos, int)
                                                                        else eos[0]})
     r = cli("validate", draft, "--target", pair.target, "--levels", "static", "--json")
-    assert r.code == 3 and "target_mask_token_id" in failed(r.json())
+    assert r.code == 3 and "target_mask_token_id_special" in failed(r.json())
 
 
 def test_causal_draft_forced_non_causal(pair, good_run, cli, tmp_path):

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from dflash_convert import catalogue, mapping
+from dflash_convert import catalogue, compat, mapping
 from dflash_convert.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.configs import DraftSpec
 from dflash_convert.errors import DFlashError
@@ -277,9 +277,8 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
     if rope_kind(spec) not in ("default", *SUPPORTED_ROPE):
         raise DFlashError(f"RoPE type {rope_kind(spec)!r} is not supported by the runtime "
                           f"(supported: default, {', '.join(SUPPORTED_ROPE)})", file=file)
-    if spec.mask_token_id >= spec.vocab_size or spec.mask_token_id < 0:
-        raise DFlashError(f"mask_token_id {spec.mask_token_id} is outside the vocabulary ({spec.vocab_size})",
-                          file=file)
+    compat.raise_first_failure([compat.mask_range_check(spec.mask_token_id, spec.vocab_size,
+                                                        source="the draft config")], file=file)
 
 
 def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dtype = torch.float32,

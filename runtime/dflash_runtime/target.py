@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dflash_convert import compat, mapping
 from dflash_convert.checkpoint import _weight_files
 from dflash_convert.configs import DraftSpec
 from dflash_convert.errors import DFlashError
+from dflash_convert.mapping import TargetInfo
 from dflash_convert.safetensors_io import read_header
 
 
@@ -67,10 +69,7 @@ class Target:
 
     def set_capture(self, layer_ids: list[int]) -> None:
         """Capture the outputs of these decoder layers (z-lab ids) on every forward."""
-        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
-        if bad:
-            raise DFlashError(f"target layer ids {bad} do not exist: the target has {self.num_layers} layers "
-                              f"(0..{self.num_layers - 1})")
+        compat.raise_first_failure([compat.layer_ids_check(layer_ids, self.num_layers, "the target")])
         for h in self._hooks:
             h.remove()
         self._hooks = [self.layers[i].register_forward_hook(self._hook(i)) for i in dict.fromkeys(layer_ids)]
@@ -298,25 +297,20 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     return target
 
 
+def target_info(target: Target) -> TargetInfo:
+    """What the compatibility rules need to know about a loaded target: its real layer count, hidden
+    size and embedding rows, and the pad / eos ids of its config."""
+    cfg = target.config
+    pad, eos = mapping.special_ids(getattr(cfg, "pad_token_id", None), getattr(cfg, "eos_token_id", None))
+    return TargetInfo(name_or_path=getattr(cfg, "_name_or_path", "") or type(target.model).__name__,
+                      architectures=list(getattr(cfg, "architectures", None) or []), num_layers=target.num_layers,
+                      hidden_size=target.hidden_size, vocab_size=target.vocab_size, pad_token_id=pad,
+                      eos_token_ids=eos)
+
+
 def check_pair(draft, target: Target) -> None:
-    """Refuse a draft/target pair that cannot run together. `draft` is a DFlashDraft or a DraftSpec."""
+    """Refuse a draft/target pair that cannot run together (compat.RUN_BLOCKING). `draft` is a DFlashDraft
+    or a DraftSpec."""
     spec: DraftSpec = draft if isinstance(draft, DraftSpec) else draft.spec
-    ids = spec.target_layer_ids or []
-    bad = [i for i in ids if not 0 <= i < target.num_layers]
-    if bad:
-        raise DFlashError(f"draft target_layer_ids {ids} name layer(s) {bad}, but the target has only "
-                          f"{target.num_layers} decoder layers (0..{target.num_layers - 1})")
-    fc = getattr(draft, "fc", None)
-    width = fc.shape[1] if fc is not None else spec.context_width
-    if width != len(ids) * target.hidden_size:
-        raise DFlashError(f"draft `fc.weight` takes {width} inputs, but the target gives {len(ids)} layer ids x "
-                          f"hidden size {target.hidden_size} = {len(ids) * target.hidden_size}")
-    if spec.hidden_size != target.hidden_size:
-        raise DFlashError(f"draft hidden size {spec.hidden_size} differs from the target's {target.hidden_size}: "
-                          "the draft embeds its block with the target's embedding and reads the target's lm_head")
-    if spec.vocab_size != target.vocab_size:
-        raise DFlashError(f"draft vocab_size {spec.vocab_size} differs from the target's vocabulary "
-                          f"({target.vocab_size} embedding rows)")
-    if spec.mask_token_id is None or not 0 <= spec.mask_token_id < target.vocab_size:
-        raise DFlashError(f"draft mask_token_id {spec.mask_token_id} is outside the target vocabulary "
-                          f"(0..{target.vocab_size - 1})")
+    checks = compat.compatibility_checks(spec, target_info(target))
+    compat.raise_first_failure(checks, names=compat.RUN_BLOCKING)
