@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,10 @@ from typing import Iterable
 from .dtypes import DTYPES
 from .errors import DFlashError
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
+# Valid dtypes of the format; those missing from DTYPES (sub-byte floats, complex) are refused by name.
+ALL_DTYPES = {*DTYPES, "F4", "F6_E2M3", "F6_E3M2", "C64"}
+MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
+MAX_JSON_DEPTH = 127  # nested arrays/objects the reference parser accepts
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
@@ -42,12 +46,101 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+class _Malformed(ValueError):
+    """A fault in a safetensors header; read_header adds the file name."""
+
+
+class _Unsupported(_Malformed):
+    """Valid safetensors that dflash-convert does not handle."""
+
+
+def _json_object(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Malformed(f"key `{dup}` appears twice in one JSON object (the format allows one entry per name)")
+    return out
+
+
+def _json_int(text: str) -> int | float:
+    # The reference parser reads integers as u64, and what does not fit (or `-0`) as a float, which
+    # no shape or offset accepts; reading it as a float here also bounds int() on huge digit strings.
+    if len(text) > 20 or text == "-0":
+        return float(text)
+    return int(text)
+
+
+def _json_constant(text: str):
+    raise _Malformed(f"`{text}` is not JSON")
+
+
+def _check_strings(value: object) -> None:
+    """Lone UTF-16 surrogates (legal in Python's JSON, not in the format's) and nesting over the parser's depth."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)) and depth >= MAX_JSON_DEPTH:
+            raise _Malformed(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, str):
+            item.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
+        elif isinstance(item, dict):
+            stack += [(k, depth + 1) for k in item] + [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+
+
+def _is_u64(x: object) -> bool:
+    return type(x) is int and 0 <= x < 1 << 64  # type(): bool is an int subclass, and not allowed
+
+
+def _tensor_entry(name: str, entry: object) -> tuple[str, tuple[int, ...], int, int]:
+    """(dtype, shape, begin, end) of one header entry, or a one-line reason it breaks the format."""
+    if not isinstance(entry, dict):
+        raise _Malformed(f"tensor `{name}`: entry is {type(entry).__name__}, not an object")
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in entry]
+    if missing:
+        raise _Malformed(f"tensor `{name}`: field `{missing[0]}` is missing")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in ALL_DTYPES:
+        raise _Malformed(f"tensor `{name}`: unknown dtype {str(dtype)[:40]!r}")
+    if dtype not in DTYPES:
+        raise _Unsupported(f"tensor `{name}`: dtype {dtype} is valid safetensors but not supported by dflash-convert")
+    if not isinstance(shape, list) or not all(_is_u64(x) for x in shape):
+        raise _Malformed(f"tensor `{name}`: shape {_short(shape)} is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_u64(x) for x in offsets)):
+        raise _Malformed(f"tensor `{name}`: data_offsets {_short(offsets)} is not a pair of non-negative integers")
+    begin, end = offsets
+    if begin > end:
+        raise _Malformed(f"tensor `{name}`: data_offsets {offsets} end before they begin")
+    if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
+        raise _Malformed(f"tensor `{name}`: data_offsets {offsets} hold {end - begin} bytes but {dtype} {shape} "
+                         f"needs {math.prod(shape) * DTYPES[dtype].itemsize} (size must be dtype size x shape)")
+    return dtype, tuple(shape), begin, end
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Tensors and `__metadata__` of one safetensors file; every structural fault is one clear error."""
+    """Tensors and `__metadata__` of one safetensors file, refusing everything the format forbids.
+
+    The rules (those of the reference implementation, plus one entry per name everywhere): an 8-byte
+    little-endian header length of at most 100 MB; a UTF-8 JSON object (space padding allowed);
+    `__metadata__` absent, null or a string-to-string map; every other entry {dtype, shape,
+    data_offsets} with a known dtype, non-negative integer shape and offsets, size = dtype size x
+    shape; tensors (ordered by offsets) contiguous from 0 to exactly the end of the file.
+    """
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it has no effect on regular files)
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+                raise DFlashError("not a regular file", file=path)
+            size = st.st_size
             head = f.read(8)
             if len(head) < 8:
                 raise DFlashError(f"truncated safetensors file ({size} bytes, no header length)", file=path)
@@ -58,32 +151,46 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     except OSError as exc:
         raise DFlashError(f"cannot read: {exc.strerror}", file=path) from None
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DFlashError(f"safetensors header is not valid JSON ({exc})", file=path) from None
-    if not isinstance(header, dict):
-        raise DFlashError("safetensors header is not a JSON object", file=path)
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise DFlashError("safetensors `__metadata__` is not an object", file=path)
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_json_object, parse_int=_json_int,
+                            parse_constant=_json_constant)
+        _check_strings(header)
+        if not isinstance(header, dict):
+            raise _Malformed(f"it is a JSON {type(header).__name__}, not an object")
+        metadata = header.pop("__metadata__", None)
+        if metadata is None:
+            metadata = {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise _Malformed("`__metadata__` must be a map of strings to strings")
+        entries = sorted(((_tensor_entry(name, entry), name) for name, entry in header.items()),
+                         key=lambda e: (e[0][2], e[0][3]))
+    except _Malformed as exc:
+        raise DFlashError(f"{'' if isinstance(exc, _Unsupported) else 'malformed safetensors header: '}{exc}",
+                          file=path) from None
+    except UnicodeError:
+        raise DFlashError("malformed safetensors header: not valid UTF-8 (or a lone UTF-16 surrogate)", file=path) from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        why = str(exc).splitlines()[0][:120] if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        raise DFlashError(f"safetensors header is not valid JSON ({why})", file=path) from None
     base = 8 + n
+    data_size = size - base
     tensors: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], tuple(int(x) for x in entry["shape"]), entry["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise DFlashError(f"tensor `{name}`: malformed header entry {entry!r}"[:200], file=path) from None
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise DFlashError(f"tensor `{name}`: unknown dtype {dtype!r}"[:200], file=path)
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
-            raise DFlashError(f"tensor `{name}`: bad data_offsets {[begin, end]}", file=path)
-        if base + end > size:
+    pos = 0
+    for (dtype, shape, begin, end), name in entries:
+        if begin != pos:
+            rule = ("do not start at 0 (tensor data must start at offset 0)" if not tensors else
+                    "leave a gap after the previous tensor (tensor data must be contiguous)" if begin > pos else
+                    "overlap the previous tensor (tensor data must be contiguous)")
+            raise DFlashError(f"malformed safetensors header: tensor `{name}`: data_offsets {[begin, end]} {rule}",
+                              file=path)
+        if end > data_size:
             raise DFlashError(f"tensor `{name}`: data_offsets {[begin, end]} run past the end of the file "
-                              f"({size - base} data bytes); the file is truncated", file=path)
-        if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
-            raise DFlashError(f"tensor `{name}`: {end - begin} bytes for {dtype} {list(shape)}", file=path)
+                              f"({data_size} data bytes); the file is truncated", file=path)
         tensors[name] = TensorInfo(name, dtype, shape, path, base + begin, base + end)
-    return tensors, {str(k): str(v) for k, v in metadata.items()}
+        pos = end
+    if pos != data_size:
+        raise DFlashError(f"malformed safetensors header: the tensors cover {pos} of the file's {data_size} data "
+                          "bytes (tensor data must end exactly at the end of the file)", file=path)
+    return tensors, dict(metadata)
 
 
 def header_bytes(entries: Iterable[tuple[str, str, tuple[int, ...]]], metadata: dict[str, str] | None) -> tuple[bytes, list[tuple[int, int]]]:
