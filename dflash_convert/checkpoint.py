@@ -121,6 +121,26 @@ class Checkpoint:
         return torch.frombuffer(buf, dtype=dtype).reshape(info.shape).to(device)
 
 
+def _shard_path(path: Path, name: object, index: Path) -> Path:
+    """The file a weight_map entry names: a plain file name in the checkpoint directory.
+
+    The name is checked, not where it resolves to: in the Hub cache every file is a symlink into
+    ../../blobs/, and a local checkpoint may link its shards anywhere its owner chose.
+    """
+    if not isinstance(name, str):
+        raise DFlashError(f"weight_map entry {str(name)[:60]!r} is not a file name", file=index)
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+            or Path(name).is_absolute() or len(name.encode("utf-8", "replace")) > 255):
+        raise DFlashError(f"weight_map names {name[:80]!r}: a shard must be a plain file name in the checkpoint "
+                          "directory (no '/', '..' or absolute path)", file=index)
+    f = path / name
+    if not f.exists():
+        raise DFlashError(f"shard {name!r} listed in weight_map does not exist", file=index)
+    if not f.is_file():
+        raise DFlashError(f"shard {name!r} listed in weight_map is not a file", file=index)
+    return f
+
+
 def _weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path | None, list[Path]]:
     """(safetensors files, index file, pickle files) of a checkpoint directory."""
     index = path / INDEX_NAME
@@ -129,14 +149,8 @@ def _weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path | No
         weight_map = data.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise DFlashError("field `weight_map` missing or empty", file=index)
-        files = []
-        for name in dict.fromkeys(weight_map.values()):
-            f = (path / name).resolve()
-            if path.resolve() not in f.parents:
-                raise DFlashError(f"weight_map points outside the checkpoint: {name!r}", file=index)
-            if not f.exists():
-                raise DFlashError(f"shard {name!r} listed in weight_map does not exist", file=index)
-            files.append(path / name)
+        files = [_shard_path(path, name, index) for name in weight_map.values()]
+        files = list(dict.fromkeys(files))
         return files, index, []
     if (path / SINGLE_NAME).exists():
         return [path / SINGLE_NAME], None, []
