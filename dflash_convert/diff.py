@@ -8,13 +8,14 @@ drops by design (verifier copies, t2d) are listed but do not make two drafts dif
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, computed_field
 
 from . import catalogue
 from .checkpoint import Checkpoint, open_checkpoint
-from .configs import DraftSpec
+from .configs import DraftSpec, Format
 
 
 def engine_view(spec: DraftSpec) -> dict[str, Any]:
@@ -52,25 +53,65 @@ def engine_view(spec: DraftSpec) -> dict[str, Any]:
 OPTIONAL_FIELDS = ("num_target_layers", "verifier")
 
 
-@dataclass
-class DiffResult:
+TensorStatus = Literal["equal", "differs", "shape_differs", "only_in_a", "only_in_b"]
+
+
+class ConfigDifference(BaseModel):
+    """One engine-read config value that differs: its value in A and in B."""
+
+    a: Any
+    b: Any
+
+
+class TensorDifference(BaseModel):
+    """One tensor an engine loads, compared by canonical name."""
+
+    status: TensorStatus
+    dtype: tuple[str, str] | None = Field(None, description="safetensors dtype in A and in B (null when one "
+                                          "side lacks the tensor)")
+    shape: tuple[list[int], list[int]] | None = None
+    max_abs_diff: float | str | None = Field(None, description="max |a - b| (0 when byte-equal); a string "
+                                             "('nan', 'inf') when not finite; null when not compared")
+
+
+class DiffReport(BaseModel):
+    """`diff --json`: two checkpoints compared by what an engine would run (schemas/diff-report.schema.json)."""
+
     a: str
     b: str
-    format_a: str
-    format_b: str
-    config: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> {a, b}
-    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {status, max_abs_diff, ...}
-    ignored: dict[str, str] = field(default_factory=dict)  # name -> why it does not count
+    format_a: Format
+    format_b: Format
     tolerance: float = 0.0
+    config_differences: dict[str, ConfigDifference] = Field(default_factory=dict,
+                                                            description="engine-read config field -> values")
+    tensors: dict[str, TensorDifference] = Field(default_factory=dict, description="canonical name -> comparison")
+    ignored_tensors: dict[str, str] = Field(default_factory=dict, description="'a:NAME' / 'b:NAME' -> why it "
+                                            "does not count (dropped by conversion by design)")
 
+    @computed_field(description="no config difference and every tensor equal (within tolerance)")
     @property
     def equivalent(self) -> bool:
-        return not self.config and all(t["status"] == "equal" for t in self.tensors.values())
+        return not self.config_differences and all(t.status == "equal" for t in self.tensors.values())
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "format_a": self.format_a, "format_b": self.format_b,
-                "equivalent": self.equivalent, "tolerance": self.tolerance, "config_differences": self.config,
-                "tensors": self.tensors, "ignored_tensors": self.ignored}
+    def render(self, console) -> None:
+        """Differences, then a one-line verdict, on `console` (stderr)."""
+        from rich.markup import escape
+
+        console.print(escape(f"{self.a} ({self.format_a}) vs {self.b} ({self.format_b})"))
+        for key, v in self.config_differences.items():
+            console.print(escape(f"  config {key}: {v.a!r} != {v.b!r}"))
+        for name, t in self.tensors.items():
+            if t.status != "equal":
+                extra = f" (max abs diff {t.max_abs_diff})" if t.max_abs_diff is not None else ""
+                console.print(escape(f"  tensor {name}: {t.status}{extra}"))
+        equal = sum(t.status == "equal" for t in self.tensors.values())
+        console.print(f"{equal}/{len(self.tensors)} tensors equal, {len(self.config_differences)} config differences, "
+                      f"{len(self.ignored_tensors)} tensors ignored (dropped by design): "
+                      + ("[green]equivalent[/green]" if self.equivalent else "[red]different[/red]"))
+
+
+def diff_report_schema() -> dict[str, Any]:
+    return DiffReport.model_json_schema(mode="serialization")
 
 
 def _same_bytes(a, b) -> bool:
@@ -104,22 +145,22 @@ def _engine_tensors(ckpt: Checkpoint) -> tuple[set[str], dict[str, str]]:
     return used, ignored
 
 
-def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, allow_pickle: bool = False) -> DiffResult:
+def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, allow_pickle: bool = False) -> DiffReport:
     ca, cb = open_checkpoint(a, allow_pickle=allow_pickle), open_checkpoint(b, allow_pickle=allow_pickle)
-    result = DiffResult(str(a), str(b), ca.format, cb.format, tolerance=tolerance)
+    result = DiffReport(a=str(a), b=str(b), format_a=ca.format, format_b=cb.format, tolerance=tolerance)
     va, vb = engine_view(ca.spec), engine_view(cb.spec)
     for key in va:
         if va[key] != vb.get(key) and not (key in OPTIONAL_FIELDS and (va[key] is None or vb.get(key) is None)):
-            result.config[key] = {"a": va[key], "b": vb.get(key)}
+            result.config_differences[key] = ConfigDifference(a=va[key], b=vb.get(key))
     used_a, ignored_a = _engine_tensors(ca)
     used_b, ignored_b = _engine_tensors(cb)
-    result.ignored = {**{f"a:{k}": v for k, v in ignored_a.items()}, **{f"b:{k}": v for k, v in ignored_b.items()}}
+    result.ignored_tensors = {**{f"a:{k}": v for k, v in ignored_a.items()}, **{f"b:{k}": v for k, v in ignored_b.items()}}
     for name in sorted(used_a | used_b):
         ta, tb = ca.tensors.get(name) if name in used_a else None, cb.tensors.get(name) if name in used_b else None
         if ta is None or tb is None:
-            result.tensors[name] = {"status": "only_in_a" if tb is None else "only_in_b"}
+            result.tensors[name] = TensorDifference(status="only_in_a" if tb is None else "only_in_b")
             continue
-        entry: dict[str, Any] = {"dtype": [ta.dtype, tb.dtype], "shape": [list(ta.shape), list(tb.shape)]}
+        entry: dict[str, Any] = {"dtype": (ta.dtype, tb.dtype), "shape": (list(ta.shape), list(tb.shape))}
         if ta.shape != tb.shape:
             entry["status"] = "shape_differs"
         elif ta.dtype == tb.dtype and name not in ca.pickled and name not in cb.pickled and _same_bytes(ta, tb):
@@ -135,5 +176,5 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
             finite = bool(torch.isfinite(torch.tensor(d)))
             entry.update(max_abs_diff=d if finite else str(d),
                          status="equal" if finite and d <= tolerance else "differs")
-        result.tensors[name] = entry
+        result.tensors[name] = TensorDifference(**entry)
     return result

@@ -15,20 +15,19 @@ from typing import Any, Callable
 def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
     from .configs import ConversionRecord, HFDFlashConfig, SpeculatorsDFlashConfig
 
-    def report() -> dict[str, Any]:
-        from .report import validation_report_schema
-
-        return validation_report_schema()
+    from .diff import diff_report_schema
+    from .report import validation_report_schema
 
     return {
         "speculators-config": SpeculatorsDFlashConfig.model_json_schema,
         "hf-config": HFDFlashConfig.model_json_schema,
         "conversion-record": ConversionRecord.model_json_schema,
-        "validation-report": report,
+        "validation-report": validation_report_schema,
+        "diff-report": diff_report_schema,
     }
 
 
-NAMES = ("speculators-config", "hf-config", "conversion-record", "validation-report")
+NAMES = ("speculators-config", "hf-config", "conversion-record", "validation-report", "diff-report")
 
 
 def schema(name: str) -> dict[str, Any]:

@@ -88,10 +88,13 @@ def test_schemas_are_current():
 
 
 def test_schema_command(cli):
+    from dflash_convert import schemas
+
     r = cli("schema", "conversion-record")
     assert r.code == 0 and json.loads(r.out)["title"] == "ConversionRecord"
     r = cli("schema")
-    assert set(json.loads(r.out)) == {"speculators-config", "hf-config", "conversion-record", "validation-report"}
+    assert set(json.loads(r.out)) == set(schemas.NAMES) >= {"speculators-config", "hf-config", "conversion-record",
+                                                           "validation-report", "diff-report"}
     assert cli("schema", "nope").code == 2
 
 
