@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .checks import Check, Level
+from .checks import Check, Level, Status
 
 LEVELS: tuple[Level, ...] = ("static", "numeric", "end_to_end")
 
@@ -62,6 +62,22 @@ class Environment(BaseModel):
     load_average: float | None = Field(None, description="1-minute load average when the report was made")
 
 
+class CheckSummary(BaseModel):
+    name: str
+    level: Level
+    status: Status
+    message: str = ""
+
+
+class ValidationSummary(BaseModel):
+    """The short form of a report that other outputs carry: `convert --json`, `push` and the model card."""
+
+    passed: bool
+    levels_run: list[Level]
+    counts: dict[Status, int] = Field(description="checks per status")
+    checks: list[CheckSummary]
+
+
 class ValidationReport(BaseModel):
     tool: str = "dflash-convert"
     tool_version: str
@@ -92,10 +108,10 @@ class ValidationReport(BaseModel):
             out[c.status] += 1
         return out
 
-    def summary(self) -> dict[str, Any]:
-        """A short dict for other commands' JSON (convert --validate)."""
-        return {"passed": self.passed, "levels_run": list(self.levels_run), **self.counts(),
-                "failed_checks": [c.name for c in self.failed_checks]}
+    def summary(self) -> ValidationSummary:
+        return ValidationSummary(passed=self.passed, levels_run=self.levels_run, counts=self.counts(),
+                                 checks=[CheckSummary(**c.model_dump(include={"name", "level", "status", "message"}))
+                                         for c in self.checks])
 
 
 def validation_report_schema() -> dict[str, Any]:
