@@ -28,7 +28,7 @@ from .checkpoint import (
 )
 from .configs import ConversionRecord, DraftSpec, VerifierRef
 from .dtypes import CAST_TARGETS, DTYPES, torch_dtype
-from .errors import DFlashError, UsageError
+from .errors import DFlashError, UsageError, ValidationFailed
 from .safetensors_io import (
     TensorInfo,
     copy_range,
@@ -59,6 +59,13 @@ class ConvertOptions:
     source_revision: str | None = None  # resolved commit sha when the source came from the Hub
     source_id: str | None = None  # the Hub repo id the source came from (recorded instead of the cache path)
 
+    def __post_init__(self) -> None:
+        if self.max_shard_size is not None:
+            try:
+                parse_size(self.max_shard_size)
+            except ValueError as exc:
+                raise UsageError(f"--max-shard-size: {exc}") from None
+
     def record(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
@@ -71,6 +78,11 @@ class TensorStep:
     reason: str = ""
     dtype: str = ""  # safetensors dtype written
     shape: tuple[int, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes written for this tensor (in the output dtype)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * DTYPES[self.dtype].itemsize
 
 
 @dataclass
@@ -86,6 +98,10 @@ class ConversionPlan:
     @property
     def kept(self) -> list[TensorStep]:
         return [s for s in self.steps if s.dest is not None]
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(s.nbytes for s in self.kept)
 
     @property
     def dropped(self) -> dict[str, str]:
@@ -267,7 +283,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             before_commit: Callable[[Path], None] | None = None) -> ConversionRecord:
     ckpt = plan.checkpoint
     kept = plan.kept
-    sizes = [int(np.prod(s.shape, dtype=np.int64)) * DTYPES[s.dtype].itemsize for s in kept]
+    sizes = [s.nbytes for s in kept]
     max_shard = parse_size(opts.max_shard_size) if opts.max_shard_size else None
     shards = plan_shards(sizes, max_shard)
     names = shard_names(len(shards))
@@ -333,10 +349,69 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
     return record
 
 
-def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = None, **kw) -> ConversionRecord:
-    """Library entry point: convert the checkpoint at `src` into `dest` (see ConvertOptions)."""
+@dataclass
+class Converted:
+    """What `convert` did: the record written, the validation report (if run) and the push (if any)."""
+
+    output: Path
+    record: ConversionRecord
+    validation: Any = None  # report.ValidationReport
+    push: Any = None  # hub.PushResult
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.record
+        out = {"output": str(self.output), "source_format": r.source_format, "destination_format": r.destination_format,
+               "tensors_kept": len(r.tensors_kept), "tensors_dropped": r.tensors_dropped,
+               "tensors_added": r.tensors_added, "warnings": r.warnings, "source_revision": r.source_revision}
+        if self.validation is not None:
+            out["validation"] = self.validation.summary().model_dump(mode="json")
+        if self.push is not None:
+            out["push"] = self.push.to_dict()
+        return out
+
+
+def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = None, *, validate: bool = False,
+            push: str | None = None, push_options: dict[str, Any] | None = None,
+            on_progress: Callable[[int, int], None] | None = None,
+            on_warning: Callable[[str], None] | None = None) -> Converted:
+    """Library entry point: convert the checkpoint at `src` into `dest` (see ConvertOptions).
+
+    validate=True (implied by push) runs static + numeric validation on the staged output before it
+    is renamed into place: a failing check raises ValidationFailed and nothing is written. push=REPO
+    then uploads `dest` (publish.push_checkpoint; push_options go to hub.push: revision, private,
+    commit_message, commit_description, create_pr, token). on_progress(bytes_written, total_bytes)
+    counts output bytes; on_warning gets each planning warning before any byte is written.
+    """
     opts = opts or ConvertOptions()
+    dest = Path(dest)
     ckpt = open_checkpoint(src, allow_pickle=opts.allow_pickle)
-    check_destination(Path(dest), opts.overwrite, sources=(ckpt.path,))
+    check_destination(dest, opts.overwrite, sources=(ckpt.path,))
     plan = plan_conversion(ckpt, opts)
-    return execute(plan, Path(dest), opts, **kw)
+    for w in plan.warnings if on_warning else ():
+        on_warning(w)
+    report = None
+
+    def validate_staged(tmp: Path) -> None:
+        nonlocal report
+        from .validate import validate_output_dir
+
+        report = validate_output_dir(tmp)
+        if report.failed:
+            names = ", ".join(c.name for c in report.failed_checks)
+            raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
+
+    total, done = plan.output_bytes, 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        on_progress(done, total)
+
+    record = execute(plan, dest, opts, on_progress=advance if on_progress else None,
+                     before_commit=validate_staged if validate or push else None)
+    pushed = None
+    if push:
+        from .publish import push_checkpoint
+
+        pushed = push_checkpoint(dest, push, report=report, **(push_options or {}))
+    return Converted(dest, record, report, pushed)
