@@ -19,7 +19,11 @@ _EXPORTS = {
     "DecodeStats": "metrics", "speedup": "metrics",
     "resolve_device": "device", "resolve_dtype": "device",
 }
-__all__ = list(_EXPORTS)
+__all__ = list(_EXPORTS) + ["BACKEND_NAMES"]
+
+# The draft attention backends (attention.BACKENDS), fastest first: named here so callers such as
+# the CLI can list them without importing torch.
+BACKEND_NAMES = ("flash_attn", "sdpa", "flex", "eager")
 
 
 def __getattr__(name: str):

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from dflash_convert.errors import DFlashError
 
+from . import BACKEND_NAMES
+
 
 def visible_mask(ctx_len: int, block_len: int, causal: bool, ctx_first: int, device) -> torch.Tensor:
     """Bool [B, T + B]: True where block query j may look. Built explicitly because SDPA's
@@ -154,7 +156,7 @@ BACKENDS: dict[str, Backend] = {
     "eager": Backend("eager", eager_attention, non_causal=True, causal=True, sliding_window=True,
                      devices=("cpu", "cuda"), dtypes=ALL_DTYPES),
 }
-AUTO_ORDER = ("flash_attn", "sdpa", "flex", "eager")  # fastest first
+AUTO_ORDER = BACKEND_NAMES  # fastest first
 
 
 def select_backend(name: str, layer_causal: list[bool], sliding: bool, device, dtype: torch.dtype) -> str:
