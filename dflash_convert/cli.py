@@ -1,22 +1,32 @@
 """The `dflash-convert` command line: one typer app, each command a thin wrapper over a library call.
 
-Conventions (as the `hf` CLI): `--json` prints exactly one JSON object on stdout; human output,
-progress and warnings go to stderr; exit 0 ok, 1 error (one `Error: ...` line), 2 usage,
-3 validation ran and failed. `--debug` (before the command) shows tracebacks.
+Conventions (as the `hf` CLI): `-h`/`--help`; `--json` prints exactly one JSON object on stdout,
+errors included (`{"error": {"message", "file", "exit_code"}}`); human output, progress and
+warnings go to stderr; `-q` keeps only results, warnings and errors; exit 0 ok, 1 error, 2 usage,
+3 validation ran and failed. `--debug` anywhere on the line (or HF_DEBUG=1, DFLASH_CONVERT_DEBUG=1)
+shows tracebacks.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import sys
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Any, Callable, Iterator, Optional, get_args
 
 import typer
 from rich.console import Console
 
+from dflash_runtime import BACKEND_NAMES, DRAFT_SAMPLING
+
+from .configs import Format
+from .convert import FLOAT_DTYPES
 from .errors import DFlashError
+from .report import LEVELS
 
 app = typer.Typer(
     name="dflash-convert",
@@ -25,20 +35,158 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-STATE = {"debug": False}
 
 
-def emit_json(obj) -> None:
+def _choices(name: str, values) -> type[enum.Enum]:
+    """An Enum of the library's own names, so --help lists the choices and click checks them."""
+    return enum.Enum(name, {v: v for v in values}, type=str)
+
+
+To = _choices("To", get_args(Format))
+DType = _choices("DType", ("auto", *FLOAT_DTYPES))
+Backend = _choices("Backend", ("auto", *BACKEND_NAMES))
+DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
+
+
+def _value(choice: enum.Enum | None) -> str | None:
+    return None if choice is None else choice.value
+
+
+def _csv(kind: Callable[[str], Any], choices: tuple[str, ...] | None = None):
+    """Parse a comma-separated option ("1,9,17" or "[1, 9, 17]") into a list, checking each item."""
+
+    def parse(text: Optional[str]) -> Optional[list]:
+        if text is None:
+            return None
+        try:
+            items = [kind(x) for x in text.replace(" ", "").strip("[]").split(",") if x != ""]
+        except ValueError:
+            raise typer.BadParameter(f"expected comma-separated {kind.__name__} values, got {text!r}") from None
+        bad = [x for x in items if choices is not None and x not in choices]
+        if bad:
+            raise typer.BadParameter(f"unknown {', '.join(map(str, bad))}; choose from {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def _flag(*names: str, help: str, **kw: Any):
+    """A boolean switch, shown as a flag (no `<bool>` value column in --help)."""
+    return typer.Option(*names, help=help, metavar="", show_default=False, **kw)
+
+
+def _max_memory(text: Optional[str]) -> Optional[dict[str, int]]:
+    from .memory import parse_max_memory
+
+    try:
+        return None if text is None else parse_max_memory(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _examples(*lines: str) -> str:
+    return "Examples:\n\n" + "\n\n".join(f"  $ {line}" for line in lines)
+
+
+# ----------------------------------------------------------------------------- shared options (declared once)
+
+Source = Annotated[str, typer.Argument(metavar="SRC", help="Checkpoint directory or Hub repo id (org/name).",
+                                       show_default=False)]
+Revision = Annotated[Optional[str], typer.Option("--revision", help="Hub revision: branch, tag or commit sha "
+                                                 "(default: main).", show_default=False)]
+Token = Annotated[Optional[str], typer.Option("--token", help="Hub token (default: HF_TOKEN, then the stored "
+                                              "token).", show_default=False)]
+Json = Annotated[bool, _flag("--json", help="Print one JSON object on stdout (errors too).")]
+Quiet = Annotated[bool, _flag("-q", "--quiet", help="No progress and no info lines (results, warnings "
+                                     "and errors still print).")]
+AllowPickle = Annotated[bool, _flag("--allow-pickle", help="Accept .bin/.pt pickle weights (loaded with "
+                                           "weights_only=True).")]
+Causal = Annotated[Optional[bool], _flag("--causal/--non-causal", help="Force every draft layer causal / "
+                                                "non-causal (default: as the checkpoint declares).")]
+Private = Annotated[bool, _flag("--private", help="Create the Hub repo private.")]
+CommitMessage = Annotated[Optional[str], typer.Option("--commit-message", help="Commit title.", show_default=False)]
+CommitDescription = Annotated[Optional[str], typer.Option("--commit-description", help="Commit description.",
+                                                          show_default=False)]
+CreatePr = Annotated[bool, _flag("--create-pr", help="Open a pull request instead of committing to the "
+                                        "branch.")]
+
+
+# ----------------------------------------------------------------------------- output
+
+class Output:
+    """Where a command's words go: its result on stdout (one JSON object under --json), the rest on stderr."""
+
+    def __init__(self, as_json: bool = False, quiet: bool = False):
+        self.json, self.quiet = as_json, quiet
+        if as_json or quiet:
+            _hub_progress_bars_off()
+
+    def info(self, text: str, *, markup: bool = False) -> None:
+        if not self.quiet:
+            err.print(text, markup=markup)
+
+    def status(self, text: str) -> None:
+        """A progress line of a long step (also under --json: stdout holds only the JSON)."""
+        if not self.quiet:
+            err.print(text, style="dim", markup=False)
+
+    def warn(self, text: str) -> None:
+        err.print(f"[yellow]warning:[/yellow] {_escape(text)}")
+
+    def result(self, obj: Any, text: Optional[str] = None) -> None:
+        """The command's answer: `obj` as JSON under --json, else `text` (if any) on stdout."""
+        if self.json:
+            emit_json(obj)
+        elif text is not None:
+            typer.echo(text)
+
+    @contextmanager
+    def progress(self, description: str) -> Iterator[Callable[[int, int], None]]:
+        """A byte-progress bar on a terminal (none under --json / -q); yields update(done, total)."""
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                       TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
+                       disable=self.json or self.quiet or not err.is_terminal)
+        task = bar.add_task(description, total=None, start=False)
+
+        def update(done: int, total: int) -> None:
+            if not bar.live.is_started:
+                bar.start()
+                bar.start_task(task)
+            bar.update(task, completed=done, total=total, refresh=True)
+            if done >= total:  # stop before whatever follows (validation, push) prints
+                bar.stop()
+
+        try:
+            yield update
+        finally:
+            bar.stop()
+
+
+def emit_json(obj: Any) -> None:
     """The one JSON object of a `--json` run, on stdout."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 
-def warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
+def _escape(text: str) -> str:
+    from rich.markup import escape
 
+    return escape(text)
+
+
+def _hub_progress_bars_off() -> None:
+    """The Hub client's own tqdm bars off (its public switch), so --json / -q runs print none."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+
+
+# ----------------------------------------------------------------------------- entry point
 
 def _print_version(value: bool) -> None:
     if value:
@@ -50,47 +198,50 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
-    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                 help="Print the version and exit."),
+    debug: Annotated[bool, _flag("--debug", help="Show tracebacks on errors (accepted anywhere on the line; "
+                                        "also HF_DEBUG=1).")] = False,
+    version: Annotated[bool, _flag("--version", is_eager=True, callback=_print_version,
+                                          help="Print the version and exit.")] = False,
 ) -> None:
-    STATE["debug"] = debug or bool(os.environ.get("DFLASH_CONVERT_DEBUG"))
+    """Convert, inspect, validate and ship DFlash speculative-decoding drafts."""
 
 
-def main() -> None:
-    """Console-script entry point: run the app, turn known errors into one line and an exit code."""
-    debug = "--debug" in sys.argv[1:] or bool(os.environ.get("DFLASH_CONVERT_DEBUG"))
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _fail(message: str, *, exit_code: int, file: Optional[str], as_json: bool, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    err.print(f"Error: {message}", markup=False, soft_wrap=True)
+    if as_json:
+        emit_json({"error": {"message": message, "file": file, "exit_code": exit_code}})
+    sys.exit(exit_code)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console-script entry point: run the app, turn every error into one line (and JSON) and an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    end = args.index("--") if "--" in args else len(args)  # after `--` everything is an argument
+    debug = "--debug" in args[:end] or _env_flag("HF_DEBUG") or _env_flag("DFLASH_CONVERT_DEBUG")
+    as_json = "--json" in args[:end]
+    args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
     try:
-        rc = app(standalone_mode=False)  # click returns typer.Exit codes instead of exiting
+        rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
         sys.exit(rc if isinstance(rc, int) else 0)
     except DFlashError as exc:
-        if debug:
-            raise
-        err.print(f"Error: {exc}", markup=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("Error: interrupted; nothing was written at the destination", markup=False)
-        sys.exit(1)
+        _fail(str(exc), exit_code=exc.exit_code, file=exc.file, as_json=as_json, debug=debug)
+    except (KeyboardInterrupt, typer.Abort):
+        _fail("interrupted; nothing was written at the destination", exit_code=1, file=None, as_json=as_json,
+              debug=debug)
     except Exception as exc:  # noqa: BLE001 - unexpected: still one line unless --debug
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # click's usage errors (typer vendors click)
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's usage errors
+            if as_json:
+                emit_json({"error": {"message": exc.format_message(), "file": None, "exit_code": exc.exit_code}})
             exc.show(file=sys.stderr)
             sys.exit(exc.exit_code)
-        if debug:
-            raise
-        err.print(f"Error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", markup=False,
-                  soft_wrap=True)
-        sys.exit(1)
-
-
-# ----------------------------------------------------------------------------- shared option helpers
-
-def parse_int_list(text: Optional[str], flag: str) -> Optional[list[int]]:
-    if text is None:
-        return None
-    try:
-        return [int(x) for x in text.replace(" ", "").strip("[]").split(",") if x != ""]
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=flag) from None
+        _fail(f"{type(exc).__name__}: {exc}" + ("" if debug else " (rerun with --debug for the traceback)"),
+              exit_code=1, file=None, as_json=as_json, debug=debug)
 
 
 def resolve_local(source: str, *, revision: Optional[str], token: Optional[str], allow_pickle: bool = False,
@@ -110,141 +261,104 @@ def resolve_local(source: str, *, revision: Optional[str], token: Optional[str],
     return resolved.path, resolved.commit_sha
 
 
-def status_line(message: str) -> None:
-    """One progress line on stderr (also under --json, whose stdout holds only the JSON)."""
-    err.print(message, style="dim", markup=False, soft_wrap=True)
-
-
-def _progress_bar(total: int, description: str):
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                        TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
-                        disable=not err.is_terminal)
-    task = progress.add_task(description, total=total)
-    return progress, (lambda n: progress.advance(task, n))
-
-
 # ----------------------------------------------------------------------------- convert
 
-@app.command()
+@app.command(epilog=_examples(
+    "dflash-convert convert ./draft-speculators -o ./draft-hf",
+    "dflash-convert convert org/draft --revision v1 -o ./draft-hf --verifier Qwen/Qwen3-8B --validate",
+    "dflash-convert convert ./draft-hf -o ./out --to speculators --dtype bfloat16 --max-shard-size 5GB",
+    "dflash-convert convert ./draft -o ./draft-hf --push org/draft-hf --push-revision dev --create-pr"))
 def convert(
-    src: str = typer.Argument(..., metavar="SRC", help="Checkpoint directory or Hub id (org/name) to convert."),
-    output: Path = typer.Option(..., "-o", "--output", help="Destination directory (written atomically)."),
-    to: Optional[str] = typer.Option(None, "--to", help="hf or speculators (default: the other format)."),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help="Target model directory, its config.json, or Hub id: fills num_target_layers and the verifier block, and checks the pair."),
-    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="Override/supply dflash_config.mask_token_id."),
-    target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids", help="Override/supply z-lab target layer ids (0-based layer outputs), e.g. 1,9,17,25,33."),
-    derive_target_layer_ids: bool = typer.Option(False, "--derive-target-layer-ids", help="Derive missing ids with the published z-lab/SGLang rule (needs --verifier); never done silently."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Override/supply the block size."),
-    causal: Optional[bool] = typer.Option(None, "--causal/--non-causal", help="Force every draft layer causal or non-causal."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (keep), float32, bfloat16 or float16."),
-    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", help="Shard the output, HF syntax (e.g. 5GB)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty destination."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Accept .bin pickle weights (loaded with weights_only=True)."),
-    validate_output: bool = typer.Option(False, "--validate", help="Run static + numeric validation on the output before it is committed."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of SRC (branch, tag or commit)."),
-    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
-    push: Optional[str] = typer.Option(None, "--push", help="After converting and validating, push DST to this Hub repo."),
-    private: bool = typer.Option(False, "--private", help="With --push: create the repo private."),
-    commit_message: Optional[str] = typer.Option(None, "--commit-message", help="With --push."),
-    commit_description: Optional[str] = typer.Option(None, "--commit-description", help="With --push."),
-    create_pr: bool = typer.Option(False, "--create-pr", help="With --push: open a pull request instead of committing to the branch."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    src: Source,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Destination directory (written atomically).",
+                                         show_default=False)],
+    to: Annotated[Optional[To], typer.Option("--to", help="Destination format (default: the other one).",
+                                             show_default=False)] = None,
+    verifier: Annotated[Optional[str], typer.Option("--verifier", help="Target model directory, its config.json, "
+                                                    "or Hub id: fills num_target_layers and the verifier block, "
+                                                    "and checks the pair.", show_default=False)] = None,
+    mask_token_id: Annotated[Optional[int], typer.Option("--mask-token-id", help="Override/supply the mask token "
+                                                         "id.", show_default=False)] = None,
+    target_layer_ids: Annotated[Optional[str], typer.Option(
+        "--target-layer-ids", metavar="IDS", callback=_csv(int), show_default=False,
+        help="Override/supply z-lab target layer ids (0-based layer outputs), e.g. 1,9,17,25,33.")] = None,
+    derive_target_layer_ids: Annotated[bool, _flag(
+        "--derive-target-layer-ids", help="Derive missing ids with the published z-lab/SGLang rule (needs "
+        "--verifier); never done silently.")] = False,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="Override/supply the block size.",
+                                                      show_default=False)] = None,
+    causal: Causal = None,
+    dtype: Annotated[DType, typer.Option("--dtype", help="Floating-point dtype written (auto keeps each "
+                                         "tensor's).")] = DType.auto,
+    max_shard_size: Annotated[Optional[str], typer.Option("--max-shard-size", help="Shard the output, HF syntax "
+                                                          "(e.g. 5GB).", show_default=False)] = None,
+    overwrite: Annotated[bool, _flag("--overwrite", help="Replace a non-empty destination.")] = False,
+    allow_pickle: AllowPickle = False,
+    validate: Annotated[bool, _flag("--validate", help="Run static + numeric validation on the output "
+                                           "before it is committed (always done with --push).")] = False,
+    revision: Revision = None,
+    token: Token = None,
+    push: Annotated[Optional[str], typer.Option("--push", metavar="REPO", help="Then push the output to this Hub "
+                                                "repo (created if missing).", show_default=False)] = None,
+    push_revision: Annotated[Optional[str], typer.Option("--push-revision", help="With --push: the branch to push "
+                                                         "to (default: main).", show_default=False)] = None,
+    private: Private = False,
+    commit_message: CommitMessage = None,
+    commit_description: CommitDescription = None,
+    create_pr: CreatePr = False,
+    as_json: Json = False,
+    quiet: Quiet = False,
 ) -> None:
     """Convert a DFlash checkpoint between the speculators and HF / z-lab formats."""
-    from .convert import ConvertOptions, execute, plan_conversion
-    from .checkpoint import check_destination, open_checkpoint
+    from .convert import ConvertOptions, convert as run_convert
 
+    out = Output(as_json, quiet)
     src_path, src_sha = resolve_local(src, revision=revision, token=token, allow_pickle=allow_pickle)
-    verifier_path, verifier_name = None, None
-    if verifier is not None:
-        verifier_path, _ = resolve_local(verifier, revision=None, token=token, config_only=True)
-        verifier_name = verifier
-    opts = ConvertOptions(to=to, verifier=verifier_path, verifier_name=verifier_name, mask_token_id=mask_token_id,
-                          target_layer_ids=parse_int_list(target_layer_ids, "--target-layer-ids"),
-                          derive_target_layer_ids=derive_target_layer_ids, block_size=block_size, causal=causal,
-                          dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite, allow_pickle=allow_pickle,
-                          source_revision=src_sha, source_id=src if src_sha else None)
-    if max_shard_size is not None:
-        from .safetensors_io import parse_size
-
-        try:
-            parse_size(max_shard_size)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--max-shard-size") from None
-    ckpt = open_checkpoint(src_path, allow_pickle=allow_pickle)
-    check_destination(output, overwrite, sources=(ckpt.path,))
-    plan = plan_conversion(ckpt, opts)
-    for w in plan.warnings:
-        warn(w)
-    report = None
-
-    def before_commit(tmp: Path) -> None:
-        nonlocal report
-        if validate_output or push:
-            from .validate import validate_output_dir
-            from .errors import ValidationFailed
-
-            status_line("validating the converted checkpoint (static, numeric)")
-            report = validate_output_dir(tmp, progress=status_line)
-            n = report.counts()
-            status_line(f"validation {'passed' if report.passed else 'FAILED'}: {n['pass']} passed, {n['fail']} failed, "
-                        f"{n['warn']} warnings ({', '.join(report.levels_run)})")
-            if report.failed:
-                names = ", ".join(c.name for c in report.failed_checks)
-                raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
-
-    progress, advance = _progress_bar(sum(ckpt.tensors[s.source].nbytes for s in plan.kept if s.source), "converting")
-    with progress:
-        record = execute(plan, output, opts, on_progress=advance, before_commit=before_commit)
-    result = {"output": str(output), "source_format": record.source_format,
-              "destination_format": record.destination_format, "tensors_kept": len(record.tensors_kept),
-              "tensors_dropped": record.tensors_dropped, "tensors_added": record.tensors_added,
-              "warnings": record.warnings, "source_revision": record.source_revision}
-    if report is not None:
-        result["validation"] = report.summary()
-    if push:
-        from . import hub
-
-        pushed = hub.push(output, push, revision=None, private=private, commit_message=commit_message,
-                          commit_description=commit_description, create_pr=create_pr, token=token,
-                          validation=report.summary() if report is not None else None)
-        result["push"] = pushed.to_dict()
-    if as_json:
-        emit_json(result)
-    else:
-        err.print(f"converted {ckpt.format} -> {record.destination_format}: {output} "
-                  f"({len(record.tensors_kept)} tensors kept, {len(record.tensors_dropped)} dropped)")
-        for name, reason in record.tensors_dropped.items():
-            err.print(f"  dropped {name}: {reason}")
-        for name, how in record.tensors_added.items():
-            err.print(f"  added {name}: {how}")
-        if push:
-            typer.echo(result["push"].get("pr_url") or result["push"].get("commit_url"))
+    verifier_path = resolve_local(verifier, revision=None, token=token, config_only=True)[0] if verifier else None
+    opts = ConvertOptions(to=_value(to), verifier=verifier_path, verifier_name=verifier, mask_token_id=mask_token_id,
+                          target_layer_ids=target_layer_ids, derive_target_layer_ids=derive_target_layer_ids,
+                          block_size=block_size, causal=causal, dtype=_value(dtype), max_shard_size=max_shard_size,
+                          overwrite=overwrite, allow_pickle=allow_pickle, source_revision=src_sha,
+                          source_id=src if src_sha else None)
+    push_options = dict(revision=push_revision, private=private, commit_message=commit_message,
+                        commit_description=commit_description, create_pr=create_pr, token=token)
+    with out.progress("converting") as update:
+        done = run_convert(src_path, output, opts, validate=validate, push=push, push_options=push_options,
+                           on_progress=update, on_warning=out.warn, on_status=out.status)
+    record = done.record
+    out.info(f"converted {record.source_format} -> {record.destination_format}: {output} "
+             f"({len(record.tensors_kept)} tensors kept, {len(record.tensors_dropped)} dropped)")
+    for name, reason in record.tensors_dropped.items():
+        out.info(f"  dropped {name}: {reason}")
+    for name, how in record.tensors_added.items():
+        out.info(f"  added {name}: {how}")
+    out.result(done.to_dict(), (done.push.pr_url or done.push.commit_url) if done.push else None)
 
 
 # ----------------------------------------------------------------------------- inspect / diff / schema
 
-@app.command()
+@app.command(epilog=_examples("dflash-convert inspect ./draft", "dflash-convert inspect org/draft --revision v1 --json",
+                              "dflash-convert inspect ./draft --scan"))
 def inspect(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory or Hub id."),
-    scan: bool = typer.Option(False, "--scan", help="Also read tensor values (NaN/Inf, all-zero); imports torch."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Accept .bin pickle weights (weights_only=True)."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
-    token: Optional[str] = typer.Option(None, "--token", help="Hub token."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    path: Source,
+    scan: Annotated[bool, _flag("--scan", help="Also read tensor values (NaN/Inf, all-zero); imports "
+                                       "torch.")] = False,
+    allow_pickle: AllowPickle = False,
+    revision: Revision = None,
+    token: Token = None,
+    as_json: Json = False,
+    quiet: Quiet = False,
 ) -> None:
     """Show the format, the values engines read, the tensors, and every problem found (exit 3 if any fails)."""
-    from .inspect import inspect_checkpoint
     from .errors import ValidationFailed
+    from .inspect import inspect_checkpoint
 
+    out = Output(as_json, quiet)
     local, sha = resolve_local(path, revision=revision, token=token, allow_pickle=allow_pickle)
     info = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle)
     info["revision"] = sha
-    if as_json:
-        emit_json(info)
-    else:
+    out.result(info)
+    if not as_json and not quiet:
         _print_inspect(info)
     if not info["ok"]:
         raise typer.Exit(ValidationFailed.exit_code)
@@ -272,42 +386,43 @@ def _print_inspect(info: dict) -> None:
         err.print("[green]no problems found[/green]")
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "dflash-convert diff ./draft-speculators ./draft-hf",
+    "dflash-convert diff org/draft org/draft --revision-a v1 --revision-b main --json",
+    "dflash-convert diff ./draft ./draft-bf16 --tolerance 0.01"))
 def diff(
-    a: str = typer.Argument(..., metavar="A", help="First checkpoint (directory or Hub id)."),
-    b: str = typer.Argument(..., metavar="B", help="Second checkpoint (directory or Hub id)."),
-    tolerance: float = typer.Option(0.0, "--tolerance", help="Max abs difference still counted as equal."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision for Hub ids."),
-    token: Optional[str] = typer.Option(None, "--token", help="Hub token."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    a: Annotated[str, typer.Argument(metavar="A", help="First checkpoint (directory or Hub id).", show_default=False)],
+    b: Annotated[str, typer.Argument(metavar="B", help="Second checkpoint (directory or Hub id).", show_default=False)],
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Max abs difference still counted as equal.")] = 0.0,
+    revision: Revision = None,
+    revision_a: Annotated[Optional[str], typer.Option("--revision-a", help="Hub revision of A (default: "
+                                                      "--revision).", show_default=False)] = None,
+    revision_b: Annotated[Optional[str], typer.Option("--revision-b", help="Hub revision of B (default: "
+                                                      "--revision).", show_default=False)] = None,
+    token: Token = None,
+    as_json: Json = False,
+    quiet: Quiet = False,
 ) -> None:
     """Compare two checkpoints (also across formats): exit 0 when equivalent, 3 when not."""
     from .diff import diff_checkpoints
+    from .errors import ValidationFailed
 
-    pa, _ = resolve_local(a, revision=revision, token=token)
-    pb, _ = resolve_local(b, revision=revision, token=token)
-    result = diff_checkpoints(pa, pb, tolerance=tolerance)
-    if as_json:
-        emit_json(result.to_dict())
-    else:
-        err.print(f"{a} ({result.format_a}) vs {b} ({result.format_b})")
-        for key, v in result.config.items():
-            err.print(f"  config {key}: {v['a']!r} != {v['b']!r}")
-        for name, t in result.tensors.items():
-            if t["status"] != "equal":
-                extra = f" (max abs diff {t['max_abs_diff']})" if "max_abs_diff" in t else ""
-                err.print(f"  tensor {name}: {t['status']}{extra}")
-        equal = sum(t["status"] == "equal" for t in result.tensors.values())
-        err.print(f"{equal}/{len(result.tensors)} tensors equal, {len(result.config)} config differences, "
-                  f"{len(result.ignored)} tensors ignored (dropped by design): "
-                  + ("[green]equivalent[/green]" if result.equivalent else "[red]different[/red]"))
-    if not result.equivalent:
-        raise typer.Exit(3)
+    out = Output(as_json, quiet)
+    pa, _ = resolve_local(a, revision=revision_a or revision, token=token)
+    pb, _ = resolve_local(b, revision=revision_b or revision, token=token)
+    report = diff_checkpoints(pa, pb, tolerance=tolerance)
+    out.result(report.model_dump(mode="json"))
+    if not as_json and not quiet:
+        report.render(err)
+    if not report.equivalent:
+        raise typer.Exit(ValidationFailed.exit_code)
 
 
-@app.command()
+@app.command(epilog=_examples("dflash-convert schema validation-report > validation-report.schema.json",
+                              "dflash-convert schema"))
 def schema(
-    name: Optional[str] = typer.Argument(None, metavar="NAME", help="speculators-config, hf-config, conversion-record or validation-report; all when omitted."),
+    name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="One schema name (see below); all when "
+                                                  "omitted.", show_default=False)] = None,
 ) -> None:
     """Print the JSON Schemas of the files and reports dflash-convert reads and writes."""
     from . import schemas
@@ -320,147 +435,140 @@ def schema(
     sys.stdout.write(schemas.render(name))
 
 
-# ----------------------------------------------------------------------------- Hub: pull / push (issue 5)
+# ----------------------------------------------------------------------------- Hub: pull / push
 
-@app.command()
+@app.command(epilog=_examples("dflash-convert pull org/draft", "dflash-convert pull org/draft --revision v1 -o ./draft"))
 def pull(
-    repo: str = typer.Argument(..., metavar="REPO", help="Hub repo id (org/name)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Materialize the files in DIR instead of only the cache."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit (default: main)."),
-    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Also fetch .bin/.pt pickle weights."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    repo: Annotated[str, typer.Argument(metavar="REPO", help="Hub repo id (org/name).", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Materialize the files in DIR instead of "
+                                                   "only the cache.", show_default=False)] = None,
+    revision: Revision = None,
+    token: Token = None,
+    allow_pickle: AllowPickle = False,
+    as_json: Json = False,
+    quiet: Quiet = False,
 ) -> None:
     """Download a DFlash checkpoint from the Hub (config, safetensors, index, README); prints its local path."""
     from . import hub
 
+    out = Output(as_json, quiet)
     resolved = hub.pull(repo, output, revision=revision, token=token, allow_pickle=allow_pickle)
-    if as_json:
-        emit_json(resolved.to_dict())
-    else:
-        err.print(f"pulled {repo}@{resolved.revision} (commit {resolved.commit_sha})", markup=False)
-        typer.echo(str(resolved.path))
+    out.info(f"pulled {repo}@{resolved.revision} (commit {resolved.commit_sha})")
+    out.result(resolved.to_dict(), str(resolved.path))
 
 
-@app.command()
+@app.command(epilog=_examples("dflash-convert push ./draft-hf org/draft-hf",
+                              "dflash-convert push ./draft-hf org/draft-hf --revision dev --create-pr --private"))
 def push(
-    directory: Path = typer.Argument(..., metavar="DIRECTORY", help="Checkpoint directory to upload."),
-    repo: str = typer.Argument(..., metavar="REPO", help="Hub repo id (org/name); created if missing."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Branch to push to (created from main if missing)."),
-    private: bool = typer.Option(False, "--private", help="Create the repo private."),
-    commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit title."),
-    commit_description: Optional[str] = typer.Option(None, "--commit-description", help="Commit description."),
-    create_pr: bool = typer.Option(False, "--create-pr", help="Open a pull request instead of committing to the branch."),
-    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
-    no_validate: bool = typer.Option(False, "--no-validate", help="Push even if static validation fails."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    directory: Annotated[Path, typer.Argument(metavar="DIRECTORY", help="Checkpoint directory to upload.",
+                                              show_default=False)],
+    repo: Annotated[str, typer.Argument(metavar="REPO", help="Hub repo id (org/name); created if missing.",
+                                        show_default=False)],
+    revision: Revision = None,
+    private: Private = False,
+    commit_message: CommitMessage = None,
+    commit_description: CommitDescription = None,
+    create_pr: CreatePr = False,
+    token: Token = None,
+    no_validate: Annotated[bool, _flag("--no-validate", help="Push even if static validation fails.")] = False,
+    as_json: Json = False,
+    quiet: Quiet = False,
 ) -> None:
-    """Upload a checkpoint directory in one commit, with a README model card; prints the commit (or PR) URL."""
-    from . import hub
-    from .errors import ValidationFailed
+    """Upload a checkpoint directory in one commit to a branch (--revision, created from main if missing), with a
+    README model card; prints the commit (or PR) URL."""
+    from .publish import push_checkpoint
 
-    validation = None
-    if not no_validate:
-        from .checkpoint import open_checkpoint
-        from .checks import checkpoint_checks
-
-        checks = checkpoint_checks(open_checkpoint(directory))
-        failed = [c for c in checks if c.status == "fail"]
-        if failed:
-            names = ", ".join(f"{c.name} ({c.message})" if c.message else c.name for c in failed)
-            raise ValidationFailed(f"{directory}: static validation failed: {names}; nothing was pushed "
-                                   "(--no-validate pushes anyway)")
-        validation = {"static checks": "passed" if all(c.status != "warn" for c in checks) else "passed with warnings",
-                      "checks": [c.model_dump(include={"name", "status", "message"}) for c in checks]}
-    result = hub.push(directory, repo, revision=revision, private=private, commit_message=commit_message,
-                      commit_description=commit_description, create_pr=create_pr, token=token, validation=validation)
-    url = result.pr_url or result.commit_url
-    if as_json:
-        emit_json(result.to_dict())
-    else:
-        typer.echo(url)
+    out = Output(as_json, quiet)
+    result = push_checkpoint(directory, repo, validate=not no_validate, revision=revision, private=private,
+                             commit_message=commit_message, commit_description=commit_description,
+                             create_pr=create_pr, token=token)
+    out.result(result.to_dict(), result.pr_url or result.commit_url)
 
 
-# ----------------------------------------------------------------------------- validate (issue 4)
+# ----------------------------------------------------------------------------- validate
 
-@app.command()
+@app.command(epilog=_examples(
+    "dflash-convert validate ./draft",
+    "dflash-convert validate ./draft --target Qwen/Qwen3-8B --min-acceptance-length 3 --junit report.xml",
+    "dflash-convert validate org/draft --target ./qwen3-8b --levels static,numeric --backend sdpa --json"))
 def validate(
-    checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="Draft checkpoint (either format): directory or Hub id."),
-    target: Optional[str] = typer.Option(None, "--target", help="Target model directory, its config.json, or Hub id. A config alone enables the static pair checks; weights enable end to end."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="One prompt per line (text, or token ids as space-separated ints / a JSON list), or JSONL with a `prompt` field. Default: a built-in set."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per prompt (end to end)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Run-time block size (default: the draft's)."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (output must equal the target's)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (float32 on CPU, the checkpoint's on GPU), float32, bfloat16, float16."),
-    backend: str = typer.Option("auto", "--backend", help="Draft attention backend: auto (numeric level tries every available one), eager, sdpa, flex, flash_attn."),
-    target_backend: str = typer.Option("sdpa", "--target-backend", help="The target's attn_implementation (eager, sdpa, flex_attention, ...)."),
-    causal: Optional[bool] = typer.Option(None, "--causal/--non-causal", help="Run every draft layer causal / non-causal, as a deployment would force (default: as the checkpoint declares)."),
-    min_acceptance_length: Optional[float] = typer.Option(None, "--min-acceptance-length", help="Fail when tau (mean tokens per step) is lower."),
-    min_position_rates: Optional[str] = typer.Option(None, "--min-position-rates", help="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7."),
-    levels: Optional[str] = typer.Option(None, "--levels", help="Comma-separated subset of static,numeric,end_to_end (default: all the inputs allow)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object on stdout."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write a JUnit XML report (one testcase per check) to FILE."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of CHECKPOINT."),
-    token: Optional[str] = typer.Option(None, "--token", help="Hub token (default: HF_TOKEN, then the stored token)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic inputs and of sampling."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: 1 for tiny pairs, else torch's; shown in the report)."),
-    draft_sampling: str = typer.Option("greedy", "--draft-sampling", help="greedy (the draft's argmax, vLLM's default) or probabilistic (sampled at --temperature, accepted by rejection sampling)."),
-    device_map: Optional[str] = typer.Option(None, "--device-map", help="Place the target with transformers + accelerate: auto, balanced or sequential (GPUs, then CPU, then disk)."),
-    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto)."),
-    min_speedup: Optional[float] = typer.Option(None, "--min-speedup", help="Fail when the measured speedup is lower (otherwise it is informational)."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run numeric and end-to-end levels even when static checks failed."),
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="Draft checkpoint (either format): "
+                                              "directory or Hub id.", show_default=False)],
+    target: Annotated[Optional[str], typer.Option("--target", help="Target model directory, its config.json, or Hub "
+                                                  "id. A config alone enables the static pair checks; weights "
+                                                  "enable end to end.", show_default=False)] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="One prompt per line (text, or token ids as "
+                                                    "space-separated ints / a JSON list), or JSONL with a `prompt` "
+                                                    "field. Default: a built-in set.", show_default=False)] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt (end to "
+                                                "end).")] = 64,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="Run-time block size (default: the "
+                                                      "draft's).", show_default=False)] = None,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (output must equal the "
+                                               "target's).")] = 0.0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[DType, typer.Option("--dtype", help="Compute dtype (auto: float32 on CPU, the checkpoint's "
+                                         "on GPU).")] = DType.auto,
+    backend: Annotated[Backend, typer.Option("--backend", help="Draft attention backend (auto: the numeric level "
+                                             "tries every available one).")] = Backend.auto,
+    target_backend: Annotated[str, typer.Option("--target-backend", help="The target's attn_implementation (eager, "
+                                                "sdpa, flex_attention, ...).")] = "sdpa",
+    causal: Causal = None,
+    min_acceptance_length: Annotated[Optional[float], typer.Option(
+        "--min-acceptance-length", help="Fail when tau (mean tokens per step) is lower.", show_default=False)] = None,
+    min_position_rates: Annotated[Optional[str], typer.Option(
+        "--min-position-rates", metavar="RATES", callback=_csv(float), show_default=False,
+        help="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7.")] = None,
+    levels: Annotated[Optional[str], typer.Option(
+        "--levels", metavar="LEVELS", callback=_csv(str, LEVELS), show_default=False,
+        help=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")] = None,
+    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write a JUnit XML report "
+                                                  "(one testcase per check) to FILE.", show_default=False)] = None,
+    revision: Revision = None,
+    token: Token = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs and of sampling.")] = 0,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (default: 1 for tiny "
+                                                   "pairs, else torch's; shown in the report).",
+                                                   show_default=False)] = None,
+    draft_sampling: Annotated[DraftSampling, typer.Option(
+        "--draft-sampling", help="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at "
+        "--temperature, accepted by rejection sampling.")] = DraftSampling.greedy,
+    device_map: Annotated[Optional[str], typer.Option(
+        "--device-map", show_default=False, help="Place the target with transformers + accelerate: auto, balanced "
+        "or sequential (GPUs, then CPU, then disk).")] = None,
+    max_memory: Annotated[Optional[str], typer.Option(
+        "--max-memory", metavar="BUDGET", callback=_max_memory, show_default=False,
+        help="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto).")] = None,
+    min_speedup: Annotated[Optional[float], typer.Option(
+        "--min-speedup", show_default=False, help="Fail when the measured speedup is lower (otherwise it is "
+        "informational).")] = None,
+    keep_going: Annotated[bool, _flag("--keep-going", help="Run numeric and end-to-end levels even when static "
+                                      "checks failed.")] = False,
+    as_json: Json = False,
+    quiet: Quiet = False,
 ) -> None:
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
+    from .errors import ValidationFailed
     from .report import render_table, to_json, to_junit
     from .validate import validate as run_validation
 
-    if backend not in ("auto", "eager", "sdpa", "flex", "flash_attn"):
-        raise typer.BadParameter(f"{backend!r}: choose auto, eager, sdpa, flex or flash_attn", param_hint="--backend")
-    rates = None
-    if min_position_rates is not None:
-        try:
-            rates = [float(x) for x in min_position_rates.replace(" ", "").split(",") if x]
-        except ValueError:
-            raise typer.BadParameter(f"expected comma-separated numbers, got {min_position_rates!r}",
-                                     param_hint="--min-position-rates") from None
-    level_list = None
-    if levels is not None:
-        level_list = [x for x in levels.replace(" ", "").split(",") if x]
-        bad = [x for x in level_list if x not in ("static", "numeric", "end_to_end")]
-        if bad:
-            raise typer.BadParameter(f"unknown level(s) {bad}; choose from static, numeric, end_to_end",
-                                     param_hint="--levels")
-    if threads is not None and threads < 1:
-        raise typer.BadParameter("must be at least 1", param_hint="--threads")
-    if draft_sampling not in ("greedy", "probabilistic"):
-        raise typer.BadParameter(f"{draft_sampling!r}: choose greedy or probabilistic", param_hint="--draft-sampling")
-    if device_map is not None and device_map not in ("auto", "balanced", "sequential"):
-        raise typer.BadParameter(f"{device_map!r}: choose auto, balanced or sequential", param_hint="--device-map")
-    budget = None
-    if max_memory is not None:
-        from .memory import parse_max_memory
-
-        try:
-            budget = parse_max_memory(max_memory)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--max-memory") from None
+    out = Output(as_json, quiet)
     ckpt_path, ckpt_sha = resolve_local(checkpoint, revision=revision, token=token)
-    target_path, target_sha = (None, None)
-    if target is not None:
-        target_path, target_sha = resolve_local(target, revision=None, token=token, for_target=True)
+    target_path, target_sha = (None, None) if target is None else \
+        resolve_local(target, revision=None, token=token, for_target=True)
     report = run_validation(ckpt_path, target=target_path, prompts=prompts, max_new_tokens=max_new_tokens,
-                            block_size=block_size, temperature=temperature, device=device, dtype=dtype,
-                            backend=backend, target_backend=target_backend, causal=causal,
-                            min_acceptance_length=min_acceptance_length, min_position_rates=rates, levels=level_list,
-                            checkpoint_revision=ckpt_sha, target_revision=target_sha, target_name=target, seed=seed,
-                            threads=threads, draft_sampling=draft_sampling, device_map=device_map, max_memory=budget,
-                            min_speedup=min_speedup, keep_going=keep_going, progress=status_line)
+                            block_size=block_size, temperature=temperature, device=device, dtype=_value(dtype),
+                            backend=_value(backend), target_backend=target_backend, causal=causal,
+                            min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates,
+                            levels=levels, checkpoint_revision=ckpt_sha, target_revision=target_sha,
+                            target_name=target, seed=seed, threads=threads,
+                            draft_sampling=_value(draft_sampling), device_map=device_map, max_memory=max_memory,
+                            min_speedup=min_speedup, keep_going=keep_going, progress=out.status)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))
-    render_table(report, err)
-    if as_json:
-        emit_json(to_json(report))
+    if not quiet:
+        render_table(report, err)
+    out.result(to_json(report))
     if not report.passed:
-        raise typer.Exit(3)
+        raise typer.Exit(ValidationFailed.exit_code)

@@ -373,14 +373,16 @@ class Converted:
 def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = None, *, validate: bool = False,
             push: str | None = None, push_options: dict[str, Any] | None = None,
             on_progress: Callable[[int, int], None] | None = None,
-            on_warning: Callable[[str], None] | None = None) -> Converted:
+            on_warning: Callable[[str], None] | None = None,
+            on_status: Callable[[str], None] | None = None) -> Converted:
     """Library entry point: convert the checkpoint at `src` into `dest` (see ConvertOptions).
 
     validate=True (implied by push) runs static + numeric validation on the staged output before it
     is renamed into place: a failing check raises ValidationFailed and nothing is written. push=REPO
     then uploads `dest` (publish.push_checkpoint; push_options go to hub.push: revision, private,
     commit_message, commit_description, create_pr, token). on_progress(bytes_written, total_bytes)
-    counts output bytes; on_warning gets each planning warning before any byte is written.
+    counts output bytes; on_warning gets each planning warning before any byte is written; on_status
+    gets progress lines of the validation.
     """
     opts = opts or ConvertOptions()
     dest = Path(dest)
@@ -395,7 +397,12 @@ def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = Non
         nonlocal report
         from .validate import validate_output_dir
 
-        report = validate_output_dir(tmp)
+        say = on_status or (lambda message: None)
+        say("validating the converted checkpoint (static, numeric)")
+        report = validate_output_dir(tmp, progress=on_status)
+        n = report.counts()
+        say(f"validation {'passed' if report.passed else 'FAILED'}: {n['pass']} passed, {n['fail']} failed, "
+            f"{n['warn']} warnings ({', '.join(report.levels_run)})")
         if report.failed:
             names = ", ".join(c.name for c in report.failed_checks)
             raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")

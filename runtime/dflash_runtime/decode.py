@@ -30,7 +30,7 @@ from dflash_convert.errors import UsageError
 
 from .metrics import DecodeStats
 
-DRAFT_SAMPLING = ("greedy", "probabilistic")
+from . import DRAFT_SAMPLING
 from .model import DFlashDraft, warn_block_size
 from .target import Target, check_pair
 
