@@ -24,7 +24,7 @@ from rich.console import Console
 from dflash_runtime import BACKEND_NAMES, DRAFT_SAMPLING
 
 from .configs import Format
-from .convert import FLOAT_DTYPES
+from .dtypes import CAST_TARGETS, DTYPES, code_for_name
 from .errors import DFlashError
 from .report import LEVELS
 
@@ -46,13 +46,18 @@ def _choices(name: str, values) -> type[enum.Enum]:
 
 
 To = _choices("To", get_args(Format))
-DType = _choices("DType", ("auto", *FLOAT_DTYPES))
+DType = _choices("DType", ("auto", *CAST_TARGETS, *(d.short for d in DTYPES.values() if d.cast_target)))
 Backend = _choices("Backend", ("auto", *BACKEND_NAMES))
 DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
 
 
 def _value(choice: enum.Enum | None) -> str | None:
     return None if choice is None else choice.value
+
+
+def _dtype_name(choice: enum.Enum) -> str:
+    """auto, or the torch name of a --dtype spelling (bf16 -> bfloat16)."""
+    return "auto" if choice.value == "auto" else DTYPES[code_for_name(choice.value)].torch
 
 
 def _csv(kind: Callable[[str], Any], choices: tuple[str, ...] | None = None):
@@ -317,7 +322,7 @@ def convert(
     verifier_path = resolve_local(verifier, revision=None, token=token, config_only=True)[0] if verifier else None
     opts = ConvertOptions(to=_value(to), verifier=verifier_path, verifier_name=verifier, mask_token_id=mask_token_id,
                           target_layer_ids=target_layer_ids, derive_target_layer_ids=derive_target_layer_ids,
-                          block_size=block_size, causal=causal, dtype=_value(dtype), max_shard_size=max_shard_size,
+                          block_size=block_size, causal=causal, dtype=_dtype_name(dtype), max_shard_size=max_shard_size,
                           overwrite=overwrite, allow_pickle=allow_pickle, source_revision=src_sha,
                           source_id=src if src_sha else None)
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,

@@ -49,14 +49,14 @@ def test_choices_come_from_the_library(cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")  # one option per line in --help
     import torch  # noqa: F401 - attention.BACKENDS needs it
 
-    from dflash_convert.convert import FLOAT_DTYPES
+    from dflash_convert.dtypes import CAST_TARGETS
     from dflash_convert.report import LEVELS
     from dflash_runtime import BACKEND_NAMES
     from dflash_runtime.attention import BACKENDS
 
     assert set(BACKEND_NAMES) == set(BACKENDS)
     text = cli("validate", "-h").out
-    for name in (*BACKEND_NAMES, *FLOAT_DTYPES):
+    for name in (*BACKEND_NAMES, *CAST_TARGETS):
         assert name in text, name
     assert ",".join(LEVELS) in text.replace(" ", "")
     assert "speculators|hf" in cli("convert", "-h").out
@@ -152,7 +152,7 @@ def test_diff_report_validates_against_its_schema(cli, speculators_drafts, tmp_p
     assert schema == schemas.schema("diff-report")
     hf, bf, cfg_changed = tmp_path / "hf", tmp_path / "bf16", tmp_path / "cfg"
     assert cli("convert", speculators_drafts["pruned"], "-o", hf).code == 0
-    assert cli("convert", speculators_drafts["pruned"], "-o", bf, "--dtype", "bfloat16").code == 0
+    assert cli("convert", speculators_drafts["pruned"], "-o", bf, "--dtype", "bf16").code == 0
     assert cli("convert", speculators_drafts["pruned"], "-o", cfg_changed, "--mask-token-id", "7").code == 0
     reports = []
     for other in (hf, bf, cfg_changed, speculators_drafts["full"]):
