@@ -98,25 +98,22 @@ def _examples(*lines: str) -> str:
 
 # ----------------------------------------------------------------------------- shared options (declared once)
 
-Source = Annotated[str, typer.Argument(metavar="SRC", help="Checkpoint directory or Hub repo id (org/name).",
-                                       show_default=False)]
+Source = Annotated[str, typer.Argument(metavar="SRC", help="Checkpoint directory or Hub repo id (org/name).")]
 Revision = Annotated[Optional[str], typer.Option("--revision", help="Hub revision: branch, tag or commit sha "
-                                                 "(default: main).", show_default=False)]
+                                                 "(default: main).")]
 Token = Annotated[Optional[str], typer.Option("--token", help="Hub token (default: HF_TOKEN, then the stored "
-                                              "token).", show_default=False)]
+                                              "token).")]
 Json = Annotated[bool, _flag("--json", help="Print one JSON object on stdout (errors too).")]
-Quiet = Annotated[bool, _flag("-q", "--quiet", help="No progress and no info lines (results, warnings "
-                                     "and errors still print).")]
+Quiet = Annotated[bool, _flag("-q", "--quiet", help="No progress and no info lines (results, warnings and "
+                              "errors still print).")]
 AllowPickle = Annotated[bool, _flag("--allow-pickle", help="Accept .bin/.pt pickle weights (loaded with "
-                                           "weights_only=True).")]
+                                    "weights_only=True).")]
 Causal = Annotated[Optional[bool], _flag("--causal/--non-causal", help="Force every draft layer causal / "
-                                                "non-causal (default: as the checkpoint declares).")]
+                                         "non-causal (default: as the checkpoint declares).")]
 Private = Annotated[bool, _flag("--private", help="Create the Hub repo private.")]
-CommitMessage = Annotated[Optional[str], typer.Option("--commit-message", help="Commit title.", show_default=False)]
-CommitDescription = Annotated[Optional[str], typer.Option("--commit-description", help="Commit description.",
-                                                          show_default=False)]
-CreatePr = Annotated[bool, _flag("--create-pr", help="Open a pull request instead of committing to the "
-                                        "branch.")]
+CommitMessage = Annotated[Optional[str], typer.Option("--commit-message", help="Commit title.")]
+CommitDescription = Annotated[Optional[str], typer.Option("--commit-description", help="Commit description.")]
+CreatePr = Annotated[bool, _flag("--create-pr", help="Open a pull request instead of committing to the branch.")]
 
 
 # ----------------------------------------------------------------------------- output
@@ -141,12 +138,15 @@ class Output:
     def warn(self, text: str) -> None:
         err.print(f"[yellow]warning:[/yellow] {_escape(text)}")
 
-    def result(self, obj: Any, text: Optional[str] = None) -> None:
-        """The command's answer: `obj` as JSON under --json, else `text` (if any) on stdout."""
+    def result(self, obj: Any, text: Optional[str] = None, render: Optional[Callable[[Console], None]] = None) -> None:
+        """The command's answer: `obj` as JSON under --json; else `text` on stdout and/or `render(stderr)`."""
         if self.json:
             emit_json(obj)
-        elif text is not None:
+            return
+        if text is not None:
             typer.echo(text)
+        if render is not None and not self.quiet:
+            render(err)
 
     @contextmanager
     def progress(self, description: str) -> Iterator[Callable[[int, int], None]]:
@@ -275,38 +275,35 @@ def resolve_local(source: str, *, revision: Optional[str], token: Optional[str],
     "dflash-convert convert ./draft -o ./draft-hf --push org/draft-hf --push-revision dev --create-pr"))
 def convert(
     src: Source,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Destination directory (written atomically).",
-                                         show_default=False)],
-    to: Annotated[Optional[To], typer.Option("--to", help="Destination format (default: the other one).",
-                                             show_default=False)] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Destination directory (written atomically).")],
+    to: Annotated[Optional[To], typer.Option("--to", help="Destination format (default: the other one).")] = None,
     verifier: Annotated[Optional[str], typer.Option("--verifier", help="Target model directory, its config.json, "
                                                     "or Hub id: fills num_target_layers and the verifier block, "
-                                                    "and checks the pair.", show_default=False)] = None,
+                                                    "and checks the pair.")] = None,
     mask_token_id: Annotated[Optional[int], typer.Option("--mask-token-id", help="Override/supply the mask token "
-                                                         "id.", show_default=False)] = None,
+                                                         "id.")] = None,
     target_layer_ids: Annotated[Optional[str], typer.Option(
-        "--target-layer-ids", metavar="IDS", callback=_csv(int), show_default=False,
+        "--target-layer-ids", metavar="IDS", callback=_csv(int),
         help="Override/supply z-lab target layer ids (0-based layer outputs), e.g. 1,9,17,25,33.")] = None,
     derive_target_layer_ids: Annotated[bool, _flag(
         "--derive-target-layer-ids", help="Derive missing ids with the published z-lab/SGLang rule (needs "
         "--verifier); never done silently.")] = False,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", help="Override/supply the block size.",
-                                                      show_default=False)] = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="Override/supply the block size.")] = None,
     causal: Causal = None,
     dtype: Annotated[DType, typer.Option("--dtype", help="Floating-point dtype written (auto keeps each "
                                          "tensor's).")] = DType.auto,
     max_shard_size: Annotated[Optional[str], typer.Option("--max-shard-size", help="Shard the output, HF syntax "
-                                                          "(e.g. 5GB).", show_default=False)] = None,
+                                                          "(e.g. 5GB).")] = None,
     overwrite: Annotated[bool, _flag("--overwrite", help="Replace a non-empty destination.")] = False,
     allow_pickle: AllowPickle = False,
-    validate: Annotated[bool, _flag("--validate", help="Run static + numeric validation on the output "
-                                           "before it is committed (always done with --push).")] = False,
+    validate: Annotated[bool, _flag("--validate", help="Run static + numeric validation on the output before it "
+                                    "is committed (always done with --push).")] = False,
     revision: Revision = None,
     token: Token = None,
     push: Annotated[Optional[str], typer.Option("--push", metavar="REPO", help="Then push the output to this Hub "
-                                                "repo (created if missing).", show_default=False)] = None,
+                                                "repo (created if missing).")] = None,
     push_revision: Annotated[Optional[str], typer.Option("--push-revision", help="With --push: the branch to push "
-                                                         "to (default: main).", show_default=False)] = None,
+                                                         "to (default: main).")] = None,
     private: Private = False,
     commit_message: CommitMessage = None,
     commit_description: CommitDescription = None,
@@ -346,8 +343,7 @@ def convert(
                               "dflash-convert inspect ./draft --scan"))
 def inspect(
     path: Source,
-    scan: Annotated[bool, _flag("--scan", help="Also read tensor values (NaN/Inf, all-zero); imports "
-                                       "torch.")] = False,
+    scan: Annotated[bool, _flag("--scan", help="Also read tensor values (NaN/Inf, all-zero); imports torch.")] = False,
     allow_pickle: AllowPickle = False,
     revision: Revision = None,
     token: Token = None,
@@ -362,14 +358,12 @@ def inspect(
     local, sha = resolve_local(path, revision=revision, token=token, allow_pickle=allow_pickle)
     info = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle)
     info["revision"] = sha
-    out.result(info)
-    if not as_json and not quiet:
-        _print_inspect(info)
+    out.result(info, render=lambda console: _print_inspect(info, console))
     if not info["ok"]:
         raise typer.Exit(ValidationFailed.exit_code)
 
 
-def _print_inspect(info: dict) -> None:
+def _print_inspect(info: dict, err: Console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -396,14 +390,14 @@ def _print_inspect(info: dict) -> None:
     "dflash-convert diff org/draft org/draft --revision-a v1 --revision-b main --json",
     "dflash-convert diff ./draft ./draft-bf16 --tolerance 0.01"))
 def diff(
-    a: Annotated[str, typer.Argument(metavar="A", help="First checkpoint (directory or Hub id).", show_default=False)],
-    b: Annotated[str, typer.Argument(metavar="B", help="Second checkpoint (directory or Hub id).", show_default=False)],
+    a: Annotated[str, typer.Argument(metavar="A", help="First checkpoint (directory or Hub id).")],
+    b: Annotated[str, typer.Argument(metavar="B", help="Second checkpoint (directory or Hub id).")],
     tolerance: Annotated[float, typer.Option("--tolerance", help="Max abs difference still counted as equal.")] = 0.0,
     revision: Revision = None,
     revision_a: Annotated[Optional[str], typer.Option("--revision-a", help="Hub revision of A (default: "
-                                                      "--revision).", show_default=False)] = None,
+                                                      "--revision).")] = None,
     revision_b: Annotated[Optional[str], typer.Option("--revision-b", help="Hub revision of B (default: "
-                                                      "--revision).", show_default=False)] = None,
+                                                      "--revision).")] = None,
     token: Token = None,
     as_json: Json = False,
     quiet: Quiet = False,
@@ -416,9 +410,7 @@ def diff(
     pa, _ = resolve_local(a, revision=revision_a or revision, token=token)
     pb, _ = resolve_local(b, revision=revision_b or revision, token=token)
     report = diff_checkpoints(pa, pb, tolerance=tolerance)
-    out.result(report.model_dump(mode="json"))
-    if not as_json and not quiet:
-        report.render(err)
+    out.result(report.model_dump(mode="json"), render=report.render)
     if not report.equivalent:
         raise typer.Exit(ValidationFailed.exit_code)
 
@@ -427,7 +419,7 @@ def diff(
                               "dflash-convert schema"))
 def schema(
     name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="One schema name (see below); all when "
-                                                  "omitted.", show_default=False)] = None,
+                                                  "omitted.")] = None,
 ) -> None:
     """Print the JSON Schemas of the files and reports dflash-convert reads and writes."""
     from . import schemas
@@ -442,11 +434,12 @@ def schema(
 
 # ----------------------------------------------------------------------------- Hub: pull / push
 
-@app.command(epilog=_examples("dflash-convert pull org/draft", "dflash-convert pull org/draft --revision v1 -o ./draft"))
+@app.command(epilog=_examples("dflash-convert pull org/draft",
+                              "dflash-convert pull org/draft --revision v1 -o ./draft"))
 def pull(
-    repo: Annotated[str, typer.Argument(metavar="REPO", help="Hub repo id (org/name).", show_default=False)],
+    repo: Annotated[str, typer.Argument(metavar="REPO", help="Hub repo id (org/name).")],
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Materialize the files in DIR instead of "
-                                                   "only the cache.", show_default=False)] = None,
+                                                   "only the cache.")] = None,
     revision: Revision = None,
     token: Token = None,
     allow_pickle: AllowPickle = False,
@@ -465,10 +458,8 @@ def pull(
 @app.command(epilog=_examples("dflash-convert push ./draft-hf org/draft-hf",
                               "dflash-convert push ./draft-hf org/draft-hf --revision dev --create-pr --private"))
 def push(
-    directory: Annotated[Path, typer.Argument(metavar="DIRECTORY", help="Checkpoint directory to upload.",
-                                              show_default=False)],
-    repo: Annotated[str, typer.Argument(metavar="REPO", help="Hub repo id (org/name); created if missing.",
-                                        show_default=False)],
+    directory: Annotated[Path, typer.Argument(metavar="DIRECTORY", help="Checkpoint directory to upload.")],
+    repo: Annotated[str, typer.Argument(metavar="REPO", help="Hub repo id (org/name); created if missing.")],
     revision: Revision = None,
     private: Private = False,
     commit_message: CommitMessage = None,
@@ -498,17 +489,17 @@ def push(
     "dflash-convert validate org/draft --target ./qwen3-8b --levels static,numeric --backend sdpa --json"))
 def validate(
     checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="Draft checkpoint (either format): "
-                                              "directory or Hub id.", show_default=False)],
+                                              "directory or Hub id.")],
     target: Annotated[Optional[str], typer.Option("--target", help="Target model directory, its config.json, or Hub "
                                                   "id. A config alone enables the static pair checks; weights "
-                                                  "enable end to end.", show_default=False)] = None,
+                                                  "enable end to end.")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="One prompt per line (text, or token ids as "
                                                     "space-separated ints / a JSON list), or JSONL with a `prompt` "
-                                                    "field. Default: a built-in set.", show_default=False)] = None,
+                                                    "field. Default: a built-in set.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt (end to "
                                                 "end).")] = 64,
     block_size: Annotated[Optional[int], typer.Option("--block-size", help="Run-time block size (default: the "
-                                                      "draft's).", show_default=False)] = None,
+                                                      "draft's).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (output must equal the "
                                                "target's).")] = 0.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -520,32 +511,31 @@ def validate(
                                                 "sdpa, flex_attention, ...).")] = "sdpa",
     causal: Causal = None,
     min_acceptance_length: Annotated[Optional[float], typer.Option(
-        "--min-acceptance-length", help="Fail when tau (mean tokens per step) is lower.", show_default=False)] = None,
+        "--min-acceptance-length", help="Fail when tau (mean tokens per step) is lower.")] = None,
     min_position_rates: Annotated[Optional[str], typer.Option(
-        "--min-position-rates", metavar="RATES", callback=_csv(float), show_default=False,
+        "--min-position-rates", metavar="RATES", callback=_csv(float),
         help="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7.")] = None,
     levels: Annotated[Optional[str], typer.Option(
-        "--levels", metavar="LEVELS", callback=_csv(str, LEVELS), show_default=False,
+        "--levels", metavar="LEVELS", callback=_csv(str, LEVELS),
         help=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write a JUnit XML report "
-                                                  "(one testcase per check) to FILE.", show_default=False)] = None,
+                                                  "(one testcase per check) to FILE.")] = None,
     revision: Revision = None,
     token: Token = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs and of sampling.")] = 0,
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (default: 1 for tiny "
-                                                   "pairs, else torch's; shown in the report).",
-                                                   show_default=False)] = None,
+                                                   "pairs, else torch's; shown in the report).")] = None,
     draft_sampling: Annotated[DraftSampling, typer.Option(
         "--draft-sampling", help="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at "
         "--temperature, accepted by rejection sampling.")] = DraftSampling.greedy,
     device_map: Annotated[Optional[str], typer.Option(
-        "--device-map", show_default=False, help="Place the target with transformers + accelerate: auto, balanced "
+        "--device-map", help="Place the target with transformers + accelerate: auto, balanced "
         "or sequential (GPUs, then CPU, then disk).")] = None,
     max_memory: Annotated[Optional[str], typer.Option(
-        "--max-memory", metavar="BUDGET", callback=_max_memory, show_default=False,
+        "--max-memory", metavar="BUDGET", callback=_max_memory,
         help="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto).")] = None,
     min_speedup: Annotated[Optional[float], typer.Option(
-        "--min-speedup", show_default=False, help="Fail when the measured speedup is lower (otherwise it is "
+        "--min-speedup", help="Fail when the measured speedup is lower (otherwise it is "
         "informational).")] = None,
     keep_going: Annotated[bool, _flag("--keep-going", help="Run numeric and end-to-end levels even when static "
                                       "checks failed.")] = False,

@@ -154,7 +154,8 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
             result.config_differences[key] = ConfigDifference(a=va[key], b=vb.get(key))
     used_a, ignored_a = _engine_tensors(ca)
     used_b, ignored_b = _engine_tensors(cb)
-    result.ignored_tensors = {**{f"a:{k}": v for k, v in ignored_a.items()}, **{f"b:{k}": v for k, v in ignored_b.items()}}
+    result.ignored_tensors = {**{f"a:{k}": v for k, v in ignored_a.items()},
+                              **{f"b:{k}": v for k, v in ignored_b.items()}}
     for name in sorted(used_a | used_b):
         ta, tb = ca.tensors.get(name) if name in used_a else None, cb.tensors.get(name) if name in used_b else None
         if ta is None or tb is None:
