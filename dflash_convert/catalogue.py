@@ -56,6 +56,7 @@ class Tensor:
     check: str = "tensor_shapes"  # the static check that reports a wrong shape
     hint: Callable[[DraftSpec], str] | None = None  # why the shape is what it is, added to errors
     dtype: str | None = None  # the dtype code conversion writes when it derives the tensor
+    kinds: tuple[str, ...] = ("float",)  # dtype kinds (dtypes.DType.kind) it may be stored in
 
     @property
     def never_shipped(self) -> bool:
@@ -122,11 +123,12 @@ CATALOGUE: tuple[Tensor, ...] = (
            needed=_pruned, to_hf=KEEP_IF_PRUNED, to_speculators=KEEP_IF_PRUNED,
            drop_reason="identity vocab map of a full-vocab draft", check="vocab_map",
            hint=lambda s: f"the pruned lm_head [{_draft_vocab(s)}, {s.hidden_size}] names target ids only through "
-                          "d2t (without it acceptance collapses)"),
+                          "d2t (without it acceptance collapses)",
+           kinds=("int",)),
     Tensor("t2d", "t2d", "target->draft membership (bool [vocab])", lambda s: (s.vocab_size,), needed=_never,
            to_hf=DROP, to_speculators=DERIVE_IF_PRUNED,
            drop_reason="derivable from d2t; HF-format consumers (vLLM) skip it", check="t2d_consistency",
-           dtype="BOOL"),
+           dtype="BOOL", kinds=("bool", "int")),
     Tensor("embed_tokens", "embed_tokens.weight", "copy of the verifier embedding (speculators <= 0.8 saves)",
            lambda s: (s.vocab_size, s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
            drop_reason="copy of the verifier embedding; engines use the target's"),

@@ -8,6 +8,7 @@ asks for them, and are then loaded with `weights_only=True`.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import uuid
@@ -26,18 +27,78 @@ CONFIG_NAME = "config.json"
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
-def read_json(path: Path) -> dict[str, Any]:
+MAX_CONFIG_BYTES = 8 << 20  # config.json, conversion.json: real ones are a few KB
+MAX_INDEX_BYTES = 64 << 20  # a shard index lists every tensor name once: tens of MB at the very most
+MAX_JSON_DEPTH = 32  # real configs nest 3-4 levels
+MAX_JSON_INT = 1 << 64  # no config value needs more; bigger is hostile or corrupt
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A JSON object from a file, bounded before it is parsed and checked after: size, nesting depth,
+    duplicate keys, integers of absurd size and NaN/Infinity (not JSON; Python's parser accepts them)
+    are each one error naming the file (and the key, where there is one)."""
+    path = Path(path)
     try:
-        data = json.loads(Path(path).read_text())
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)  # read(), not stat(): pipes and devices report no size
     except FileNotFoundError:
         raise DFlashError("file not found", file=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DFlashError(f"cannot read: {exc}", file=path) from None
+    except OSError as exc:
+        raise DFlashError(f"cannot read: {exc.strerror or exc}", file=path) from None
+    if len(data) > max_bytes:
+        raise DFlashError(f"file is larger than {max_bytes >> 20} MB: not a config this tool reads", file=path)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DFlashError(f"not valid JSON (not UTF-8 text: byte {exc.start})", file=path) from None
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            seen: set[str] = set()
+            dup = next(k for k, _ in items if k in seen or seen.add(k))
+            raise _Duplicate(dup)
+        return obj
+
+    try:
+        value = json.loads(text, object_pairs_hook=pairs)
+    except _Duplicate as exc:
+        raise DFlashError(f"key `{exc.args[0]}` appears twice in one object (which one applies is undefined)",
+                          file=path) from None
+    except RecursionError:
+        raise DFlashError(f"not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)", file=path) from None
     except json.JSONDecodeError as exc:
         raise DFlashError(f"not valid JSON ({exc})", file=path) from None
-    if not isinstance(data, dict):
+    except ValueError as exc:  # Python's cap on integer digits: "Exceeds the limit (4300 digits) ..."
+        raise DFlashError(f"not valid JSON: an integer too long to be a config value ({str(exc)[:60]})",
+                          file=path) from None
+    if not isinstance(value, dict):
         raise DFlashError("not a JSON object", file=path)
-    return data
+    _check_json_values(value, path)
+    return value
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _check_json_values(value: Any, path: Path) -> None:
+    """Depth, integer size and finiteness of every value, iteratively (no recursion to exhaust)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise DFlashError(f"not valid JSON for a config: nested more than {MAX_JSON_DEPTH} levels deep "
+                              f"(at `{where}`)", file=path)
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise DFlashError(f"field `{where}` is {item}: NaN and Infinity are not JSON numbers", file=path)
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= MAX_JSON_INT:
+            raise DFlashError(f"field `{where}` is an integer of {len(str(abs(item)))} digits: out of any "
+                              "config value's range", file=path)
 
 
 @dataclass
@@ -145,7 +206,7 @@ def _weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path | No
     """(safetensors files, index file, pickle files) of a checkpoint directory."""
     index = path / INDEX_NAME
     if index.exists():
-        data = read_json(index)
+        data = read_json(index, max_bytes=MAX_INDEX_BYTES)
         weight_map = data.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise DFlashError("field `weight_map` missing or empty", file=index)
@@ -191,7 +252,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
             tensors[canon] = info
             source_names[canon] = name
     if index is not None:
-        weight_map = read_json(index)["weight_map"]
+        weight_map = read_json(index, max_bytes=MAX_INDEX_BYTES)["weight_map"]
         for name, info in tensors.items():
             listed = weight_map.get(source_names[name])
             if listed is not None and listed != info.file.name:
@@ -218,8 +279,30 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
             source_names[canon] = name
             tensors[canon] = TensorInfo(canon, code_for_torch(tensor.dtype, tensor=name, file=f),
                                         tuple(tensor.shape), f, 0, tensor.numel() * tensor.element_size())
+    _check_config_against_tensors(spec, tensors, path / CONFIG_NAME)
     return Checkpoint(path=path, raw_config=raw, spec=spec, tensors=tensors, source_names=source_names,
                       weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled)
+
+
+def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo], config_file: Path) -> None:
+    """What the config says against what the files hold, for every command: no tensor of a layer the
+    config does not have, and every tensor in a dtype kind its catalogue entry allows (an int
+    `fc.weight` is not a draft any engine can run; only the vocab maps hold integers)."""
+    for name, info in tensors.items():
+        rule = catalogue.rule_for(name, spec.variant)
+        if rule is None:
+            continue  # unknown tensors: the tensor-set checks name them
+        kind = DTYPES[info.dtype].kind if info.dtype in DTYPES else None
+        if kind not in rule.kinds:
+            allowed = sorted(c for c, d in DTYPES.items() if d.kind in rule.kinds)
+            raise DFlashError(f"tensor `{name}` is {info.dtype}; it must be {' or '.join(rule.kinds)} "
+                              f"({', '.join(allowed)}): only the vocab maps hold integers", file=info.file)
+        if rule.per_layer:
+            index = name[len(rule.name.split("{i}")[0]):].split(".")[0]
+            if len(index) > 6 or int(index) >= spec.num_layers:
+                raise DFlashError(f"field `num_hidden_layers` is {spec.num_layers} but the weights hold tensor "
+                                  f"`{name[:80]}` (layer {index[:12]}): the config and the weights describe different "
+                                  "drafts", file=config_file)
 
 
 # ----------------------------------------------------------------------------- staging

@@ -288,6 +288,8 @@ def convert(
     derive_target_layer_ids: Annotated[bool, _flag(
         "--derive-target-layer-ids", help="Derive missing ids with the published z-lab/SGLang rule (needs "
         "--verifier); never done silently.")] = False,
+    no_verifier: Annotated[bool, _flag(
+        "--no-verifier", help="Write a speculators output that names no verifier (vLLM cannot serve it).")] = False,
     block_size: Annotated[Optional[int], typer.Option("--block-size", help="Override/supply the block size.")] = None,
     causal: Causal = None,
     dtype: Annotated[DType, typer.Option("--dtype", help="Floating-point dtype written (auto keeps each "
@@ -320,7 +322,8 @@ def convert(
     opts = ConvertOptions(to=_value(to), verifier=verifier_path, verifier_name=verifier, mask_token_id=mask_token_id,
                           target_layer_ids=target_layer_ids, derive_target_layer_ids=derive_target_layer_ids,
                           block_size=block_size, causal=causal, dtype=_dtype_name(dtype), max_shard_size=max_shard_size,
-                          overwrite=overwrite, allow_pickle=allow_pickle, source_revision=src_sha,
+                          overwrite=overwrite, allow_pickle=allow_pickle, no_verifier=no_verifier,
+                          source_revision=src_sha,
                           source_id=src if src_sha else None)
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,
                         commit_description=commit_description, create_pr=create_pr, token=token)

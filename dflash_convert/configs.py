@@ -4,50 +4,126 @@ The two pydantic models below describe the files (they type-check what we read a
 the JSON Schemas in `schemas/`); `DraftSpec` is what every other module works with. Turning one
 into the other is `mapping.py`'s job: this module knows field names and types, not semantics.
 Unknown keys are allowed everywhere (real configs carry many) and are carried through.
+
+Validation is strict and bounded, the same for every command that reads a config: a JSON `true` is
+not an integer, `"8"` is not a block size, NaN is not an epsilon, and every size, count and id lies
+in a range some engine can serve (the limits below). The limits are far above any real draft;
+they exist so that a hostile config fails here, with the field named, instead of allocating
+gigabytes or dividing by zero later.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LayerType = Literal["full_attention", "sliding_attention"]
 
+# Bounds on config values (inclusive). Engines accept any positive block size (vLLM: speculative
+# tokens > 0, SGLang: block_size >= 1, and a block of 1 drafts nothing); real drafts use 8-16.
+MIN_BLOCK_SIZE = 2  # the anchor plus at least one mask slot
+MAX_BLOCK_SIZE = 1024
+MAX_LAYERS = 1024  # draft layers, target layers and layer ids
+MAX_HIDDEN = 1 << 17
+MAX_INTERMEDIATE = 1 << 20
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_VOCAB = 1 << 24
+MAX_POSITIONS = 1 << 30  # max_position_embeddings, sliding_window
+MAX_CONV = 1 << 16  # dflash2 convolution / selector sizes
+
+
+class FieldError(ValueError):
+    """A value that is wrong only in relation to another field; `_parse` reports it under `field`."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
+
+
+def _size(lo: int, hi: int, description: str | None = None, default: Any = ...) -> Any:
+    return Field(default, ge=lo, le=hi, description=description)
+
+
+def _check_ids(field: str, ids: list[int] | None, lo: int, num_layers: int | None) -> None:
+    """Layer ids: non-empty, unique, >= lo, below the target's layer count when it is known."""
+    if ids is None:
+        return
+    if not ids:
+        raise FieldError(field, "is empty: the draft needs at least one target layer")
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise FieldError(field, f"repeats ids {dup}: each target layer is captured once")
+    high = MAX_LAYERS + lo if num_layers is None else num_layers - 1 + lo
+    bad = [i for i in ids if not lo <= i <= high]
+    if bad:
+        where = (f"the target's {num_layers} layers (num_target_layers)" if num_layers is not None
+                 else f"the supported range [{lo}, {high}]")
+        raise FieldError(field, f"has ids {bad} outside {where}")
+
+
+def _check_token(field: str, token: int | None, vocab: int) -> None:
+    if token is not None and not 0 <= token < vocab:
+        raise FieldError(field, f"is {token}, outside the vocabulary [0, {vocab})")
 
 
 class DecoderConfig(_Open):
     """Qwen3-style decoder dimensions of the DRAFT (flat in HF configs, nested in speculators')."""
 
     model_type: str | None = None
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int = Field(description="number of DRAFT decoder layers")
-    num_attention_heads: int
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    vocab_size: int = Field(description="the TARGET vocabulary size")
-    rms_norm_eps: float = 1e-6
+    hidden_size: int = _size(1, MAX_HIDDEN)
+    intermediate_size: int = _size(1, MAX_INTERMEDIATE)
+    num_hidden_layers: int = _size(1, MAX_LAYERS, "number of DRAFT decoder layers")
+    num_attention_heads: int = _size(1, MAX_HEADS)
+    num_key_value_heads: int | None = _size(1, MAX_HEADS, default=None)
+    head_dim: int | None = _size(1, MAX_HEAD_DIM, default=None)
+    vocab_size: int = _size(1, MAX_VOCAB, "the TARGET vocabulary size")
+    rms_norm_eps: float = Field(1e-6, gt=0, lt=1, allow_inf_nan=False)
     hidden_act: str = "silu"
     attention_bias: bool = False
-    max_position_embeddings: int | None = None
+    max_position_embeddings: int | None = _size(1, MAX_POSITIONS, default=None)
     rope_parameters: dict[str, Any] | None = None
-    rope_theta: float | None = Field(None, description="legacy (transformers 4.x) key")
+    rope_theta: float | None = Field(None, gt=0, allow_inf_nan=False, description="legacy (transformers 4.x) key")
     rope_scaling: dict[str, Any] | None = Field(None, description="legacy (transformers 4.x) key")
     layer_types: list[LayerType] | None = None
-    sliding_window: int | None = None
+    sliding_window: int | None = _size(1, MAX_POSITIONS, default=None)
     use_sliding_window: bool | None = None
-    max_window_layers: int | None = None
+    max_window_layers: int | None = _size(0, MAX_POSITIONS, default=None)
+    pad_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        heads, kv = self.num_attention_heads, self.num_key_value_heads
+        if self.head_dim is None and self.hidden_size % heads:
+            raise FieldError("num_attention_heads", f"{heads} does not divide hidden_size {self.hidden_size} "
+                             "and there is no head_dim")
+        if kv is not None and heads % kv:
+            raise FieldError("num_key_value_heads", f"{kv} does not divide num_attention_heads {heads}")
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise FieldError("layer_types", f"has {len(self.layer_types)} entries for num_hidden_layers="
+                             f"{self.num_hidden_layers}")
+        for key, params in (("rope_parameters", self.rope_parameters), ("rope_scaling", self.rope_scaling)):
+            theta = (params or {}).get("rope_theta")
+            if theta is not None and not (type(theta) in (int, float) and math.isfinite(theta) and theta > 0):
+                raise FieldError(f"{key}.rope_theta", f"is {theta!r}, not a finite number > 0")
+            kind = (params or {}).get("rope_type", (params or {}).get("type"))
+            if kind is not None and not isinstance(kind, str):
+                raise FieldError(f"{key}.rope_type", f"is {kind!r}, not a string")
+        return self
 
 
 class GreedyProposal(_Open):
     proposal_type: str = "greedy"
-    speculative_tokens: int
-    verifier_accept_k: int = 1
-    accept_tolerance: float = 0.0
+    speculative_tokens: int = _size(MIN_BLOCK_SIZE - 1, MAX_BLOCK_SIZE - 1)
+    verifier_accept_k: int = _size(1, MAX_BLOCK_SIZE, default=1)
+    accept_tolerance: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 class VerifierRef(_Open):
@@ -72,18 +148,40 @@ class SpeculatorsDFlashConfig(_Open):
         None, description="vLLM capture ids: residual stream entering layer k = z-lab target id + 1"
     )
     mask_token_id: int | None = None
-    block_size: int = 8
-    draft_vocab_size: int | None = None
-    target_hidden_size: int | None = None
+    block_size: int = _size(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, default=8)
+    draft_vocab_size: int | None = _size(1, MAX_VOCAB, default=None)
+    target_hidden_size: int | None = _size(1, MAX_HIDDEN, default=None)
+    num_target_layers: int | None = _size(1, MAX_LAYERS, default=None)
     sliding_window_non_causal: bool | None = None
     sample_from_anchor: bool = False
     speculators_config: SpeculatorsBlock | None = None
     speculators_version: str | None = None
+    dtype: str | None = None
+    torch_dtype: str | None = None
     # dflash2 only
-    conv_kernel_size: int | None = None
-    conv_group_size: int | None = None
-    selector_rank: int | None = None
-    selector_top_k: int | None = None
+    conv_kernel_size: int | None = _size(0, MAX_CONV, default=None)
+    conv_group_size: int | None = _size(0, MAX_CONV, default=None)
+    selector_rank: int | None = _size(0, MAX_CONV, default=None)
+    selector_top_k: int | None = _size(0, MAX_CONV, default=None)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        vocab = self.transformer_layer_config.vocab_size
+        _check_token("mask_token_id", self.mask_token_id, vocab)
+        ids = self.aux_hidden_state_layer_ids
+        if ids is not None and any(i == 0 for i in ids):
+            raise FieldError("aux_hidden_state_layer_ids", f"has {ids}: id 0 is the embedding output, "
+                             "not a decoder layer output")
+        _check_ids("aux_hidden_state_layer_ids", ids, 1, self.num_target_layers)
+        if self.draft_vocab_size is not None and self.draft_vocab_size > vocab:
+            raise FieldError("draft_vocab_size", f"{self.draft_vocab_size} exceeds the target vocab_size {vocab}")
+        methods = self.speculators_config.proposal_methods if self.speculators_config else []
+        if methods and methods[0].speculative_tokens != self.block_size - 1:
+            said = "" if "block_size" in self.model_fields_set else " (absent: speculators' default)"
+            raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods[0]"
+                             f".speculative_tokens is {methods[0].speculative_tokens}; a block is the anchor plus "
+                             "the speculative tokens, so they must satisfy block_size = speculative_tokens + 1")
+        return self
 
 
 class DFlashBlock(_Open):
@@ -91,27 +189,42 @@ class DFlashBlock(_Open):
     target_layer_ids: list[int] | None = Field(
         None, description="0-based target layers whose OUTPUT is used (output_hidden_states[id+1])"
     )
-    block_size: int | None = None
+    block_size: int | None = _size(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, default=None)
     causal: bool | None = Field(None, description="vLLM: overrides the causality of every layer")
     verifier: VerifierRef | None = Field(None, description="dflash-convert: the target model, kept for round trips")
     # dflash2 only
-    conv_kernel_size: int | None = None
-    conv_group_size: int | None = None
-    selector_rank: int | None = None
-    selector_top_k: int | None = None
+    conv_kernel_size: int | None = _size(0, MAX_CONV, default=None)
+    conv_group_size: int | None = _size(0, MAX_CONV, default=None)
+    selector_rank: int | None = _size(0, MAX_CONV, default=None)
+    selector_top_k: int | None = _size(0, MAX_CONV, default=None)
 
 
 class HFDFlashConfig(DecoderConfig):
     """config.json of a Hugging Face / z-lab checkpoint: a flat Qwen3 config of the draft plus DFlash keys."""
 
     architectures: list[str]
-    block_size: int | None = None
-    num_target_layers: int | None = None
-    target_hidden_size: int | None = None
-    draft_vocab_size: int | None = None
+    block_size: int | None = _size(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, default=None)
+    num_target_layers: int | None = _size(1, MAX_LAYERS, default=None)
+    target_hidden_size: int | None = _size(1, MAX_HIDDEN, default=None)
+    draft_vocab_size: int | None = _size(1, MAX_VOCAB, default=None)
     is_causal: bool | None = None
     auto_map: dict[str, str] | None = None
+    dtype: str | None = None
+    torch_dtype: str | None = None
     dflash_config: DFlashBlock = Field(default_factory=DFlashBlock)
+
+    @model_validator(mode="after")
+    def _dflash_consistent(self):
+        dc = self.dflash_config
+        _check_token("dflash_config.mask_token_id", dc.mask_token_id, self.vocab_size)
+        _check_ids("dflash_config.target_layer_ids", dc.target_layer_ids, 0, self.num_target_layers)
+        if self.block_size is not None and dc.block_size is not None and self.block_size != dc.block_size:
+            raise FieldError("block_size", f"is {self.block_size} but dflash_config.block_size is {dc.block_size}; "
+                             "engines read one or the other, so they must agree")
+        if self.draft_vocab_size is not None and self.draft_vocab_size > self.vocab_size:
+            raise FieldError("draft_vocab_size", f"{self.draft_vocab_size} exceeds the target vocab_size "
+                             f"{self.vocab_size}")
+        return self
 
 
 class ConversionRecord(_Open):

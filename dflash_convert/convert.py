@@ -26,7 +26,7 @@ from .checkpoint import (
     read_json,
     staged_directory,
 )
-from .configs import ConversionRecord, DraftSpec, VerifierRef
+from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConversionRecord, DraftSpec, VerifierRef
 from .dtypes import CAST_TARGETS, DTYPES, torch_dtype
 from .errors import DFlashError, UsageError, ValidationFailed
 from .safetensors_io import (
@@ -56,6 +56,7 @@ class ConvertOptions:
     max_shard_size: str | None = None
     overwrite: bool = False
     allow_pickle: bool = False
+    no_verifier: bool = False  # write a speculators config without a verifier (vLLM cannot serve it)
     source_revision: str | None = None  # resolved commit sha when the source came from the Hub
     source_id: str | None = None  # the Hub repo id the source came from (recorded instead of the cache path)
 
@@ -115,8 +116,9 @@ def _apply_overrides(spec: DraftSpec, opts: ConvertOptions, warnings: list[str])
     if opts.mask_token_id is not None:
         upd["mask_token_id"] = opts.mask_token_id
     if opts.block_size is not None:
-        if opts.block_size < 2:
-            raise UsageError("--block-size must be at least 2 (an anchor and one draft slot)")
+        if not MIN_BLOCK_SIZE <= opts.block_size <= MAX_BLOCK_SIZE:
+            raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}] (an anchor and at least "
+                             f"one draft slot), got {opts.block_size}")
         upd["block_size"] = opts.block_size
     if opts.causal is not None:
         upd["layer_causal"] = [opts.causal] * spec.num_layers
@@ -166,10 +168,18 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
     if dest not in ("hf", "speculators"):
         raise UsageError(f"--to must be hf or speculators, not {dest!r}")
     warnings: list[str] = []
+    if dest == ckpt.format:
+        warnings.append(f"the source is already in the {dest} format: writing a normalized copy (config rewritten "
+                        "the way this tool writes it, training-only tensors dropped, overrides applied)")
     spec = _apply_overrides(ckpt.spec, opts, warnings)
+    if dest == "speculators" and spec.verifier is None and not opts.no_verifier:
+        raise DFlashError("field `speculators_config.verifier.name_or_path` would be empty: vLLM serves a "
+                          "speculators draft only with its verifier named. Pass --verifier (target directory, "
+                          "config.json or Hub id), or --no-verifier to write it anyway", file=ckpt.config_file)
     if spec.variant == "dflash2" and dest == "hf":
         warnings.append("dflash2 drafts are written with architectures ['DFlash2DraftModel'] and their extra "
                         "fields under dflash_config; vLLM and SGLang serve only DFlashDraftModel today")
+    mapping.check_complete(spec, file=ckpt.config_file)
     config, config_warnings = mapping.spec_to_config(spec, dest)
     warnings += config_warnings
     ckpt.check_tensors(spec)
@@ -319,7 +329,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
         finally:
             for h in handles.values():
                 h.close()
-        (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(plan.config, indent=2, allow_nan=False) + "\n")
         reader.join()
         if failure:
             raise failure[0]

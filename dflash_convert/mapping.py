@@ -11,13 +11,19 @@ speculators: full layers never causal, sliding layers causal unless `sliding_win
 
 from __future__ import annotations
 
+import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from .configs import (
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    MAX_VOCAB,
     DraftSpec,
+    FieldError,
     HFDFlashConfig,
     SpeculatorsDFlashConfig,
     VerifierRef,
@@ -58,11 +64,15 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
     """(format, variant) of a parsed config.json; refuses anything that is not DFlash."""
     algo = raw.get("speculators_model_type")
     if algo is not None:
+        if not isinstance(algo, str):
+            raise DFlashError(f"field `speculators_model_type`: expected a string, got {_short(algo)}", file=file)
         if algo in HF_ARCHITECTURE:
             return "speculators", algo
         what = REFUSED_ALGORITHMS.get(algo, "an algorithm dflash-convert does not know")
         raise DFlashError(f"speculators_model_type is {algo!r}: {what}; only dflash and dflash2 drafts are supported", file=file)
     archs = raw.get("architectures") or []
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise DFlashError(f"field `architectures`: expected a list of strings, got {_short(archs)}", file=file)
     for variant, arch in HF_ARCHITECTURE.items():
         if arch in archs:
             return "hf", variant
@@ -73,13 +83,31 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
                       f"speculators_model_type 'dflash' or architectures ['DFlashDraftModel'])", file=file)
 
 
+_TYPE_TAGS = re.compile(r"int|str|float|bool|.*\[.*")  # union branches pydantic adds to an error's location
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 60, 60, 6, 4, 2
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for error messages (a hostile value may be megabytes long)."""
+    return _REPR.repr(value)
+
+
 def _parse(model, raw: dict, file: str):
+    """The config model validated from `raw`; the first problem as one error naming the file and the field."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise DFlashError(f"field `{loc}`: {err['msg']} (got {err.get('input')!r})"[:300], file=file) from None
+        loc = [str(p) for p in err["loc"] if not _TYPE_TAGS.fullmatch(str(p))]
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):  # a model validator: relation between fields
+            loc.append(cause.field)
+            raise DFlashError(f"field `{'.'.join(loc)}` {cause}"[:400], file=file) from None
+        where = ".".join(loc) or "(top level)"
+        raise DFlashError(f"field `{where}`: {err['msg']} (got {_short(err.get('input'))})"[:400], file=file) from None
 
 
 # ----------------------------------------------------------------------------- layers & causality
@@ -142,7 +170,7 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
     if cfg.sample_from_anchor:
         raise DFlashError("field `sample_from_anchor` is true: the anchor slot predicts a token (DSpark style), "
                           "which DFlash engines do not run", file=file)
-    decoder = raw["transformer_layer_config"]
+    decoder = dict(raw["transformer_layer_config"])
     layer_types = resolve_layer_types(decoder)
     non_causal = cfg.sliding_window_non_causal
     if non_causal is None:
@@ -152,7 +180,7 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
     return DraftSpec(
         source_format="speculators",
         variant=variant,
-        decoder=dict(decoder),
+        decoder=decoder,
         block_size=cfg.block_size,
         mask_token_id=cfg.mask_token_id,
         target_layer_ids=None if cfg.aux_hidden_state_layer_ids is None
@@ -161,7 +189,7 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         layer_causal=speculators_layer_causal(layer_types, non_causal),
         causal_flag=None,
         draft_vocab_size=cfg.draft_vocab_size if cfg.draft_vocab_size not in (None, vocab) else None,
-        num_target_layers=raw.get("num_target_layers"),
+        num_target_layers=cfg.num_target_layers,
         target_hidden_size=cfg.target_hidden_size,
         verifier=VerifierRef.model_validate(verifier.model_dump()) if verifier and verifier.name_or_path else None,
         variant_fields={k: raw[k] for k in DFLASH2_FIELDS if raw.get(k) is not None},
@@ -173,9 +201,7 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
 def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
     cfg = _parse(HFDFlashConfig, raw, file)
     dc = cfg.dflash_config
-    top, nested = raw.get("block_size"), dc.block_size
-    if top is not None and nested is not None and top != nested:
-        raise DFlashError(f"fields `block_size` ({top}) and `dflash_config.block_size` ({nested}) disagree", file=file)
+    top, nested = cfg.block_size, dc.block_size  # equal when both are set (HFDFlashConfig checks)
     decoder = {k: v for k, v in raw.items() if k not in HF_DFLASH_KEYS}
     layer_types = resolve_layer_types(decoder)
     raw_dc = raw.get("dflash_config") or {}
@@ -213,14 +239,14 @@ def non_qwen3_features(spec: DraftSpec) -> list[str]:
             if k in spec.decoder and spec.decoder[k] != neutral]
 
 
-def check_complete(spec: DraftSpec) -> None:
-    """What every engine needs before a config can be written."""
+def check_complete(spec: DraftSpec, file: str | None = None) -> None:
+    """What every engine needs before a config can be written (`file`: the config it came from)."""
     missing = [name for name, value in (("block_size", spec.block_size), ("mask_token_id", spec.mask_token_id),
                                         ("target_layer_ids", spec.target_layer_ids)) if value is None]
     if missing:
         hint = {"block_size": "--block-size", "mask_token_id": "--mask-token-id",
                 "target_layer_ids": "--target-layer-ids (or --derive-target-layer-ids with --verifier)"}
-        raise DFlashError("config has no " + ", ".join(f"`{m}` (pass {hint[m]})" for m in missing))
+        raise DFlashError("config has no " + ", ".join(f"`{m}` (pass {hint[m]})" for m in missing), file=file)
 
 
 def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
@@ -316,7 +342,10 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
 
 
 def spec_to_config(spec: DraftSpec, fmt: str) -> tuple[dict[str, Any], list[str]]:
-    return spec_to_hf(spec) if fmt == "hf" else spec_to_speculators(spec)
+    config, warnings = spec_to_hf(spec) if fmt == "hf" else spec_to_speculators(spec)
+    # What we write passes the checks every read applies (overrides and derived values included).
+    spec_from_config(config, file=f"the {fmt} config.json to be written")
+    return config, warnings
 
 
 # ----------------------------------------------------------------------------- verifier (target) config
@@ -341,11 +370,30 @@ def special_ids(pad, eos) -> tuple[int | None, tuple[int, ...]]:
 
 
 def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json") -> TargetInfo:
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw  # multimodal wrappers
-    try:
-        pad, eos = special_ids(cfg.get("pad_token_id"), cfg.get("eos_token_id", raw.get("eos_token_id")))
-        return TargetInfo(name_or_path=name_or_path, architectures=list(raw.get("architectures") or []),
-                          num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
-                          vocab_size=int(cfg["vocab_size"]), pad_token_id=pad, eos_token_ids=eos)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DFlashError(f"target config lacks or mistypes field {exc}", file=file) from None
+    nested = isinstance(raw.get("text_config"), dict)
+    cfg = raw["text_config"] if nested else raw  # multimodal wrappers
+    prefix = "text_config." if nested else ""
+
+    def count(key: str, hi: int) -> int:
+        value = cfg.get(key)
+        if type(value) is not int or not 1 <= value <= hi:  # bool is an int subclass: refused too
+            what = "missing" if key not in cfg else f"{_short(value)}, not an integer in [1, {hi}]"
+            raise DFlashError(f"target config field `{prefix}{key}` is {what}", file=file)
+        return value
+
+    def token(key: str, value: Any) -> int:
+        if type(value) is not int:
+            raise DFlashError(f"target config field `{key}` holds {_short(value)}, not a token id", file=file)
+        return value
+
+    num_layers, hidden, vocab = count("num_hidden_layers", MAX_LAYERS), count("hidden_size", MAX_HIDDEN), \
+        count("vocab_size", MAX_VOCAB)
+    eos = cfg.get("eos_token_id", raw.get("eos_token_id"))
+    eos_ids = tuple(token("eos_token_id", e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+    pad = cfg.get("pad_token_id")
+    archs = raw.get("architectures") or []
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise DFlashError(f"target config field `architectures` is {_short(archs)}, not a list of names", file=file)
+    return TargetInfo(name_or_path=name_or_path, architectures=list(archs), num_layers=num_layers,
+                      hidden_size=hidden, vocab_size=vocab,
+                      pad_token_id=None if pad is None else token("pad_token_id", pad), eos_token_ids=eos_ids)

@@ -22,6 +22,7 @@ import copy
 import json
 import os
 import platform
+import re
 import sys
 import time
 import warnings
@@ -30,6 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from . import __version__, catalogue, mapping, memory
 from .checkpoint import Checkpoint, open_checkpoint, read_json
+from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from .checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
 from .errors import DFlashError, UsageError
 from .report import LEVELS, AcceptanceStats, Environment, ValidationReport
@@ -58,36 +60,66 @@ BUILTIN_TEXT_PROMPTS = (
 
 # ----------------------------------------------------------------------------- prompts
 
+# Bounds on prompt input, checked before anything is tokenized or allocated (validation prompts are
+# short; these are far above any useful one).
+MAX_PROMPTS_BYTES = 64 << 20
+MAX_PROMPTS = 4096
+MAX_PROMPT_CHARS = 256 << 10  # characters of one text prompt
+MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized
+_TOKEN_IDS = re.compile(r"-?[0-9]+(?:\s+-?[0-9]+)*")
+
+
+def _token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(i) is int for i in value)  # JSON true/false are not ids
+
+
 def read_prompts(path: str | Path) -> list[str | list[int]]:
     """Prompts from a file: JSONL with a `prompt` field (text or a list of ids), or one per line
-    (space-separated ints or a JSON list = token ids, anything else = text)."""
+    (space-separated ints or a JSON list = token ids, anything else = text). Bounded and typed:
+    a file that is not UTF-8 text, too big, or holds an oversized prompt is one error naming it."""
     path = Path(path)
     try:
-        lines = path.read_text().splitlines()
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROMPTS_BYTES + 1)
     except OSError as exc:
-        raise DFlashError(f"cannot read prompts: {exc.strerror}", file=path) from None
+        raise DFlashError(f"cannot read prompts: {exc.strerror or exc}", file=path) from None
+    if len(data) > MAX_PROMPTS_BYTES:
+        raise DFlashError(f"prompts file is larger than {MAX_PROMPTS_BYTES >> 20} MB", file=path)
+    try:
+        lines = data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        raise DFlashError(f"not UTF-8 text (byte {exc.start}): give one prompt per line, as text or token ids",
+                          file=path) from None
     prompts: list[str | list[int]] = []
     for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
         stripped = line.strip()
-        if stripped.startswith("{"):
+        if not stripped:
+            continue
+        if len(stripped) > MAX_PROMPT_CHARS:
+            raise DFlashError(f"line {n}: a prompt of {len(stripped)} characters (at most {MAX_PROMPT_CHARS})",
+                              file=path)
+        if len(prompts) == MAX_PROMPTS:
+            raise DFlashError(f"more than {MAX_PROMPTS} prompts", file=path)
+        if stripped.startswith(("{", "[")):
             try:
-                value = json.loads(stripped)["prompt"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise DFlashError(f"line {n}: JSONL prompt lines need a `prompt` field", file=path) from None
-            if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(i, int) for i in value)):
-                raise DFlashError(f"line {n}: `prompt` must be text or a list of token ids", file=path)
+                value = json.loads(stripped)
+            except (ValueError, RecursionError):  # JSONDecodeError, Python's integer-digit cap, deep nesting
+                raise DFlashError(f"line {n}: not valid JSON", file=path) from None
+            if stripped.startswith("{"):
+                if not isinstance(value, dict) or "prompt" not in value:
+                    raise DFlashError(f"line {n}: JSONL prompt lines need a `prompt` field", file=path)
+                value = value["prompt"]
+                if not (isinstance(value, str) or _token_list(value)):
+                    raise DFlashError(f"line {n}: `prompt` must be text or a list of token ids", file=path)
+            elif not _token_list(value):
+                raise DFlashError(f"line {n}: not a JSON list of token ids", file=path)
             prompts.append(value)
-        elif stripped.startswith("["):
-            try:
-                ids = json.loads(stripped)
-                assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
-            except (json.JSONDecodeError, AssertionError):
-                raise DFlashError(f"line {n}: not a JSON list of token ids", file=path) from None
-            prompts.append(ids)
-        elif all(tok.lstrip("-").isdigit() for tok in stripped.split()):
-            prompts.append([int(tok) for tok in stripped.split()])
+        elif _TOKEN_IDS.fullmatch(stripped):
+            tokens = stripped.split()
+            if any(len(t) > 12 for t in tokens):  # no vocabulary is that large; int() of it is slow
+                raise DFlashError(f"line {n}: token id {next(t for t in tokens if len(t) > 12)[:16]}... is out of "
+                                  "any vocabulary's range", file=path)
+            prompts.append([int(tok) for tok in tokens])
         else:
             prompts.append(line)
     if not prompts:
@@ -127,9 +159,15 @@ def tokenize_prompts(prompts: Sequence[str | list[int]] | None, target_dir: Path
             if tokenizer is None:
                 raise DFlashError(f"prompt {n} is text but the target ships no tokenizer: give token ids "
                                   "(space-separated ints or a JSON list per line)", file=source)
+            if len(p) > MAX_PROMPT_CHARS:
+                raise DFlashError(f"prompt {n}: {len(p)} characters (at most {MAX_PROMPT_CHARS})", file=source)
             ids = tokenizer(p, add_special_tokens=True)["input_ids"]
-        else:
+        elif isinstance(p, (list, tuple)) and _token_list(list(p)):
             ids = list(p)
+        else:
+            raise DFlashError(f"prompt {n}: neither text nor a list of integer token ids", file=source)
+        if len(ids) > MAX_PROMPT_TOKENS:
+            raise DFlashError(f"prompt {n}: {len(ids)} tokens (at most {MAX_PROMPT_TOKENS})", file=source)
         bad = [i for i in ids if not 0 <= i < vocab_size]
         if bad or not ids:
             raise DFlashError(f"prompt {n}: " + (f"token ids {bad[:3]} outside the target vocab ({vocab_size})"
@@ -518,10 +556,10 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
     unknown = [lv for lv in wanted if lv not in LEVELS]
     if unknown:
         raise UsageError(f"unknown validation level(s) {unknown}; choose from {', '.join(LEVELS)}")
-    if block_size is not None and block_size < 2:
-        raise UsageError(f"--block-size must be at least 2, got {block_size}")
-    if max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if block_size is not None and not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+        raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
+    if not 1 <= max_new_tokens <= MAX_PROMPT_TOKENS:
+        raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {max_new_tokens}")
     if draft_sampling not in ("greedy", "probabilistic"):
         raise UsageError(f"--draft-sampling {draft_sampling!r}: choose greedy or probabilistic")
     if device_map is not None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):

@@ -107,21 +107,15 @@ def test_attention_rows_missing_and_unknown_tensors(speculators_drafts, tmp_path
     assert checks["unexpected_tensors"].value == ["layers.0.mlp.extra_proj.weight"]
 
 
-@pytest.mark.parametrize("ids,problem", [([5, 3, 0], "increasing"), ([0, 3, 3], "duplicate")])
-def test_target_ids_out_of_order_or_duplicated(speculators_drafts, tmp_path, ids, problem):
-    d = copy_draft(speculators_drafts["full"], tmp_path / "d", spec_update={"target_layer_ids": ids})
+def test_target_ids_out_of_order(speculators_drafts, tmp_path):
+    # (duplicate, negative or out-of-range ids are refused when the config is read: test_hostile_configs)
+    d = copy_draft(speculators_drafts["full"], tmp_path / "d", spec_update={"target_layer_ids": [5, 3, 0]})
     c = _fail_with(d, "target_layer_ids")
-    assert problem in c.message and c.value == ids
+    assert "increasing" in c.message and c.value == [5, 3, 0]
 
 
-def test_target_ids_beyond_num_target_layers(speculators_drafts, tmp_path):
-    d = copy_draft(speculators_drafts["full"], tmp_path / "d", spec_update={"num_target_layers": 5})
-    assert "[5]" in _fail_with(d, "target_layer_ids_range").message
-
-
-def test_mask_token_out_of_range_and_equal_to_eos(speculators_drafts, tiny_target, tmp_path):
-    d = copy_draft(speculators_drafts["full"], tmp_path / "d", spec_update={"mask_token_id": 512})
-    assert "outside" in _fail_with(d, "mask_token_id").message
+def test_mask_token_equal_to_eos(speculators_drafts, tiny_target, tmp_path):
+    # (a mask id outside the vocab is refused when the config is read: test_hostile_configs)
     info = mapping.target_info(read_json(tiny_target / "config.json"), "tiny")
     for mask, status in ((info.eos_token_ids[0], "fail"), (info.pad_token_id, "warn")):
         spec = open_checkpoint(speculators_drafts["full"]).spec.model_copy(update={"mask_token_id": mask})
@@ -154,14 +148,12 @@ def test_d2t_out_of_range_and_t2d_inconsistent(speculators_drafts, tmp_path):
     assert "marks 127 ids" in _fail_with(d, "t2d_consistency").message
 
 
-def test_mixed_dtypes_warn_and_block_size_one_fails(speculators_drafts, tmp_path):
+def test_mixed_dtypes_warn(speculators_drafts, tmp_path):
     def half(t):
         t["norm.weight"] = t["norm.weight"].bfloat16()
 
     d = copy_draft(speculators_drafts["full"], tmp_path / "d", edit_tensors=half)
     assert "norm.weight" in _fail_with(d, "dtype", status="warn").message
-    e = copy_draft(speculators_drafts["full"], tmp_path / "e", spec_update={"block_size": 1})
-    _fail_with(e, "block_size")
 
 
 def test_training_only_tensors_in_an_hf_checkpoint_warn(speculators_drafts, tmp_path, cli):

@@ -140,6 +140,7 @@ def test_push_to_new_branch_then_pull_by_branch_tag_and_commit(cli, hub, draft, 
     hub.create_tag("org/draft", "v1", "dev")
     cfg = json.loads((draft / "config.json").read_text())
     cfg["block_size"] = 4
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 3  # block = anchor + 3
     (draft / "config.json").write_text(json.dumps(cfg))
     assert cli("push", draft, "org/draft").code == 0  # main now differs from dev
     main = hub.commit_at("org/draft", "main").sha
@@ -178,14 +179,14 @@ def test_create_pr(cli, hub, draft):
 
 def test_push_refuses_a_draft_failing_static_validation(cli, hub, draft):
     cfg = json.loads((draft / "config.json").read_text())
-    cfg["mask_token_id"] = 9999  # outside the 512-token vocabulary
+    cfg["aux_hidden_state_layer_ids"] = [6, 4, 1]  # valid ids, listed out of the order engines capture them
     (draft / "config.json").write_text(json.dumps(cfg))
     r = cli("push", draft, "org/draft")
-    assert r.code == 3 and "mask_token_id" in r.err and "nothing was pushed" in r.err, r.err
+    assert r.code == 3 and "target_layer_ids" in r.err and "nothing was pushed" in r.err, r.err
     assert "org/draft" not in hub.repos and not (draft / "README.md").exists()
     r = cli("push", draft, "org/draft", "--no-validate")
     assert r.code == 0, r.err
-    assert json.loads(hub.files_at("org/draft")["config.json"])["mask_token_id"] == 9999
+    assert json.loads(hub.files_at("org/draft")["config.json"])["aux_hidden_state_layer_ids"] == [6, 4, 1]
 
 
 # ----------------------------------------------------------------------------- cache and offline

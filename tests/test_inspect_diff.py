@@ -32,14 +32,14 @@ def test_inspect_reports_problems_and_exits_3(cli, speculators_drafts, tmp_path)
     src = tmp_path / "src"
     shutil.copytree(speculators_drafts["full"], src)
     cfg = read_config(src)
-    cfg["mask_token_id"] = 600  # outside the 512-token vocab
+    cfg["aux_hidden_state_layer_ids"] = [7, 2, 5]  # valid ids, captured in another order than listed
     (src / "config.json").write_text(json.dumps(cfg))
     r = cli("inspect", src, "--json")
     assert r.code == 3
     problems = r.json()["problems"]
-    assert any(p["status"] == "fail" and "mask" in p["name"] for p in problems)
+    assert any(p["status"] == "fail" and p["name"] == "target_layer_ids" for p in problems)
     r = cli("inspect", src)
-    assert r.code == 3 and "FAIL" in r.err and "600" in r.err
+    assert r.code == 3 and "FAIL" in r.err and "increasing" in r.err
 
 
 def test_inspect_scan_finds_nan(cli, speculators_drafts, tmp_path):

@@ -158,7 +158,7 @@ def test_fc_width_not_matching_ids_is_refused(tmp_path):
 
 def test_mask_id_outside_vocab_is_refused(tmp_path):
     path = write_hf_draft(tmp_path / "d", mask=512)
-    with pytest.raises(DFlashError, match=r"config.json: mask_token_id 512 is outside the embedding table of the draft config \(512 rows\)"):
+    with pytest.raises(DFlashError, match=r"config.json: field `dflash_config.mask_token_id` is 512, outside the vocabulary"):
         load_draft(path)
 
 
