@@ -151,11 +151,17 @@ def name(key: str, layer: int | None = None) -> str:
     return t.name.format(i=layer) if t.per_layer else t.name
 
 
-def rule_for(tensor: str, variant: str | None = None) -> Tensor | None:
+def _match(tensor: str, variant: str | None) -> tuple[Tensor | None, int | None]:
+    """(catalogue entry, draft layer index or None) of a tensor name."""
     for pattern, t in _PATTERNS:
-        if pattern.fullmatch(tensor) and (variant is None or variant in t.variants):
-            return t
-    return None
+        m = pattern.fullmatch(tensor)
+        if m and (variant is None or variant in t.variants):
+            return t, (int(m.group(1)) if t.per_layer else None)
+    return None, None
+
+
+def rule_for(tensor: str, variant: str | None = None) -> Tensor | None:
+    return _match(tensor, variant)[0]
 
 
 def canonical_name(tensor: str) -> str:
@@ -198,7 +204,7 @@ class TensorProblem:
     kind: str  # "unexpected", "missing" or "shape"
     tensor: str
     check: str  # the static check that reports it
-    message: str  # one line, starting with "tensor `name`"
+    message: str  # one line naming the tensor
     have: Shape | None = None
     want: Shape | None = None
 
@@ -212,9 +218,13 @@ def tensor_problems(spec: DraftSpec, have: dict[str, Shape]) -> list[TensorProbl
     tensors of any known entry are sized), each with the check that reports it."""
     problems = []
     for tensor in have:
-        if rule_for(tensor, spec.variant) is None:
+        rule, layer = _match(tensor, spec.variant)
+        if rule is None:
             problems.append(TensorProblem("unexpected", tensor, "unexpected_tensors",
                                           f"unexpected tensor `{tensor}` (not part of a {spec.variant} draft)"))
+        elif layer is not None and layer >= spec.num_layers:
+            problems.append(TensorProblem("unexpected", tensor, "unexpected_tensors", f"unexpected tensor `{tensor}` "
+                                          f"(the config has num_hidden_layers={spec.num_layers})"))
     for tensor, shape in expected_shapes(spec).items():
         if tensor not in have:
             rule = rule_for(tensor)

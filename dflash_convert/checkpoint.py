@@ -137,7 +137,7 @@ class Checkpoint:
             raise DFlashError(p.message, file=where)
 
     def int_values(self, name: str):
-        """A small integer / bool tensor (d2t, t2d) as a numpy array, read without torch."""
+        """A small integer / bool tensor (the vocab maps) as a numpy array, read without torch."""
         import numpy as np
 
         if name in self.pickled:  # torch is loaded already for pickle checkpoints
@@ -159,9 +159,9 @@ class Checkpoint:
         ids = catalogue.d2t_target_ids(self.int_values(d2t))
         vocab, file = self.spec.vocab_size, self.tensors[d2t].file
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-            raise DFlashError(f"tensor `d2t` maps draft ids outside the target vocab [0, {vocab})", file=file)
+            raise DFlashError(f"tensor `{d2t}` maps draft ids outside the target vocab [0, {vocab})", file=file)
         if len(np.unique(ids)) != len(ids):
-            raise DFlashError("tensor `d2t` maps two draft ids to the same target id", file=file)
+            raise DFlashError(f"tensor `{d2t}` maps two draft ids to the same target id", file=file)
         return ids
 
     def load_tensor(self, name: str, device: str = "cpu"):

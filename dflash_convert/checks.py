@@ -88,10 +88,7 @@ def _layer_ids(spec: DraftSpec) -> list[Check]:
         checks.append(_check("target_layer_ids_range", None, "num_target_layers unknown: pass --target to check "
                              "the ids against the target's layers", value=list(ids)))
     else:
-        out = [i for i in ids if not 0 <= i < n]
-        checks.append(_check("target_layer_ids_range", not out, f"ids {out} are not layers of a {n}-layer target"
-                             if out else f"all ids within the {n} target layers", value=list(ids),
-                             threshold=f"[0, {n})"))
+        checks.append(compat.layer_ids_check(ids, n, "the target (num_target_layers)", name="target_layer_ids_range"))
     return checks
 
 

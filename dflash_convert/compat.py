@@ -84,10 +84,10 @@ def mask_special_check(mask: int, pad: int | None, eos: tuple[int, ...], *, sour
                       value=mask, threshold="not pad/eos")
 
 
-def layer_ids_check(ids: list[int], num_layers: int, source: str) -> Check:
-    """`target_layer_ids_in_target`: every id is a decoder layer of the target."""
+def layer_ids_check(ids: list[int], num_layers: int, source: str, name: str = "target_layer_ids_in_target") -> Check:
+    """Every id is a decoder layer of the target (of `source`, which has `num_layers` layers)."""
     out = [i for i in ids if not 0 <= i < num_layers]
-    return make_check("target_layer_ids_in_target", not out,
+    return make_check(name, not out,
                       f"target_layer_ids {out} are not layers of {source} ({num_layers} layers: 0..{num_layers - 1})"
                       if out else f"target_layer_ids {list(ids)} are layers of {source} ({num_layers} layers)",
                       value=list(ids), threshold=f"[0, {num_layers})")

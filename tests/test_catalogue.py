@@ -52,6 +52,23 @@ def test_per_layer_names_and_keys():
     assert len({t.key for t in catalogue.CATALOGUE}) == len(catalogue.CATALOGUE)
 
 
+def test_tensor_set_validator_names_each_problem(speculators_drafts):
+    ckpt = open_checkpoint(speculators_drafts["full"])
+    spec = ckpt.spec
+    have = {n: i.shape for n, i in ckpt.tensors.items()}
+    assert catalogue.tensor_problems(spec, have) == []
+    broken = dict(have)
+    broken["layers.2.mlp.up_proj.weight"] = have["layers.0.mlp.up_proj.weight"]  # a layer the config lacks
+    del broken["hidden_norm.weight"]
+    broken["layers.0.self_attn.q_norm.weight"] = (3,)
+    problems = catalogue.tensor_problems(spec, broken)
+    assert [(p.kind, p.tensor, p.check) for p in problems] == [
+        ("unexpected", "layers.2.mlp.up_proj.weight", "unexpected_tensors"),
+        ("missing", "hidden_norm.weight", "missing_tensors"),
+        ("shape", "layers.0.self_attn.q_norm.weight", "tensor_shapes")]
+    assert "num_hidden_layers=2" in problems[0].message and "[3], expected [16]" in problems[2].message
+
+
 def test_runtime_loads_exactly_the_catalogue_tensors(speculators_drafts):
     from dflash_runtime import load_draft
 
