@@ -226,7 +226,10 @@ def _fail(message: str, *, exit_code: int, file: Optional[str], as_json: bool, d
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point: run the app, turn every error into one line (and JSON) and an exit code."""
+    from .tokens import redact_output
+
     args = list(sys.argv[1:] if argv is None else argv)
+    redact_output(args)  # before anything can print: no token in any stream, traceback or warning
     end = args.index("--") if "--" in args else len(args)  # after `--` everything is an argument
     debug = "--debug" in args[:end] or _env_flag("HF_DEBUG") or _env_flag("DFLASH_CONVERT_DEBUG")
     as_json = "--json" in args[:end]
@@ -446,6 +449,8 @@ def pull(
     revision: Revision = None,
     token: Token = None,
     allow_pickle: AllowPickle = False,
+    overwrite: Annotated[bool, _flag("--overwrite", help="Replace a non-empty -o DIR (once the pull is "
+                                     "complete).")] = False,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -453,7 +458,8 @@ def pull(
     from . import hub
 
     out = Output(as_json, quiet)
-    resolved = hub.pull(repo, output, revision=revision, token=token, allow_pickle=allow_pickle)
+    resolved = hub.pull(repo, output, revision=revision, token=token, allow_pickle=allow_pickle,
+                        overwrite=overwrite)
     out.info(f"pulled {repo}@{resolved.revision} (commit {resolved.commit_sha})")
     out.result(resolved.to_dict(), str(resolved.path))
 

@@ -1,42 +1,43 @@
-"""Hugging Face Hub: resolve `org/name` sources into the local cache, pull, write the model card, push.
+"""Hugging Face Hub: resolve `org/name` sources into the local cache, pull a draft, push one.
 
-Everything goes through the real `huggingface_hub` client. Settings users expect from the `hf` CLI
-are read at call time (not at import, as the client does): HF_ENDPOINT, HF_HUB_CACHE / HF_HOME,
-HF_HUB_OFFLINE. Token precedence is --token > HF_TOKEN > the stored token: we pass `token=None`
-unless the user gave one and the client does the rest. Tokens never appear in our messages.
+Everything goes through the public API of the real `huggingface_hub` client: its settings
+(`constants`, `is_offline_mode()`: HF_ENDPOINT, HF_HUB_CACHE / HF_HOME, HF_HUB_OFFLINE, read when
+the client is imported, as in every HF library), `resolve_revision`, `snapshot_download`,
+`upload_folder`. Its errors become one line each, mapped from its public error classes; a failed
+connection is recognised through the HTTP library's base error class, which the client's own
+`HfHubHTTPError` derives from, so this module never imports that library (httpx in 1.x, httpx2 in
+2.x). Tokens are cleaned, checked and remembered for redaction by `tokens.hub_token`.
 
-Downloads fetch only what a draft (or a target) needs; pickle weights only when asked. Remote
-file names are checked before anything is written, so a hostile endpoint cannot place a file
-outside the snapshot or output directory. A push is ONE commit (create_commit), so a failed
-upload leaves the repo as it was.
+Downloads fetch only what a draft (or a target) needs, pickle weights only when asked, and are
+pinned to the commit the revision resolved to once, so a branch that moves meanwhile cannot mix two
+commits. Remote file names are checked before anything is written. `pull -o DIR` assembles DIR
+beside it and renames it into place. A push is one `upload_folder` commit (the client's Xet
+pipeline also commits a draft's few files at once) that deletes the remote weight files it does not
+replace, pinned to the commit it was prepared against.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CONFIG_NAME, open_checkpoint, read_json
-from .configs import ConversionRecord, DraftSpec
+from . import card
+from .checkpoint import CONFIG_NAME, staged_directory
 from .errors import DFlashError, UsageError
 from .safetensors_io import INDEX_NAME
+from .tokens import end_open_line, hub_token, redact
 
-README_NAME = "README.md"
-RECORD_NAME = "conversion.json"
-DRAFT_PATTERNS = [CONFIG_NAME, "*.safetensors", INDEX_NAME, README_NAME, RECORD_NAME]
+DRAFT_PATTERNS = [CONFIG_NAME, "*.safetensors", INDEX_NAME, card.README_NAME, card.RECORD_NAME]
 TARGET_PATTERNS = ["generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja"]
 PICKLE_PATTERNS = ["*.bin", "pytorch_model.bin.index.json", "*.pt", "*.pth"]
 # Remote files a push replaces as a set: a stale shard or index left beside new weights would be loaded.
-WEIGHT_PATTERNS = ["*.safetensors", INDEX_NAME, *PICKLE_PATTERNS, RECORD_NAME]
+WEIGHT_PATTERNS = ["*.safetensors", INDEX_NAME, *PICKLE_PATTERNS, card.RECORD_NAME]
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
-CARD_BEGIN = "<!-- dflash-convert:begin (generated; replaced on every push, edit outside this section) -->"
-CARD_END = "<!-- dflash-convert:end -->"
 
 
 @dataclass
@@ -64,38 +65,11 @@ class PushResult:
         return asdict(self)
 
 
-# ----------------------------------------------------------------------------- settings read at call time
-
-def _endpoint(endpoint: str | None) -> str:
-    from huggingface_hub import constants
-
-    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def _cache_dir() -> str:
-    from huggingface_hub import constants
-
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.environ["HF_HOME"], "hub")
-    return constants.HF_HUB_CACHE
-
-
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    value = os.environ.get("HF_HUB_OFFLINE")
-    if value is not None:
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(constants.HF_HUB_OFFLINE)
-
-
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _api(endpoint: str, token: str | None):
+def _api(token: str | None, endpoint: str | None):
     from huggingface_hub import HfApi
 
     from . import __version__
@@ -105,38 +79,41 @@ def _api(endpoint: str, token: str | None):
 
 # ----------------------------------------------------------------------------- errors
 
-def _one_line(text: str, token: str | None) -> str:
-    text = " ".join(str(text).split())
-    for secret in filter(None, (token, os.environ.get("HF_TOKEN"))):
-        text = text.replace(secret, "***")
-    return text
+def _one_line(text: Any) -> str:
+    return redact(" ".join(str(text).split()))
 
 
-def _hub_error(exc: Exception, *, repo_id: str, revision: str | None, endpoint: str, token: str | None,
-               action: str) -> DFlashError:
+def _connection_error_class() -> type | tuple:
+    """The HTTP library's base error (httpx.HTTPError or httpx2.HTTPError), found through the client's class."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    return next((c for c in HfHubHTTPError.__mro__[1:] if c.__name__ == "HTTPError"), ())
+
+
+def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str) -> DFlashError:
     """One line naming the repo and revision for whatever the client raised."""
-    import httpx2
+    from huggingface_hub import constants, is_offline_mode
     from huggingface_hub import errors as e
-    from huggingface_hub.utils import OfflineModeIsEnabled
 
-    where = f"{repo_id}@{revision or 'main'}"
+    repo_id, _, revision = where.partition("@")
+    http_error = _connection_error_class()
     # The client wraps some failures (e.g. an LFS upload giving up) in a RuntimeError: use the cause.
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, (e.HfHubHTTPError, httpx2.TransportError, OfflineModeIsEnabled)):
+        if isinstance(cause, (http_error, e.OfflineModeIsEnabled)):
             exc = cause
             break
         cause = cause.__cause__ or cause.__context__
     if isinstance(exc, e.HFValidationError):
-        return UsageError(f"invalid Hub repo id or revision {where!r}: {_one_line(exc, token)}")
+        return UsageError(f"invalid Hub repo id or revision {where!r}: {_one_line(exc)}")
     if isinstance(exc, e.RevisionNotFoundError):
-        return DFlashError(f"revision {revision or 'main'!r} not found in Hub repo {repo_id} ({endpoint})")
+        return DFlashError(f"revision {revision!r} not found in Hub repo {repo_id} ({endpoint})")
     if isinstance(exc, e.GatedRepoError):
         return DFlashError(f"Hub repo {repo_id} is gated: request access on its page, then pass a token with access")
     if isinstance(exc, e.RepositoryNotFoundError):
         return DFlashError(f"Hub repo {repo_id} not found at {endpoint} (or it is private and the token has no access)")
     if isinstance(exc, e.RemoteEntryNotFoundError):
-        return DFlashError(f"{where}: file not found on the Hub ({_one_line(getattr(exc, 'server_message', '') or '', token)})")
+        return DFlashError(f"{where}: file not found on the Hub ({_one_line(exc.server_message or '')})")
     if isinstance(exc, e.HfHubHTTPError) and exc.response is not None:
         status = exc.response.status_code
         if status == 401:
@@ -147,48 +124,34 @@ def _hub_error(exc: Exception, *, repo_id: str, revision: str | None, endpoint: 
         if status == 412:
             return DFlashError(f"{where} moved while pushing (412: another commit landed first); nothing was committed, "
                                "rerun the push")
-        detail = _one_line(getattr(exc, "server_message", None) or exc.response.reason_phrase or "", token)
+        detail = _one_line(exc.server_message or exc.response.reason_phrase or "")
         return DFlashError(f"Hub request failed while trying to {action} {where}: HTTP {status} {detail}".rstrip())
-    if isinstance(exc, (OfflineModeIsEnabled, e.LocalEntryNotFoundError, e.RevisionResolutionError,
-                        e.IncompleteSnapshotError)):
-        if _offline():
-            return DFlashError(f"{where} is not (completely) in the local cache {_cache_dir()} and HF_HUB_OFFLINE=1 "
-                               "forbids downloading it")
+    if isinstance(exc, (e.OfflineModeIsEnabled, e.LocalEntryNotFoundError, e.RevisionResolutionError)):
+        if is_offline_mode():
+            return DFlashError(f"{where} is not (completely) in the local cache {constants.HF_HUB_CACHE} and "
+                               "HF_HUB_OFFLINE=1 forbids downloading it")
         return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {where}, and it is not in the local "
-                           f"cache {_cache_dir()}")
-    if isinstance(exc, httpx2.TransportError):
+                           f"cache {constants.HF_HUB_CACHE}")
+    if isinstance(exc, http_error):  # the connection failed: refused, reset, timed out
         if action == "push to":
             return DFlashError(f"connection to the Hub at {endpoint} lost while pushing to {where} "
                                f"({type(exc).__name__}); a Hub commit is all-or-nothing: rerun the push")
-        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {where} ({type(exc).__name__})")
+        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {where} ({type(exc).__name__}: "
+                           f"{_one_line(exc)})")
     if isinstance(exc, OSError):
-        return DFlashError(f"local I/O error while trying to {action} {where}: {_one_line(exc, token)}")
-    return DFlashError(f"failed to {action} {where}: {type(exc).__name__}: {_one_line(exc, token)}")
+        return DFlashError(f"local I/O error while trying to {action} {where}: {_one_line(exc)}")
+    return DFlashError(f"failed to {action} {where}: {type(exc).__name__}: {_one_line(exc)}")
 
 
-def _close_progress_bars() -> None:
-    """End the client's interrupted tqdm bars, so the error line starts on a line of its own."""
-    try:
-        from tqdm import tqdm
-
-        for bar in list(getattr(tqdm, "_instances", ())):
-            bar.close()
-    except Exception:  # noqa: BLE001 - cosmetic only
-        pass
-
-
-def _hub_call(fn, *, repo_id: str, revision: str | None, endpoint: str, token: str | None, action: str):
+def _hub_call(fn, *, where: str, endpoint: str, action: str):
     """Run fn(); any client error becomes one DFlashError line (our own DFlashErrors pass through)."""
     try:
         return fn()
-    except DFlashError:
-        raise
-    except KeyboardInterrupt:
+    except (DFlashError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the client raises many types; each becomes one line
-        _close_progress_bars()
-        raise _hub_error(exc, repo_id=repo_id, revision=revision, endpoint=endpoint, token=token,
-                         action=action) from None
+        end_open_line()  # after an interrupted progress bar of the client
+        raise _hub_error(exc, where=where, endpoint=endpoint, action=action) from exc
 
 
 # ----------------------------------------------------------------------------- resolve / pull
@@ -208,29 +171,34 @@ def unsafe_repo_path(name: str) -> bool:
 def _patterns(*, for_target: bool, allow_pickle: bool, config_only: bool) -> list[str]:
     if config_only:
         return [CONFIG_NAME]
-    patterns = list(DRAFT_PATTERNS)
-    if for_target:
-        patterns += TARGET_PATTERNS
-    if allow_pickle:
-        patterns += PICKLE_PATTERNS
-    return patterns
+    return DRAFT_PATTERNS + (TARGET_PATTERNS if for_target else []) + (PICKLE_PATTERNS if allow_pickle else [])
 
 
-def _download(repo_id: str, *, revision: str | None, token: str | None, endpoint: str | None, patterns: list[str],
-              local_dir: Path | None, need_weights: bool, allow_pickle: bool) -> Resolved:
-    from huggingface_hub import RepoFile, snapshot_download
+@dataclass
+class _Snapshot:
+    """A revision resolved to one commit, with the files to fetch from it checked."""
+
+    repo_id: str
+    revision: str
+    sha: str
+    patterns: list[str]
+    token: str | None
+    endpoint: str
+
+
+def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: str | None, patterns: list[str],
+          need_weights: bool, allow_pickle: bool) -> _Snapshot:
+    """Resolve the revision once (recorded in the cache's refs/, which offline runs read back) and
+    check the remote file list; nothing is written outside the cache."""
+    from huggingface_hub import RepoFile, is_offline_mode
     from huggingface_hub.utils import filter_repo_objects
 
-    endpoint = _endpoint(endpoint)
-    cache_dir, offline = _cache_dir(), _offline()
-    api = _api(endpoint, token)
+    token = hub_token(token)
+    api = _api(token, endpoint)
     where = f"{repo_id}@{revision or 'main'}"
-    call = dict(repo_id=repo_id, revision=revision, endpoint=endpoint, token=token, action="download")
-
-    # Resolve the revision once (and record it in the cache's refs/, which offline runs read back).
-    resolved = _hub_call(lambda: api.resolve_revision(repo_id, revision=revision, cache_dir=cache_dir,
-                                                      local_files_only=offline), **call)
-    sha = resolved.resolved
+    call = dict(where=where, endpoint=api.endpoint, action="download")
+    offline = is_offline_mode()
+    sha = _hub_call(lambda: api.resolve_revision(repo_id, revision=revision, local_files_only=offline), **call).resolved
     if not offline:
         listing = _hub_call(lambda: [f.path for f in api.list_repo_tree(repo_id, revision=sha, recursive=True)
                                      if isinstance(f, RepoFile)], **call)
@@ -245,11 +213,20 @@ def _download(repo_id: str, *, revision: str | None, token: str | None, endpoint
                 and any(n.endswith((".bin", ".pt", ".pth")) for n in listing):
             raise DFlashError(f"Hub repo {where} has only pickle weights (.bin/.pt); they can run code when loaded. "
                               "Pass --allow-pickle to fetch them and load with torch.load(weights_only=True)")
-        _say(f"fetching {len(wanted)} files of {where} ({sha[:12]}) from {endpoint}")
-    folder = _hub_call(lambda: snapshot_download(repo_id, revision=resolved, cache_dir=cache_dir, local_dir=local_dir,
-                                                 allow_patterns=patterns, token=token, endpoint=endpoint,
-                                                 local_files_only=offline, library_name="dflash-convert"), **call)
-    return Resolved(path=Path(folder), repo_id=repo_id, revision=revision or "main", commit_sha=sha)
+        _say(f"fetching {len(wanted)} files of {where} ({sha[:12]}) from {api.endpoint}")
+    return _Snapshot(repo_id, revision or "main", sha, patterns, token, api.endpoint)
+
+
+def _fetch(snap: _Snapshot, local_dir: Path | None = None) -> Resolved:
+    """Download the planned files of that one commit (into the cache, or as plain files into local_dir)."""
+    from huggingface_hub import is_offline_mode, snapshot_download
+
+    folder = _hub_call(lambda: snapshot_download(snap.repo_id, revision=snap.sha, local_dir=local_dir,
+                                                 allow_patterns=snap.patterns, token=snap.token,
+                                                 endpoint=snap.endpoint, local_files_only=is_offline_mode(),
+                                                 library_name="dflash-convert"),
+                       where=f"{snap.repo_id}@{snap.revision}", endpoint=snap.endpoint, action="download")
+    return Resolved(path=Path(folder), repo_id=snap.repo_id, revision=snap.revision, commit_sha=snap.sha)
 
 
 def resolve_source(source: str | Path, *, revision: str | None = None, token: str | None = None,
@@ -268,206 +245,37 @@ def resolve_source(source: str | Path, *, revision: str | None = None, token: st
         return Resolved(path=path, repo_id=None, revision=None, commit_sha=None)
     if not is_hub_id(source):
         raise DFlashError("does not exist locally and is not a Hub repo id (org/name)", file=source)
-    return _download(source, revision=revision, token=token, endpoint=endpoint,
-                     patterns=_patterns(for_target=for_target, allow_pickle=allow_pickle, config_only=config_only),
-                     local_dir=None, need_weights=not config_only, allow_pickle=allow_pickle)
+    return _fetch(_plan(source, revision=revision, token=token, endpoint=endpoint,
+                        patterns=_patterns(for_target=for_target, allow_pickle=allow_pickle, config_only=config_only),
+                        need_weights=not config_only, allow_pickle=allow_pickle))
 
 
 def pull(repo_id: str, out_dir: str | Path | None = None, *, revision: str | None = None, token: str | None = None,
-         allow_pickle: bool = False, endpoint: str | None = None) -> Resolved:
-    """Download a draft checkpoint into the cache, or materialize it as plain files in out_dir."""
+         allow_pickle: bool = False, endpoint: str | None = None, overwrite: bool = False) -> Resolved:
+    """Download a draft checkpoint into the cache, or materialize it as plain files in out_dir.
+
+    out_dir is assembled beside it and renamed into place when complete: a pull that fails or is
+    interrupted leaves out_dir as it was (absent, or with its old content).
+    """
     if not is_hub_id(repo_id):
         raise UsageError(f"not a Hub repo id (org/name): {repo_id!r}")
-    local_dir = None
-    if out_dir is not None:
-        local_dir = Path(out_dir).expanduser()
-        if local_dir.exists() and not local_dir.is_dir():
-            raise DFlashError("output exists and is not a directory", file=local_dir)
-    return _download(repo_id, revision=revision, token=token, endpoint=endpoint,
-                     patterns=_patterns(for_target=False, allow_pickle=allow_pickle, config_only=False),
-                     local_dir=local_dir, need_weights=True, allow_pickle=allow_pickle)
-
-
-# ----------------------------------------------------------------------------- model card
-
-def _causality(spec: DraftSpec) -> str:
-    if all(spec.layer_causal):
-        return "causal within the block (every layer)"
-    if not any(spec.layer_causal):
-        return "non-causal within the block (every layer attends to the whole block)"
-    kinds = ", ".join(f"{i}: {'causal' if c else 'non-causal'}" for i, c in enumerate(spec.layer_causal))
-    return f"mixed per layer ({kinds})"
-
-
-def _verifier_id(spec: DraftSpec) -> str | None:
-    name = spec.verifier.name_or_path if spec.verifier else None
-    return name if name and is_hub_id(name) and not Path(name).exists() else None
-
-
-def _render_validation(validation: dict[str, Any]) -> list[str]:
-    lines = ["### Validation", ""]
-    checks = validation.get("checks")
-    scalars = {k: v for k, v in validation.items() if k != "checks" and not isinstance(v, (dict, list))}
-    for key, value in scalars.items():
-        lines.append(f"- {key.replace('_', ' ')}: {value}")
-    if isinstance(checks, list) and checks:
-        counts: dict[str, int] = {}
-        for c in checks:
-            counts[str(c.get("status"))] = counts.get(str(c.get("status")), 0) + 1
-        lines.append("- checks: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-        notable = [c for c in checks if c.get("status") not in ("pass", "skip")]
-        if notable:
-            lines += ["", "| check | status | message |", "|---|---|---|"]
-            for c in notable:
-                message = str(c.get("message", "")).replace("|", "\\|")
-                lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
-    return lines + [""]
-
-
-def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any] | None,
-                       record: ConversionRecord | None) -> str:
-    target = _verifier_id(spec) or "<TARGET_MODEL>"
-    block = spec.block_size
-    fmt = {"speculators": "speculators (vLLM speculators library layout)",
-           "hf": "Hugging Face / z-lab (flat Qwen3 config with DFlash keys)"}[spec.source_format]
-    vocab = (f"pruned: the draft predicts {spec.draft_vocab_size} of the target's {spec.vocab_size} tokens "
-             "(mapped back through d2t)" if spec.is_pruned_vocab else f"full target vocabulary ({spec.vocab_size} tokens)")
-    rows = [
-        ("format", fmt),
-        ("variant", spec.variant),
-        ("target model", f"`{target}`" if _verifier_id(spec) else "not recorded in config.json"),
-        ("block size", f"{block} (up to {block - 1} speculative tokens per step)" if block else "not recorded"),
-        ("target layer ids", f"{spec.target_layer_ids} (0-based target layers whose outputs feed the draft)"
-         if spec.target_layer_ids is not None else "not recorded"),
-        ("mask token id", str(spec.mask_token_id) if spec.mask_token_id is not None else "not recorded"),
-        ("attention", _causality(spec)),
-        ("draft layers", f"{spec.num_layers} x (hidden {spec.hidden_size}, {spec.num_heads} heads, "
-                         f"{spec.num_kv_heads} KV heads, head dim {spec.head_dim})"),
-        ("vocabulary", vocab),
-        ("dtype", spec.dtype or "not recorded"),
-    ]
-    lines = [CARD_BEGIN, "", "## DFlash draft", "",
-             f"A [DFlash](https://github.com/z-lab/dflash) block-diffusion draft model for speculative decoding "
-             f"of `{target}`: it proposes a block of tokens in one forward pass from the target's hidden states, "
-             "and the target verifies them.", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in rows]
-    lines.append("")
-    if spec.variant != "dflash":
-        lines += [f"This is a `{spec.variant}` draft: the commands below are those for DFlash drafts; check that "
-                  f"your engine version supports `{spec.variant}`.", ""]
-    num_spec = f"{block - 1}" if block else "<BLOCK_SIZE - 1>"
-    draft_tokens = f"{block}" if block else "<BLOCK_SIZE>"
-    non_causal = not all(spec.layer_causal)
-    lines += ["### Serve with vLLM", "", "```bash", f"vllm serve {target} \\",
-              f"  --speculative-config '{{\"method\": \"dflash\", \"model\": \"{repo_id}\", "
-              f"\"num_speculative_tokens\": {num_spec}}}'" + (" \\" if non_causal else ""),
-              *(["  --attention-backend FLASH_ATTN"] if non_causal else []), "```", ""]
-    if non_causal:
-        lines += ["The draft attends non-causally inside a block: vLLM needs an attention backend with non-causal "
-                  "support, e.g. `FLASH_ATTN` or `FLEX_ATTENTION` (`--attention-backend`); backends without it are "
-                  "refused or give wrong drafts.", ""]
-    lines += ["### Serve with SGLang", "", "```bash", "python -m sglang.launch_server \\",
-              f"  --model-path {target} \\", "  --speculative-algorithm DFLASH \\",
-              f"  --speculative-draft-model-path {repo_id} \\", f"  --speculative-num-draft-tokens {draft_tokens}",
-              "```", "",
-              f"`--speculative-num-draft-tokens` is the block size ({draft_tokens}) for DFlash in SGLang; "
-              f"vLLM's `num_speculative_tokens` is the block size minus one ({num_spec}).", ""]
-    if validation:
-        lines += _render_validation(validation)
-    if record is not None:
-        rev = f" at `{record.source_revision}`" if record.source_revision else ""
-        lines += ["### Provenance", "",
-                  f"Converted from the {record.source_format} format{rev} to {record.destination_format} by "
-                  f"{record.tool} {record.tool_version}; `conversion.json` lists every input file's sha256 and "
-                  "every tensor kept, renamed, dropped or added.", ""]
-    lines.append(CARD_END)
-    return "\n".join(lines) + "\n"
-
-
-def _split_front_matter(text: str, file: str) -> tuple[dict[str, Any], str]:
-    import yaml
-
-    if not text.startswith("---"):
-        return {}, text
-    m = re.match(r"^---[ \t]*\r?\n(.*?)^---[ \t]*(?:\r?\n|$)", text, re.S | re.M)
-    if not m:
-        raise DFlashError("YAML front matter opened with --- is never closed", file=file)
-    try:
-        meta = yaml.safe_load(m.group(1)) or {}
-    except yaml.YAMLError as exc:
-        raise DFlashError(f"YAML front matter does not parse: {' '.join(str(exc).split())}", file=file) from None
-    if not isinstance(meta, dict):
-        raise DFlashError("YAML front matter is not a mapping", file=file)
-    return meta, text[m.end():]
-
-
-def model_card(spec: DraftSpec, *, repo_id: str, validation: dict[str, Any] | None = None,
-               existing: str | None = None, record: ConversionRecord | None = None) -> str:
-    """README.md text: front matter (library_name, base_model, tags) + a generated section.
-
-    With `existing` (the current README), user text outside the generated section and user front
-    matter keys are kept; only the section between the markers is replaced.
-    """
-    import yaml
-
-    meta, body = _split_front_matter(existing or "", README_NAME)
-    meta.setdefault("library_name", "speculators" if spec.source_format == "speculators" else "transformers")
-    if _verifier_id(spec):
-        meta.setdefault("base_model", _verifier_id(spec))
-    tags = meta.get("tags") or []
-    tags = [tags] if isinstance(tags, str) else list(tags)
-    for tag in ("dflash", "speculative-decoding"):
-        if tag not in tags:
-            tags.append(tag)
-    meta["tags"] = tags
-    section = _generated_section(spec, repo_id, validation, record)
-    if CARD_BEGIN.split(" (")[0] in body and CARD_END in body:
-        start = body.index(CARD_BEGIN.split(" (")[0])
-        end = body.index(CARD_END) + len(CARD_END)
-        body = body[:start] + section.rstrip("\n") + body[end:]
-    elif body.strip():
-        body = body.rstrip("\n") + "\n\n" + section
-    else:
-        body = f"\n# {repo_id.split('/')[-1]}\n\n" + section
-    front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
-    return f"---\n{front}---\n{body if body.startswith(chr(10)) else chr(10) + body}"
-
-
-def write_model_card(directory: str | Path, spec: DraftSpec | None = None, *, repo_id: str,
-                     validation: dict[str, Any] | None = None, existing: str | None = None) -> Path:
-    """Write or update directory/README.md (atomically; a symlinked README is replaced, not written through).
-
-    The README updated is the local one, else `existing` (e.g. the README already on the Hub).
-    """
-    directory = Path(directory)
-    if spec is None:
-        spec = open_checkpoint(directory).spec
-    readme = directory / README_NAME
-    if readme.exists():
-        existing = readme.read_text(encoding="utf-8")
-    record = None
-    if (directory / RECORD_NAME).exists():
-        try:
-            record = ConversionRecord.model_validate(read_json(directory / RECORD_NAME))
-        except Exception:  # noqa: BLE001 - a foreign conversion.json only loses the provenance paragraph
-            record = None
-    text = model_card(spec, repo_id=repo_id, validation=validation, existing=existing, record=record)
-    tmp = directory / f".{README_NAME}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, readme)
-    return readme
+    dest = Path(out_dir).expanduser() if out_dir is not None else None
+    if dest is not None:
+        if dest.exists() and not dest.is_dir():
+            raise DFlashError("output exists and is not a directory", file=dest)
+        if dest.is_dir() and any(dest.iterdir()) and not overwrite:
+            raise DFlashError("output directory is not empty (--overwrite replaces it)", file=dest)
+    snap = _plan(repo_id, revision=revision, token=token, endpoint=endpoint,
+                 patterns=_patterns(for_target=False, allow_pickle=allow_pickle, config_only=False),
+                 need_weights=True, allow_pickle=allow_pickle)
+    if dest is None:
+        return _fetch(snap)
+    with staged_directory(dest, overwrite=overwrite) as tmp:
+        resolved = _fetch(snap, local_dir=tmp)
+    return replace(resolved, path=dest)
 
 
 # ----------------------------------------------------------------------------- push
-
-def _local_files(directory: Path) -> list[str]:
-    from huggingface_hub.utils import filter_repo_objects
-    from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS
-
-    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
-    return [n for n in filter_repo_objects(names, ignore_patterns=DEFAULT_IGNORE_PATTERNS)
-            if not n.startswith(f".{README_NAME}")]
-
 
 def push(directory: str | Path, repo_id: str, *, revision: str | None = None, private: bool = False,
          commit_message: str | None = None, commit_description: str | None = None, create_pr: bool = False,
@@ -477,10 +285,10 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
 
     Writes/updates directory/README.md first (model_card=True, when the directory opens as a
     draft). Remote weight files absent locally are deleted in the same commit, so no stale shard
-    or index survives beside the new weights.
+    or index survives beside the new weights. The commit is pinned to the branch head it was
+    prepared against: if another commit lands meanwhile, nothing is committed.
     """
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-    from huggingface_hub.utils import filter_repo_objects
+    from huggingface_hub import is_offline_mode
 
     from . import __version__
 
@@ -491,15 +299,14 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
         raise UsageError(f"not a Hub repo id (org/name): {repo_id!r}")
     if revision is not None and (SHA40.match(revision) or unsafe_repo_path(revision)):
         raise UsageError(f"--revision must name a branch to push to, got {revision!r}")
-    endpoint = _endpoint(endpoint)
-    if _offline():
+    if is_offline_mode():
         raise DFlashError(f"HF_HUB_OFFLINE=1: cannot push {directory} to {repo_id}")
-    if not _local_files(directory):
+    if not any(p.is_file() for p in directory.rglob("*")):
         raise DFlashError("nothing to push: the directory is empty", file=directory)
 
-    api = _api(endpoint, token)
+    api = _api(hub_token(token), endpoint)
     branch = revision or "main"
-    call = dict(repo_id=repo_id, revision=branch, endpoint=endpoint, token=token, action="push to")
+    call = dict(where=f"{repo_id}@{branch}", endpoint=api.endpoint, action="push to")
     repo_url = _hub_call(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), **call)
     if revision is not None and not revision.startswith("refs/pr/"):
         refs = _hub_call(lambda: api.list_repo_refs(repo_id), **call)
@@ -511,27 +318,20 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
     info = _hub_call(lambda: api.repo_info(repo_id, revision=branch), **call)
     if private and not info.private:
         _say(f"warning: {repo_id} already exists and is public; --private does not change an existing repo")
-    remote = [s.rfilename for s in info.siblings or []]
     if model_card and (directory / CONFIG_NAME).exists():
         remote_readme = None
-        if not (directory / README_NAME).exists() and README_NAME in remote:  # keep what users wrote on the Hub
-            readme_path = _hub_call(lambda: api.hf_hub_download(repo_id, README_NAME, revision=info.sha,
-                                                                cache_dir=_cache_dir()), **call)
-            remote_readme = Path(readme_path).read_text(encoding="utf-8")
-        readme = write_model_card(directory, repo_id=repo_id, validation=validation, existing=remote_readme)
+        remote = {s.rfilename for s in info.siblings or []}
+        if not (directory / card.README_NAME).exists() and card.README_NAME in remote:  # keep what users wrote
+            path = _hub_call(lambda: api.hf_hub_download(repo_id, card.README_NAME, revision=info.sha), **call)
+            remote_readme = Path(path).read_text(encoding="utf-8")
+        readme = card.write_model_card(directory, repo_id=repo_id, validation=validation, existing=remote_readme)
         _say(f"model card written: {readme}")
-    files = _local_files(directory)
-    local = set(files)
-    stale = [n for n in filter_repo_objects(remote, allow_patterns=WEIGHT_PATTERNS) if n not in local]
-    operations = [CommitOperationDelete(path_in_repo=n) for n in stale]
-    operations += [CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(directory / n)) for n in files]
-    size = sum((directory / n).stat().st_size for n in files)
-    _say(f"pushing {len(files)} files ({size / 1e6:.1f} MB) from {directory} to {repo_id}@{branch}"
-         + (" as a pull request" if create_pr else "") + (f", deleting {len(stale)} stale files" if stale else ""))
+    _say(f"pushing {directory} to {repo_id}@{branch}" + (" as a pull request" if create_pr else ""))
     message = commit_message or f"Upload DFlash draft with dflash-convert {__version__}"
-    commit = _hub_call(lambda: api.create_commit(repo_id, operations=operations, commit_message=message,
-                                                 commit_description=commit_description, revision=revision,
-                                                 create_pr=create_pr, parent_commit=info.sha), **call)
+    commit = _hub_call(lambda: api.upload_folder(repo_id=repo_id, folder_path=directory, revision=revision,
+                                                 commit_message=message, commit_description=commit_description,
+                                                 create_pr=create_pr, parent_commit=info.sha,
+                                                 delete_patterns=WEIGHT_PATTERNS), **call)
     changed = commit.oid != info.sha
     if not changed:
         _say(f"{repo_id}@{branch} already has these files: nothing to commit")

@@ -36,10 +36,16 @@ def hub():
 
 @pytest.fixture(autouse=True)
 def hub_env(hub, tmp_path, monkeypatch):
-    """Per-test cache, token and endpoint, read by dflash_convert.hub at call time."""
+    """Per-test cache, token and endpoint: in the environment (for subprocesses) and in the client's
+    constants, which it reads from the environment once, at import."""
     from huggingface_hub import constants
 
     home = tmp_path / "hf_home"
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
@@ -192,11 +198,14 @@ def test_push_refuses_a_draft_failing_static_validation(cli, hub, draft):
 # ----------------------------------------------------------------------------- cache and offline
 
 def test_offline_uses_the_cache(cli, hub, draft, monkeypatch, hub_env):
+    from huggingface_hub import constants
+
     assert cli("push", draft, "org/draft").code == 0
     sha = hub.commit_at("org/draft").sha
     first = cli("pull", "org/draft", "--json").json()
     hub.stop()  # nothing answers any more
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     for rev in (None, sha):
         r = cli("pull", "org/draft", *(["--revision", rev] if rev else []), "--json")
         assert r.code == 0, r.err
@@ -311,7 +320,7 @@ def test_token_never_appears_in_any_output_or_file(hub, draft, tmp_path, hub_env
 
 def test_model_card_update_is_idempotent_and_keeps_user_text(hub_draft):
     from dflash_convert.checkpoint import open_checkpoint
-    from dflash_convert.hub import CARD_BEGIN, CARD_END, model_card
+    from dflash_convert.card import CARD_BEGIN, CARD_END, model_card
 
     spec = open_checkpoint(hub_draft).spec
     user = "---\nlicense: mit\n---\n\nIntro by the author.\n\n"
@@ -327,7 +336,7 @@ def test_model_card_update_is_idempotent_and_keeps_user_text(hub_draft):
 
 def test_model_card_non_causal_and_pruned_notes(hub_draft):
     from dflash_convert.checkpoint import open_checkpoint
-    from dflash_convert.hub import model_card
+    from dflash_convert.card import model_card
 
     spec = open_checkpoint(hub_draft).spec
     causal = model_card(spec, repo_id="org/d", validation=None)

@@ -1,0 +1,187 @@
+"""The README.md pushed with a draft: Hub metadata (the client's ModelCard / ModelCardData) and a
+generated section saying how to serve the draft with vLLM and SGLang, how it was validated and where
+it came from.
+
+The generated section sits between two markers and is replaced on every push; the user's text
+around it and the user's metadata keys are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import open_checkpoint, read_json
+from .configs import ConversionRecord, DraftSpec
+from .errors import DFlashError
+
+README_NAME = "README.md"
+RECORD_NAME = "conversion.json"
+CARD_BEGIN = "<!-- dflash-convert:begin (generated; replaced on every push, edit outside this section) -->"
+CARD_END = "<!-- dflash-convert:end -->"
+CARD_TAGS = ("dflash", "speculative-decoding")
+
+
+def _verifier_id(spec: DraftSpec) -> str | None:
+    from .hub import is_hub_id
+
+    name = spec.verifier.name_or_path if spec.verifier else None
+    return name if name and is_hub_id(name) and not Path(name).exists() else None
+
+
+def _causality(spec: DraftSpec) -> str:
+    if all(spec.layer_causal):
+        return "causal within the block (every layer)"
+    if not any(spec.layer_causal):
+        return "non-causal within the block (every layer attends to the whole block)"
+    kinds = ", ".join(f"{i}: {'causal' if c else 'non-causal'}" for i, c in enumerate(spec.layer_causal))
+    return f"mixed per layer ({kinds})"
+
+
+def _render_validation(validation: dict[str, Any]) -> list[str]:
+    lines = ["### Validation", ""]
+    checks = validation.get("checks")
+    scalars = {k: v for k, v in validation.items() if k != "checks" and not isinstance(v, (dict, list))}
+    for key, value in scalars.items():
+        lines.append(f"- {key.replace('_', ' ')}: {value}")
+    if isinstance(checks, list) and checks:
+        counts: dict[str, int] = {}
+        for c in checks:
+            counts[str(c.get("status"))] = counts.get(str(c.get("status")), 0) + 1
+        lines.append("- checks: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        notable = [c for c in checks if c.get("status") not in ("pass", "skip")]
+        if notable:
+            lines += ["", "| check | status | message |", "|---|---|---|"]
+            for c in notable:
+                message = str(c.get("message", "")).replace("|", "\\|")
+                lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
+    return lines + [""]
+
+
+def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any] | None,
+                       record: ConversionRecord | None) -> str:
+    target = _verifier_id(spec) or "<TARGET_MODEL>"
+    block = spec.block_size
+    fmt = {"speculators": "speculators (vLLM speculators library layout)",
+           "hf": "Hugging Face / z-lab (flat Qwen3 config with DFlash keys)"}[spec.source_format]
+    vocab = (f"pruned: the draft predicts {spec.draft_vocab_size} of the target's {spec.vocab_size} tokens "
+             "(mapped back through d2t)" if spec.is_pruned_vocab else f"full target vocabulary ({spec.vocab_size} tokens)")
+    rows = [
+        ("format", fmt),
+        ("variant", spec.variant),
+        ("target model", f"`{target}`" if _verifier_id(spec) else "not recorded in config.json"),
+        ("block size", f"{block} (up to {block - 1} speculative tokens per step)" if block else "not recorded"),
+        ("target layer ids", f"{spec.target_layer_ids} (0-based target layers whose outputs feed the draft)"
+         if spec.target_layer_ids is not None else "not recorded"),
+        ("mask token id", str(spec.mask_token_id) if spec.mask_token_id is not None else "not recorded"),
+        ("attention", _causality(spec)),
+        ("draft layers", f"{spec.num_layers} x (hidden {spec.hidden_size}, {spec.num_heads} heads, "
+                         f"{spec.num_kv_heads} KV heads, head dim {spec.head_dim})"),
+        ("vocabulary", vocab),
+        ("dtype", spec.dtype or "not recorded"),
+    ]
+    lines = [CARD_BEGIN, "", "## DFlash draft", "",
+             f"A [DFlash](https://github.com/z-lab/dflash) block-diffusion draft model for speculative decoding "
+             f"of `{target}`: it proposes a block of tokens in one forward pass from the target's hidden states, "
+             "and the target verifies them.", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    lines.append("")
+    if spec.variant != "dflash":
+        lines += [f"This is a `{spec.variant}` draft: the commands below are those for DFlash drafts; check that "
+                  f"your engine version supports `{spec.variant}`.", ""]
+    num_spec = f"{block - 1}" if block else "<BLOCK_SIZE - 1>"
+    draft_tokens = f"{block}" if block else "<BLOCK_SIZE>"
+    non_causal = not all(spec.layer_causal)
+    lines += ["### Serve with vLLM", "", "```bash", f"vllm serve {target} \\",
+              f"  --speculative-config '{{\"method\": \"dflash\", \"model\": \"{repo_id}\", "
+              f"\"num_speculative_tokens\": {num_spec}}}'" + (" \\" if non_causal else ""),
+              *(["  --attention-backend FLASH_ATTN"] if non_causal else []), "```", ""]
+    if non_causal:
+        lines += ["The draft attends non-causally inside a block: vLLM needs an attention backend with non-causal "
+                  "support, e.g. `FLASH_ATTN` or `FLEX_ATTENTION` (`--attention-backend`); backends without it are "
+                  "refused or give wrong drafts.", ""]
+    lines += ["### Serve with SGLang", "", "```bash", "python -m sglang.launch_server \\",
+              f"  --model-path {target} \\", "  --speculative-algorithm DFLASH \\",
+              f"  --speculative-draft-model-path {repo_id} \\", f"  --speculative-num-draft-tokens {draft_tokens}",
+              "```", "",
+              f"`--speculative-num-draft-tokens` is the block size ({draft_tokens}) for DFlash in SGLang; "
+              f"vLLM's `num_speculative_tokens` is the block size minus one ({num_spec}).", ""]
+    if validation:
+        lines += _render_validation(validation)
+    if record is not None:
+        rev = f" at `{record.source_revision}`" if record.source_revision else ""
+        lines += ["### Provenance", "",
+                  f"Converted from the {record.source_format} format{rev} to {record.destination_format} by "
+                  f"{record.tool} {record.tool_version}; `conversion.json` lists every input file's sha256 and "
+                  "every tensor kept, renamed, dropped or added.", ""]
+    lines.append(CARD_END)
+    return "\n".join(lines) + "\n"
+
+
+def _with_section(body: str, section: str, repo_id: str) -> str:
+    """body with the generated section replaced, or appended (a title first when the body is empty)."""
+    begin = CARD_BEGIN.split(" (")[0]
+    if begin in body and CARD_END in body:
+        start, end = body.index(begin), body.index(CARD_END) + len(CARD_END)
+        return body[:start] + section.rstrip("\n") + body[end:]
+    if body.strip():
+        return body.rstrip("\n") + "\n\n" + section
+    return f"\n# {repo_id.split('/')[-1]}\n\n" + section
+
+
+def model_card(spec: DraftSpec, *, repo_id: str, validation: dict[str, Any] | None = None,
+               existing: str | None = None, record: ConversionRecord | None = None) -> str:
+    """README.md text: metadata (library_name, base_model, tags) + the generated section.
+
+    With `existing` (the current README), the user's text outside the generated section and the
+    user's metadata are kept; only the section between the markers is replaced.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK  # the Hub's own front-matter rule
+
+    text = (existing or "").lstrip("\ufeff")
+    card = None
+    if REGEX_YAML_BLOCK.search(text):
+        try:
+            card = ModelCard(text)
+        except Exception as exc:  # noqa: BLE001 - YAML errors, a non-mapping block, invalid model-index
+            raise DFlashError(f"the metadata block does not parse: {' '.join(str(exc).split())}",
+                              file=README_NAME) from None
+    data = card.data if card is not None else ModelCardData()
+    data.library_name = data.library_name or ("speculators" if spec.source_format == "speculators" else "transformers")
+    if _verifier_id(spec) and not data.base_model:
+        data.base_model = _verifier_id(spec)
+    tags = [data.tags] if isinstance(data.tags, str) else list(data.tags or [])
+    data.tags = tags + [t for t in CARD_TAGS if t not in tags]
+    body = _with_section(card.text if card is not None else text, _generated_section(spec, repo_id, validation, record),
+                         repo_id)
+    if card is None:
+        return f"---\n{data.to_yaml()}\n---\n{body if body.startswith(chr(10)) else chr(10) + body}"
+    card.text = body
+    return str(card)
+
+
+def write_model_card(directory: str | Path, spec: DraftSpec | None = None, *, repo_id: str,
+                     validation: dict[str, Any] | None = None, existing: str | None = None) -> Path:
+    """Write or update directory/README.md (atomically; a symlinked README is replaced, not written through).
+
+    The README updated is the local one, else `existing` (e.g. the README already on the Hub).
+    """
+    directory = Path(directory)
+    if spec is None:
+        spec = open_checkpoint(directory).spec
+    readme = directory / README_NAME
+    if readme.exists():
+        existing = readme.read_text(encoding="utf-8")
+    record = None
+    if (directory / RECORD_NAME).exists():
+        try:
+            record = ConversionRecord.model_validate(read_json(directory / RECORD_NAME))
+        except Exception:  # noqa: BLE001 - a foreign conversion.json only loses the provenance paragraph
+            record = None
+    text = model_card(spec, repo_id=repo_id, validation=validation, existing=existing, record=record)
+    tmp = directory / f".{README_NAME}.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, readme)
+    return readme
