@@ -1,17 +1,21 @@
 """A small Hugging Face Hub-compatible HTTP server for tests: in memory, loopback only.
 
-It implements the endpoints the real `huggingface_hub` client (2.4.0) calls for create_repo,
+It implements the endpoints the real `huggingface_hub` client (1.x and 2.x) calls for create_repo,
 create_commit (regular + basic-LFS uploads), create_branch / create_tag, list_repo_refs,
 list_repo_tree, repo_info and file downloads (HEAD + GET on /resolve/), with the typed errors the
-client maps to exceptions (headers X-Error-Code / X-Error-Message). See
-../shared/HUB_AND_TORCH_NOTES.md for the endpoint table.
+client maps to exceptions (headers X-Error-Code / X-Error-Message).
 
 Not a Hub: no users, orgs, permissions beyond "one valid token", no Xet (tests set
 HF_HUB_DISABLE_XET=1). Bodies are bounded (MAX_BODY) and the socket binds 127.0.0.1 only.
 
 Test hooks: `seed_repo`, `inject_file` (commits a path the real Hub would refuse, e.g. "../x"),
-`create_tag`, `files_at`, `commits`, `lfs_puts`, and `drop_next(kind, n)` which makes the next n
-requests of a kind ("lfs_put" or "commit") lose their connection half-way through the body.
+`create_tag`, `files_at`, `commits`, `lfs_puts`, `drop_next(kind, n)` which makes the next n
+requests of a kind ("lfs_put" or "commit": the request body; "download": the response body of an
+LFS file) lose their connection half-way, `fail_next(path_part, status, message)` which answers the next request
+whose path contains path_part with that error, `move_branch_after_resolve(repo_id, branch, files)`
+which commits files on the branch right after the first repo_info of that branch is answered (a
+branch moving between resolving a revision and downloading it), and `echo_auth`: error messages
+then quote the Authorization header received, as a hostile or buggy server might.
 """
 
 from __future__ import annotations
@@ -110,6 +114,10 @@ class HubState:
         self.lfs: dict[str, bytes] = {}  # sha256 -> content uploaded through PUT
         self.lfs_puts: list[str] = []  # sha256 of every completed LFS PUT
         self.drops: dict[str, int] = {}
+        self.failures: list[tuple[str, int, str]] = []  # (path part, status, message), next first
+        self.moves: dict[tuple[str, str], dict[str, bytes]] = {}  # (repo, branch) -> files to commit
+        self.echo_auth = False
+        self.echoed: list[str] = []  # every error message sent with the Authorization header in it
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for assertions
         self._counter = 0
 
@@ -171,8 +179,24 @@ class HubState:
             repo = self.repos[repo_id]
             return repo.commits[repo.resolve(rev)].files[path].lfs
 
+    def fail_next(self, path_part: str, status: int, message: str) -> None:
+        with self.lock:
+            self.failures.append((path_part, status, message))
+
+    def take_failure(self, path: str) -> HubError | None:
+        with self.lock:
+            for i, (part, status, message) in enumerate(self.failures):
+                if part in path:
+                    del self.failures[i]
+                    return HubError(status, message)
+        return None
+
+    def move_branch_after_resolve(self, repo_id: str, branch: str, files: dict[str, bytes]) -> None:
+        with self.lock:
+            self.moves[(repo_id, branch)] = files
+
     def drop_next(self, kind: str, n: int = 1) -> None:
-        assert kind in ("lfs_put", "commit")
+        assert kind in ("lfs_put", "commit", "download")
         with self.lock:
             self.drops[kind] = n
 
@@ -256,6 +280,9 @@ class HubHandler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(obj).encode(), headers)
 
     def _error(self, exc: HubError, head: bool = False) -> None:
+        if self.state.echo_auth and self.headers.get("Authorization"):
+            exc.message += f" (request sent Authorization: {self.headers['Authorization']})"
+            self.state.echoed.append(exc.message)
         headers = {"X-Error-Message": exc.message}
         if exc.code:
             headers["X-Error-Code"] = exc.code
@@ -303,6 +330,11 @@ class HubHandler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         self.state.requests.append((method, url.path))
         try:
+            failure = self.state.take_failure(url.path)
+            if failure is not None:
+                if method in ("POST", "PUT"):
+                    self._body()
+                raise failure
             self._route(method, parts, query)
         except HubError as exc:
             if method in ("POST", "PUT") and not getattr(self, "_body_read", False):
@@ -378,6 +410,9 @@ class HubHandler(BaseHTTPRequestHandler):
             repo = self._repo(repo_id, authed)
             sha = self._rev(repo, rev)
             files = sorted(repo.commits[sha].files)
+            move = self.state.moves.pop((repo_id, rev), None)
+        if move is not None:  # answered with the old head; every later request sees the new one
+            self.state.seed_repo(repo_id, move, branch=rev)
         self._json(200, {"id": repo_id, "modelId": repo_id, "sha": sha, "private": repo.private, "disabled": False,
                          "gated": False, "tags": [], "siblings": [{"rfilename": f} for f in files],
                          "lastModified": "2026-01-01T00:00:00.000Z", "createdAt": "2026-01-01T00:00:00.000Z"})
@@ -554,6 +589,15 @@ class HubHandler(BaseHTTPRequestHandler):
         else:
             headers["ETag"] = f'"{blob.git_oid}"'
         data, status = blob.data, 200
+        if not head and blob.lfs and self.state.take_drop("download"):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            return self._drop()
         rng = self.headers.get("Range")
         if rng and rng.startswith("bytes="):
             start_s, _, end_s = rng[6:].partition("-")
@@ -586,8 +630,17 @@ class HubServer(ThreadingHTTPServer):
         self.server_close()
         self._thread.join(timeout=5)
 
+    @property
+    def echo_auth(self) -> bool:
+        return self.state.echo_auth
+
+    @echo_auth.setter
+    def echo_auth(self, value: bool) -> None:
+        self.state.echo_auth = value
+
     def __getattr__(self, name):  # test hooks live on the state
         if name in ("seed_repo", "inject_file", "create_tag", "files_at", "commit_at", "commits", "is_lfs",
-                    "drop_next", "lfs_puts", "requests", "repos"):
+                    "drop_next", "lfs_puts", "requests", "repos", "fail_next", "move_branch_after_resolve",
+                    "echoed"):
             return getattr(self.state, name)
         raise AttributeError(name)

@@ -81,9 +81,9 @@ def local_files(path: Path) -> dict[str, bytes]:
             if p.is_file() and ".cache" not in p.parts}
 
 
-def one_error_line(r, *needles: str) -> str:
-    """Exit 1, and stderr holds exactly one `Error:` line (no traceback) containing every needle."""
-    assert r.code == 1, (r.code, r.out, r.err)
+def one_error_line(r, *needles: str, code: int = 1) -> str:
+    """Exit `code`, and stderr holds exactly one `Error:` line (no traceback) containing every needle."""
+    assert r.code == code, (r.code, r.out, r.err)
     errors = [line for line in r.err.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, r.err
     assert "Traceback" not in r.err
@@ -397,3 +397,167 @@ def test_private_repo(cli, hub, draft, monkeypatch):
     assert cli("pull", "org/secret").code == 0
     monkeypatch.delenv("HF_TOKEN")  # anonymous: the private repo is invisible
     one_error_line(cli("pull", "org/secret"), "org/secret", "not found")
+
+
+# ----------------------------------------------------------------------------- pinned, staged, sharded
+
+def test_pull_gets_the_commit_it_resolved_while_the_branch_moves(cli, hub, draft, tmp_path):
+    files = local_files(draft)
+    cfg = json.loads(files["config.json"])
+    moved = {"config.json": json.dumps({**cfg, "block_size": 4}).encode(), "model.safetensors": b"other weights"}
+    for extra in ([], ["-o", tmp_path / "out"]):
+        sha = hub.seed_repo("org/draft", files)
+        hub.move_branch_after_resolve("org/draft", "main", moved)
+        r = cli("pull", "org/draft", "--json", *extra)
+        assert r.code == 0, r.err
+        assert hub.commit_at("org/draft").sha != sha  # main did move between resolving and downloading
+        got = r.json()
+        assert got["commit_sha"] == sha
+        pulled = local_files(Path(got["path"]))
+        assert pulled["config.json"] == files["config.json"], extra
+        assert pulled["model.safetensors"] == files["model.safetensors"], extra
+
+
+def test_pull_to_dir_that_fails_half_way_leaves_nothing(cli, hub, draft, tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(time, "sleep", lambda s: None)  # the client's retry back-off, not its logic
+    hub.seed_repo("org/draft", local_files(draft))
+    out = tmp_path / "pulls" / "out"
+    hub.drop_next("download", 100)  # config.json arrives, the weights never do
+    one_error_line(cli("pull", "org/draft", "-o", out), "org/draft@main")
+    assert not out.exists() and not list(out.parent.iterdir())
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    one_error_line(cli("pull", "org/draft", "-o", out), "not empty", "--overwrite")
+    hub.drop_next("download", 100)
+    one_error_line(cli("pull", "org/draft", "-o", out, "--overwrite"), "org/draft@main")
+    assert local_files(out) == {"old.txt": b"old"} and [p.name for p in out.parent.iterdir()] == ["out"]
+    hub.drop_next("download", 0)
+    r = cli("pull", "org/draft", "-o", out, "--overwrite")  # complete: replaces the old content
+    assert r.code == 0, r.err
+    assert local_files(out) == {k: v for k, v in local_files(draft).items() if k in ("config.json", "model.safetensors")}
+
+
+def test_sharded_draft_by_hub_id_opens_for_convert_and_inspect(cli, hub, draft, tmp_path, monkeypatch):
+    """Files in the Hub cache are symlinks into ../../blobs/: shards reached that way are the checkpoint's own."""
+    from huggingface_hub import constants
+
+    sharded = tmp_path / "sharded"
+    assert cli("convert", draft, "-o", sharded, "--max-shard-size", "100KB").code == 0
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    hub.seed_repo("org/sharded", local_files(sharded))
+    local = cli("convert", sharded, "-o", tmp_path / "from-local")
+    assert local.code == 0, local.err
+    r = cli("convert", "org/sharded", "-o", tmp_path / "from-hub")
+    assert r.code == 0, r.err
+    assert local_files(tmp_path / "from-hub")["model.safetensors"] == \
+        local_files(tmp_path / "from-local")["model.safetensors"]
+    r = cli("inspect", "org/sharded", "--json")
+    assert r.code == 0, r.err
+    hub.stop()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # and from the cache alone
+    r = cli("inspect", "org/sharded", "--json")
+    assert r.code == 0, r.err
+
+
+# ----------------------------------------------------------------------------- tokens: cleaned, checked, scrubbed
+
+def test_token_with_crlf_from_every_source_is_cleaned_and_scrubbed_from_echoing_errors(hub, draft, tmp_path, hub_env):
+    """A token ending in \\r\\n (--token, HF_TOKEN, the stored token) works; a server quoting the
+    Authorization header in its errors gets it scrubbed from the error line and the --debug traceback."""
+    hub.seed_repo("org/draft", local_files(draft))
+    hub.echo_auth = True
+    raw = TOKEN + "\r\n"
+    base = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    base["HF_HUB_VERBOSITY"] = "debug"
+    (hub_env / "token").parent.mkdir(parents=True, exist_ok=True)
+    (hub_env / "token").write_bytes(raw.encode())  # the stored token, written on Windows
+    legacy_cache = tmp_path / "legacy-cache"
+    runs = [  # (args, extra environment, failure to inject, expected exit code)
+        (["pull", "org/draft", "--token", raw, "-o", str(tmp_path / "out")], {}, None, 0),
+        (["pull", "org/draft", "--json"], {"HF_TOKEN": raw, "HF_HUB_CACHE": None,
+                                           "HUGGINGFACE_HUB_CACHE": str(legacy_cache)}, None, 0),
+        (["pull", "org/draft", "--token", raw], {}, ("/tree/", 400, "listing refused"), 1),
+        (["--debug", "pull", "org/draft"], {"HF_TOKEN": raw}, ("/tree/", 400, "listing refused"), 1),
+        (["--debug", "push", str(draft), "org/draft", "--json"], {}, ("/commit/", 400, "commit refused"), 1),
+        (["pull", "org/missing"], {}, None, 1),
+    ]
+    seen, stdout = [], []
+    for args, extra, failure, code in runs:
+        if failure:
+            hub.fail_next(*failure)
+        env = {k: v for k, v in {**base, **extra}.items() if v is not None}
+        p = subprocess.run([sys.executable, "-m", "dflash_convert", *args], capture_output=True, text=True, env=env,
+                           timeout=120)
+        seen.append(p.stdout + p.stderr)
+        stdout.append(p.stdout)
+        assert p.returncode == code, (args, p.stderr[-2000:])
+        assert TOKEN not in p.stdout + p.stderr, args
+    assert local_files(tmp_path / "out")["config.json"] == (draft / "config.json").read_bytes()
+    # the client's own settings, its legacy cache variable included
+    assert json.loads(stdout[1])["path"].startswith(str(legacy_cache))
+    assert "HTTP 400 listing refused (request sent Authorization: Bearer ***)" in seen[2]
+    assert "Traceback" in seen[3] and "Bearer ***" in seen[3] and "Traceback" in seen[4] and "Bearer ***" in seen[4]
+    assert len(hub.echoed) >= 4 and all(f"Bearer {TOKEN}" in m for m in hub.echoed)  # it really was in the messages
+    for f in tmp_path.rglob("*"):
+        if f.is_file() and f != hub_env / "token":
+            assert TOKEN.encode() not in f.read_bytes(), f
+
+
+@pytest.mark.parametrize("bad", ["hf_abc\x01defghijklmnop", "hf_abcdéfghijklmnop", "hf_abc defghijklmnop",
+                                 "\ufeffhf_abcdefghijklmnop", "hf_abc\r\ndefghijklmnop", " \r\n"])
+def test_token_a_header_cannot_carry_is_refused_unprinted(cli, hub, bad, monkeypatch):
+    r = cli("pull", "org/draft", "--token", bad)
+    one_error_line(r, "--token", code=2)
+    assert "hf_abc" not in r.err + r.out and "defghijklmnop" not in r.err + r.out, r.err
+    if "\r\n" not in bad:  # the client itself deletes CR/LF anywhere in HF_TOKEN and the stored token
+        monkeypatch.setenv("HF_TOKEN", bad)
+        r = cli("pull", "org/draft")
+        one_error_line(r, "$HF_TOKEN", "not sent")
+        assert "hf_abc" not in r.err + r.out and "defghijklmnop" not in r.err + r.out, r.err
+    assert not hub.requests  # nothing reached the server
+
+
+def test_warnings_logs_and_tracebacks_are_scrubbed():
+    """What the client or its HTTP library might log or warn, after the CLI's redaction is installed
+    (the client's log handler was bound to stderr before, as when it is imported first)."""
+    code = f"""
+import logging, sys, warnings
+import huggingface_hub
+from huggingface_hub.utils import logging as hf_logging
+hf_logging.set_verbosity_info()
+from dflash_convert.tokens import redact_output
+redact_output()
+warnings.warn("Illegal header value b'Bearer {TOKEN}\\\\r\\\\n'")
+logging.getLogger("huggingface_hub.file_download").warning("hf says {TOKEN}")
+logging.getLogger("httpx").warning("httpx says %s", {TOKEN!r})
+print({"stdout " + json.dumps(TOKEN)!r})
+raise RuntimeError("boom Authorization: Bearer {TOKEN}")
+"""
+    p = subprocess.run([sys.executable, "-c", code, "--token", TOKEN + "\r\n"], capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if k != "HF_TOKEN"})
+    out = p.stdout + p.stderr
+    assert TOKEN not in out, out
+    for what in ("Bearer ***", "hf says ***", "httpx says ***", 'stdout "***"', "Traceback"):
+        assert what in out, (what, out)
+
+
+def test_no_http_library_or_private_client_imports():
+    """Through the client's public API only: its HTTP library differs between 1.x and 2.x."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "dflash_convert"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                assert parts[0] not in ("httpx", "httpx2", "httpcore", "requests", "urllib3"), (path.name, name)
+                if parts[0] in ("huggingface_hub", "tqdm"):
+                    assert not any(p.startswith("_") for p in parts[1:]), (path.name, name)
