@@ -5,4 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export NO_COLOR=1 HF_HUB_DISABLE_XET=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
-exec python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider "$@"
+# A whole run (no arguments) also runs the Hub tests with the other major version of huggingface_hub.
+if [ $# -eq 0 ]; then
+  bash scripts/test-hub-versions.sh
+fi
