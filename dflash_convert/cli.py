@@ -25,6 +25,7 @@ from dflash_runtime import BACKEND_NAMES, DRAFT_SAMPLING
 
 from .configs import Format
 from .dtypes import CAST_TARGETS, DTYPES, code_for_name
+from .engines import ENGINE_NAMES
 from .errors import DFlashError
 from .report import LEVELS
 
@@ -49,6 +50,7 @@ To = _choices("To", get_args(Format))
 DType = _choices("DType", ("auto", *CAST_TARGETS, *(d.short for d in DTYPES.values() if d.cast_target)))
 Backend = _choices("Backend", ("auto", *BACKEND_NAMES))
 DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
+Engine = _choices("Engine", ENGINE_NAMES)
 
 
 def _value(choice: enum.Enum | None) -> str | None:
@@ -114,6 +116,8 @@ Private = Annotated[bool, _flag("--private", help="Create the Hub repo private."
 CommitMessage = Annotated[Optional[str], typer.Option("--commit-message", help="Commit title.")]
 CommitDescription = Annotated[Optional[str], typer.Option("--commit-description", help="Commit description.")]
 CreatePr = Annotated[bool, _flag("--create-pr", help="Open a pull request instead of committing to the branch.")]
+EngineOpt = Annotated[Optional[Engine], typer.Option("--engine", help="A serving engine: show only its view "
+                                                     "(inspect), or run the draft as it would (validate).")]
 
 
 # ----------------------------------------------------------------------------- output
@@ -346,36 +350,40 @@ def convert(
 # ----------------------------------------------------------------------------- inspect / diff / schema
 
 @app.command(epilog=_examples("dflash-convert inspect ./draft", "dflash-convert inspect org/draft --revision v1 --json",
-                              "dflash-convert inspect ./draft --scan"))
+                              "dflash-convert inspect ./draft --scan", "dflash-convert inspect ./draft --engine sglang"))
 def inspect(
     path: Source,
     scan: Annotated[bool, _flag("--scan", help="Also read tensor values (NaN/Inf, all-zero); imports torch.")] = False,
     allow_pickle: AllowPickle = False,
     revision: Revision = None,
     token: Token = None,
+    engine: EngineOpt = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
-    """Show the format, the values engines read, the tensors, and every problem found (exit 3 if any fails)."""
+    """Show the format, what each engine will apply, the tensors, and every problem found (exit 3 if any fails)."""
     from .errors import ValidationFailed
     from .inspect import inspect_checkpoint
 
     out = Output(as_json, quiet)
     local, sha = resolve_local(path, revision=revision, token=token, allow_pickle=allow_pickle)
-    info = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle)
-    info["revision"] = sha
-    out.result(info, render=lambda console: _print_inspect(info, console))
+    report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=_value(engine))
+    report.revision = sha
+    info = report.model_dump(mode="json")
+    out.result(info, render=lambda console: _print_inspect(info, console, report.engines))
     if not info["ok"]:
         raise typer.Exit(ValidationFailed.exit_code)
 
 
-def _print_inspect(info: dict, err: Console) -> None:
+def _print_inspect(info: dict, err: Console, views=()) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from .engines import render_view
+
     summary = Table(show_header=False, box=None, pad_edge=False)
     for key, value in info.items():
-        if key in ("tensors", "checks", "problems", "files", "ok"):
+        if key in ("tensors", "checks", "problems", "files", "ok", "engines"):
             continue
         summary.add_row(key, f"{value:,}" if key == "parameters" else escape(str(value)))
     err.print(summary)
@@ -389,6 +397,9 @@ def _print_inspect(info: dict, err: Console) -> None:
             err.print(f"[{colour}]{c['status'].upper()}[/{colour}] {c['name']}: {escape(c['message'])}")
     else:
         err.print("[green]no problems found[/green]")
+    for view in views:
+        for line in render_view(view):
+            err.print(line, markup=False)
 
 
 @app.command(epilog=_examples(
@@ -548,6 +559,7 @@ def validate(
         "informational).")] = None,
     keep_going: Annotated[bool, _flag("--keep-going", help="Run numeric and end-to-end levels even when static "
                                       "checks failed.")] = False,
+    engine: EngineOpt = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -567,7 +579,8 @@ def validate(
                             levels=levels, checkpoint_revision=ckpt_sha, target_revision=target_sha,
                             target_name=target, seed=seed, threads=threads,
                             draft_sampling=_value(draft_sampling), device_map=device_map, max_memory=max_memory,
-                            min_speedup=min_speedup, keep_going=keep_going, progress=out.status)
+                            min_speedup=min_speedup, keep_going=keep_going, progress=out.status,
+                            engine=_value(engine))
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))

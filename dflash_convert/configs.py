@@ -227,6 +227,16 @@ class HFDFlashConfig(DecoderConfig):
         return self
 
 
+class ConfigChange(_Open):
+    """One config key a conversion added, dropped or rewrote (moving between layouts is not a change)."""
+
+    key: str = Field(description="dotted path (the destination's, or the source's for a dropped key)")
+    change: Literal["added", "dropped", "rewritten"]
+    before: Any = None
+    after: Any = None
+    why: str = ""
+
+
 class ConversionRecord(_Open):
     """conversion.json: provenance of a converted checkpoint."""
 
@@ -242,6 +252,8 @@ class ConversionRecord(_Open):
     tensors_dropped: dict[str, str] = Field(description="tensor name -> reason")
     tensors_renamed: dict[str, str] = Field(default_factory=dict, description="source name -> destination name")
     tensors_added: dict[str, str] = Field(default_factory=dict, description="tensor name -> how it was derived")
+    config_changes: list[ConfigChange] = Field(default_factory=list, description="config keys added, dropped "
+                                               "or rewritten (keys that only moved between layouts are not listed)")
     warnings: list[str] = Field(default_factory=list)
 
 

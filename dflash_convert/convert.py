@@ -351,6 +351,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             tensors_renamed={ckpt.source_names[s.source]: s.dest for s in kept
                              if s.source and ckpt.source_names[s.source] != s.dest},
             tensors_added={s.dest: s.reason for s in kept if s.action == "derive"},
+            config_changes=mapping.config_changes(ckpt.raw_config, ckpt.format, plan.config, plan.dest_format),
             warnings=record_warnings,
         )
         (tmp / RECORD_NAME).write_text(record.model_dump_json(indent=2) + "\n")

@@ -1,7 +1,9 @@
 """Compare two checkpoints, also across formats: what engines would run, field by field and tensor by tensor.
 
 Configs are compared as DraftSpecs (so aux ids and target ids, or `sliding_window_non_causal`
-and `dflash_config.causal`, compare by meaning). Tensors are compared by canonical name; byte-equal
+and `dflash_config.causal`, compare by meaning), through `engines.trained_view`. Config keys that
+no engine reads (`auto_map`, version stamps, ...) and engines that would serve one side unlike its
+training but not the other are reported as informational: they do not make two drafts different. Tensors are compared by canonical name; byte-equal
 tensors are settled without torch, others get a max absolute difference. Tensors that a conversion
 drops by design (verifier copies, t2d) are listed but do not make two drafts different.
 """
@@ -13,40 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from . import catalogue
+from . import catalogue, engines, mapping
 from .checkpoint import Checkpoint, open_checkpoint
-from .configs import DraftSpec, Format
-
-
-def engine_view(spec: DraftSpec) -> dict[str, Any]:
-    """The config values an engine acts on, normalised across formats."""
-    any_sliding = "sliding_attention" in spec.layer_types
-    return {
-        "variant": spec.variant,
-        "block_size": spec.block_size,
-        "mask_token_id": spec.mask_token_id,
-        "target_layer_ids": spec.target_layer_ids,
-        "layer_types": spec.layer_types,
-        "layer_causal": spec.layer_causal,
-        "sliding_window": spec.sliding_window if any_sliding else None,
-        "draft_vocab_size": spec.draft_vocab_size or spec.vocab_size,
-        "vocab_size": spec.vocab_size,
-        "target_hidden_size": spec.target_hidden_size or spec.hidden_size,
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "rms_norm_eps": spec.rms_norm_eps,
-        "rope_theta": spec.rope_theta,
-        "rope_scaling": spec.rope_scaling,
-        "attention_bias": spec.attention_bias,
-        "hidden_act": spec.hidden_act,
-        "num_target_layers": spec.num_target_layers,
-        "verifier": spec.verifier.name_or_path if spec.verifier else None,
-        **{k: v for k, v in spec.variant_fields.items()},
-    }
+from .configs import ConfigChange, Format
 
 
 # Fields one side may simply not know (z-lab configs name no verifier): differ only when both are known.
@@ -61,6 +32,16 @@ class ConfigDifference(BaseModel):
 
     a: Any
     b: Any
+
+
+class EngineServing(BaseModel):
+    """An engine that serves one side as trained and the other not (informational)."""
+
+    a: bool
+    b: bool
+    a_engine: str = Field(description="engine table row that reads A (vLLM: per format)")
+    b_engine: str
+    divergences: list[str] = Field(default_factory=list, description="'A: field: consequence' / 'B: ...'")
 
 
 class TensorDifference(BaseModel):
@@ -87,6 +68,10 @@ class DiffReport(BaseModel):
     tensors: dict[str, TensorDifference] = Field(default_factory=dict, description="canonical name -> comparison")
     ignored_tensors: dict[str, str] = Field(default_factory=dict, description="'a:NAME' / 'b:NAME' -> why it "
                                             "does not count (dropped by conversion by design)")
+    informational: list[ConfigChange] = Field(default_factory=list, description="config keys that differ but no "
+                                              "engine reads (A -> B); they do not count")
+    engines: dict[str, EngineServing] = Field(default_factory=dict, description="engine -> whether it serves A and "
+                                              "B as trained, where that differs (informational)")
 
     @computed_field(description="no config difference and every tensor equal (within tolerance)")
     @property
@@ -104,6 +89,11 @@ class DiffReport(BaseModel):
             if t.status != "equal":
                 extra = f" (max abs diff {t.max_abs_diff})" if t.max_abs_diff is not None else ""
                 console.print(escape(f"  tensor {name}: {t.status}{extra}"))
+        for c in self.informational:
+            console.print(escape(f"  info: config key {c.key} {c.change} (no engine reads it)"))
+        for name, e in self.engines.items():
+            console.print(escape(f"  info: {name} serves A {'as trained' if e.a else 'unlike its training'} and B "
+                                 f"{'as trained' if e.b else 'unlike its training'}: " + "; ".join(e.divergences)))
         equal = sum(t.status == "equal" for t in self.tensors.values())
         console.print(f"{equal}/{len(self.tensors)} tensors equal, {len(self.config_differences)} config differences, "
                       f"{len(self.ignored_tensors)} tensors ignored (dropped by design): "
@@ -148,10 +138,20 @@ def _engine_tensors(ckpt: Checkpoint) -> tuple[set[str], dict[str, str]]:
 def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, allow_pickle: bool = False) -> DiffReport:
     ca, cb = open_checkpoint(a, allow_pickle=allow_pickle), open_checkpoint(b, allow_pickle=allow_pickle)
     result = DiffReport(a=str(a), b=str(b), format_a=ca.format, format_b=cb.format, tolerance=tolerance)
-    va, vb = engine_view(ca.spec), engine_view(cb.spec)
+    va, vb = engines.trained_view(ca.spec), engines.trained_view(cb.spec)
     for key in va:
         if va[key] != vb.get(key) and not (key in OPTIONAL_FIELDS and (va[key] is None or vb.get(key) is None)):
             result.config_differences[key] = ConfigDifference(a=va[key], b=vb.get(key))
+    result.informational = [ConfigChange(**c) for c in mapping.config_changes(ca.raw_config, ca.format,
+                                                                             cb.raw_config, cb.format)
+                            if not engines.engine_reads(c["key"])]
+    for name in engines.ENGINE_NAMES:
+        view_a, view_b = engines.serving_view(ca, name), engines.serving_view(cb, name)
+        if view_a.as_trained != view_b.as_trained:
+            result.engines[name] = EngineServing(
+                a=view_a.as_trained, b=view_b.as_trained, a_engine=view_a.engine, b_engine=view_b.engine,
+                divergences=[f"{side}: {d.field}: {d.consequence}" for side, v in (("A", view_a), ("B", view_b))
+                             for d in v.divergences if d.severity == "error"])
     used_a, ignored_a = _engine_tensors(ca)
     used_b, ignored_b = _engine_tensors(cb)
     result.ignored_tensors = {**{f"a:{k}": v for k, v in ignored_a.items()},

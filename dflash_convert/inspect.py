@@ -1,7 +1,10 @@
-"""`inspect`: what a checkpoint is and what engines will read from it, from headers only.
+"""`inspect`: what a checkpoint is and what each engine will do with it, from headers only.
 
 Reads config.json and safetensors headers; imports torch only for `scan=True` (NaN/Inf and
 degenerate-value checks), so it answers in a fraction of a second even for an 8B-sized draft.
+The report is `InspectReport` (schema: `schemas/inspect-report.schema.json`); the per-engine
+part comes from `engines.checkpoint_views`, the same reading rules `validate --engine` and
+`diff` use.
 """
 
 from __future__ import annotations
@@ -10,12 +13,60 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import catalogue, mapping
+from pydantic import BaseModel, Field
+
+from . import catalogue, engines, mapping
 from .checkpoint import open_checkpoint
+from .checks import Check
+from .configs import Format, LayerType, Variant
 from .dtypes import DTYPES
+from .engines import EngineView
 
 
-def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False) -> dict[str, Any]:
+class TensorRow(BaseModel):
+    name: str
+    dtype: str
+    shape: list[int]
+    file: str
+    role: str
+
+
+class InspectReport(BaseModel):
+    """What `inspect --json` prints: the trained semantics, each engine's view, tensors and problems."""
+
+    path: str
+    revision: str | None = Field(None, description="resolved Hub commit when PATH was a Hub id")
+    format: Format
+    variant: Variant
+    block_size: int | None
+    speculative_tokens: int | None
+    mask_token_id: int | None
+    target_layer_ids: list[int] | None = Field(description="z-lab convention: layers whose output is used")
+    aux_hidden_state_layer_ids: list[int] | None = Field(description="speculators convention: target ids + 1")
+    num_target_layers: int | None
+    layer_types: list[LayerType]
+    layer_causal: list[bool] = Field(description="per-layer block causality the draft was trained with")
+    causal_flag: bool | None
+    sliding_window: int | None
+    vocab_size: int
+    draft_vocab_size: int
+    hidden_size: int
+    target_hidden_size: int
+    num_hidden_layers: int
+    verifier: str | None
+    dtype: str | list[str]
+    parameters: int
+    files: list[str]
+    engines: list[EngineView] = Field(description="per engine: what it applies and where it differs from training")
+    tensors: list[TensorRow]
+    checks: list[Check]
+    problems: list[Check] = Field(description="the checks that failed or warned")
+    ok: bool = Field(description="no check failed (engine divergences are reported, not failed, here)")
+
+
+def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
+                       engine: str | None = None) -> InspectReport:
+    """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine."""
     from .checks import checkpoint_checks
 
     ckpt = open_checkpoint(path, allow_pickle=allow_pickle)
@@ -25,38 +76,43 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
         rule = catalogue.rule_for(name, spec.variant)
-        tensors.append({"name": name, "dtype": info.dtype, "shape": list(info.shape),
-                        "file": info.file.name, "role": rule.role if rule else "unknown"})
+        tensors.append(TensorRow(name=name, dtype=info.dtype, shape=list(info.shape), file=info.file.name,
+                                 role=rule.role if rule else "unknown"))
         if rule and catalogue.tensor_action(rule, "hf", spec.is_pruned_vocab) == "keep":
             params += math.prod(info.shape)
-    float_dtypes = sorted({t["dtype"] for t in tensors if DTYPES[t["dtype"]].is_float})
+    float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
     checks = checkpoint_checks(ckpt, scan=scan)
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
-    return {
-        "path": str(ckpt.path),
-        "format": spec.source_format,
-        "variant": spec.variant,
-        "block_size": spec.block_size,
-        "speculative_tokens": spec.block_size - 1 if spec.block_size else None,
-        "mask_token_id": spec.mask_token_id,
-        "target_layer_ids": spec.target_layer_ids,
-        "aux_hidden_state_layer_ids": aux,
-        "num_target_layers": spec.num_target_layers,
-        "layer_types": spec.layer_types,
-        "layer_causal": spec.layer_causal,
-        "causal_flag": spec.causal_flag,
-        "sliding_window": spec.sliding_window if "sliding_attention" in spec.layer_types else None,
-        "vocab_size": spec.vocab_size,
-        "draft_vocab_size": spec.draft_vocab_size or spec.vocab_size,
-        "hidden_size": spec.hidden_size,
-        "target_hidden_size": spec.target_hidden_size or spec.hidden_size,
-        "num_hidden_layers": spec.num_layers,
-        "verifier": spec.verifier.name_or_path if spec.verifier else None,
-        "dtype": float_dtypes[0] if len(float_dtypes) == 1 else float_dtypes,
-        "parameters": params,
-        "files": [f.name for f in ckpt.input_files],
-        "tensors": tensors,
-        "checks": [c.model_dump() for c in checks],
-        "problems": [c.model_dump() for c in checks if c.status in ("fail", "warn")],
-        "ok": not any(c.status == "fail" for c in checks),
-    }
+    return InspectReport(
+        path=str(ckpt.path),
+        format=spec.source_format,
+        variant=spec.variant,
+        block_size=spec.block_size,
+        speculative_tokens=spec.block_size - 1 if spec.block_size else None,
+        mask_token_id=spec.mask_token_id,
+        target_layer_ids=spec.target_layer_ids,
+        aux_hidden_state_layer_ids=aux,
+        num_target_layers=spec.num_target_layers,
+        layer_types=spec.layer_types,
+        layer_causal=spec.layer_causal,
+        causal_flag=spec.causal_flag,
+        sliding_window=spec.sliding_window if "sliding_attention" in spec.layer_types else None,
+        vocab_size=spec.vocab_size,
+        draft_vocab_size=spec.draft_vocab_size or spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        target_hidden_size=spec.target_hidden_size or spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        verifier=spec.verifier.name_or_path if spec.verifier else None,
+        dtype=float_dtypes[0] if len(float_dtypes) == 1 else float_dtypes,
+        parameters=params,
+        files=[f.name for f in ckpt.input_files],
+        engines=engines.checkpoint_views(ckpt, engine),
+        tensors=tensors,
+        checks=checks,
+        problems=[c for c in checks if c.status in ("fail", "warn")],
+        ok=not any(c.status == "fail" for c in checks),
+    )
+
+
+def inspect_report_schema() -> dict[str, Any]:
+    return InspectReport.model_json_schema()

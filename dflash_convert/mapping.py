@@ -267,9 +267,15 @@ def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
         out["draft_vocab_size"] = spec.draft_vocab_size
     if spec.dtype:
         out["dtype"] = spec.dtype
+    if "sliding_attention" in spec.layer_types and spec.sliding_window is not None:
+        # transformers' Qwen3Config (which vLLM, SGLang and z-lab load HF configs through) nulls
+        # sliding_window unless use_sliding_window is true: without it the sliding layers lose their window.
+        out["use_sliding_window"] = True
     dc: dict[str, Any] = {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids),
                           "block_size": spec.block_size}
     if len(set(spec.layer_causal)) == 1:
+        # SGLang and z-lab read only the top-level flag, vLLM reads it first: write both.
+        out["is_causal"] = spec.layer_causal[0]
         dc["causal"] = spec.layer_causal[0]
     else:
         default = hf_layer_causal(spec.layer_types, None, None)
@@ -277,8 +283,9 @@ def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
             raise DFlashError(f"per-layer causality {spec.layer_causal} cannot be written in an HF config "
                               "(only one all-layer flag, or 'sliding layers causal', exists)")
         warnings.append("mixed draft: full_attention layers are non-causal and sliding_attention layers causal; "
-                        "dflash_config.causal is left unset and layer_types kept (vLLM's per-layer default). "
-                        "vLLM versions that map speculators' flag to all layers (PR #47745) run it wrongly.")
+                        "is_causal and dflash_config.causal are left unset and layer_types kept, the per-layer "
+                        "default of vLLM, SGLang and z-lab (vLLM's V1 model runner refuses mixed drafts: "
+                        "VLLM_USE_V2_MODEL_RUNNER=1)")
     if spec.verifier:
         dc["verifier"] = spec.verifier.model_dump(exclude_none=True)
     dc.update(spec.variant_fields)
@@ -300,7 +307,13 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     if len(sliding_causal) > 1:
         raise DFlashError("sliding_attention layers differ in causality; speculators has one flag "
                           "(sliding_window_non_causal) for all of them")
-    non_causal = (not sliding_causal.pop()) if sliding_causal else SPECULATORS_NON_CAUSAL_DEFAULT[spec.variant]
+    # With no sliding layers the flag means nothing to speculators (full layers are never causal), but
+    # vLLM applies `causal = not sliding_window_non_causal` to EVERY layer: true keeps them non-causal there.
+    non_causal = (not sliding_causal.pop()) if sliding_causal else True
+    if sliding and len(sliding) < spec.num_layers and not non_causal:
+        warnings.append("mixed draft (sliding causal + full non-causal): vLLM's speculators reader applies one "
+                        "causality flag to every layer and would serve the full layers causally; serve vLLM the "
+                        "HF format (convert --to hf), which it reads per layer")
     decoder = dict(spec.decoder)
     decoder["layer_types"] = list(spec.layer_types)
     if spec.target_hidden_size not in (None, spec.hidden_size):
@@ -346,6 +359,82 @@ def spec_to_config(spec: DraftSpec, fmt: str) -> tuple[dict[str, Any], list[str]
     # What we write passes the checks every read applies (overrides and derived values included).
     spec_from_config(config, file=f"the {fmt} config.json to be written")
     return config, warnings
+
+
+# ----------------------------------------------------------------------------- what a conversion did to the config
+
+# The same fact at a different place in each layout: canonical name -> (speculators path, HF path).
+CONFIG_ALIASES = {
+    "target_layer_ids": ("aux_hidden_state_layer_ids", "dflash_config.target_layer_ids"),
+    "mask_token_id": ("mask_token_id", "dflash_config.mask_token_id"),
+    "verifier": ("speculators_config.verifier", "dflash_config.verifier"),
+    **{k: (k, f"dflash_config.{k}") for k in DFLASH2_FIELDS},
+}
+# Why a key appears or disappears by design (canonical name or prefix -> reason).
+CONFIG_CHANGE_REASONS = {
+    "is_causal": "SGLang and z-lab read only this top-level flag (vLLM reads it first)",
+    "dflash_config.causal": "vLLM's HF reader: causality of every layer",
+    "dflash_config.block_size": "newer readers look here first; written beside the top-level block_size",
+    "sliding_window_non_causal": "speculators' causality flag; the HF format says it with is_causal / layer_types",
+    "use_sliding_window": "transformers' Qwen3Config drops sliding_window unless this is true",
+    "speculators_config": "speculators' proposal block: speculative_tokens = block_size - 1, the verifier",
+    "speculators_model_type": "the speculators format's marker (HF: architectures)",
+    "speculators_version": "speculators' own version stamp",
+    "transformers_version": "version stamp of the writer",
+    "auto_map": "points at modeling / config code that a converted checkpoint does not ship",
+    "sample_from_anchor": "speculators-only flag (always false for DFlash)",
+    "tie_word_embeddings": "speculators' field (DFlash drafts never tie)",
+    "model_type": "the HF format's flat Qwen3 config needs it",
+    "layer_types": "written explicitly so no reader falls back to a default",
+    "draft_vocab_size": "written only for a pruned vocabulary in the HF format (speculators always writes it)",
+    "num_target_layers": "the verifier's layer count (--verifier)",
+    "target_hidden_size": "written only when known",
+    "dtype": "the weights' dtype (--dtype or the source's)",
+    "torch_dtype": "legacy name of dtype",
+}
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value and all(isinstance(k, str) and k for k in value):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _canonical_config(raw: dict[str, Any], fmt: str) -> dict[str, tuple[str, Any]]:
+    """canonical key -> (path in this layout, value); the decoder's keys are flat in both layouts."""
+    side = 0 if fmt == "speculators" else 1
+    by_path = {paths[side]: name for name, paths in CONFIG_ALIASES.items()}
+    out: dict[str, tuple[str, Any]] = {}
+    if fmt == "speculators":
+        for path, value in _flatten(raw.get("transformer_layer_config") or {}).items():
+            out[path] = (f"transformer_layer_config.{path}", value)
+    for path, value in _flatten({k: v for k, v in raw.items()
+                                 if not (fmt == "speculators" and k == "transformer_layer_config")}).items():
+        name = next((by_path[p] + path[len(p):] for p in by_path if path == p or path.startswith(p + ".")), path)
+        if name == "target_layer_ids" and fmt == "speculators" and isinstance(value, list):
+            value = [v - AUX_ID_OFFSET if isinstance(v, int) else v for v in value]  # compare as z-lab ids
+        out[name] = (path, value)
+    return out
+
+
+def config_changes(src: dict[str, Any], src_fmt: str, dst: dict[str, Any], dst_fmt: str) -> list[dict[str, Any]]:
+    """Every config key a conversion added, dropped or rewrote (keys that only moved between layouts with
+    the same meaning are not changes): [{key, change, before, after, why}]."""
+    a, b = _canonical_config(src, src_fmt), _canonical_config(dst, dst_fmt)
+    out = []
+    for name in sorted(a.keys() | b.keys()):
+        if name in a and name in b and a[name][1] == b[name][1]:
+            continue
+        change = "dropped" if name not in b else "added" if name not in a else "rewritten"
+        path = a[name][0] if change == "dropped" else b[name][0]
+        why = next((r for k, r in CONFIG_CHANGE_REASONS.items() if name == k or name.startswith(k + ".")
+                    or path == k or path.startswith(k + ".")), "")
+        out.append({"key": path, "change": change, "before": a[name][1] if name in a else None,
+                    "after": b[name][1] if name in b else None, "why": why})
+    return out
 
 
 # ----------------------------------------------------------------------------- verifier (target) config

@@ -18,8 +18,14 @@ def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
     from .diff import diff_report_schema
     from .report import validation_report_schema
 
+    def inspect_report() -> dict[str, Any]:
+        from .inspect import inspect_report_schema
+
+        return inspect_report_schema()
+
     return {
         "speculators-config": SpeculatorsDFlashConfig.model_json_schema,
+        "inspect-report": inspect_report,
         "hf-config": HFDFlashConfig.model_json_schema,
         "conversion-record": ConversionRecord.model_json_schema,
         "validation-report": validation_report_schema,
@@ -27,7 +33,8 @@ def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
     }
 
 
-NAMES = ("speculators-config", "hf-config", "conversion-record", "validation-report", "diff-report")
+NAMES = ("speculators-config", "hf-config", "conversion-record", "validation-report", "diff-report",
+         "inspect-report")
 
 
 def schema(name: str) -> dict[str, Any]:

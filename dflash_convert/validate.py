@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from . import __version__, catalogue, mapping, memory
+from . import __version__, catalogue, engines, mapping, memory
 from .checkpoint import Checkpoint, open_checkpoint, read_json
 from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from .checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
@@ -543,8 +543,12 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
              allow_pickle: bool = False, draft_sampling: str = "greedy", device_map: str | None = None,
              max_memory: dict[str, int] | None = None, threads: int | None = None,
              min_speedup: float | None = None, keep_going: bool = False, timing_rounds: int = TIMING_ROUNDS,
-             progress: Callable[[str], None] | None = None) -> ValidationReport:
+             progress: Callable[[str], None] | None = None, engine: str | None = None) -> ValidationReport:
     """Run every level the inputs allow (or those in `levels`) and report which ran and why others did not.
+
+    `engine` (vllm, sglang, zlab): run the draft as that engine would serve it (its ids order, per-layer
+    causality, block size, vocabulary handling) and fail `engine_fidelity` where it differs from training;
+    that failure does not skip the runtime levels, whose acceptance is then what the deployment gets.
 
     dtype "auto" loads each checkpoint in its own dtype (its config's `dtype`/`torch_dtype`, else the
     dtype its weights are stored in). threads None picks 1 on CPU for tiny pairs, torch's default
@@ -585,6 +589,12 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
     if target is not None:
         target_dir, target_config, target_has_weights = _target_paths(target)
         info = mapping.target_info(read_json(target_config), target_name or str(target), file=str(target_config))
+    view = None
+    if engine is not None:
+        if causal is not None:
+            raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
+        view = engines.serving_view(ckpt, engine, num_target_layers=info.num_layers if info else None)
+        trained, ckpt = ckpt, engines.applied_checkpoint(ckpt, view)
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
     # end to end needs the target; fail on unusable prompts before any slow work
     prompt_ids = None
@@ -605,7 +615,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
 
     if "static" in wanted:
         say("static: config, tensor headers" + (" and the target's config" if info is not None else ""))
-        checks += [duplicates, *checkpoint_checks(ckpt, scan=False)]
+        checks += [duplicates, *checkpoint_checks(trained if view is not None else ckpt, scan=False)]
         if info is not None:  # the target answers what the draft config alone could not
             answered = {"target_layer_ids_range", "mask_token_id_special"}
             checks = [c for c in checks if not (c.status == "skip" and c.name in answered)]
@@ -622,6 +632,13 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
             for lv in ("numeric", "end_to_end"):
                 if lv in wanted:
                     skipped[lv] = why
+            wanted = [lv for lv in wanted if lv not in skipped]
+    if view is not None:
+        checks.append(_engine_fidelity_check(view))
+        if not view.loads:
+            for lv in ("numeric", "end_to_end"):
+                if lv in wanted:
+                    skipped[lv] = f"{view.title} {view.version} would not load this checkpoint (engine_fidelity)"
             wanted = [lv for lv in wanted if lv not in skipped]
     e2e_runs = "end_to_end" in wanted and target_has_weights
     needs_torch = "numeric" in wanted or e2e_runs
@@ -714,6 +731,16 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
 def _own_dtype(raw_config: dict, tensors) -> str:
     """A checkpoint's own dtype: its config's, else the one its floating weights are stored in, else float32."""
     return memory.config_dtype(raw_config) or memory.stored_dtype(tensors) or "float32"
+
+
+def _engine_fidelity_check(view) -> Check:
+    errors = [d for d in view.divergences if d.severity == "error"]
+    warns = [d for d in view.divergences if d.severity == "warning"]
+    shown = errors or warns
+    message = (f"{view.title} {view.version}: " + ("; ".join(f"{d.field}: {d.consequence} (fix: {d.fix})"
+                                                          for d in shown) if shown else "serves the draft as trained"))
+    return Check(name="engine_fidelity", status="fail" if errors or not view.loads else "warn" if warns else "pass",
+                 value=view.engine, threshold="as trained", message=message, level="static")
 
 
 def validate_output_dir(path: str | Path, progress: Callable[[str], None] | None = None) -> ValidationReport:

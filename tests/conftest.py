@@ -75,4 +75,6 @@ def speculators_drafts(tmp_path_factory, tiny_target) -> dict[str, Path]:
         "all_full": make_speculators_draft(root / "all_full", tiny_target, full_attention_indices=[0, 1]),
         "last_layer": make_speculators_draft(root / "last_layer", tiny_target, aux_ids=(2, 5, 8), block_size=16),
         "dflash2": make_speculators_draft(root / "dflash2", tiny_target, algorithm="dflash2"),
+        "bias_last_layer": make_speculators_draft(root / "bias_last_layer", tiny_target, aux_ids=(1, 4, 8),
+                                                  attention_bias=True),
     }

@@ -34,7 +34,8 @@ def make_speculators_draft(path: Path, target: Path, *, layers: int = 2, aux_ids
                            mask_token_id: int = VOCAB - 1, draft_vocab: int | None = None,
                            full_attention_indices=(), sliding_window: int = 2048,
                            sliding_window_non_causal: bool | None = None, algorithm: str = "dflash",
-                           legacy_save: bool = False, seed: int = 1, dtype=torch.float32) -> Path:
+                           legacy_save: bool = False, attention_bias: bool = False, seed: int = 1,
+                           dtype=torch.float32) -> Path:
     """A DFlash draft built and saved by speculators' own classes (trainer-default shaping).
 
     `draft_vocab` < target vocab makes a pruned draft with its own lm_head and d2t/t2d.
@@ -52,6 +53,7 @@ def make_speculators_draft(path: Path, target: Path, *, layers: int = 2, aux_ids
         warnings.simplefilter("ignore")
         layer_cfg = create_transformer_layer_config(str(target), layers, "qwen3", None, sliding_window,
                                                     list(full_attention_indices))
+        layer_cfg.attention_bias = attention_bias
         vocab = layer_cfg.vocab_size
         t2d = d2t = None
         if draft_vocab is not None and draft_vocab != vocab:

@@ -150,9 +150,12 @@ def test_round_trip_speculators_hf_speculators(cli, speculators_drafts, tmp_path
     assert_bit_identical(a, b, set(a) - dropped_by_design)
     ca, cb = read_config(src), read_config(back)
     for key in ("aux_hidden_state_layer_ids", "mask_token_id", "block_size", "draft_vocab_size",
-                "sliding_window_non_causal", "speculators_model_type", "sample_from_anchor", "speculators_config",
+                "speculators_model_type", "sample_from_anchor", "speculators_config",
                 "transformer_layer_config", "architectures"):
         assert ca[key] == cb[key], key
+    # Same meaning; a draft without sliding layers gets `true` so vLLM keeps its full layers non-causal.
+    no_sliding = "sliding_attention" not in ca["transformer_layer_config"]["layer_types"]
+    assert cb["sliding_window_non_causal"] == (ca["sliding_window_non_causal"] or no_sliding)
     assert cli("diff", src, back).code == 0
 
 
@@ -207,8 +210,11 @@ def test_matches_speculators_own_converter(cli, speculators_drafts, tiny_target,
     ca = DFlashSpeculatorConfig.from_pretrained(ours).to_dict()
     cb = DFlashSpeculatorConfig.from_pretrained(theirs).to_dict()
     for key in ("aux_hidden_state_layer_ids", "mask_token_id", "block_size", "draft_vocab_size", "speculators_config",
-                "sliding_window_non_causal", "sample_from_anchor", "target_hidden_size", "speculators_model_type"):
+                "sample_from_anchor", "target_hidden_size", "speculators_model_type"):
         assert ca[key] == cb[key], key
+    # Full layers only: the flag means nothing to speculators, and `true` keeps vLLM from serving them causally
+    # (speculators' converter writes false, which vLLM 0.33.0 reads as "every layer causal").
+    assert ca["sliding_window_non_causal"] is True and cb["sliding_window_non_causal"] is False
     ta, tb = ca["transformer_layer_config"], cb["transformer_layer_config"]
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "intermediate_size", "vocab_size", "layer_types", "rms_norm_eps", "rope_parameters"):

@@ -1,0 +1,657 @@
+"""How each serving engine reads a DFlash config, as data, and what it will apply to a given draft.
+
+`ENGINES` is the one table: one row per engine and version (vLLM reads the two formats through two
+different code paths, so it has two rows). Each field holds a rule kind; `engine_view` interprets
+those kinds on a config the way that engine's own config-reading code does, and compares the
+result with the draft's trained semantics (`trained_view`, read from the DraftSpec). Every
+difference is a `Divergence` with a one-line consequence and the fix.
+
+The rules were read from the engines' sources (vLLM 0.33.0, SGLang 0.5.23, z-lab/dflash at HEAD);
+docs/engines.md says where in those sources each one lives. "Trained" means speculators'
+training semantics, which the bundled runtime implements: sliding layers see the context
+positions `>= anchor - sliding_window` (the same for every slot of the block).
+
+Bottom layer: imports only configs and mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, Field
+
+from . import mapping
+from .configs import DraftSpec, Format
+from .errors import DFlashError, UsageError
+
+EngineName = Literal["vllm", "sglang", "zlab"]
+ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab")
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """How one engine (at one version, through one code path) reads each field of a draft config."""
+
+    key: str
+    engine: str  # what --engine names
+    title: str
+    version: str
+    reads: str  # the checkpoint format this path reads
+    layer_ids: str  # where the target layer ids come from
+    ids_missing: str  # what happens when the config has none
+    ids_order: str  # order the target features are concatenated in
+    last_layer: str  # what an id naming the target's last layer gets
+    causality: str  # how per-layer block causality is resolved
+    layer_types: str  # where the per-layer attention type comes from
+    window: str  # where the sliding window size comes from
+    window_semantics: str  # which context positions a sliding layer's query sees
+    block_size: str  # where the block size comes from
+    vocab: str  # what a pruned draft vocabulary (own lm_head + d2t) gets
+    fc_width: str  # fc input width the engine builds
+    mixed: str  # drafts mixing sliding and full attention layers
+    mask: str  # mask_token_id
+    verifier: str  # how the target model is found
+
+
+ENGINES: tuple[EngineRules, ...] = (
+    EngineRules(
+        key="vllm-speculators", engine="vllm", title="vLLM (speculators format)", version="0.33.0",
+        reads="speculators", layer_ids="aux_minus_one", ids_missing="refuse", ids_order="sorted_unique",
+        last_layer="pre_norm", causality="speculators_global", layer_types="explicit", window="raw",
+        window_semantics="per_query", block_size="speculative_tokens", vocab="own_lm_head_d2t",
+        fc_width="target_hidden_size", mixed="inexpressible", mask="required", verifier="hub_repo_id"),
+    EngineRules(
+        key="vllm-hf", engine="vllm", title="vLLM (HF format)", version="0.33.0",
+        reads="hf", layer_ids="dflash_config_or_top", ids_missing="model_default", ids_order="sorted_unique",
+        last_layer="pre_norm", causality="is_causal_then_dflash_causal_then_sliding", layer_types="qwen3",
+        window="swa_window_size_or_qwen3", window_semantics="per_query", block_size="serving_flag",
+        vocab="own_lm_head_d2t", fc_width="target_hidden_size", mixed="v2_runner", mask="required",
+        verifier="serving_flag"),
+    EngineRules(
+        key="sglang", engine="sglang", title="SGLang", version="0.5.23",
+        reads="hf", layer_ids="dflash_config_or_top", ids_missing="derive", ids_order="sorted_unique",
+        last_layer="not_captured", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
+        window_semantics="per_query", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
+        fc_width="hidden_size", mixed="supported", mask="token_fallback", verifier="serving_flag"),
+    EngineRules(
+        key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
+        reads="hf", layer_ids="dflash_config_or_top", ids_missing="refuse", ids_order="as_listed",
+        last_layer="post_norm", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
+        window_semantics="per_query", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
+        fc_width="hidden_size", mixed="supported", mask="required", verifier="caller"),
+)
+ENGINES_BY_KEY = {e.key: e for e in ENGINES}
+
+# What each rule kind means, in one short cell (README table) -- the interpreter below acts on the kinds.
+RULE_TEXT: dict[str, dict[str, str]] = {
+    "reads": {"speculators": "speculators", "hf": "HF / z-lab"},
+    "layer_ids": {
+        "aux_minus_one": "`aux_hidden_state_layer_ids` - 1",
+        "dflash_config_or_top": "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",
+    },
+    "ids_missing": {
+        "refuse": "refuses to load",
+        "model_default": "the target model's default EAGLE-3 layers (not the trained ones)",
+        "derive": "derived from the layer counts (`build_target_layer_ids`), a guess",
+    },
+    "ids_order": {
+        "sorted_unique": "target layer order (sorted, duplicates dropped)",
+        "as_listed": "as listed",
+    },
+    "last_layer": {
+        "pre_norm": "its raw output (before the final norm), as trained",
+        "not_captured": "never captured: the feature width no longer matches `fc` (fails at the first step)",
+        "post_norm": "`output_hidden_states[-1]`, which is AFTER the final norm",
+    },
+    "causality": {
+        "speculators_global": "every layer causal unless `sliding_window_non_causal` (one flag for ALL layers, "
+                              "full ones included)",
+        "is_causal_then_dflash_causal_then_sliding": "`is_causal`, else `dflash_config.causal`, else sliding "
+                                                     "layers causal and full ones not",
+        "is_causal_then_sliding": "top-level `is_causal` only (never `dflash_config.causal`), else sliding layers "
+                                  "causal and full ones not",
+    },
+    "layer_types": {
+        "explicit": "`transformer_layer_config.layer_types` as written (absent: every layer full)",
+        "qwen3": "`layer_types`, else transformers' Qwen3 rule (`use_sliding_window`, `max_window_layers`)",
+    },
+    "window": {
+        "raw": "`transformer_layer_config.sliding_window`",
+        "swa_window_size_or_qwen3": "`dflash_config.swa_window_size`, else `sliding_window` (null unless "
+                                    "`use_sliding_window` is true: the load fails)",
+        "qwen3": "`sliding_window`, null unless `use_sliding_window` is true",
+    },
+    "window_semantics": {
+        "per_query": "W keys ending at each query (slot j sees j+1 fewer context positions than trained)",
+        "anchor": "context positions >= anchor - W, for every slot of the block",
+    },
+    "block_size": {
+        "speculative_tokens": "`proposal_methods[0].speculative_tokens` + 1 (`vllm serve DRAFT`), or "
+                              "`num_speculative_tokens` + 1 from `--speculative-config`",
+        "serving_flag": "`num_speculative_tokens` + 1 from `--speculative-config` (the config's `block_size` is "
+                        "not read)",
+        "dflash_config_or_top_default_16": "`dflash_config.block_size`, else `block_size`, else 16",
+    },
+    "vocab": {
+        "own_lm_head_d2t": "own `lm_head` + `d2t` used (without `d2t` the map stays all zeros)",
+        "target_lm_head": "ignored: logits always come from the target's lm_head",
+    },
+    "fc_width": {
+        "target_hidden_size": "(`target_hidden_size` or `hidden_size`) x number of ids",
+        "hidden_size": "`hidden_size` x number of ids (`target_hidden_size` ignored)",
+    },
+    "mixed": {
+        "inexpressible": "served, but every layer gets the one causality flag",
+        "v2_runner": "only with the V2 model runner (V1 refuses)",
+        "supported": "served per layer",
+    },
+    "mask": {
+        "required": "`mask_token_id` (required)",
+        "token_fallback": "`mask_token_id`, else the tokenizer's `<\\|MASK\\|>` token",
+    },
+    "verifier": {
+        "hub_repo_id": "`speculators_config.verifier.name_or_path`; `vllm serve DRAFT` refuses a local path",
+        "serving_flag": "the serving command's target model",
+        "caller": "whatever target the caller passes",
+    },
+}
+FIELD_TITLES = {
+    "reads": "format read", "layer_ids": "target layer ids", "ids_missing": "no ids in the config",
+    "ids_order": "feature order", "last_layer": "id of the target's last layer", "causality": "block causality",
+    "layer_types": "layer types", "window": "sliding window size", "window_semantics": "sliding window semantics",
+    "block_size": "block size", "vocab": "pruned vocab", "fc_width": "fc input width",
+    "mixed": "mixed sliding + full layers", "mask": "mask token", "verifier": "target model",
+}
+TRAINED_WINDOW = "anchor"  # what speculators trains and the runtime implements
+
+# Config keys at least one engine reads (paths in either layout). Anything else in a config changes
+# nothing an engine does: `diff` reports such keys as informational only.
+TOP_LEVEL_READ = frozenset({
+    "architectures", "block_size", "is_causal", "target_hidden_size", "draft_vocab_size", "num_target_layers",
+    "target_layer_ids", "mask_token_id", "mask_token", "aux_hidden_state_layer_ids", "sliding_window_non_causal",
+    "sample_from_anchor", "speculators_model_type", "dtype", "torch_dtype", *mapping.DFLASH2_FIELDS,
+})
+DECODER_READ = frozenset({
+    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "hidden_act", "attention_bias",
+    "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor",
+    "layer_types", "sliding_window", "use_sliding_window", "max_window_layers", "logit_scale", "is_neox_style",
+    *mapping.NEUTRAL_DECODER_KEYS,
+})
+DFLASH_CONFIG_READ = frozenset({
+    "target_layer_ids", "mask_token_id", "mask_token", "block_size", "causal", "use_swa", "swa_window_size",
+    "num_target_layers", "sample_from_anchor", "attention_value_scale", "attention_sink_bias",
+    *mapping.DFLASH2_FIELDS, *mapping.NEUTRAL_DECODER_KEYS,
+})
+SPECULATORS_CONFIG_READ = ("speculators_config.proposal_methods", "speculators_config.verifier.name_or_path")
+
+
+def engine_reads(path: str) -> bool:
+    """Whether any engine in the table reads the config key at this dotted path (either layout)."""
+    head, _, rest = path.partition(".")
+    if head == "transformer_layer_config":
+        return rest.partition(".")[0] in DECODER_READ
+    if head == "dflash_config":
+        return rest.partition(".")[0] in DFLASH_CONFIG_READ
+    if head == "speculators_config":
+        return path.startswith(SPECULATORS_CONFIG_READ)
+    return head in TOP_LEVEL_READ or head in DECODER_READ
+
+
+# ----------------------------------------------------------------------------- report models
+
+class Divergence(BaseModel):
+    """One way an engine would run the draft differently from how it was trained."""
+
+    field: str
+    severity: Severity = Field(description="error: served differently at every step or not at all; "
+                                           "warning: differs only in some deployments or past some context length")
+    trained: Any = None
+    applied: Any = None
+    consequence: str
+    fix: str
+
+
+class EngineView(BaseModel):
+    """What one engine applies to a draft, read from a config the way that engine reads it."""
+
+    engine: str = Field(description="row of the engine table, e.g. vllm-hf")
+    title: str
+    version: str
+    reads: Format
+    via_conversion: bool = Field(False, description="the checkpoint is in the other format: this is what the "
+                                                    "engine reads from the config `convert` writes")
+    loads: bool = Field(True, description="false when the engine refuses this config or checkpoint")
+    target_layer_ids: list[int] | None = Field(None, description="target layers, in the order their features "
+                                                                 "are concatenated")
+    target_layer_ids_source: str = ""
+    layer_types: list[str] | None = None
+    layer_causal: list[bool] | None = None
+    causal_source: str = ""
+    sliding_window: int | None = None
+    window_semantics: str | None = None
+    block_size: int | None = None
+    block_size_source: str = ""
+    vocab: str = ""
+    fc_input_width: int | None = None
+    divergences: list[Divergence] = Field(default_factory=list)
+
+    @property
+    def as_trained(self) -> bool:
+        return self.loads and not any(d.severity == "error" for d in self.divergences)
+
+
+# ----------------------------------------------------------------------------- trained semantics
+
+def trained_view(spec: DraftSpec) -> dict[str, Any]:
+    """The config values an engine acts on, normalised across formats (what `diff` compares)."""
+    any_sliding = "sliding_attention" in spec.layer_types
+    return {
+        "variant": spec.variant,
+        "block_size": spec.block_size,
+        "mask_token_id": spec.mask_token_id,
+        "target_layer_ids": spec.target_layer_ids,
+        "layer_types": spec.layer_types,
+        "layer_causal": spec.layer_causal,
+        "sliding_window": spec.sliding_window if any_sliding else None,
+        "draft_vocab_size": spec.draft_vocab_size or spec.vocab_size,
+        "vocab_size": spec.vocab_size,
+        "target_hidden_size": spec.target_hidden_size or spec.hidden_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": spec.rope_scaling,
+        "attention_bias": spec.attention_bias,
+        "hidden_act": spec.hidden_act,
+        "num_target_layers": spec.num_target_layers,
+        "verifier": spec.verifier.name_or_path if spec.verifier else None,
+        **{k: v for k, v in spec.variant_fields.items()},
+    }
+
+
+# ----------------------------------------------------------------------------- reading a config as an engine does
+
+def _qwen3_layer_types(flat: dict[str, Any]) -> tuple[list[str], int | None]:
+    """transformers' Qwen3Config: `sliding_window` is null unless `use_sliding_window`; `layer_types` default."""
+    n = int(flat.get("num_hidden_layers") or 0)
+    window = flat.get("sliding_window") if flat.get("use_sliding_window") else None
+    types = flat.get("layer_types")
+    if not types:
+        start = flat.get("max_window_layers")
+        start = 28 if start is None else start
+        types = ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
+    return list(types), window
+
+
+def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
+    """The values an engine takes from a config in its own format (no comparison yet)."""
+    out: dict[str, Any] = {"errors": []}
+    if rules.reads == "speculators":
+        flat = dict(raw.get("transformer_layer_config") or {})
+        dc: dict[str, Any] = {}
+    else:
+        flat = raw
+        dc = raw.get("dflash_config") or {}
+    n = int(flat.get("num_hidden_layers") or 0)
+    # layer ids
+    if rules.layer_ids == "aux_minus_one":
+        aux = raw.get("aux_hidden_state_layer_ids")
+        ids = None if aux is None else [a - 1 for a in aux]
+        out["ids_source"] = "aux_hidden_state_layer_ids - 1"
+    else:
+        ids = dc.get("target_layer_ids", raw.get("target_layer_ids"))
+        out["ids_source"] = "dflash_config.target_layer_ids" if "target_layer_ids" in dc else "target_layer_ids"
+    out["ids"] = None if ids is None else [int(i) for i in ids]
+    # layer types and window
+    if rules.layer_types == "explicit":
+        types = list(flat.get("layer_types") or ["full_attention"] * n)
+        window = flat.get("sliding_window")
+    else:
+        types, window = _qwen3_layer_types(flat)
+        if rules.window == "swa_window_size_or_qwen3":
+            if dc.get("use_swa") and "sliding_attention" not in types:
+                types = ["sliding_attention"] * n
+            window = dc.get("swa_window_size", window)
+    out["layer_types"], out["window"] = types, window
+    # causality
+    if rules.causality == "speculators_global":
+        flag = not raw.get("sliding_window_non_causal", True)
+        out["causal"] = [flag] * n
+        out["causal_source"] = f"sliding_window_non_causal={raw.get('sliding_window_non_causal')!r}, all layers"
+    else:
+        is_causal = raw.get("is_causal")
+        dc_causal = dc.get("causal") if rules.causality == "is_causal_then_dflash_causal_then_sliding" else None
+        if is_causal is not None:
+            out["causal"], out["causal_source"] = [bool(is_causal)] * n, "is_causal"
+        elif dc_causal is not None:
+            out["causal"], out["causal_source"] = [bool(dc_causal)] * n, "dflash_config.causal"
+        else:
+            out["causal"] = [t == "sliding_attention" for t in types]
+            out["causal_source"] = "layer_types (sliding layers causal)"
+    # block size
+    if rules.block_size == "speculative_tokens":
+        try:
+            tokens = raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+            out["block"], out["block_source"] = int(tokens) + 1, "speculative_tokens + 1"
+        except (KeyError, IndexError, TypeError, ValueError):
+            out["block"], out["block_source"] = None, "missing speculators_config.proposal_methods[0]"
+    elif rules.block_size == "serving_flag":
+        out["block"], out["block_source"] = None, "--speculative-config num_speculative_tokens + 1"
+    else:
+        b = dc.get("block_size", raw.get("block_size"))
+        out["block"] = 16 if b is None else int(b)
+        out["block_source"] = ("dflash_config.block_size" if "block_size" in dc else
+                               "block_size" if raw.get("block_size") is not None else "default 16")
+    # vocab and widths
+    vocab = flat.get("vocab_size")
+    draft_vocab = raw.get("draft_vocab_size")
+    out["pruned"] = draft_vocab is not None and vocab is not None and draft_vocab != vocab
+    hidden = flat.get("hidden_size")
+    width_of = (raw.get("target_hidden_size") or hidden) if rules.fc_width == "target_hidden_size" else hidden
+    n_feat = None if out["ids"] is None else len(set(out["ids"]) if rules.ids_order == "sorted_unique"
+                                                 else out["ids"])
+    out["fc_width"] = None if n_feat is None or width_of is None else n_feat * width_of
+    out["mask"] = dc.get("mask_token_id", raw.get("mask_token_id"))
+    if rules.verifier == "hub_repo_id":
+        out["verifier"] = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    return out
+
+
+def _fix_format(rules: EngineRules) -> str:
+    return "convert --to hf" if rules.reads == "hf" else "convert --to speculators"
+
+
+def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None = None, *,
+                tensors: Iterable[str] = (), fc_shape: tuple[int, ...] | None = None,
+                num_target_layers: int | None = None) -> EngineView:
+    """What `rules`' engine applies to this draft, and every divergence from its trained semantics.
+
+    `raw` is the checkpoint's config.json; when it is absent or in the other format, the view is of
+    the config our converter writes for that engine's format (`via_conversion`). `num_target_layers`
+    (from the target's config) overrides the draft's record of it.
+    """
+    view = EngineView(engine=rules.key, title=rules.title, version=rules.version, reads=rules.reads)
+    div = view.divergences
+    if raw is None or spec.source_format != rules.reads:
+        view.via_conversion = True
+        try:
+            raw, _ = mapping.spec_to_config(spec, rules.reads)
+        except DFlashError as exc:
+            view.loads = False
+            div.append(Divergence(field="format", severity="error", trained=spec.source_format, applied=rules.reads,
+                                  consequence=f"{rules.title} reads only the {rules.reads} format, and this draft "
+                                              f"cannot be written in it: {exc}",
+                                  fix="serve it with an engine that reads the other format"))
+            return view
+    r = _read(rules, raw)
+    names = set(tensors)
+    n = spec.num_layers
+    # --- target layer ids
+    ids = r["ids"]
+    view.target_layer_ids_source = r["ids_source"]
+    if ids is None:
+        how = RULE_TEXT["ids_missing"][rules.ids_missing]
+        view.loads = rules.ids_missing != "refuse"
+        div.append(Divergence(field="target_layer_ids", severity="error", trained=spec.target_layer_ids, applied=None,
+                              consequence=f"no target layer ids in the config: {how}",
+                              fix="write them: convert --target-layer-ids (or --derive-target-layer-ids)"))
+    else:
+        applied = sorted(set(ids)) if rules.ids_order == "sorted_unique" else list(ids)
+        view.target_layer_ids = applied
+        if spec.target_layer_ids is not None and applied != list(spec.target_layer_ids):
+            div.append(Divergence(field="target_layer_ids", severity="error", trained=spec.target_layer_ids,
+                                  applied=applied,
+                                  consequence="target features reach fc in another order (or fewer of them) than "
+                                              "in training: the draft's context is scrambled",
+                                  fix="re-train with sorted unique ids, or permute fc.weight's input blocks to "
+                                      "sorted order"))
+        last = num_target_layers or spec.num_target_layers
+        if last is not None and (last - 1) in ids and rules.last_layer != "pre_norm":
+            view.loads = view.loads and rules.last_layer != "not_captured"
+            div.append(Divergence(field="target_layer_ids", severity="error", trained=f"output of layer {last - 1}",
+                                  applied=rules.last_layer,
+                                  consequence=f"id {last - 1} is the target's last layer: "
+                                              + RULE_TEXT["last_layer"][rules.last_layer],
+                                  fix="serve it with vLLM, which captures the last layer's raw output"))
+    # --- fc width
+    if fc_shape is not None and r["fc_width"] is not None and len(fc_shape) == 2 and fc_shape[1] != r["fc_width"]:
+        view.loads = False
+        div.append(Divergence(field="fc_width", severity="error", trained=fc_shape[1], applied=r["fc_width"],
+                              consequence=f"{rules.title} builds fc with input width "
+                                          f"{RULE_TEXT['fc_width'][rules.fc_width]} = {r['fc_width']}, the checkpoint's "
+                                          f"fc.weight has {fc_shape[1]}: the load fails",
+                              fix="serve it with vLLM (reads target_hidden_size)" if rules.fc_width == "hidden_size"
+                              else "fix target_hidden_size / the layer ids"))
+    view.fc_input_width = r["fc_width"]
+    # --- layer types, window, causality
+    types, window, causal = r["layer_types"], r["window"], r["causal"]
+    view.layer_types, view.layer_causal, view.causal_source = types, causal, r["causal_source"]
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if sliding:
+        view.sliding_window = window
+        view.window_semantics = rules.window_semantics
+    if types != list(spec.layer_types):
+        div.append(Divergence(field="layer_types", severity="error", trained=spec.layer_types, applied=types,
+                              consequence="layers attend with another attention type (sliding vs full) than trained",
+                              fix="write layer_types explicitly (convert writes them)"))
+    if sliding and window is None:
+        refuses = rules.engine in ("vllm", "sglang")
+        view.loads = view.loads and not refuses
+        div.append(Divergence(field="sliding_window", severity="error", trained=spec.sliding_window, applied=None,
+                              consequence="sliding layers have no window size: " + (
+                                  "the load fails" if refuses else "they attend the whole context"),
+                              fix="set use_sliding_window: true with sliding_window (convert writes both)"))
+    elif sliding and spec.sliding_window is not None and window != spec.sliding_window:
+        div.append(Divergence(field="sliding_window", severity="error", trained=spec.sliding_window, applied=window,
+                              consequence="sliding layers use another window size than trained",
+                              fix="write the trained sliding_window"))
+    elif sliding and rules.window_semantics != TRAINED_WINDOW:
+        div.append(Divergence(field="sliding_window", severity="warning", trained="anchor-relative",
+                              applied="per-query",
+                              consequence=f"once the context exceeds {window} - block size tokens, block slot j sees "
+                                          "j+1 fewer context positions than in training (acceptance may drop on "
+                                          "long contexts)",
+                              fix="none in the config: measure it with validate --engine on long prompts"))
+    if len(causal) == n and causal != list(spec.layer_causal):
+        wrong = [i for i in range(n) if causal[i] != spec.layer_causal[i]]
+        mode = lambda c: "causal" if c else "non-causal"  # noqa: E731
+        if rules.causality == "speculators_global" and len(set(spec.layer_causal)) > 1:
+            fix = "vLLM's speculators reader has one flag for all layers: serve the HF format (convert --to hf)"
+        elif rules.causality == "speculators_global":
+            fix = (f"set sliding_window_non_causal: {str(not spec.layer_causal[0]).lower()} (convert writes it)")
+        elif len(set(spec.layer_causal)) == 1:
+            fix = f"set top-level is_causal: {str(spec.layer_causal[0]).lower()} (convert writes it)"
+        else:
+            fix = "drop is_causal / dflash_config.causal so the per-layer default applies (convert does)"
+        div.append(Divergence(field="layer_causal", severity="error", trained=spec.layer_causal, applied=causal,
+                              consequence="layers " + ", ".join(f"{i} ({mode(spec.layer_causal[i])} -> "
+                                                                 f"{mode(causal[i])})" for i in wrong)
+                              + " attend the block unlike in training: acceptance collapses",
+                              fix=fix))
+    if sliding and len(sliding) < len(types) and rules.mixed == "v2_runner":
+        div.append(Divergence(field="layer_types", severity="warning", trained="mixed sliding + full",
+                              applied="V2 model runner only",
+                              consequence="vLLM's V1 model runner refuses drafts mixing sliding and full layers",
+                              fix="run vLLM with VLLM_USE_V2_MODEL_RUNNER=1 (the default where Triton is present)"))
+    # --- block size
+    view.block_size, view.block_size_source = r["block"], r["block_source"]
+    if r["block"] is None and rules.block_size == "serving_flag":
+        div.append(Divergence(field="block_size", severity="warning", trained=spec.block_size, applied=None,
+                              consequence="the block size is whatever the serving command asks for",
+                              fix=f"serve with num_speculative_tokens={spec.block_size - 1 if spec.block_size else '?'}"
+                                  " in --speculative-config"))
+    elif r["block"] != spec.block_size:
+        div.append(Divergence(field="block_size", severity="error", trained=spec.block_size, applied=r["block"],
+                              consequence=f"drafts blocks of {r['block']} ({r['block_source']}) instead of "
+                                          f"{spec.block_size}",
+                              fix="write block_size (convert writes it in every place engines read)"))
+    # --- vocabulary
+    if r["pruned"]:
+        if rules.vocab == "target_lm_head":
+            view.vocab = "target lm_head (the draft's own lm_head and d2t are ignored)"
+            div.append(Divergence(field="vocab", severity="error", trained=f"own lm_head [{spec.draft_vocab_size}] "
+                                  "+ d2t", applied="target lm_head",
+                                  consequence="the pruned draft's own lm_head and d2t are ignored; its hidden states "
+                                              "go through the target's lm_head, which it was not trained for",
+                                  fix="serve it with vLLM (either format)"))
+        elif names and "d2t" not in names:
+            view.vocab = "own lm_head, vocab map all zeros (no d2t)"
+            div.append(Divergence(field="vocab", severity="error", trained="own lm_head + d2t",
+                                  applied="own lm_head + zero map",
+                                  consequence="without d2t every draft id maps to target id = draft id: "
+                                              "proposals are wrong tokens",
+                                  fix="ship d2t with the pruned lm_head"))
+        else:
+            view.vocab = "own lm_head + d2t"
+    else:
+        view.vocab = "target lm_head"
+    # --- mask token
+    if r["mask"] is None:
+        fallback = rules.mask == "token_fallback"
+        view.loads = view.loads and fallback
+        div.append(Divergence(field="mask_token_id", severity="error", trained=spec.mask_token_id, applied=None,
+                              consequence="no mask_token_id: " + ("falls back to the tokenizer's <|MASK|> token"
+                                                                  if fallback else "the engine cannot fill the block"),
+                              fix="convert --mask-token-id ID"))
+    # --- target model
+    if rules.verifier == "hub_repo_id":
+        name = r.get("verifier")
+        if not name:
+            div.append(Divergence(field="verifier", severity="error", trained=None, applied=None,
+                                  consequence="no speculators_config.verifier.name_or_path: `vllm serve DRAFT` "
+                                              "rejects the config",
+                                  fix="convert --verifier ORG/NAME"))
+        elif not _looks_like_repo_id(name):
+            div.append(Divergence(field="verifier", severity="warning", trained=name, applied=None,
+                                  consequence=f"verifier {name!r} is a local path: `vllm serve DRAFT` refuses it "
+                                              "(vLLM wants a Hub repo id)",
+                                  fix="convert --verifier ORG/NAME (or serve with --model TARGET "
+                                      "--speculative-config)"))
+    if view.via_conversion:
+        div.insert(0, Divergence(field="format", severity="warning", trained=spec.source_format, applied=rules.reads,
+                                 consequence=f"{rules.title} reads only the {rules.reads} format; shown: what it "
+                                             f"reads from the output of `{_fix_format(rules)}`",
+                                 fix=_fix_format(rules)))
+    return view
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return (len(parts) <= 2 and all(parts) and not name.startswith((".", "~"))
+            and all(c.isalnum() or c in "-_." for p in parts for c in p))
+
+
+def rules_for(engine: str | None, source_format: str | None = None) -> list[EngineRules]:
+    """Rows of the table an `--engine` choice names (all when None); for vLLM, the path that reads
+    `source_format` first."""
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise UsageError(f"unknown engine {engine!r}; choose from {', '.join(ENGINE_NAMES)}")
+    rows = [e for e in ENGINES if engine is None or e.engine == engine]
+    return sorted(rows, key=lambda e: e.reads != source_format) if engine else rows
+
+
+def checkpoint_views(ckpt, engine: str | None = None, *, num_target_layers: int | None = None) -> list[EngineView]:
+    """Every engine's view of an opened Checkpoint (or those `engine` names)."""
+    fc = ckpt.tensors.get("fc.weight")
+    return [engine_view(rules, ckpt.spec, ckpt.raw_config, tensors=ckpt.tensors,
+                        fc_shape=tuple(fc.shape) if fc is not None else None, num_target_layers=num_target_layers)
+            for rules in rules_for(engine, ckpt.format)]
+
+
+def serving_view(ckpt, engine: str, *, num_target_layers: int | None = None) -> EngineView:
+    """The view of the one path `engine` would serve this checkpoint through (vLLM: the path for its format)."""
+    return checkpoint_views(ckpt, engine, num_target_layers=num_target_layers)[0]
+
+
+def applied_spec(spec: DraftSpec, view: EngineView) -> DraftSpec:
+    """The draft as `view`'s engine runs it: its ids (in its order), per-layer causality, layer types,
+    window and block size, and the target's lm_head where it ignores a pruned one."""
+    upd: dict[str, Any] = {}
+    if view.target_layer_ids is not None:
+        upd["target_layer_ids"] = list(view.target_layer_ids)
+    if view.layer_causal is not None and len(view.layer_causal) == spec.num_layers:
+        upd["layer_causal"] = list(view.layer_causal)
+        upd["causal_flag"] = None
+    if view.layer_types is not None and len(view.layer_types) == spec.num_layers:
+        upd["layer_types"] = list(view.layer_types)
+        upd["decoder"] = {**spec.decoder, "layer_types": list(view.layer_types), "sliding_window": view.sliding_window}
+    if view.block_size is not None:
+        upd["block_size"] = view.block_size
+    if spec.is_pruned_vocab and view.vocab.startswith("target"):
+        upd["draft_vocab_size"] = None
+    return spec.model_copy(update=upd)
+
+
+PRUNED_VOCAB_TENSORS = ("lm_head.weight", "d2t", "t2d")
+
+
+def applied_checkpoint(ckpt, view: EngineView):
+    """A view of an opened Checkpoint with the engine's semantics (same files; tensors the engine
+    ignores left out), for the runtime to run the draft as that engine would."""
+    from dataclasses import replace
+
+    spec = applied_spec(ckpt.spec, view)
+    tensors = ckpt.tensors
+    if ckpt.spec.is_pruned_vocab and not spec.is_pruned_vocab:
+        tensors = {k: v for k, v in tensors.items() if k not in PRUNED_VOCAB_TENSORS}
+    return replace(ckpt, spec=spec, tensors=tensors)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+def render_markdown() -> str:
+    """The README section's table: one row per field, one column per engine (generated: do not hand-edit)."""
+    head = "| | " + " | ".join(f"{e.title} {e.version}" for e in ENGINES) + " |"
+    lines = [head, "|---" * (len(ENGINES) + 1) + "|"]
+    for f in fields(EngineRules):
+        if f.name not in FIELD_TITLES:
+            continue
+        cells = [RULE_TEXT[f.name][getattr(e, f.name)] for e in ENGINES]
+        lines.append(f"| {FIELD_TITLES[f.name]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_view(view: EngineView) -> list[str]:
+    """A few plain lines for the human `inspect` output."""
+    via = " (via conversion)" if view.via_conversion else ""
+    state = "as trained" if view.as_trained else ("does not load" if not view.loads else "DIFFERS from training")
+    causal = ("-" if view.layer_causal is None else
+              " ".join("C" if c else "N" for c in view.layer_causal))
+    lines = [f"{view.title} {view.version}{via}: {state}",
+             f"  ids {view.target_layer_ids} ({view.target_layer_ids_source}); causal per layer {causal} "
+             f"({view.causal_source}); block {view.block_size} ({view.block_size_source}); vocab: {view.vocab}"
+             + (f"; window {view.sliding_window} {view.window_semantics}" if view.window_semantics else "")]
+    for d in view.divergences:
+        lines.append(f"  {d.severity.upper()} {d.field}: {d.consequence}. Fix: {d.fix}")
+    return lines
+
+
+README_START, README_END = "<!-- engines-table:start -->\n", "<!-- engines-table:end -->"
+
+
+def write_readme(path: str = "README.md") -> None:
+    """Replace the generated table between the README's markers with `render_markdown()`."""
+    from pathlib import Path
+
+    text = Path(path).read_text()
+    head, _, rest = text.partition(README_START)
+    _, _, tail = rest.partition(README_END)
+    if not rest:
+        raise SystemExit(f"{path} has no {README_START.strip()} marker")
+    Path(path).write_text(head + README_START + render_markdown() + README_END + tail)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--write-readme"]:
+        write_readme()
+    else:
+        sys.stdout.write(render_markdown())

@@ -1,0 +1,357 @@
+"""The engine reading table: each rule on configs shaped like the engines' own fixtures and like the
+checkpoints speculators 0.9.0 saves, our outputs read as trained in both directions, and the
+`inspect` / `validate` / `diff` surfaces that report it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+from factories import read_config
+
+from dflash_convert import engines, mapping
+from dflash_convert.engines import ENGINES_BY_KEY, engine_view
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = json.loads((ROOT / "tests" / "fixtures" / "speculators-0.9.0-tiny-config.json").read_text())
+
+
+def views(raw: dict, tensors=(), fc_shape=None) -> dict[str, engines.EngineView]:
+    """Every engine row that reads this config's format, on this config."""
+    spec = mapping.spec_from_config(raw)
+    return {e.key: engine_view(e, spec, raw, tensors=tensors, fc_shape=fc_shape)
+            for e in engines.ENGINES if e.reads == spec.source_format}
+
+
+def errors(view) -> set[str]:
+    return {d.field for d in view.divergences if d.severity == "error"}
+
+
+def speculators_config(**top) -> dict:
+    raw = copy.deepcopy(REFERENCE)
+    raw["speculators_config"]["verifier"]["name_or_path"] = "Qwen/Qwen3-8B"
+    tl = top.pop("transformer_layer_config", {})
+    raw["transformer_layer_config"].update(tl)
+    raw.update(top)
+    return raw
+
+
+def hf_config(**over) -> dict:
+    """The shape z-lab publishes (Qwen3-8B-DFlash-b16): flat Qwen3 dims, dflash_config, no causal keys."""
+    dc = over.pop("dflash_config", {})
+    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "vocab_size": 512, "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "use_sliding_window": False,
+           "sliding_window": None, "max_window_layers": 2, "num_target_layers": 8, "block_size": 16,
+           "layer_types": ["full_attention", "full_attention"],
+           "dflash_config": {"mask_token_id": 511, "target_layer_ids": [0, 3, 5], **dc}}
+    raw.update(over)
+    return raw
+
+
+# ----------------------------------------------------------------------------- causality
+
+def test_vllm_speculators_applies_one_causality_flag_to_every_layer():
+    full = {"layer_types": ["full_attention"] * 2}
+    saved = views(speculators_config(sliding_window_non_causal=False, transformer_layer_config=full))
+    v = saved["vllm-speculators"]
+    assert v.layer_causal == [True, True] and "layer_causal" in errors(v)  # speculators trained them non-causal
+    assert "sliding_window_non_causal: true" in next(d.fix for d in v.divergences if d.field == "layer_causal")
+    ours = views(speculators_config(sliding_window_non_causal=True, transformer_layer_config=full))
+    assert ours["vllm-speculators"].layer_causal == [False, False] and ours["vllm-speculators"].as_trained
+    # absent key: vLLM's default is non-causal
+    absent = speculators_config(transformer_layer_config=full)
+    del absent["sliding_window_non_causal"]
+    assert views(absent)["vllm-speculators"].layer_causal == [False, False]
+    mixed = views(speculators_config(transformer_layer_config={"layer_types": ["full_attention", "sliding_attention"]}))
+    v = mixed["vllm-speculators"]
+    assert v.layer_causal == [True, True]
+    assert "convert --to hf" in next(d.fix for d in v.divergences if d.field == "layer_causal")
+
+
+@pytest.mark.parametrize("key", ["sglang", "zlab"])
+def test_sglang_and_zlab_read_only_top_level_is_causal(key):
+    sliding = {"layer_types": ["sliding_attention"] * 2, "use_sliding_window": True, "sliding_window": 64}
+    only_nested = hf_config(**sliding, dflash_config={"causal": False})
+    v = views(only_nested)
+    assert v["vllm-hf"].layer_causal == [False, False] and v["vllm-hf"].causal_source == "dflash_config.causal"
+    assert v[key].layer_causal == [True, True] and "layer_causal" in errors(v[key])  # sliding default: causal
+    both = views(hf_config(**sliding, is_causal=False, dflash_config={"causal": False}))
+    assert all(x.layer_causal == [False, False] and "layer_causal" not in errors(x) for x in both.values())
+
+
+def test_vllm_hf_prefers_is_causal_over_dflash_config_causal():
+    v = views(hf_config(is_causal=True, dflash_config={"causal": False}))
+    assert all(x.layer_causal == [True, True] and x.causal_source == "is_causal" for x in v.values())
+
+
+def test_mixed_layers_default_per_layer_and_need_vllm_v2_runner():
+    v = views(hf_config(layer_types=["full_attention", "sliding_attention"], use_sliding_window=True,
+                        sliding_window=64))
+    assert {k: x.layer_causal for k, x in v.items()} == {k: [False, True] for k in v}
+    assert all(x.as_trained for x in v.values())
+    assert any(d.field == "layer_types" and d.severity == "warning" and "V1 model runner" in d.consequence
+               and "VLLM_USE_V2_MODEL_RUNNER=1" in d.fix for d in v["vllm-hf"].divergences)
+    assert not any("runner" in d.consequence for d in v["sglang"].divergences + v["zlab"].divergences)
+
+
+# ----------------------------------------------------------------------------- layer ids
+
+def test_unsorted_ids_are_concatenated_sorted_by_vllm_and_sglang_as_listed_by_zlab():
+    v = views(hf_config(dflash_config={"target_layer_ids": [5, 0, 3]}))
+    assert v["vllm-hf"].target_layer_ids == [0, 3, 5] and "target_layer_ids" in errors(v["vllm-hf"])
+    assert v["sglang"].target_layer_ids == [0, 3, 5] and "target_layer_ids" in errors(v["sglang"])
+    assert v["zlab"].target_layer_ids == [5, 0, 3] and "target_layer_ids" not in errors(v["zlab"])
+    s = views(speculators_config(aux_hidden_state_layer_ids=[6, 1, 4]))["vllm-speculators"]
+    assert s.target_layer_ids == [0, 3, 5] and "target_layer_ids" in errors(s)
+
+
+def test_duplicate_ids_shrink_the_features_vllm_captures():
+    v = views(hf_config(dflash_config={"target_layer_ids": [3, 3, 5]}), fc_shape=(64, 192))
+    assert v["vllm-hf"].fc_input_width == 128 and not v["vllm-hf"].loads
+    assert v["zlab"].fc_input_width == 192 and v["zlab"].loads
+
+
+def test_last_target_layer_id():
+    v = views(hf_config(dflash_config={"target_layer_ids": [1, 4, 7]}))  # 8-layer target: 7 is the last
+    assert v["vllm-hf"].as_trained
+    assert not v["sglang"].loads and "target_layer_ids" in errors(v["sglang"])
+    assert v["zlab"].loads and "target_layer_ids" in errors(v["zlab"])
+    assert "AFTER the final norm" in next(d.consequence for d in v["zlab"].divergences if d.field == "target_layer_ids")
+    assert views(speculators_config(aux_hidden_state_layer_ids=[2, 5, 8], num_target_layers=8))[
+        "vllm-speculators"].as_trained
+
+
+def test_missing_ids():
+    raw = hf_config()
+    del raw["dflash_config"]["target_layer_ids"]
+    v = views(raw)
+    assert not v["zlab"].loads and v["sglang"].loads and v["vllm-hf"].loads
+    assert all("target_layer_ids" in errors(x) for x in v.values())
+    top = hf_config(target_layer_ids=[0, 3, 5])
+    del top["dflash_config"]["target_layer_ids"]
+    assert all(x.target_layer_ids == [0, 3, 5] and x.target_layer_ids_source == "target_layer_ids"
+               for x in views(top).values())
+
+
+# ----------------------------------------------------------------------------- block size, vocab, widths, window
+
+def test_block_size_sources():
+    raw = hf_config()
+    del raw["block_size"]
+    v = views(raw)
+    assert v["sglang"].block_size == 16 and v["sglang"].block_size_source == "default 16"
+    assert v["zlab"].block_size == 16
+    nested = hf_config(dflash_config={"block_size": 8})
+    del nested["block_size"]
+    nested = views(nested)
+    assert nested["sglang"].block_size == 8 and nested["sglang"].block_size_source == "dflash_config.block_size"
+    assert nested["vllm-hf"].block_size is None  # from the serving flag
+    assert any(d.field == "block_size" and "num_speculative_tokens=" in d.fix for d in nested["vllm-hf"].divergences)
+    s = speculators_config()
+    s["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 7  # block_size says 16
+    sv = views(s)["vllm-speculators"]
+    assert sv.block_size == 8 and "block_size" in errors(sv)
+
+
+def test_pruned_vocab_served_only_by_vllm():
+    raw = hf_config(draft_vocab_size=128)
+    v = views(raw, tensors={"lm_head.weight", "d2t", "fc.weight"})
+    assert v["vllm-hf"].as_trained and v["vllm-hf"].vocab == "own lm_head + d2t"
+    for key in ("sglang", "zlab"):
+        assert "vocab" in errors(v[key]) and v[key].vocab.startswith("target lm_head")
+    no_d2t = views(raw, tensors={"lm_head.weight", "fc.weight"})["vllm-hf"]
+    assert "vocab" in errors(no_d2t) and "zeros" in no_d2t.vocab
+
+
+def test_target_hidden_size_is_read_only_by_vllm():
+    v = views(hf_config(target_hidden_size=128), fc_shape=(64, 384))
+    assert v["vllm-hf"].fc_input_width == 384 and v["vllm-hf"].loads
+    assert not v["sglang"].loads and not v["zlab"].loads
+
+
+def test_sliding_window_needs_use_sliding_window_in_hf_configs():
+    raw = hf_config(layer_types=["sliding_attention"] * 2, sliding_window=64, use_sliding_window=False, is_causal=True)
+    v = views(raw)
+    assert not v["vllm-hf"].loads and not v["sglang"].loads  # both refuse sliding layers without a window
+    assert v["zlab"].loads and "sliding_window" in errors(v["zlab"])  # attends the whole context
+    swa = hf_config(layer_types=["sliding_attention"] * 2, sliding_window=64, use_sliding_window=False,
+                    is_causal=True, dflash_config={"swa_window_size": 64})
+    assert views(swa)["vllm-hf"].sliding_window == 64
+
+
+def test_sliding_window_semantics_differ_from_training():
+    v = views(hf_config(layer_types=["sliding_attention"] * 2, sliding_window=64, use_sliding_window=True))
+    for x in v.values():
+        d = next(d for d in x.divergences if d.field == "sliding_window")
+        assert d.severity == "warning" and x.window_semantics == "per_query" and x.as_trained
+
+
+def test_speculators_layer_types_are_read_as_written_by_vllm():
+    raw = speculators_config(transformer_layer_config={"layer_types": None, "max_window_layers": 0})
+    del raw["transformer_layer_config"]["layer_types"]
+    v = views(raw)["vllm-speculators"]
+    assert v.layer_types == ["full_attention"] * 2 and "layer_types" in errors(v)
+
+
+def test_mask_and_verifier():
+    raw = hf_config()
+    del raw["dflash_config"]["mask_token_id"]
+    v = views(raw)
+    assert v["sglang"].loads and not v["zlab"].loads and not v["vllm-hf"].loads
+    local = views(speculators_config())
+    assert local["vllm-speculators"].as_trained
+    path = speculators_config()
+    path["speculators_config"]["verifier"]["name_or_path"] = "/models/Qwen3-8B"
+    d = next(d for d in views(path)["vllm-speculators"].divergences if d.field == "verifier")
+    assert d.severity == "warning" and "local path" in d.consequence
+    none = speculators_config()
+    none["speculators_config"]["verifier"]["name_or_path"] = None
+    assert "verifier" in errors(views(none)["vllm-speculators"])
+
+
+def test_engine_reads_keys():
+    assert not engines.engine_reads("auto_map") and not engines.engine_reads("transformers_version")
+    assert not engines.engine_reads("dflash_config.verifier.name_or_path")
+    assert engines.engine_reads("is_causal") and engines.engine_reads("dflash_config.causal")
+    assert engines.engine_reads("transformer_layer_config.sliding_window")
+    assert engines.engine_reads("speculators_config.proposal_methods")
+    assert not engines.engine_reads("transformer_layer_config.initializer_range")
+
+
+# ----------------------------------------------------------------------------- our outputs, both directions
+
+# Differences from training an engine cannot avoid whatever config we write (the rest must be none).
+INHERENT = {
+    ("pruned", "sglang"): {"vocab"}, ("pruned", "zlab"): {"vocab"},
+    ("last_layer", "sglang"): {"target_layer_ids"}, ("last_layer", "zlab"): {"target_layer_ids"},
+    ("bias_last_layer", "sglang"): {"target_layer_ids"}, ("bias_last_layer", "zlab"): {"target_layer_ids"},
+    ("mixed", "vllm-speculators"): {"layer_causal"},
+}
+
+
+@pytest.mark.parametrize("name", ["full", "pruned", "mixed", "non_causal", "all_full", "last_layer",
+                                  "bias_last_layer"])
+def test_outputs_are_read_as_trained_in_both_directions(cli, speculators_drafts, tiny_target, tmp_path, name):
+    from dflash_convert.checkpoint import open_checkpoint
+
+    hf, back = tmp_path / "hf", tmp_path / "back"
+    assert cli("convert", speculators_drafts[name], "-o", hf, "--verifier", tiny_target).code == 0
+    assert cli("convert", hf, "-o", back, "--verifier", tiny_target).code == 0
+    for path in (hf, back):
+        ckpt = open_checkpoint(path)
+        for view in engines.checkpoint_views(ckpt):
+            if view.via_conversion:
+                continue
+            assert errors(view) == INHERENT.get((name, view.engine), set()), (path.name, view.engine, view.divergences)
+    cfg = read_config(hf)
+    uniform = len(set(open_checkpoint(hf).spec.layer_causal)) == 1
+    assert ("is_causal" in cfg) == uniform and cfg.get("is_causal") == cfg["dflash_config"].get("causal")
+    assert cfg["use_sliding_window"] is True or "sliding_attention" not in cfg["layer_types"]
+
+
+def test_attention_bias_last_layer_round_trip_is_bit_exact(cli, speculators_drafts, tiny_target, tmp_path):
+    from test_convert import assert_bit_identical, tensors_of
+
+    src, hf, back = speculators_drafts["bias_last_layer"], tmp_path / "hf", tmp_path / "back"
+    assert cli("convert", src, "-o", hf, "--verifier", tiny_target).code == 0
+    assert read_config(hf)["attention_bias"] is True and read_config(hf)["dflash_config"]["target_layer_ids"] == [0, 3, 7]
+    assert cli("convert", hf, "-o", back, "--verifier", tiny_target).code == 0
+    a, b = tensors_of(src), tensors_of(back)
+    assert any(n.endswith("o_proj.bias") for n in b)
+    assert_bit_identical(a, b, set(a) - {"verifier_lm_head.weight", "verifier_norm.weight", "embed_tokens.weight"})
+    assert cli("diff", src, back).code == 0 and cli("diff", src, hf).code == 0
+
+
+def test_conversion_record_lists_config_changes(cli, speculators_drafts, tmp_path):
+    hf, back = tmp_path / "hf", tmp_path / "back"
+    assert cli("convert", speculators_drafts["all_full"], "-o", hf).code == 0
+    changes = {c["key"]: c for c in json.loads((hf / "conversion.json").read_text())["config_changes"]}
+    assert changes["auto_map"]["change"] == "dropped" and changes["is_causal"]["change"] == "added"
+    assert changes["sliding_window_non_causal"]["change"] == "dropped"
+    assert "dflash_config.target_layer_ids" not in changes  # moved and renumbered: same meaning, not a change
+    assert cli("convert", hf, "-o", back).code == 0
+    back_changes = {c["key"]: c for c in json.loads((back / "conversion.json").read_text())["config_changes"]}
+    assert back_changes["sliding_window_non_causal"] == {
+        "key": "sliding_window_non_causal", "change": "added", "before": None, "after": True,
+        "why": back_changes["sliding_window_non_causal"]["why"]}
+    # diff: the round trip is equivalent; what no engine reads is listed, not counted
+    r = cli("diff", speculators_drafts["all_full"], back, "--json")
+    assert r.code == 0, r.err
+    report = r.json()
+    assert report["equivalent"] and {c["key"] for c in report["informational"]} >= {"auto_map", "transformers_version"}
+    assert report["engines"]["vllm"] == {**report["engines"]["vllm"], "a": False, "b": True}  # vLLM: causal vs not
+    r = cli("diff", speculators_drafts["all_full"], back)
+    assert "auto_map" in r.err and "no engine reads it" in r.err
+
+
+# ----------------------------------------------------------------------------- inspect / validate / README
+
+def test_inspect_engine_views_and_schema(cli, speculators_drafts):
+    import jsonschema
+
+    r = cli("inspect", speculators_drafts["all_full"], "--json")
+    assert r.code == 0, r.err
+    report = r.json()
+    jsonschema.validate(report, json.loads((ROOT / "schemas" / "inspect-report.schema.json").read_text()))
+    by_engine = {v["engine"]: v for v in report["engines"]}
+    assert set(by_engine) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
+    assert by_engine["vllm-speculators"]["layer_causal"] == [True, True]  # speculators wrote false
+    assert by_engine["sglang"]["via_conversion"] and by_engine["sglang"]["layer_causal"] == [False, False]
+    r = cli("inspect", speculators_drafts["all_full"], "--engine", "sglang", "--json")
+    assert [v["engine"] for v in r.json()["engines"]] == ["sglang"]
+    r = cli("inspect", speculators_drafts["all_full"], "--engine", "vllm")
+    assert "vLLM (speculators format) 0.33.0: DIFFERS from training" in r.err and "layer_causal" in r.err
+    assert cli("inspect", speculators_drafts["all_full"], "--engine", "tgi").code == 2
+
+
+def test_validate_engine_runs_the_engine_semantics(cli, speculators_drafts, tmp_path):
+    """vLLM serves speculators' own all-full save causally: validate --engine vllm fails engine_fidelity and its
+    numeric probe sees causal layers; our conversion passes; without --engine the trained semantics run."""
+    src = speculators_drafts["all_full"]
+    r = cli("validate", src, "--engine", "vllm", "--levels", "static,numeric", "--backend", "eager", "--json")
+    assert r.code == 3
+    checks = {c["name"]: c for c in r.json()["checks"]}
+    assert checks["engine_fidelity"]["status"] == "fail" and "sliding_window_non_causal" in \
+        checks["engine_fidelity"]["message"]
+    assert "0:causal, 1:causal" in checks["causality_behaviour.eager"]["message"]
+    hf = tmp_path / "hf"
+    assert cli("convert", src, "-o", hf).code == 0
+    r = cli("validate", hf, "--engine", "vllm", "--levels", "static,numeric", "--backend", "eager", "--json")
+    checks = {c["name"]: c for c in r.json()["checks"]}
+    assert r.code == 0 and checks["engine_fidelity"]["status"] in ("pass", "warn")
+    assert "0:non-causal, 1:non-causal" in checks["causality_behaviour.eager"]["message"]
+    r = cli("validate", src, "--levels", "static,numeric", "--backend", "eager", "--json")
+    assert r.code == 0 and "engine_fidelity" not in {c["name"] for c in r.json()["checks"]}
+    assert cli("validate", src, "--engine", "vllm", "--causal").code == 2
+
+
+def test_validate_engine_that_cannot_load_skips_the_runtime_levels(cli, speculators_drafts, tiny_target):
+    """A last-layer id: SGLang never captures it. The target's config tells which layer is the last."""
+    src = speculators_drafts["last_layer"]
+    r = cli("validate", src, "--engine", "sglang", "--target", tiny_target / "config.json", "--json")
+    assert r.code == 3
+    report = r.json()
+    fidelity = next(c for c in report["checks"] if c["name"] == "engine_fidelity")
+    assert fidelity["status"] == "fail" and "id 7 is the target's last layer" in fidelity["message"]
+    assert "SGLang" in report["levels_skipped"]["numeric"]
+    r = cli("validate", src, "--engine", "vllm", "--target", tiny_target / "config.json", "--levels", "static")
+    assert r.code == 0, r.err
+
+
+def test_readme_engine_section_is_generated_from_the_table():
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- engines-table:start -->\n(.*?)<!-- engines-table:end -->", readme, re.S)
+    assert m, "README lacks the generated engine table (python -m dflash_convert.engines --write-readme)"
+    assert m.group(1) == engines.render_markdown(), "README engine table is stale: run " \
+                                                      "python -m dflash_convert.engines --write-readme"
+
+
+def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
+    for e in engines.ENGINES:
+        for field, texts in engines.RULE_TEXT.items():
+            assert getattr(e, field) in texts, (e.key, field)
+    assert set(ENGINES_BY_KEY) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
