@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = json.loads((ROOT / "tests" / "fixtures" / "speculators-0.9.0-tiny-config.json").read_text())
 
 
-def views(raw: dict, tensors=(), fc_shape=None) -> dict[str, engines.EngineView]:
-    """Every engine row that reads this config's format, on this config."""
-    spec = mapping.spec_from_config(raw)
+def views(raw: dict, tensors=(), fc_shape=None, trained: dict | None = None) -> dict[str, engines.EngineView]:
+    """Every engine row that reads this config's format, on this config (the trained semantics from
+    `trained` when given: for configs our own parser refuses, but an engine would still read)."""
+    spec = mapping.spec_from_config(trained or raw)
     return {e.key: engine_view(e, spec, raw, tensors=tensors, fc_shape=fc_shape)
             for e in engines.ENGINES if e.reads == spec.source_format}
 
@@ -110,7 +111,7 @@ def test_unsorted_ids_are_concatenated_sorted_by_vllm_and_sglang_as_listed_by_zl
 
 
 def test_duplicate_ids_shrink_the_features_vllm_captures():
-    v = views(hf_config(dflash_config={"target_layer_ids": [3, 3, 5]}), fc_shape=(64, 192))
+    v = views(hf_config(dflash_config={"target_layer_ids": [3, 3, 5]}), fc_shape=(64, 192), trained=hf_config())
     assert v["vllm-hf"].fc_input_width == 128 and not v["vllm-hf"].loads
     assert v["zlab"].fc_input_width == 192 and v["zlab"].loads
 
@@ -153,7 +154,7 @@ def test_block_size_sources():
     assert any(d.field == "block_size" and "num_speculative_tokens=" in d.fix for d in nested["vllm-hf"].divergences)
     s = speculators_config()
     s["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 7  # block_size says 16
-    sv = views(s)["vllm-speculators"]
+    sv = views(s, trained=speculators_config())["vllm-speculators"]
     assert sv.block_size == 8 and "block_size" in errors(sv)
 
 
