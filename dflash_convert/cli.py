@@ -7,8 +7,6 @@ warnings go to stderr; `-q` keeps only results, warnings and errors; exit 0 ok, 
 shows tracebacks.
 """
 
-from __future__ import annotations
-
 import enum
 import json
 import os
@@ -27,7 +25,7 @@ from .configs import Format
 from .dtypes import CAST_TARGETS, DTYPES, code_for_name
 from .engines import ENGINE_NAMES
 from .errors import DFlashError
-from .report import LEVELS
+from .checks import Level
 
 app = typer.Typer(
     name="dflash-convert",
@@ -51,6 +49,7 @@ DType = _choices("DType", ("auto", *CAST_TARGETS, *(d.short for d in DTYPES.valu
 Backend = _choices("Backend", ("auto", *BACKEND_NAMES))
 DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
 Engine = _choices("Engine", ENGINE_NAMES)
+LEVELS = get_args(Level)
 
 
 def _value(choice: enum.Enum | None) -> str | None:
@@ -127,8 +126,34 @@ class Output:
 
     def __init__(self, as_json: bool = False, quiet: bool = False):
         self.json, self.quiet = as_json, quiet
-        if as_json or quiet:
-            _hub_progress_bars_off()
+
+    def hub(self):
+        """The hub module, the Hub client's own tqdm bars off under --json / -q (its public switch).
+
+        Asked for only where the Hub is used: local work never imports huggingface_hub.
+        """
+        from . import hub
+
+        if self.json or self.quiet:
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        return hub
+
+    def local(self, source: str, *, revision: Optional[str] = None, token: Optional[str] = None,
+              allow_pickle: bool = False, for_target: bool = False, config_only: bool = False):
+        """A local path as is, or a Hub id downloaded to the cache: (path, commit sha or None)."""
+        if revision is None and Path(source).exists():  # the common case stays free of huggingface_hub imports
+            return Path(source), None
+        hub = self.hub()
+        try:
+            resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
+                                          for_target=for_target, config_only=config_only)
+        except DFlashError as exc:
+            if revision is None and hub.is_hub_id(source):  # say both readings of an ambiguous argument
+                raise type(exc)(f"{source} is not a local directory, and as a Hub repo id: {exc}") from None
+            raise
+        return resolved.path, resolved.commit_sha
 
     def info(self, text: str, *, markup: bool = False) -> None:
         if not self.quiet:
@@ -186,13 +211,6 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def _hub_progress_bars_off() -> None:
-    """The Hub client's own tqdm bars off (its public switch), so --json / -q runs print none."""
-    from huggingface_hub.utils import disable_progress_bars
-
-    disable_progress_bars()
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -256,23 +274,6 @@ def main(argv: Optional[list[str]] = None) -> None:
               exit_code=1, file=None, as_json=as_json, debug=debug)
 
 
-def resolve_local(source: str, *, revision: Optional[str], token: Optional[str], allow_pickle: bool = False,
-                  for_target: bool = False, config_only: bool = False):
-    """A local path as is, or a Hub id downloaded to the cache: (path, commit sha or None)."""
-    if revision is None and Path(source).exists():  # the common case stays free of huggingface_hub imports
-        return Path(source), None
-    from . import hub
-
-    try:
-        resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
-                                      for_target=for_target, config_only=config_only)
-    except DFlashError as exc:
-        if revision is None and hub.is_hub_id(source):  # say both readings of an ambiguous argument
-            raise type(exc)(f"{source} is not a local directory, and as a Hub repo id: {exc}") from None
-        raise
-    return resolved.path, resolved.commit_sha
-
-
 # ----------------------------------------------------------------------------- convert
 
 @app.command(epilog=_examples(
@@ -324,14 +325,15 @@ def convert(
     from .convert import ConvertOptions, convert as run_convert
 
     out = Output(as_json, quiet)
-    src_path, src_sha = resolve_local(src, revision=revision, token=token, allow_pickle=allow_pickle)
-    verifier_path = resolve_local(verifier, revision=None, token=token, config_only=True)[0] if verifier else None
+    src_path, src_sha = out.local(src, revision=revision, token=token, allow_pickle=allow_pickle)
+    verifier_path = out.local(verifier, token=token, config_only=True)[0] if verifier else None
     opts = ConvertOptions(to=_value(to), verifier=verifier_path, verifier_name=verifier, mask_token_id=mask_token_id,
                           target_layer_ids=target_layer_ids, derive_target_layer_ids=derive_target_layer_ids,
                           block_size=block_size, causal=causal, dtype=_dtype_name(dtype), max_shard_size=max_shard_size,
                           overwrite=overwrite, allow_pickle=allow_pickle, no_verifier=no_verifier,
-                          source_revision=src_sha,
-                          source_id=src if src_sha else None)
+                          source_revision=src_sha, source_id=src if src_sha else None)
+    if push:
+        out.hub()
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,
                         commit_description=commit_description, create_pr=create_pr, token=token)
     with out.progress("converting") as update:
@@ -366,7 +368,7 @@ def inspect(
     from .inspect import inspect_checkpoint
 
     out = Output(as_json, quiet)
-    local, sha = resolve_local(path, revision=revision, token=token, allow_pickle=allow_pickle)
+    local, sha = out.local(path, revision=revision, token=token, allow_pickle=allow_pickle)
     report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=_value(engine))
     report.revision = sha
     info = report.model_dump(mode="json")
@@ -424,8 +426,8 @@ def diff(
     from .errors import ValidationFailed
 
     out = Output(as_json, quiet)
-    pa, _ = resolve_local(a, revision=revision_a or revision, token=token)
-    pb, _ = resolve_local(b, revision=revision_b or revision, token=token)
+    pa, _ = out.local(a, revision=revision_a or revision, token=token)
+    pb, _ = out.local(b, revision=revision_b or revision, token=token)
     report = diff_checkpoints(pa, pb, tolerance=tolerance)
     out.result(report.model_dump(mode="json"), render=report.render)
     if not report.equivalent:
@@ -466,11 +468,9 @@ def pull(
     quiet: Quiet = False,
 ) -> None:
     """Download a DFlash checkpoint from the Hub (config, safetensors, index, README); prints its local path."""
-    from . import hub
-
     out = Output(as_json, quiet)
-    resolved = hub.pull(repo, output, revision=revision, token=token, allow_pickle=allow_pickle,
-                        overwrite=overwrite)
+    resolved = out.hub().pull(repo, output, revision=revision, token=token, allow_pickle=allow_pickle,
+                              overwrite=overwrite)
     out.info(f"pulled {repo}@{resolved.revision} (commit {resolved.commit_sha})")
     out.result(resolved.to_dict(), str(resolved.path))
 
@@ -495,6 +495,7 @@ def push(
     from .publish import push_checkpoint
 
     out = Output(as_json, quiet)
+    out.hub()
     result = push_checkpoint(directory, repo, validate=not no_validate, revision=revision, private=private,
                              commit_message=commit_message, commit_description=commit_description,
                              create_pr=create_pr, token=token)
@@ -569,9 +570,9 @@ def validate(
     from .validate import validate as run_validation
 
     out = Output(as_json, quiet)
-    ckpt_path, ckpt_sha = resolve_local(checkpoint, revision=revision, token=token)
+    ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token)
     target_path, target_sha = (None, None) if target is None else \
-        resolve_local(target, revision=None, token=token, for_target=True)
+        out.local(target, token=token, for_target=True)
     report = run_validation(ckpt_path, target=target_path, prompts=prompts, max_new_tokens=max_new_tokens,
                             block_size=block_size, temperature=temperature, device=device, dtype=_value(dtype),
                             backend=_value(backend), target_backend=target_backend, causal=causal,

@@ -180,3 +180,16 @@ def test_convert_validate_reports_the_shared_summary(cli, speculators_drafts, tm
     summary = ValidationSummary.model_validate(only_json(r)["validation"])
     assert summary.passed and summary.levels_run == ["static", "numeric"]
     assert sum(summary.counts.values()) == len(summary.checks) > 0
+
+
+def test_local_work_imports_neither_the_hub_client_nor_torch(speculators_drafts):
+    """The CLI's start-up stays light: choices come from torch-free names, the Hub client only for Hub work."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom dflash_convert.cli import main\n"
+            f"sys.argv = ['dflash-convert', 'inspect', {str(speculators_drafts['full'])!r}, '--json']\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "assert 'huggingface_hub' not in sys.modules and 'torch' not in sys.modules, 'heavy import'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
