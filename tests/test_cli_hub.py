@@ -31,6 +31,7 @@ def test_diff_revision_per_side(cli, hub, draft, tmp_path):
     hub.seed_repo("org/d", local_files(draft))
     cfg = json.loads((draft / "config.json").read_text())
     cfg["block_size"] = 4
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 3  # block = anchor + 3 proposals
     hub.seed_repo("org/d", {"config.json": json.dumps(cfg).encode()}, branch="v2")
     r = cli("diff", "org/d", "org/d", "--revision-a", "main", "--revision-b", "v2", "--json")
     assert r.code == 3, r.err
