@@ -8,6 +8,7 @@ bytes straight from the source (in-kernel where the OS allows), so memory never 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -209,6 +210,13 @@ def header_bytes(entries: Iterable[tuple[str, str, tuple[int, ...]]], metadata: 
     return struct.pack("<Q", len(raw)) + raw, offsets
 
 
+COPY_CHUNK = 16 << 20  # bytes per read/write when the kernel cannot copy for us
+# copy_file_range errors that mean "not here" (old kernel, cross-device, file system without it,
+# a sandbox forbidding it): the plain copy takes over. Others (ENOSPC, EIO, ...) are real failures.
+_NO_KERNEL_COPY = {getattr(errno, n) for n in ("ENOSYS", "EXDEV", "EINVAL", "EOPNOTSUPP", "ENOTSUP", "EPERM",
+                                               "EBADF", "ETXTBSY") if hasattr(errno, n)}
+
+
 def copy_range(src, dst, start: int, length: int) -> None:
     """Copy `length` bytes of `src` at `start` to the current end of `dst` (both open binary files)."""
     out = dst.tell()
@@ -220,12 +228,15 @@ def copy_range(src, dst, start: int, length: int) -> None:
             start, out, length = start + n, out + n, length - n
         dst.seek(out)
         return
-    except (AttributeError, OSError):  # no copy_file_range (macOS, some filesystems): plain chunks
+    except AttributeError:  # no copy_file_range (macOS, Windows)
         pass
-    src.seek(start)
+    except OSError as exc:
+        if exc.errno not in _NO_KERNEL_COPY:
+            raise
+    src.seek(start)  # go on from where the kernel copy stopped
     dst.seek(out)
     while length:
-        chunk = src.read(min(length, 16 << 20))
+        chunk = src.read(min(length, COPY_CHUNK))
         if not chunk:
             raise DFlashError("source ended early while copying", file=src.name)
         dst.write(chunk)
