@@ -24,7 +24,7 @@ from dflash_runtime import BACKEND_NAMES, DRAFT_SAMPLING
 from .configs import Format
 from .dtypes import CAST_TARGETS, DTYPES, code_for_name
 from .engines import ENGINE_NAMES
-from .errors import DFlashError
+from .errors import DFlashError, Interrupted
 from .checks import Level
 
 app = typer.Typer(
@@ -260,6 +260,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
         sys.exit(rc if isinstance(rc, int) else 0)
     except DFlashError as exc:
+        _fail(str(exc), exit_code=exc.exit_code, file=exc.file, as_json=as_json, debug=debug)
+    except Interrupted as exc:  # a stop signal during a write (the staging directory is already gone)
         _fail(str(exc), exit_code=exc.exit_code, file=exc.file, as_json=as_json, debug=debug)
     except (KeyboardInterrupt, typer.Abort):
         _fail("interrupted; nothing was written at the destination", exit_code=1, file=None, as_json=as_json,

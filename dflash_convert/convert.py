@@ -311,7 +311,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
     reader = threading.Thread(target=read_inputs, daemon=True)
     reader.start()
     record_warnings = list(plan.warnings)
-    with staged_directory(dest, overwrite=opts.overwrite) as tmp:
+    with staged_directory(dest, overwrite=opts.overwrite, notes=record_warnings) as tmp:
         handles: dict = {}
         try:
             weight_map: dict[str, str] = {}

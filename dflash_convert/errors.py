@@ -26,3 +26,16 @@ class ValidationFailed(DFlashError):
     """Validation ran to the end and at least one check failed."""
 
     exit_code = 3
+
+
+class Interrupted(BaseException):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) ended a write; its partial output was removed.
+
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way swallows it.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, file: str | None = None):
+        self.file = str(file) if file is not None else None
+        super().__init__(f"{self.file}: {message}" if self.file else message)

@@ -1,0 +1,262 @@
+"""Nothing half-written at or beside the destination: signals, killed runs, full disks, odd destinations.
+
+Signal tests run the real CLI in a subprocess that pauses inside the tensor copy (a wrapped
+copy_range), so every signal lands while the staging directory is half full, on any machine speed.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_convert.checkpoint import staging_leftovers
+
+CHILD = r'''
+import os, signal, sys, time
+from pathlib import Path
+
+src, out, sig, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+go = Path(out).parent / "go"
+if mode == "ignored":  # as under nohup
+    signal.signal(sig, signal.SIG_IGN)
+elif sig:  # as in a terminal session, whatever the test runner's own dispositions are
+    signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+
+import dflash_convert.convert as convert
+
+real_copy = convert.copy_range
+calls = [0]
+
+
+def paused_copy(*args, **kwargs):
+    real_copy(*args, **kwargs)
+    calls[0] += 1
+    if calls[0] == 3 and mode != "commit":
+        print("WRITING", flush=True)
+        deadline = time.time() + 60
+        while not go.exists() and time.time() < deadline:
+            time.sleep(0.02)
+
+
+convert.copy_range = paused_copy
+if mode == "commit":  # the signal arrives while the finished directory is being renamed into place
+    real_rename = Path.rename
+
+    def signalled_rename(self, target):
+        if ".dflash-staging-" in self.name:
+            os.kill(os.getpid(), sig)
+        return real_rename(self, target)
+
+    Path.rename = signalled_rename
+
+from dflash_convert.cli import main
+
+sys.argv = ["dflash-convert", "convert", src, "-o", out, *sys.argv[5:]]
+main()
+'''
+
+STOP_SIGNALS = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
+
+
+def start_child(tmp_path: Path, src: Path, out: Path, sig: int, mode: str = "", *extra: str) -> subprocess.Popen:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.Popen([sys.executable, str(script), str(src), str(out), str(int(sig)), mode, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_writing(p: subprocess.Popen) -> None:
+    line = p.stdout.readline()
+    assert line.strip() == "WRITING", (line, p.stderr.read() if p.poll() is not None else "")
+
+
+def leftovers(out: Path) -> list[str]:
+    return sorted(q.name for q in out.parent.iterdir() if q.name.startswith(f".{out.name}."))
+
+
+@pytest.fixture
+def src(speculators_drafts):
+    return speculators_drafts["full"]
+
+
+@pytest.mark.parametrize("sig", STOP_SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_signal_mid_write_leaves_nothing(tmp_path, src, sig):
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    p = start_child(tmp_path, src, out, sig)
+    wait_writing(p)
+    staging = staging_leftovers(out)
+    assert len(staging) == 1 and any(staging[0].iterdir())  # the signal lands mid-write
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1, (p.returncode, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "interrupted" in lines[0], err
+    assert not out.exists()
+    assert leftovers(out) == []
+
+
+def test_signal_ignored_at_start_stays_ignored(tmp_path, src):
+    """nohup: SIGHUP is ignored on purpose, and the conversion runs to the end."""
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    p = start_child(tmp_path, src, out, signal.SIGHUP, "ignored")
+    wait_writing(p)
+    p.send_signal(signal.SIGHUP)
+    time.sleep(0.2)
+    (out.parent / "go").touch()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert (out / "conversion.json").exists() and leftovers(out) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_during_commit_never_loses_the_destination(cli, tmp_path, src, sig):
+    """A signal while renaming into place (here: replacing an old output) is held until DST is whole."""
+    from dflash_convert.diff import diff_checkpoints
+
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    assert cli("convert", src, "-o", out).code == 0
+    p = start_child(tmp_path, src, out, sig, "commit", "--overwrite", "--to", "speculators")
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0, err  # the held signal is delivered once the commit is done
+    assert diff_checkpoints(src, out).equivalent
+    assert json.loads((out / "conversion.json").read_text())["destination_format"] == "speculators"
+    assert leftovers(out) == []
+
+
+def test_stale_staging_from_a_killed_run_is_removed(cli, tmp_path, src):
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    p = start_child(tmp_path, src, out, 0)
+    wait_writing(p)
+    p.kill()
+    p.wait()
+    stale = staging_leftovers(out)
+    assert len(stale) == 1 and str(p.pid) in stale[0].name  # what SIGKILL leaves: ours, and its owner's pid
+    # a run still going on the same destination (this test's own pid is alive) is left alone
+    live = out.parent / stale[0].name.replace(f"-{p.pid}-", f"-{os.getpid()}-")
+    live.mkdir()
+    r = cli("convert", src, "-o", out, "--json")
+    assert r.code == 0, r.err
+    assert not stale[0].exists() and live.exists()
+    warnings = json.loads((out / "conversion.json").read_text())["warnings"]
+    assert any(str(stale[0]) in w and "removed" in w for w in warnings), warnings
+    assert any(str(live) in w and "left as is" in w for w in warnings), warnings
+    live.rmdir()
+    assert leftovers(out) == []
+
+
+def test_symlink_destination_is_refused(cli, tmp_path, src):
+    target = tmp_path / "real"
+    target.mkdir()
+    for name, flags in [("link", []), ("link2", ["--overwrite"])]:
+        link = tmp_path / name
+        link.symlink_to(target)
+        r = cli("convert", src, "-o", link, *flags)
+        assert r.code == 1 and "symbolic link" in r.err and str(link) in r.err, r.err
+        assert link.is_symlink() and list(target.iterdir()) == []
+        assert leftovers(link) == []
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    r = cli("convert", src, "-o", dangling)
+    assert r.code == 1 and "symbolic link" in r.err
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_refused_conversion_creates_no_parent_directories(cli, tmp_path, src):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    t = load_file(bad / "model.safetensors")
+    t["norm.weight"][0] = float("nan")  # refused only while writing, after the staging has begun
+    save_file(t, bad / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "a" / "b" / "out"
+    r = cli("convert", bad, "-o", out)
+    assert r.code == 1 and "NaN" in r.err, r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
+    r = cli("convert", src, "-o", out)  # and a conversion that succeeds makes them
+    assert r.code == 0 and (out / "config.json").exists(), r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "bad"]
+    (tmp_path / "file").write_text("x")
+    r = cli("convert", src, "-o", tmp_path / "file" / "out")
+    assert r.code == 1 and "not a directory" in r.err and "Traceback" not in r.err, r.err
+
+
+@pytest.mark.parametrize("length", [250, 255])
+def test_longest_legal_destination_names(cli, tmp_path, src, length):
+    out = tmp_path / ("d" * length)
+    r = cli("convert", src, "-o", out)
+    assert r.code == 0, r.err
+    assert (out / "conversion.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
+def test_out_of_space_names_the_destination(cli, tmp_path, src, monkeypatch, code):
+    import dflash_convert.convert as convert
+
+    calls = []
+
+    def full_disk(*args):
+        calls.append(1)
+        if len(calls) == 4:  # some tensors are written, then the disk is full
+            raise OSError(code, os.strerror(code))
+        return real(*args)
+
+    real = convert.copy_range
+    monkeypatch.setattr(convert, "copy_range", full_disk)
+    out = tmp_path / "out"
+    r = cli("convert", src, "-o", out)
+    assert r.code == 1, r.err
+    lines = [line for line in r.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert str(out) in lines[0] and "out of disk space" in lines[0] and "nothing was written" in lines[0]
+    assert not out.exists() and leftovers(out) == []
+
+
+def test_out_of_space_while_writing_a_header(cli, tmp_path, src, monkeypatch):
+    """The same through the plain write path: the disk fills while a shard's header is written."""
+    import builtins
+
+    real_open = builtins.open
+
+    class FullFile:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    def opener(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return FullFile(f) if "w" in mode and ".dflash-staging-" in str(file) else f
+
+    monkeypatch.setattr(builtins, "open", opener)
+    out = tmp_path / "out"
+    r = cli("convert", src, "-o", out)
+    monkeypatch.undo()
+    assert r.code == 1 and "out of disk space" in r.err and str(out) in r.err, r.err
+    assert not out.exists() and leftovers(out) == []
