@@ -52,6 +52,7 @@ class EngineRules:
     fc_width: str  # fc input width the engine builds
     mixed: str  # drafts mixing sliding and full attention layers
     mask: str  # mask_token_id
+    mask_embedding: str  # a trained mask embedding shipped as mask_embedding.pt
     verifier: str  # how the target model is found
 
 
@@ -61,26 +62,28 @@ ENGINES: tuple[EngineRules, ...] = (
         reads="speculators", layer_ids="aux_minus_one", ids_missing="refuse", ids_order="sorted_unique",
         last_layer="pre_norm", causality="speculators_global", layer_types="explicit", window="raw",
         window_semantics="per_query", block_size="speculative_tokens", vocab="own_lm_head_d2t",
-        fc_width="target_hidden_size", mixed="inexpressible", mask="required", verifier="hub_repo_id"),
+        fc_width="target_hidden_size", mixed="inexpressible", mask="required", mask_embedding="used",
+        verifier="hub_repo_id"),
     EngineRules(
         key="vllm-hf", engine="vllm", title="vLLM (HF format)", version="0.33.0",
-        reads="hf", layer_ids="dflash_config_or_top", ids_missing="model_default", ids_order="sorted_unique",
-        last_layer="pre_norm", causality="is_causal_then_dflash_causal_then_sliding", layer_types="qwen3",
-        window="swa_window_size_or_qwen3", window_semantics="per_query", block_size="serving_flag",
-        vocab="own_lm_head_d2t", fc_width="target_hidden_size", mixed="v2_runner", mask="required",
-        verifier="serving_flag"),
+        reads="hf", layer_ids="eagle_aux_then_dflash_config_or_top", ids_missing="model_default",
+        ids_order="sorted_unique", last_layer="pre_norm", causality="is_causal_then_dflash_causal_then_sliding",
+        layer_types="qwen3", window="swa_window_size_or_qwen3", window_semantics="per_query",
+        block_size="serving_flag", vocab="own_lm_head_d2t", fc_width="target_hidden_size", mixed="v2_runner",
+        mask="required", mask_embedding="used", verifier="serving_flag"),
     EngineRules(
         key="sglang", engine="sglang", title="SGLang", version="0.5.23",
         reads="hf", layer_ids="dflash_config_or_top", ids_missing="derive", ids_order="sorted_unique",
         last_layer="not_captured", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
         window_semantics="per_query", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
-        fc_width="hidden_size", mixed="supported", mask="token_fallback", verifier="serving_flag"),
+        fc_width="hidden_size", mixed="supported", mask="token_fallback", mask_embedding="used",
+        verifier="serving_flag"),
     EngineRules(
         key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
         reads="hf", layer_ids="dflash_config_or_top", ids_missing="refuse", ids_order="as_listed",
         last_layer="post_norm", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
         window_semantics="per_query", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
-        fc_width="hidden_size", mixed="supported", mask="required", verifier="caller"),
+        fc_width="hidden_size", mixed="supported", mask="required", mask_embedding="ignored", verifier="caller"),
 )
 ENGINES_BY_KEY = {e.key: e for e in ENGINES}
 
@@ -90,6 +93,8 @@ RULE_TEXT: dict[str, dict[str, str]] = {
     "layer_ids": {
         "aux_minus_one": "`aux_hidden_state_layer_ids` - 1",
         "dflash_config_or_top": "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",
+        "eagle_aux_then_dflash_config_or_top": "`eagle_aux_hidden_state_layer_ids` - 1 if present, else "
+                                               "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",
     },
     "ids_missing": {
         "refuse": "refuses to load",
@@ -151,6 +156,10 @@ RULE_TEXT: dict[str, dict[str, str]] = {
         "required": "`mask_token_id` (required)",
         "token_fallback": "`mask_token_id`, else the tokenizer's `<\\|MASK\\|>` token",
     },
+    "mask_embedding": {
+        "used": "a `mask_embedding.pt` beside the weights replaces the mask token's embedding",
+        "ignored": "`mask_embedding.pt` ignored: the mask slots get the target's embedding of `mask_token_id`",
+    },
     "verifier": {
         "hub_repo_id": "`speculators_config.verifier.name_or_path`; `vllm serve DRAFT` refuses a local path",
         "serving_flag": "the serving command's target model",
@@ -162,8 +171,10 @@ FIELD_TITLES = {
     "ids_order": "feature order", "last_layer": "id of the target's last layer", "causality": "block causality",
     "layer_types": "layer types", "window": "sliding window size", "window_semantics": "sliding window semantics",
     "block_size": "block size", "vocab": "pruned vocab", "fc_width": "fc input width",
-    "mixed": "mixed sliding + full layers", "mask": "mask token", "verifier": "target model",
+    "mixed": "mixed sliding + full layers", "mask": "mask token", "mask_embedding": "trained mask embedding",
+    "verifier": "target model",
 }
+MASK_EMBEDDING_FILE = "mask_embedding.pt"  # vLLM and SGLang read it from the draft's directory
 TRAINED_WINDOW = "anchor"  # what speculators trains and the runtime implements
 
 # Config keys at least one engine reads (paths in either layout). Anything else in a config changes
@@ -301,10 +312,13 @@ def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
         dc = raw.get("dflash_config") or {}
     n = int(flat.get("num_hidden_layers") or 0)
     # layer ids
+    eagle_aux = raw.get("eagle_aux_hidden_state_layer_ids") if rules.layer_ids.startswith("eagle_aux") else None
     if rules.layer_ids == "aux_minus_one":
         aux = raw.get("aux_hidden_state_layer_ids")
         ids = None if aux is None else [a - 1 for a in aux]
         out["ids_source"] = "aux_hidden_state_layer_ids - 1"
+    elif eagle_aux:
+        ids, out["ids_source"] = [a - 1 for a in eagle_aux], "eagle_aux_hidden_state_layer_ids - 1"
     else:
         ids = dc.get("target_layer_ids", raw.get("target_layer_ids"))
         out["ids_source"] = "dflash_config.target_layer_ids" if "target_layer_ids" in dc else "target_layer_ids"
@@ -370,7 +384,7 @@ def _fix_format(rules: EngineRules) -> str:
 
 def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None = None, *,
                 tensors: Iterable[str] = (), fc_shape: tuple[int, ...] | None = None,
-                num_target_layers: int | None = None) -> EngineView:
+                num_target_layers: int | None = None, files: Iterable[str] = ()) -> EngineView:
     """What `rules`' engine applies to this draft, and every divergence from its trained semantics.
 
     `raw` is the checkpoint's config.json; when it is absent or in the other format, the view is of
@@ -520,6 +534,17 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                               consequence="no mask_token_id: " + ("falls back to the tokenizer's <|MASK|> token"
                                                                   if fallback else "the engine cannot fill the block"),
                               fix="convert --mask-token-id ID"))
+    # --- a trained mask embedding beside the weights
+    if MASK_EMBEDDING_FILE in set(files):
+        if view.via_conversion:
+            div.append(Divergence(field="mask_embedding", severity="error", trained=MASK_EMBEDDING_FILE,
+                                  applied=None, consequence=f"convert does not carry {MASK_EMBEDDING_FILE} (a pickle "
+                                  "file): the converted draft's mask slots lose their trained embedding",
+                                  fix=f"copy {MASK_EMBEDDING_FILE} next to the converted weights"))
+        elif rules.mask_embedding == "ignored":
+            div.append(Divergence(field="mask_embedding", severity="error", trained=MASK_EMBEDDING_FILE,
+                                  applied="target embedding", consequence=RULE_TEXT["mask_embedding"]["ignored"],
+                                  fix="serve it with vLLM or SGLang"))
     # --- target model
     if rules.verifier == "hub_repo_id":
         name = r.get("verifier")
@@ -560,7 +585,8 @@ def rules_for(engine: str | None, source_format: str | None = None) -> list[Engi
 def checkpoint_views(ckpt, engine: str | None = None, *, num_target_layers: int | None = None) -> list[EngineView]:
     """Every engine's view of an opened Checkpoint (or those `engine` names)."""
     fc = ckpt.tensors.get("fc.weight")
-    return [engine_view(rules, ckpt.spec, ckpt.raw_config, tensors=ckpt.tensors,
+    files = [MASK_EMBEDDING_FILE] if (ckpt.path / MASK_EMBEDDING_FILE).is_file() else []
+    return [engine_view(rules, ckpt.spec, ckpt.raw_config, tensors=ckpt.tensors, files=files,
                         fc_shape=tuple(fc.shape) if fc is not None else None, num_target_layers=num_target_layers)
             for rules in rules_for(engine, ckpt.format)]
 

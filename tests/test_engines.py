@@ -356,3 +356,48 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
         for field, texts in engines.RULE_TEXT.items():
             assert getattr(e, field) in texts, (e.key, field)
     assert set(ENGINES_BY_KEY) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
+
+
+def test_vllm_hf_reads_eagle_aux_ids_first():
+    v = views(hf_config(eagle_aux_hidden_state_layer_ids=[2, 5, 7]))
+    assert v["vllm-hf"].target_layer_ids == [1, 4, 6] and "target_layer_ids" in errors(v["vllm-hf"])
+    assert v["sglang"].target_layer_ids == [0, 3, 5] and v["sglang"].as_trained
+
+
+def test_mask_embedding_file_is_used_by_vllm_and_sglang_only(cli, speculators_drafts, tmp_path):
+    import shutil
+
+    from dflash_convert.checkpoint import open_checkpoint
+
+    hf = tmp_path / "hf"
+    assert cli("convert", speculators_drafts["full"], "-o", hf).code == 0
+    (hf / engines.MASK_EMBEDDING_FILE).write_bytes(b"not read: only its presence matters here")
+    by = {v.engine: v for v in engines.checkpoint_views(open_checkpoint(hf))}
+    assert "mask_embedding" in errors(by["zlab"])
+    assert "mask_embedding" not in errors(by["sglang"]) | errors(by["vllm-hf"])
+    assert "mask_embedding" in errors(by["vllm-speculators"])  # via conversion: convert does not carry the file
+    shutil.rmtree(hf)
+
+
+def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
+    """The trained (causal) pair in an HF config that states causality only in dflash_config.causal with
+    full-attention layer types: vLLM runs it causal, as trained; SGLang reads only is_causal and runs the
+    full layers non-causal. validate --engine sglang fails engine_fidelity and measures the lower acceptance."""
+    from dflash_convert.convert import convert
+    from dflash_convert.validate import validate
+
+    hf = tmp_path / "pair-hf"
+    convert(ROOT / "examples" / "pair" / "draft", hf)
+    cfg = read_config(hf)
+    del cfg["is_causal"]
+    cfg.update(layer_types=["full_attention"] * cfg["num_hidden_layers"], use_sliding_window=False)
+    (hf / "config.json").write_text(json.dumps(cfg))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join((ROOT / "examples" / "pair" / "prompts.txt").read_text().splitlines()[:3]) + "\n")
+    runs = {e: validate(hf, target=ROOT / "examples" / "pair" / "target", prompts=prompts, max_new_tokens=32,
+                        levels=["static", "end_to_end"], timing_rounds=1, engine=e) for e in ("vllm", "sglang")}
+    fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
+    assert fidelity["vllm"].status != "fail" and runs["vllm"].passed
+    assert fidelity["sglang"].status == "fail" and "layer_causal" in fidelity["sglang"].message
+    assert runs["sglang"].acceptance.outputs_equal == 3  # lossless either way; only acceptance drops
+    assert runs["sglang"].acceptance.acceptance_length < runs["vllm"].acceptance.acceptance_length
