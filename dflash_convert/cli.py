@@ -348,6 +348,8 @@ def convert(
         out.info(f"  dropped {name}: {reason}")
     for name, how in record.tensors_added.items():
         out.info(f"  added {name}: {how}")
+    for c in record.config_changes:
+        out.info(f"  config {c.key} {c.change}" + (f": {c.why}" if c.why else ""))
     out.result(done.to_dict(), (done.push.pr_url or done.push.commit_url) if done.push else None)
 
 

@@ -373,7 +373,8 @@ class Converted:
         r = self.record
         out = {"output": str(self.output), "source_format": r.source_format, "destination_format": r.destination_format,
                "tensors_kept": len(r.tensors_kept), "tensors_dropped": r.tensors_dropped,
-               "tensors_added": r.tensors_added, "warnings": r.warnings, "source_revision": r.source_revision}
+               "tensors_added": r.tensors_added, "config_changes": [c.model_dump(mode="json") for c in r.config_changes],
+               "warnings": r.warnings, "source_revision": r.source_revision}
         if self.validation is not None:
             out["validation"] = self.validation.summary().model_dump(mode="json")
         if self.push is not None:
