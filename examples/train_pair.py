@@ -4,7 +4,8 @@
 Random drafts accept nothing, so a runtime or a converter tested only on them proves little. This
 script makes a pair whose acceptance means something:
 
-1. A synthetic language with learnable structure (a phrase grammar, see `PhraseGrammar`).
+1. A synthetic language with learnable structure: a phrase grammar (`PhraseGrammar`), or documents of
+   random spans that recur (`SpanRecall`), whose continuations only the context determines.
 2. A Qwen3ForCausalLM target trained on it until its greedy continuations are confident.
 3. The target frozen and saved; a DFlash draft built with speculators 0.9.0's own classes and trained
    with the DFlash objective (FORMATS.md 6.1): random anchors in target-generated text, context =
@@ -68,6 +69,53 @@ class PhraseGrammar:
             out += self.phrases[p]
         return out[:length]
 
+    def sample_with_oracle(self, g: random.Random, length: int) -> tuple[list[int], list[int]]:
+        """A window and, per position, the grammar's most likely NEXT token."""
+        p = g.randrange(len(self.phrases))
+        start = g.randrange(len(self.phrases[p]))
+        toks, best = [], []
+        while len(toks) < length + 1:
+            phrase = self.phrases[p]
+            for i in range(start, len(phrase)):
+                toks.append(phrase[i])
+                best.append(phrase[i + 1] if i + 1 < len(phrase) else self.phrases[self.successors[p][0]][0])
+            start = 0
+            p = g.choices(self.successors[p], weights=self.probs)[0]
+        return toks[:length], best[:length]
+
+
+class SpanRecall:
+    """Documents made of random spans that recur: only the earlier occurrence says how one goes on.
+
+    A document is a chain of spans of `min_len`-`max_len` tokens drawn uniformly from `num_words`
+    content words; each span is a fresh random one with probability `p_new` (always the first), otherwise a
+    repeat of a span seen earlier in the same document. After the first token of a repeat, the rest
+    of it is determined, but only by the context: no model can memorise the spans, so a draft has to
+    read them from the target's features (that is what makes its layer ids matter).
+    """
+
+    def __init__(self, seed: int, num_words: int = NUM_WORDS, min_len: int = 8, max_len: int = 16, p_new: float = 0.35):
+        self.words = random.Random(seed).sample(range(NUM_WORDS), num_words)
+        self.min_len, self.max_len, self.p_new = min_len, max_len, p_new
+
+    def sample_with_oracle(self, g: random.Random, length: int) -> tuple[list[int], list[int]]:
+        """A document and, per position, its determined NEXT token (-1 where none is: fresh spans, span ends)."""
+        spans: list[list[int]] = []
+        toks, best = [], []
+        while len(toks) < length:
+            repeat = bool(spans) and g.random() >= self.p_new
+            if repeat:
+                span = g.choice(spans)
+            else:
+                span = [g.choice(self.words) for _ in range(g.randint(self.min_len, self.max_len))]
+                spans.append(span)
+            toks += span
+            best += [span[i + 1] if repeat and i + 1 < len(span) else -1 for i in range(len(span))]
+        return toks[:length], best[:length]
+
+    def sample(self, g: random.Random, length: int) -> list[int]:
+        return self.sample_with_oracle(g, length)[0]
+
 
 def sample_batch(grammar: PhraseGrammar, g: random.Random, batch: int, length: int) -> torch.Tensor:
     return torch.tensor([grammar.sample(g, length) for _ in range(batch)], dtype=torch.long)  # [batch, length]
@@ -127,34 +175,21 @@ def target_quality(model, grammar: PhraseGrammar, seed: int) -> dict:
     g = random.Random(seed)
     agree = total = 0
     for _ in range(4):
-        batch = [_sample_with_oracle(grammar, g, 128) for _ in range(32)]
+        batch = [grammar.sample_with_oracle(g, 128) for _ in range(32)]
         ids = torch.tensor([b[0] for b in batch])
         oracle = torch.tensor([b[1] for b in batch])
         pred = model(input_ids=ids).logits.argmax(-1)  # [32, T]
-        # skip the first 16 positions: a window may start mid-phrase with too little context
-        agree += (pred[:, 16:-1] == oracle[:, 16:-1]).sum().item()
-        total += pred[:, 16:-1].numel()
+        # skip the first 16 positions: a window may start mid-phrase with too little context;
+        # -1: no determined next token (span recall: fresh spans and span ends)
+        known = oracle[:, 16:-1] >= 0
+        agree += (pred[:, 16:-1] == oracle[:, 16:-1])[known].sum().item()
+        total += known.sum().item()
     prompts = sample_batch(grammar, g, 32, 32)
     out = model.generate(prompts, max_new_tokens=64, do_sample=False, output_scores=True,
                          return_dict_in_generate=True, pad_token_id=PAD_ID)
     top = torch.stack([s.softmax(-1).max(-1).values for s in out.scores], 1)  # [32, 64]
     return {"oracle_agreement": round(agree / total, 4), "greedy_confidence_mean": round(top.mean().item(), 4),
             "greedy_confidence_min": round(top.min().item(), 4)}
-
-
-def _sample_with_oracle(grammar: PhraseGrammar, g: random.Random, length: int) -> tuple[list[int], list[int]]:
-    """A window and, per position, the grammar's most likely NEXT token."""
-    p = g.randrange(len(grammar.phrases))
-    start = g.randrange(len(grammar.phrases[p]))
-    toks, best = [], []
-    while len(toks) < length + 1:
-        phrase = grammar.phrases[p]
-        for i in range(start, len(phrase)):
-            toks.append(phrase[i])
-            best.append(phrase[i + 1] if i + 1 < len(phrase) else grammar.phrases[grammar.successors[p][0]][0])
-        start = 0
-        p = g.choices(grammar.successors[p], weights=grammar.probs)[0]
-    return toks[:length], best[:length]
 
 
 # ----------------------------------------------------------------------------- target features
@@ -347,8 +382,10 @@ def measure_reference(draft, target, aux_ids, prompts, max_new, log) -> dict:
     return res
 
 
-def measure_runtime(draft_dir: Path, target_dir: Path, prompts, max_new, log) -> dict | None:
-    """Greedy tau with the project's own runtime, when it is installed."""
+def measure_runtime(draft_dir: Path, target_dir: Path, prompts, max_new, log, layer_ids: list[int] | None = None,
+                    label: str = "") -> dict | None:
+    """Greedy tau with the project's own runtime, when it is installed; `layer_ids` mis-wires the draft on purpose
+    (its context fed from those target layers instead of its own)."""
     try:
         from dflash_runtime.decode import speculative_generate, target_generate
         from dflash_runtime.model import load_draft
@@ -358,6 +395,8 @@ def measure_runtime(draft_dir: Path, target_dir: Path, prompts, max_new, log) ->
         return None
     draft = load_draft(str(draft_dir))
     target = load_target(str(target_dir))
+    if layer_ids is not None:
+        draft.target_layer_ids = list(layer_ids)
     drafts = accepted = same = 0
     pos = None
     for p in prompts:
@@ -373,8 +412,29 @@ def measure_runtime(draft_dir: Path, target_dir: Path, prompts, max_new, log) ->
            "prompts": len(prompts), "max_new_tokens": max_new, "num_drafts": drafts,
            "tau": round(1 + accepted / drafts, 3), "outputs_equal_target_greedy": f"{same}/{len(prompts)}",
            "per_position_rates": [round(x / drafts, 4) for x in pos]}
-    log(f"runtime: tau {res['tau']}  equal {res['outputs_equal_target_greedy']}")
+    if layer_ids is not None:
+        res["target_layer_ids"] = list(layer_ids)
+    log(f"runtime{label}: tau {res['tau']}  equal {res['outputs_equal_target_greedy']}")
     return res
+
+
+def miswirings(ids: list[int], num_layers: int) -> dict[str, list[int]]:
+    """The common ways a draft's context gets fed from the wrong target layers (each that exists here)."""
+    out = {"every id one layer up": [i + 1 for i in ids], "every id one layer down": [i - 1 for i in ids],
+           "ids in the wrong order": ids[::-1]}
+    return {k: v for k, v in out.items() if v != ids and all(0 <= i < num_layers for i in v)}
+
+
+def measure_miswired(draft_dir: Path, target_dir: Path, ids: list[int], num_layers: int, prompts, max_new, good: dict,
+                     log) -> list[dict]:
+    """Greedy tau with the draft deliberately fed from the wrong layers: how much the wiring matters."""
+    rows = []
+    for name, wrong in miswirings(ids, num_layers).items():
+        r = measure_runtime(draft_dir, target_dir, prompts, max_new, log, layer_ids=wrong, label=f" ({name} {wrong})")
+        rows.append({"wiring": name, "target_layer_ids": wrong, "tau": r["tau"],
+                     "share_of_good_tau": round(r["tau"] / good["tau"], 3),
+                     "outputs_equal_target_greedy": r["outputs_equal_target_greedy"]})
+    return rows
 
 
 # ----------------------------------------------------------------------------- main
@@ -384,8 +444,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "pair")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--corpus", choices=["phrases", "span-recall"], default="phrases",
+                    help="phrases: a memorisable phrase grammar; span-recall: random spans that recur, so a draft "
+                         "must read the context (its target layers) to continue them")
     ap.add_argument("--words", type=int, default=192,
-                    help="distinct words the 64 phrases are made of (fewer = more ambiguous tokens)")
+                    help="phrases: distinct words the 64 phrases are made of (fewer = more ambiguous tokens)")
+    ap.add_argument("--span-len", type=int, nargs=2, default=[8, 16], metavar=("MIN", "MAX"),
+                    help="span-recall: span lengths")
+    ap.add_argument("--span-words", type=int, default=NUM_WORDS, help="span-recall: distinct words spans are drawn from")
+    ap.add_argument("--p-new", type=float, default=0.35, help="span-recall: share of spans that are fresh")
     ap.add_argument("--target-layers", type=int, default=10)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -432,7 +499,8 @@ def main(argv=None) -> int:
     out = args.out.resolve()
     target_dir, draft_dir = out / "target", out / "draft"
     out.mkdir(parents=True, exist_ok=True)
-    grammar = PhraseGrammar(args.seed, args.words)
+    grammar = (PhraseGrammar(args.seed, args.words) if args.corpus == "phrases"
+               else SpanRecall(args.seed, args.span_words, args.span_len[0], args.span_len[1], args.p_new))
     record: dict = {"seed": args.seed, "command": "python " + " ".join([_rel(sys.argv[0])] + sys.argv[1:]),
                     "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
 
@@ -476,6 +544,9 @@ def main(argv=None) -> int:
     # 6. tau, on the pair as shipped (bf16-rounded weights, float32 compute)
     record["tau_reference"] = measure_reference(draft, target, aux_ids, prompts, args.eval_new_tokens, log)
     record["tau_runtime"] = measure_runtime(draft_dir, target_dir, prompts, args.eval_new_tokens, log)
+    if record["tau_runtime"]:
+        record["tau_miswired"] = measure_miswired(draft_dir, target_dir, zlab_ids, args.target_layers, prompts,
+                                                  args.eval_new_tokens, record["tau_runtime"], log)
     record["sizes_bytes"] = {"target": _dir_size(target_dir), "draft": _dir_size(draft_dir)}
     record["versions"] = _versions()
     record["total_s"] = round(time.time() - t_start, 1)
@@ -529,23 +600,21 @@ Sizes: target {r['sizes_bytes']['target'] / 1e6:.2f} MB, draft {r['sizes_bytes']
 
 ## The language
 
-`PhraseGrammar` (seed {r['seed']}): 64 fixed phrases of 3-8 tokens drawn from {args.words} distinct words
-(about 360 phrase slots, so words recur across phrases), chained by a Markov chain: after each phrase
-one of its 3 successors follows with probability 0.6 / 0.3 / 0.1. Documents are windows of the
-endless stream (no eos). Inside a phrase the next token is determined; at a phrase end the most
-likely next token is the first word of the 0.6 successor, so greedy continuations are
-deterministic walks that a draft can learn.
+{language(r, args)}
 
 ## Training
 
 1. Target: {td['target_steps']} steps of next-token cross-entropy, batch {args.target_batch} x {args.target_seq} fresh
    sequences, AdamW peak lr {args.target_lr}, cosine; final loss (EMA) {td['target_final_loss_ema']}
-   (the grammar's entropy floor is about 0.16); {td['target_train_s']} s.
-   On held-out text its argmax equals the grammar's most likely next token at {tq['oracle_agreement'] * 100:.2f}%
-   of positions; along greedy continuations its top probability is {tq['greedy_confidence_mean']:.3f} on average
-   (phrase ends are at most 0.6 by construction).
+   ({"the grammar's entropy floor is about 0.16" if args.corpus == "phrases" else
+     f"fresh spans cannot be predicted: ln {args.span_words} = {math.log(args.span_words):.2f} nats per fresh token"}); {td['target_train_s']} s.
+   On held-out text its argmax equals {"the grammar's most likely next token" if args.corpus == "phrases" else
+     "the determined next token (inside repeated spans)"} at {tq['oracle_agreement'] * 100:.2f}%
+   of {"positions" if args.corpus == "phrases" else "such positions"}; along greedy continuations its top probability
+   is {tq['greedy_confidence_mean']:.3f} on average{" (phrase ends are at most 0.6 by construction)" if args.corpus == "phrases"
+     else ""}.
 2. The target is saved in {args.dtype} and reloaded; everything after uses exactly the shipped weights.
-3. Draft data: {args.draft_corpus} prompts from the grammar continued {args.gen_tokens} tokens by the target's own
+3. Draft data: {args.draft_corpus} prompts from the corpus continued {args.gen_tokens} tokens by the target's own
    greedy decoding (so the teacher-forced target predictions below are the greedy rollout).
 4. Draft: {dd['draft_steps']} steps of the DFlash objective through speculators' `_backbone_forward` (its own
    anchored-block mask, sdpa): per step {args.draft_docs} documents packed, {args.anchors} random anchors in the
@@ -566,6 +635,45 @@ more tokens are verified than can be emitted (as the runtime does).
 
 Per-position acceptance rates (share of draft steps whose draft k was accepted, k = 1..{args.block_size - 1}):
 {rates}
+{miswired_table(r)}"""
+
+
+def language(r: dict, args) -> str:
+    if args.corpus == "phrases":
+        return f"""`PhraseGrammar` (seed {r['seed']}): 64 fixed phrases of 3-8 tokens drawn from {args.words} distinct words
+(about 360 phrase slots, so words recur across phrases), chained by a Markov chain: after each phrase
+one of its 3 successors follows with probability 0.6 / 0.3 / 0.1. Documents are windows of the
+endless stream (no eos). Inside a phrase the next token is determined; at a phrase end the most
+likely next token is the first word of the 0.6 successor, so greedy continuations are
+deterministic walks that a draft can learn."""
+    lo, hi = args.span_len
+    return f"""`SpanRecall` (seed {r['seed']}): every document is a chain of spans of {lo}-{hi} tokens drawn uniformly
+from {args.span_words} content words; a span is a fresh random one with probability {args.p_new} (the first always is),
+otherwise a repeat of a span seen earlier in the same document. Fresh spans cannot be predicted; after
+the first token of a repeat the rest of it is determined, but only by its earlier occurrence. Nothing
+about a span can be memorised, so a draft continues one only by reading the target's features of the
+context: its target layer ids matter (measured below). The target's greedy continuations are chains
+of repeats of spans it has seen."""
+
+
+def miswired_table(r: dict) -> str:
+    rows = r.get("tau_miswired")
+    if not rows:
+        return ""
+    good = r["tau_runtime"]
+    lines = "\n".join(f"| {x['wiring']} | {x['target_layer_ids']} | {x['tau']} | {x['share_of_good_tau']:.2f} | "
+                      f"{x['outputs_equal_target_greedy']} |" for x in rows)
+    return f"""
+## How much the wiring matters
+
+The same prompts through `dflash_runtime.decode.speculative_generate` with the draft's context deliberately
+fed from the wrong target layers (what a lost `+1` between the two formats' layer ids, or a reordered
+list, does). Greedy decoding stays lossless; only acceptance shows the bug.
+
+| draft fed from | target layer ids | tau | share of the right wiring's tau | output == target greedy |
+|---|---|---|---|---|
+| the right layers | {r['target_layer_ids_zlab']} | {good['tau']} | 1.00 | {good['outputs_equal_target_greedy']} |
+{lines}
 """
 
 

@@ -84,3 +84,45 @@ def test_greedy_is_lossless_and_tau_at_least_3(pair, prompts, baselines, block_s
         accepted += spec.stats.accepted
     tau = 1 + accepted / drafts
     assert tau >= MIN_TAU, f"tau {tau:.2f} < {MIN_TAU} at block size {block_size or draft.spec.block_size}"
+
+
+def _train_pair_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_pair", PAIR.parent / "train_pair.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_span_recall_continuations_are_in_the_context_only():
+    """The recall corpus: every determined next token is the one that followed the same span earlier in
+    the document (so only the context predicts it), and spans are fresh random draws across documents."""
+    import random
+
+    tp = _train_pair_module()
+    corpus = tp.SpanRecall(0, min_len=6, max_len=12, p_new=0.3)
+    g = random.Random(0)
+    determined = 0
+    docs = [corpus.sample_with_oracle(g, 96) for _ in range(50)]
+    for toks, best in docs:
+        assert len(toks) == len(best) == 96
+        assert all(0 <= t < tp.NUM_WORDS for t in toks)
+        for i, b in enumerate(best[:-1]):
+            if b < 0:
+                continue
+            determined += 1
+            assert toks[i + 1] == b
+            # the same bigram occurred before: the continuation can be read from the context
+            assert any(toks[j] == toks[i] and toks[j + 1] == b for j in range(i))
+    assert determined > 0.3 * 50 * 95
+    first_spans = {tuple(toks[:6]) for toks, _ in docs}
+    assert len(first_spans) == len(docs)  # nothing recurs across documents: nothing to memorise
+
+
+def test_miswirings_are_the_common_wiring_bugs():
+    tp = _train_pair_module()
+    assert tp.miswirings([1, 5], 8) == {"every id one layer up": [2, 6], "every id one layer down": [0, 4],
+                                        "ids in the wrong order": [5, 1]}
+    assert tp.miswirings([0, 7], 8) == {"ids in the wrong order": [7, 0]}  # shifts leave the target: skipped
+    assert tp.miswirings([3], 8) == {"every id one layer up": [4], "every id one layer down": [2]}
