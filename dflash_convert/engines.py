@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from . import mapping
 from .configs import DraftSpec, Format
@@ -249,6 +249,7 @@ class EngineView(BaseModel):
     fc_input_width: int | None = None
     divergences: list[Divergence] = Field(default_factory=list)
 
+    @computed_field(description="loads, and no error divergence: served as trained")
     @property
     def as_trained(self) -> bool:
         return self.loads and not any(d.severity == "error" for d in self.divergences)

@@ -115,4 +115,4 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
 
 
 def inspect_report_schema() -> dict[str, Any]:
-    return InspectReport.model_json_schema()
+    return InspectReport.model_json_schema(mode="serialization")
