@@ -19,6 +19,7 @@ replace, pinned to the commit it was prepared against.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -270,8 +271,14 @@ def pull(repo_id: str, out_dir: str | Path | None = None, *, revision: str | Non
                  need_weights=True, allow_pickle=allow_pickle)
     if dest is None:
         return _fetch(snap)
+    from huggingface_hub import is_offline_mode
+
     with staged_directory(dest, overwrite=overwrite) as tmp:
-        resolved = _fetch(snap, local_dir=tmp)
+        if is_offline_mode():  # offline, the client fills a local_dir from nothing: copy the cached snapshot
+            resolved = _fetch(snap)
+            shutil.copytree(resolved.path, tmp, dirs_exist_ok=True)  # the files the cache's links point to
+        else:
+            resolved = _fetch(snap, local_dir=tmp)
     return replace(resolved, path=dest)
 
 

@@ -217,6 +217,10 @@ def test_offline_uses_the_cache(cli, hub, draft, monkeypatch, hub_env):
     resolved = resolve_source("org/draft")
     assert resolved.commit_sha == sha and open_checkpoint(resolved.path).spec.block_size == 8
     one_error_line(cli("pull", "org/draft", "--revision", "dev"), "org/draft@dev", "HF_HUB_OFFLINE=1")
+    r = cli("pull", "org/draft", "-o", hub_env.parent / "offline-out")  # plain files, from the cache alone
+    assert r.code == 0, r.err
+    assert local_files(hub_env.parent / "offline-out") == {k: v for k, v in local_files(draft).items()
+                                                           if k in ("config.json", "model.safetensors", "README.md")}
 
 
 # ----------------------------------------------------------------------------- errors: one line, exit 1
@@ -561,3 +565,12 @@ def test_no_http_library_or_private_client_imports():
                 assert parts[0] not in ("httpx", "httpx2", "httpcore", "requests", "urllib3"), (path.name, name)
                 if parts[0] in ("huggingface_hub", "tqdm"):
                     assert not any(p.startswith("_") for p in parts[1:]), (path.name, name)
+
+
+def test_pushing_the_same_files_again_makes_no_commit(cli, hub, draft):
+    assert cli("push", draft, "org/draft").code == 0
+    before = (hub.commits("org/draft"), hub.commit_at("org/draft").sha)
+    r = cli("push", draft, "org/draft", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["changed"] is False and r.json()["commit_sha"] == before[1]
+    assert (hub.commits("org/draft"), hub.commit_at("org/draft").sha) == before
