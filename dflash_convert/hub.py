@@ -81,7 +81,8 @@ def _api(token: str | None, endpoint: str | None):
 # ----------------------------------------------------------------------------- errors
 
 def _one_line(text: Any) -> str:
-    return redact(" ".join(str(text).split()))
+    """Server-supplied text as one printable line: no token, no terminal control sequences."""
+    return redact(re.sub(r"[\x00-\x1f\x7f-\x9f]", "?", " ".join(str(text).split())))
 
 
 def _connection_error_class() -> type | tuple:

@@ -574,3 +574,10 @@ def test_pushing_the_same_files_again_makes_no_commit(cli, hub, draft):
     assert r.code == 0, r.err
     assert r.json()["changed"] is False and r.json()["commit_sha"] == before[1]
     assert (hub.commits("org/draft"), hub.commit_at("org/draft").sha) == before
+
+
+def test_server_error_text_is_one_printable_line(cli, hub, draft):
+    hub.seed_repo("org/draft", local_files(draft))
+    hub.fail_next("/tree/", 400, "listing \x1b[2Jrefused\x07 by\tthe server")
+    line = one_error_line(cli("pull", "org/draft"), "HTTP 400", "refused")
+    assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in line), repr(line)
