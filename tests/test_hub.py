@@ -581,3 +581,12 @@ def test_server_error_text_is_one_printable_line(cli, hub, draft):
     hub.fail_next("/tree/", 400, "listing \x1b[2Jrefused\x07 by\tthe server")
     line = one_error_line(cli("pull", "org/draft"), "HTTP 400", "refused")
     assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in line), repr(line)
+
+
+def test_push_is_pinned_to_the_head_it_was_prepared_against(cli, hub, draft):
+    """Another commit landing between reading the branch and committing: nothing is committed."""
+    hub.seed_repo("org/draft", {"a.txt": b"a"})
+    hub.move_branch_after_resolve("org/draft", "main", {"b.txt": b"someone else's commit"})
+    one_error_line(cli("push", draft, "org/draft"), "moved while pushing", "nothing was committed")
+    remote = hub.files_at("org/draft")
+    assert remote["b.txt"] == b"someone else's commit" and "model.safetensors" not in remote
