@@ -10,6 +10,7 @@ drops by design (verifier copies, t2d) are listed but do not make two drafts dif
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import BaseModel, Field, computed_field
 from . import catalogue, engines, mapping
 from .checkpoint import Checkpoint, open_checkpoint
 from .configs import ConfigChange, Format
+from .errors import UsageError
 
 
 # Fields one side may simply not know (z-lab configs name no verifier): differ only when both are known.
@@ -136,6 +138,8 @@ def _engine_tensors(ckpt: Checkpoint) -> tuple[set[str], dict[str, str]]:
 
 
 def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, allow_pickle: bool = False) -> DiffReport:
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise UsageError(f"--tolerance must be a finite number >= 0, got {tolerance}")
     ca, cb = open_checkpoint(a, allow_pickle=allow_pickle), open_checkpoint(b, allow_pickle=allow_pickle)
     result = DiffReport(a=str(a), b=str(b), format_a=ca.format, format_b=cb.format, tolerance=tolerance)
     va, vb = engines.trained_view(ca.spec), engines.trained_view(cb.spec)

@@ -251,7 +251,10 @@ def parse_size(text: str) -> int:
     unit = m.group(2).upper().rstrip("B")
     scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
              "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
-    return int(float(m.group(1)) * scale)
+    size = float(m.group(1)) * scale
+    if not 1 <= size < 2**63:  # "0", "0.1B", a number of hundreds of digits (float infinity)
+        raise ValueError(f"not a size: {text!r} (at least 1 byte, e.g. 5GB, 500MB)")
+    return int(size)
 
 
 def shard_names(n: int) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import platform
 import re
@@ -564,6 +565,12 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
     if not 1 <= max_new_tokens <= MAX_PROMPT_TOKENS:
         raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {max_new_tokens}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise UsageError(f"--temperature must be a finite number >= 0, got {temperature}")
+    if min_acceptance_length is not None and not (math.isfinite(min_acceptance_length) and min_acceptance_length >= 0):
+        raise UsageError(f"--min-acceptance-length must be a finite number >= 0, got {min_acceptance_length}")
+    if min_position_rates and not all(math.isfinite(r) and 0 <= r <= 1 for r in min_position_rates):
+        raise UsageError(f"--min-position-rates must be rates in [0, 1], got {list(min_position_rates)}")
     if draft_sampling not in ("greedy", "probabilistic"):
         raise UsageError(f"--draft-sampling {draft_sampling!r}: choose greedy or probabilistic")
     if device_map is not None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):

@@ -399,3 +399,24 @@ def test_hostile_prompts_are_refused_before_any_work(cli, speculators_drafts, ti
 def test_validate_block_size_is_bounded(cli, speculators_drafts, tmp_path):
     r = cli("validate", speculators_drafts["full"], "--block-size", str(10**9), "--levels", "static")
     assert_refused(r, None, "--block-size", code=2)
+
+
+# ----------------------------------------------------------------------------- numeric flags
+
+@pytest.mark.parametrize("args, needle", [
+    (["diff", "{d}", "{d}", "--tolerance", "nan"], "--tolerance"),
+    (["diff", "{d}", "{d}", "--tolerance", "-1"], "--tolerance"),
+    (["validate", "{d}", "--levels", "static", "--temperature", "nan"], "--temperature"),
+    (["validate", "{d}", "--levels", "static", "--temperature", "-0.5"], "--temperature"),
+    (["validate", "{d}", "--levels", "static", "--min-acceptance-length", "nan"], "--min-acceptance-length"),
+    (["validate", "{d}", "--levels", "static", "--min-position-rates", "0.9,nan"], "--min-position-rates"),
+    (["validate", "{d}", "--levels", "static", "--min-position-rates", "1.5"], "--min-position-rates"),
+    (["validate", "{d}", "--levels", "static", "--max-new-tokens", str(10**9)], "--max-new-tokens"),
+    (["convert", "{d}", "-o", "{out}", "--max-shard-size", "1" + "0" * 400 + "GB"], "--max-shard-size"),
+    (["convert", "{d}", "-o", "{out}", "--max-shard-size", "0.001B"], "--max-shard-size"),
+])
+def test_numeric_flags_are_bounded(cli, speculators_drafts, tmp_path, args, needle):
+    """NaN passes every `<` test: a NaN threshold or tolerance would pass anything. Each is a usage error."""
+    out = tmp_path / "out"
+    argv = [a.format(d=speculators_drafts["full"], out=out) for a in args]
+    assert_refused(cli(*argv), out if "-o" in argv else None, needle, code=2)
