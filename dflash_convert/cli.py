@@ -21,6 +21,7 @@ from rich.console import Console
 
 from dflash_runtime import BACKEND_NAMES, DRAFT_SAMPLING
 
+from . import schemas
 from .configs import Format
 from .dtypes import CAST_TARGETS, DTYPES, code_for_name
 from .engines import ENGINE_NAMES
@@ -50,6 +51,7 @@ Backend = _choices("Backend", ("auto", *BACKEND_NAMES))
 DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
 Engine = _choices("Engine", ENGINE_NAMES)
 LEVELS = get_args(Level)
+SchemaName = _choices("SchemaName", schemas.NAMES)
 
 
 def _value(choice: enum.Enum | None) -> str | None:
@@ -441,18 +443,13 @@ def diff(
 @app.command(epilog=_examples("dflash-convert schema validation-report > validation-report.schema.json",
                               "dflash-convert schema"))
 def schema(
-    name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="One schema name (see below); all when "
-                                                  "omitted.")] = None,
+    name: Annotated[Optional[SchemaName], typer.Argument(metavar="NAME", help="One schema (all when omitted).")] = None,
 ) -> None:
     """Print the JSON Schemas of the files and reports dflash-convert reads and writes."""
-    from . import schemas
-
     if name is None:
         emit_json({n: schemas.schema(n) for n in schemas.NAMES})
-        return
-    if name not in schemas.NAMES:
-        raise typer.BadParameter(f"unknown schema {name!r}; choose from {', '.join(schemas.NAMES)}", param_hint="NAME")
-    sys.stdout.write(schemas.render(name))
+    else:
+        sys.stdout.write(schemas.render(name.value))
 
 
 # ----------------------------------------------------------------------------- Hub: pull / push
