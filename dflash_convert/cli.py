@@ -357,8 +357,10 @@ def convert(
 
 # ----------------------------------------------------------------------------- inspect / diff / schema
 
-@app.command(epilog=_examples("dflash-convert inspect ./draft", "dflash-convert inspect org/draft --revision v1 --json",
-                              "dflash-convert inspect ./draft --scan", "dflash-convert inspect ./draft --engine sglang"))
+@app.command(epilog=_examples(
+    "dflash-convert inspect ./draft",
+    "dflash-convert inspect org/draft --revision v1 --json",
+    "dflash-convert inspect ./draft --scan --engine sglang"))
 def inspect(
     path: Source,
     scan: Annotated[bool, _flag("--scan", help="Also read tensor values (NaN/Inf, all-zero); imports torch.")] = False,
