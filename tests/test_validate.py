@@ -98,6 +98,7 @@ def test_bundled_pair_passes_every_level(good_run):
     assert all(s[n] == "pass" for n in s if n.startswith(("backend_agreement.", "causality_behaviour.")))
     a = report["acceptance"]
     assert a["acceptance_length"] >= 3 and a["outputs_equal"] == a["prompts"] == PAIR_PROMPTS
+    assert a["speedup"] == a["speculative_tokens_per_s"] / a["target_tokens_per_s"]  # the rates shown
     rates = a["per_position_rates"]
     assert len(rates) == a["block_size"] - 1 and rates == sorted(rates, reverse=True) and rates[0] > 0.5
     assert report["environment"]["backends"]["eager"] is True
@@ -270,8 +271,10 @@ def test_convert_validate_keeps_nothing_when_validation_fails(speculators_drafts
     bad = copy_draft(speculators_drafts["full"], tmp_path / "bad", edit_tensors=zero)
     r = cli("convert", bad, "-o", tmp_path / "out", "--validate")
     assert r.code == 3 and "degenerate_values" in r.err and not (tmp_path / "out").exists()
-    assert cli("convert", speculators_drafts["full"], "-o", tmp_path / "ok", "--validate").code == 0
-    assert (tmp_path / "ok" / "config.json").exists()
+    assert "validation FAILED: " in r.err  # it says that validation ran, and its result
+    r = cli("convert", speculators_drafts["full"], "-o", tmp_path / "ok", "--validate")
+    assert r.code == 0 and (tmp_path / "ok" / "config.json").exists()
+    assert "validation passed: " in r.err and "(static, numeric)" in r.err
 
 
 def test_exit_codes_and_prompt_errors(speculators_drafts, tiny_target, tmp_path, cli):
