@@ -527,8 +527,8 @@ def validate(
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (output must equal the "
                                                "target's).")] = 0.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[DType, typer.Option("--dtype", help="Compute dtype (auto: float32 on CPU, the checkpoint's "
-                                         "on GPU).")] = DType.auto,
+    dtype: Annotated[DType, typer.Option("--dtype", help="Compute dtype (auto: each checkpoint's own, from "
+                                         "its config or weights).")] = DType.auto,
     backend: Annotated[Backend, typer.Option("--backend", help="Draft attention backend (auto: the numeric level "
                                              "tries every available one).")] = Backend.auto,
     target_backend: Annotated[str, typer.Option("--target-backend", help="The target's attn_implementation (eager, "

@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -255,6 +256,7 @@ class MarkovTarget:
             self.lm_head.weight.copy_(torch.randn(self.vocab_size, hidden, generator=g) * 0.5)
         self.capture_ids: list[int] = []
         self.cache_len = 0
+        self.config = SimpleNamespace(_name_or_path="markov", architectures=[], pad_token_id=None, eos_token_id=None)
 
     def set_capture(self, ids):
         self.capture_ids = list(ids)
