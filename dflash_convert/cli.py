@@ -261,9 +261,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
         sys.exit(rc if isinstance(rc, int) else 0)
-    except DFlashError as exc:
-        _fail(str(exc), exit_code=exc.exit_code, file=exc.file, as_json=as_json, debug=debug)
-    except Interrupted as exc:  # a stop signal during a write (the staging directory is already gone)
+    except (DFlashError, Interrupted) as exc:  # Interrupted: a stop signal during a write (staging already gone)
         _fail(str(exc), exit_code=exc.exit_code, file=exc.file, as_json=as_json, debug=debug)
     except (KeyboardInterrupt, typer.Abort):
         _fail("interrupted; nothing was written at the destination", exit_code=1, file=None, as_json=as_json,
