@@ -295,31 +295,6 @@ def test_not_a_hub_id_or_local_path(cli, tmp_path):
     assert cli("pull", "./not-an-id").code == 2
 
 
-# ----------------------------------------------------------------------------- the token stays secret
-
-def test_token_never_appears_in_any_output_or_file(hub, draft, tmp_path, hub_env):
-    env = {**os.environ, "HF_HUB_VERBOSITY": "info"}
-    runs = [
-        ["push", str(draft), "org/draft", "--json"],  # token from HF_TOKEN
-        ["push", str(draft), "org/draft2", "--token", TOKEN, "--create-pr"],
-        ["pull", "org/draft", "--token", TOKEN, "-o", str(tmp_path / "out")],
-        ["--debug", "pull", "org/draft", "--token", BAD_TOKEN],  # a 401, with the traceback shown
-    ]
-    seen = []
-    for args in runs:
-        p = subprocess.run([sys.executable, "-m", "dflash_convert", *args], capture_output=True, text=True, env=env,
-                           timeout=120)
-        seen.append(p.stdout + p.stderr)
-        assert TOKEN not in p.stdout + p.stderr and BAD_TOKEN not in p.stdout + p.stderr, args
-    assert re.search(r"/org/draft/commit/[0-9a-f]{40}", seen[0]) and "/org/draft2/discussions/1" in seen[1]
-    assert "401" in seen[3] and "Traceback" in seen[3]
-    for f in [*tmp_path.rglob("*")]:
-        if f.is_file() and "hf_home" not in f.parts:  # the stored-token file would be the only place
-            assert TOKEN.encode() not in f.read_bytes(), f
-    for content in hub.files_at("org/draft").values():
-        assert TOKEN.encode() not in content
-
-
 # ----------------------------------------------------------------------------- model card
 
 def test_model_card_update_is_idempotent_and_keeps_user_text(hub_draft):
@@ -467,10 +442,10 @@ def test_sharded_draft_by_hub_id_opens_for_convert_and_inspect(cli, hub, draft, 
 
 # ----------------------------------------------------------------------------- tokens: cleaned, checked, scrubbed
 
-def test_token_with_crlf_from_every_source_is_cleaned_and_scrubbed_from_echoing_errors(hub, draft, tmp_path, hub_env):
-    """A token ending in \\r\\n (--token, HF_TOKEN, the stored token) works; a server quoting the
-    Authorization header in its errors gets it scrubbed from the error line and the --debug traceback."""
-    hub.seed_repo("org/draft", local_files(draft))
+def test_token_never_appears_in_any_output_or_file(hub, draft, tmp_path, hub_env):
+    """Tokens ending in \\r\\n (--token, HF_TOKEN, the stored token, as Windows files and `echo` leave
+    them) work; a server quoting the Authorization header in its errors gets it scrubbed from the
+    error line and the --debug traceback; nothing written holds a token. Subprocesses: every byte."""
     hub.echo_auth = True
     raw = TOKEN + "\r\n"
     base = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
@@ -478,14 +453,16 @@ def test_token_with_crlf_from_every_source_is_cleaned_and_scrubbed_from_echoing_
     (hub_env / "token").parent.mkdir(parents=True, exist_ok=True)
     (hub_env / "token").write_bytes(raw.encode())  # the stored token, written on Windows
     legacy_cache = tmp_path / "legacy-cache"
-    runs = [  # (args, extra environment, failure to inject, expected exit code)
+    refused = ("/tree/", 400, "listing refused")
+    runs = [  # (args, extra environment (None: unset), failure to inject, expected exit code)
+        (["push", str(draft), "org/draft", "--json"], {"HF_TOKEN": raw}, None, 0),
+        (["push", str(draft), "org/draft2", "--token", raw, "--create-pr"], {}, None, 0),
         (["pull", "org/draft", "--token", raw, "-o", str(tmp_path / "out")], {}, None, 0),
-        (["pull", "org/draft", "--json"], {"HF_TOKEN": raw, "HF_HUB_CACHE": None,
-                                           "HUGGINGFACE_HUB_CACHE": str(legacy_cache)}, None, 0),
-        (["pull", "org/draft", "--token", raw], {}, ("/tree/", 400, "listing refused"), 1),
-        (["--debug", "pull", "org/draft"], {"HF_TOKEN": raw}, ("/tree/", 400, "listing refused"), 1),
-        (["--debug", "push", str(draft), "org/draft", "--json"], {}, ("/commit/", 400, "commit refused"), 1),
-        (["pull", "org/missing"], {}, None, 1),
+        (["pull", "org/draft", "--json"], {"HF_HUB_CACHE": None, "HUGGINGFACE_HUB_CACHE": str(legacy_cache)},
+         None, 0),  # the stored token; and the client's own settings, its legacy cache variable included
+        (["pull", "org/draft", "--token", raw], {}, refused, 1),
+        (["--debug", "pull", "org/draft"], {"HF_TOKEN": raw}, refused, 1),
+        (["--debug", "pull", "org/draft", "--token", BAD_TOKEN], {}, None, 1),  # a 401
     ]
     seen, stdout = [], []
     for args, extra, failure, code in runs:
@@ -497,16 +474,21 @@ def test_token_with_crlf_from_every_source_is_cleaned_and_scrubbed_from_echoing_
         seen.append(p.stdout + p.stderr)
         stdout.append(p.stdout)
         assert p.returncode == code, (args, p.stderr[-2000:])
-        assert TOKEN not in p.stdout + p.stderr, args
+        assert TOKEN not in p.stdout + p.stderr and BAD_TOKEN not in p.stdout + p.stderr, args
+    assert json.loads(stdout[0])["commit_url"].startswith(f"{hub.url}/org/draft/commit/")
+    assert stdout[1].strip() == f"{hub.url}/org/draft2/discussions/1"
     assert local_files(tmp_path / "out")["config.json"] == (draft / "config.json").read_bytes()
-    # the client's own settings, its legacy cache variable included
-    assert json.loads(stdout[1])["path"].startswith(str(legacy_cache))
-    assert "HTTP 400 listing refused (request sent Authorization: Bearer ***)" in seen[2]
-    assert "Traceback" in seen[3] and "Bearer ***" in seen[3] and "Traceback" in seen[4] and "Bearer ***" in seen[4]
-    assert len(hub.echoed) >= 4 and all(f"Bearer {TOKEN}" in m for m in hub.echoed)  # it really was in the messages
+    assert json.loads(stdout[3])["path"].startswith(str(legacy_cache))
+    assert "HTTP 400 listing refused (request sent Authorization: Bearer ***)" in seen[4]
+    assert "Traceback" in seen[5] and "Bearer ***" in seen[5]
+    assert "Traceback" in seen[6] and "401" in seen[6] and "Bearer ***" in seen[6]
+    assert len(hub.echoed) >= 3 and all(f"Bearer {TOKEN}" in m or f"Bearer {BAD_TOKEN}" in m for m in hub.echoed)
     for f in tmp_path.rglob("*"):
         if f.is_file() and f != hub_env / "token":
-            assert TOKEN.encode() not in f.read_bytes(), f
+            assert TOKEN.encode() not in f.read_bytes() and BAD_TOKEN.encode() not in f.read_bytes(), f
+    for repo in ("org/draft", "org/draft2"):
+        for content in hub.files_at(repo, "main" if repo == "org/draft" else "refs/pr/1").values():
+            assert TOKEN.encode() not in content
 
 
 @pytest.mark.parametrize("bad", ["hf_abc\x01defghijklmnop", "hf_abcdéfghijklmnop", "hf_abc defghijklmnop",
