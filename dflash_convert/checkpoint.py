@@ -87,8 +87,12 @@ class _Duplicate(Exception):
     pass
 
 
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but tab, newline), DEL, C1: terminal escapes
+
+
 def _check_json_values(value: Any, path: Path) -> None:
-    """Depth, integer size and finiteness of every value, iteratively (no recursion to exhaust)."""
+    """Depth, integer size, finiteness and printable strings of every value and key, iteratively (no
+    recursion to exhaust). Config strings reach terminals (inspect, diff): no escape sequences."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         item, where, depth = stack.pop()
@@ -96,14 +100,27 @@ def _check_json_values(value: Any, path: Path) -> None:
             raise DFlashError(f"not valid JSON for a config: nested more than {MAX_JSON_DEPTH} levels deep "
                               f"(at `{where}`)", file=path)
         if isinstance(item, dict):
-            stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in item.items())
+            for k, v in item.items():
+                key = f"{where}.{k}" if where else k
+                if _CONTROL.search(k):
+                    _refuse_control(key, path)
+                stack.append((v, key, depth + 1))
         elif isinstance(item, list):
             stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+        elif isinstance(item, str) and _CONTROL.search(item):
+            _refuse_control(where, path)
         elif isinstance(item, float) and not math.isfinite(item):
             raise DFlashError(f"field `{where}` is {item}: NaN and Infinity are not JSON numbers", file=path)
         elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= MAX_JSON_INT:
             raise DFlashError(f"field `{where}` is an integer of {len(str(abs(item)))} digits: out of any "
                               "config value's range", file=path)
+
+
+def _refuse_control(where: str, path: Path) -> None:
+    shown = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", where)[:200]
+    char = _CONTROL.search(where)
+    what = f"key `{shown}`" if char else f"field `{shown}`"
+    raise DFlashError(f"{what} holds a control character (terminal escapes are refused)", file=path)
 
 
 @dataclass

@@ -15,9 +15,9 @@ gigabytes or dividing by zero later.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 LayerType = Literal["full_attention", "sliding_attention"]
 
@@ -41,6 +41,17 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(message)
+
+
+def _printable(value: str) -> str:
+    """Config strings reach terminals (inspect, diff, model cards): no escape sequences in them."""
+    bad = next((c for c in value if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    if bad is not None:
+        raise ValueError(f"contains the control character U+{ord(bad):04X} (terminal escapes are refused)")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_printable), Field(max_length=4096)]  # a name, path or type string
 
 
 class _Open(BaseModel):
@@ -76,7 +87,7 @@ def _check_token(field: str, token: int | None, vocab: int) -> None:
 class DecoderConfig(_Open):
     """Qwen3-style decoder dimensions of the DRAFT (flat in HF configs, nested in speculators')."""
 
-    model_type: str | None = None
+    model_type: Text | None = None
     hidden_size: int = _size(1, MAX_HIDDEN)
     intermediate_size: int = _size(1, MAX_INTERMEDIATE)
     num_hidden_layers: int = _size(1, MAX_LAYERS, "number of DRAFT decoder layers")
@@ -85,7 +96,7 @@ class DecoderConfig(_Open):
     head_dim: int | None = _size(1, MAX_HEAD_DIM, default=None)
     vocab_size: int = _size(1, MAX_VOCAB, "the TARGET vocabulary size")
     rms_norm_eps: float = Field(1e-6, gt=0, lt=1, allow_inf_nan=False)
-    hidden_act: str = "silu"
+    hidden_act: Text = "silu"
     attention_bias: bool = False
     max_position_embeddings: int | None = _size(1, MAX_POSITIONS, default=None)
     rope_parameters: dict[str, Any] | None = None
@@ -114,35 +125,35 @@ class DecoderConfig(_Open):
             if theta is not None and not (type(theta) in (int, float) and math.isfinite(theta) and theta > 0):
                 raise FieldError(f"{key}.rope_theta", f"is {theta!r}, not a finite number > 0")
             kind = (params or {}).get("rope_type", (params or {}).get("type"))
-            if kind is not None and not isinstance(kind, str):
-                raise FieldError(f"{key}.rope_type", f"is {kind!r}, not a string")
+            if kind is not None and not (isinstance(kind, str) and kind.isprintable() and len(kind) < 64):
+                raise FieldError(f"{key}.rope_type", f"is {kind!r}, not the name of a RoPE type")
         return self
 
 
 class GreedyProposal(_Open):
-    proposal_type: str = "greedy"
+    proposal_type: Text = "greedy"
     speculative_tokens: int = _size(MIN_BLOCK_SIZE - 1, MAX_BLOCK_SIZE - 1)
     verifier_accept_k: int = _size(1, MAX_BLOCK_SIZE, default=1)
     accept_tolerance: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 class VerifierRef(_Open):
-    name_or_path: str | None = None
-    architectures: list[str] = Field(default_factory=list)
+    name_or_path: Text | None = None
+    architectures: list[Text] = Field(default_factory=list)
 
 
 class SpeculatorsBlock(_Open):
-    algorithm: str = "dflash"
+    algorithm: Text = "dflash"
     proposal_methods: list[GreedyProposal] = Field(default_factory=list)
-    default_proposal_method: str = "greedy"
+    default_proposal_method: Text = "greedy"
     verifier: VerifierRef = Field(default_factory=VerifierRef)
 
 
 class SpeculatorsDFlashConfig(_Open):
     """config.json of a speculators checkpoint (`speculators_model_type: dflash` or `dflash2`)."""
 
-    speculators_model_type: str
-    architectures: list[str] | None = None
+    speculators_model_type: Text
+    architectures: list[Text] | None = None
     transformer_layer_config: DecoderConfig
     aux_hidden_state_layer_ids: list[int] | None = Field(
         None, description="vLLM capture ids: residual stream entering layer k = z-lab target id + 1"
@@ -155,9 +166,9 @@ class SpeculatorsDFlashConfig(_Open):
     sliding_window_non_causal: bool | None = None
     sample_from_anchor: bool = False
     speculators_config: SpeculatorsBlock | None = None
-    speculators_version: str | None = None
-    dtype: str | None = None
-    torch_dtype: str | None = None
+    speculators_version: Text | None = None
+    dtype: Text | None = None
+    torch_dtype: Text | None = None
     # dflash2 only
     conv_kernel_size: int | None = _size(0, MAX_CONV, default=None)
     conv_group_size: int | None = _size(0, MAX_CONV, default=None)
@@ -202,15 +213,15 @@ class DFlashBlock(_Open):
 class HFDFlashConfig(DecoderConfig):
     """config.json of a Hugging Face / z-lab checkpoint: a flat Qwen3 config of the draft plus DFlash keys."""
 
-    architectures: list[str]
+    architectures: list[Text]
     block_size: int | None = _size(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, default=None)
     num_target_layers: int | None = _size(1, MAX_LAYERS, default=None)
     target_hidden_size: int | None = _size(1, MAX_HIDDEN, default=None)
     draft_vocab_size: int | None = _size(1, MAX_VOCAB, default=None)
     is_causal: bool | None = None
-    auto_map: dict[str, str] | None = None
-    dtype: str | None = None
-    torch_dtype: str | None = None
+    auto_map: dict[str, Text] | None = None
+    dtype: Text | None = None
+    torch_dtype: Text | None = None
     dflash_config: DFlashBlock = Field(default_factory=DFlashBlock)
 
     @model_validator(mode="after")

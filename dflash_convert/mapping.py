@@ -481,7 +481,7 @@ def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json
     eos_ids = tuple(token("eos_token_id", e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
     pad = cfg.get("pad_token_id")
     archs = raw.get("architectures") or []
-    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+    if not (isinstance(archs, list) and all(isinstance(a, str) and a.isprintable() and len(a) < 256 for a in archs)):
         raise DFlashError(f"target config field `architectures` is {_short(archs)}, not a list of names", file=file)
     return TargetInfo(name_or_path=name_or_path, architectures=list(archs), num_layers=num_layers,
                       hidden_size=hidden, vocab_size=vocab,

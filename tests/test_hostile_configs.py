@@ -420,3 +420,31 @@ def test_numeric_flags_are_bounded(cli, speculators_drafts, tmp_path, args, need
     out = tmp_path / "out"
     argv = [a.format(d=speculators_drafts["full"], out=out) for a in args]
     assert_refused(cli(*argv), out if "-o" in argv else None, needle, code=2)
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda c: c["speculators_config"]["verifier"].update(name_or_path="\x1b]0;owned\x07\x1b[2J"),
+     ["speculators_config.verifier.name_or_path", "control character"]),
+    (lambda c: c["transformer_layer_config"].update(model_type="qwen3\x1b[1A"), ["model_type", "control"]),
+    (lambda c: c.update(architectures=["DFlashDraftModel\x9b2J"]), ["architectures[0]", "control"]),
+    (lambda c: c["transformer_layer_config"].update(rope_parameters={"rope_type": "default\r"}), ["rope_type"]),
+    (lambda c: c.update({"unknown\x1b[31m": 1}), ["key `unknown\\x1b[31m`", "control"]),  # diff lists unknown keys
+    (lambda c: c.update(notes="\x1b[2J"), ["field `notes`", "control"]),
+])
+def test_terminal_escapes_in_config_strings_are_refused(cli, speculators_drafts, tmp_path, edit, needles):
+    """inspect and diff print names and keys from the config: an escape sequence in one could rewrite
+    the user's terminal."""
+    src = edited(speculators_drafts["full"], tmp_path / "src", edit)
+    for r in (cli("inspect", src), cli("diff", speculators_drafts["full"], src)):
+        line = assert_refused(r, None, "config.json", *needles)
+        assert not any(c in line for c in "\x1b\x9b\r\x07")  # the error shows it escaped
+
+
+def test_the_same_names_are_refused_by_the_model_itself():
+    """Configs built in code (not read from a file) get the same check from the pydantic models."""
+    from pydantic import ValidationError
+
+    from dflash_convert.configs import VerifierRef
+
+    with pytest.raises(ValidationError, match="U\\+001B"):
+        VerifierRef(name_or_path="a\x1b[2J")
