@@ -401,7 +401,9 @@ def remove_stale_staging(dest: str | Path) -> tuple[list[Path], list[Path]]:
 
 
 def check_destination(dest: Path, overwrite: bool, sources: tuple[Path, ...] = ()) -> None:
-    dest = Path(dest)
+    dest = Path(os.path.abspath(dest))  # `.` and `x/..` name their directory; `/` names none
+    if not dest.name:
+        raise DFlashError("destination must name a directory to create or replace", file=dest)
     for src in sources:
         s, d = Path(src).resolve(), dest.resolve()
         if d == s or s in d.parents:
@@ -439,17 +441,13 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
     `.<name>.dflash-staging-<host>-<pid>-*` sibling: the next run on `dest` removes it once that
     pid is gone (and says so in `notes`). Out of space is one error naming `dest`.
     """
-    dest = Path(dest)
+    dest = Path(os.path.abspath(dest))
+    if not dest.name:
+        raise DFlashError("destination must name a directory to create or replace", file=dest)
     removed, kept = remove_stale_staging(dest)
     if notes is not None:
         notes += [f"removed {p} left by a killed run" for p in removed]
         notes += [f"{p} belongs to a run still going (or on another host); left as is" for p in kept]
-    base = _staging_base(dest)
-    tmp = _sibling(dest, base, "staging")
-    try:
-        tmp.mkdir()
-    except OSError as exc:
-        raise DFlashError(f"cannot create a staging directory in {base}: {exc.strerror or exc}", file=dest) from None
     held: list[int] = []
     state = {"hold": False}
 
@@ -466,6 +464,14 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
                 previous[sig] = signal.signal(sig, on_signal)
         except (ValueError, OSError):  # not the main thread: keep the handlers as they are
             break
+    base = _staging_base(dest)
+    tmp = _sibling(dest, base, "staging")
+    try:
+        tmp.mkdir()
+    except OSError as exc:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise DFlashError(f"cannot create a staging directory in {base}: {exc.strerror or exc}", file=dest) from None
     try:
         try:
             yield tmp

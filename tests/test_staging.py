@@ -260,3 +260,14 @@ def test_out_of_space_while_writing_a_header(cli, tmp_path, src, monkeypatch):
     monkeypatch.undo()
     assert r.code == 1 and "out of disk space" in r.err and str(out) in r.err, r.err
     assert not out.exists() and leftovers(out) == []
+
+
+def test_destination_given_as_dot_or_root(cli, tmp_path, src, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    r = cli("convert", src, "-o", ".")  # the (empty) current directory, by its name
+    assert r.code == 0, r.err
+    assert (here / "conversion.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+    r = cli("convert", src, "-o", "/", "--overwrite")
+    assert r.code == 1 and "must name a directory" in r.err, r.err
