@@ -16,6 +16,7 @@ dir=.venv/huggingface_hub-$other
 if [ ! -f "$dir/.complete" ]; then
   rm -rf "$dir"
   python -m pip install -q $deps --target "$dir" "huggingface_hub==$other"
+  case "$other" in 1.*) python -c "import httpx" 2>/dev/null || python -m pip install -q --target "$dir" "httpx<1" ;; esac
   touch "$dir/.complete"
 fi
 export PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}"
