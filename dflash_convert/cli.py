@@ -377,37 +377,9 @@ def inspect(
     local, sha = out.local(path, revision=revision, token=token, allow_pickle=allow_pickle)
     report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=_value(engine))
     report.revision = sha
-    info = report.model_dump(mode="json")
-    out.result(info, render=lambda console: _print_inspect(info, console, report.engines))
-    if not info["ok"]:
+    out.result(report.model_dump(mode="json"), render=report.render)
+    if not report.ok:
         raise typer.Exit(ValidationFailed.exit_code)
-
-
-def _print_inspect(info: dict, err: Console, views=()) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from .engines import render_view
-
-    summary = Table(show_header=False, box=None, pad_edge=False)
-    for key, value in info.items():
-        if key in ("tensors", "checks", "problems", "files", "ok", "engines"):
-            continue
-        summary.add_row(key, f"{value:,}" if key == "parameters" else escape(str(value)))
-    err.print(summary)
-    tensors = Table("tensor", "dtype", "shape", "role", title=f"{len(info['tensors'])} tensors", title_justify="left")
-    for t in info["tensors"]:
-        tensors.add_row(escape(t["name"]), t["dtype"], escape(str(t["shape"])), escape(t["role"]))
-    err.print(tensors)
-    if info["problems"]:
-        for c in info["problems"]:
-            colour = "red" if c["status"] == "fail" else "yellow"
-            err.print(f"[{colour}]{c['status'].upper()}[/{colour}] {c['name']}: {escape(c['message'])}")
-    else:
-        err.print("[green]no problems found[/green]")
-    for view in views:
-        for line in render_view(view):
-            err.print(line, markup=False)
 
 
 @app.command(epilog=_examples(

@@ -63,6 +63,30 @@ class InspectReport(BaseModel):
     problems: list[Check] = Field(description="the checks that failed or warned")
     ok: bool = Field(description="no check failed (engine divergences are reported, not failed, here)")
 
+    def render(self, console) -> None:
+        """The summary, the tensor table, the problems and each engine's view, on `console` (stderr)."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        info = self.model_dump(mode="json")
+        summary = Table(show_header=False, box=None, pad_edge=False)
+        for key, value in info.items():
+            if key not in ("tensors", "checks", "problems", "files", "ok", "engines"):
+                summary.add_row(key, f"{value:,}" if key == "parameters" else escape(str(value)))
+        console.print(summary)
+        tensors = Table("tensor", "dtype", "shape", "role", title=f"{len(self.tensors)} tensors", title_justify="left")
+        for t in info["tensors"]:
+            tensors.add_row(escape(t["name"]), t["dtype"], escape(str(t["shape"])), escape(t["role"]))
+        console.print(tensors)
+        for c in self.problems:
+            colour = "red" if c.status == "fail" else "yellow"
+            console.print(f"[{colour}]{c.status.upper()}[/{colour}] {c.name}: {escape(c.message)}")
+        if not self.problems:
+            console.print("[green]no problems found[/green]")
+        for view in self.engines:
+            for line in engines.render_view(view):
+                console.print(line, markup=False)
+
 
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
                        engine: str | None = None) -> InspectReport:
