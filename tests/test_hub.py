@@ -572,3 +572,45 @@ def test_push_is_pinned_to_the_head_it_was_prepared_against(cli, hub, draft):
     one_error_line(cli("push", draft, "org/draft"), "moved while pushing", "nothing was committed")
     remote = hub.files_at("org/draft")
     assert remote["b.txt"] == b"someone else's commit" and "model.safetensors" not in remote
+
+
+# ----------------------------------------------------------------------------- tokens: the classes, generated
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+TOKEN_CHARS = st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="*")
+
+
+@settings(max_examples=300, deadline=None)
+@given(core=st.text(TOKEN_CHARS, min_size=8, max_size=48), pad=st.sampled_from(["", "\r\n", "\n", " ", "\r", "\t "]),
+       quote=st.sampled_from(["{t}", "Bearer {t}", "{r}", "{j}", "{b}", "{rp}"]), before=st.text(max_size=20),
+       after=st.text(max_size=20))
+def test_redact_removes_a_remembered_token_in_every_quoted_form(core, pad, quote, before, after):
+    """However a message quotes it (raw, with its CR/LF, as repr / JSON / bytes repr, after `Bearer `)."""
+    from dflash_convert.tokens import redact, remember
+
+    token = core + pad
+    remember(token)
+    forms = {"t": token, "r": repr(token), "j": json.dumps(token), "b": repr(f"Bearer {token}".encode()),
+             "rp": repr(f"Bearer {core}")}
+    message = before + quote.format(**forms) + after
+    out = redact(message)
+    for leaked in {core, repr(core)[1:-1], json.dumps(core)[1:-1], repr(core.encode())[2:-1]}:
+        assert leaked not in out, (leaked, out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40))
+def test_a_token_is_cleaned_or_refused_without_being_quoted(text):
+    from dflash_convert.errors import UsageError
+    from dflash_convert.tokens import clean_token
+
+    try:
+        cleaned = clean_token(text, source="--token")
+    except UsageError as exc:
+        stripped = text.strip(" \t\r\n")
+        assert not stripped or any(not "\x21" <= c <= "\x7e" for c in stripped)
+        assert len(stripped) < 8 or stripped not in str(exc)  # short text may be in any sentence
+        return
+    assert cleaned == text.strip(" \t\r\n") and all("\x21" <= c <= "\x7e" for c in cleaned)
