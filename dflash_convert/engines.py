@@ -21,7 +21,7 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from . import mapping
+from . import catalogue, mapping
 from .configs import DraftSpec, Format
 from .errors import DFlashError, UsageError
 
@@ -516,7 +516,7 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                                   consequence="the pruned draft's own lm_head and d2t are ignored; its hidden states "
                                               "go through the target's lm_head, which it was not trained for",
                                   fix="serve it with vLLM (either format)"))
-        elif names and "d2t" not in names:
+        elif names and catalogue.name("d2t") not in names:
             view.vocab = "own lm_head, vocab map all zeros (no d2t)"
             div.append(Divergence(field="vocab", severity="error", trained="own lm_head + d2t",
                                   applied="own lm_head + zero map",
@@ -585,7 +585,7 @@ def rules_for(engine: str | None, source_format: str | None = None) -> list[Engi
 
 def checkpoint_views(ckpt, engine: str | None = None, *, num_target_layers: int | None = None) -> list[EngineView]:
     """Every engine's view of an opened Checkpoint (or those `engine` names)."""
-    fc = ckpt.tensors.get("fc.weight")
+    fc = ckpt.tensors.get(catalogue.name("fc"))
     files = [MASK_EMBEDDING_FILE] if (ckpt.path / MASK_EMBEDDING_FILE).is_file() else []
     return [engine_view(rules, ckpt.spec, ckpt.raw_config, tensors=ckpt.tensors, files=files,
                         fc_shape=tuple(fc.shape) if fc is not None else None, num_target_layers=num_target_layers)
@@ -616,7 +616,7 @@ def applied_spec(spec: DraftSpec, view: EngineView) -> DraftSpec:
     return spec.model_copy(update=upd)
 
 
-PRUNED_VOCAB_TENSORS = ("lm_head.weight", "d2t", "t2d")
+PRUNED_VOCAB_TENSORS = tuple(catalogue.name(k) for k in ("lm_head", "d2t", "t2d"))
 
 
 def applied_checkpoint(ckpt, view: EngineView):
