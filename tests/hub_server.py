@@ -14,7 +14,8 @@ requests of a kind ("lfs_put" or "commit": the request body; "download": the res
 LFS file) lose their connection half-way, `fail_next(path_part, status, message)` which answers the next request
 whose path contains path_part with that error, `move_branch_after_resolve(repo_id, branch, files)`
 which commits files on the branch right after the first repo_info of that branch is answered (a
-branch moving between resolving a revision and downloading it), and `echo_auth`: error messages
+branch moving between resolving a revision and downloading it), `hold_downloads` /
+`release_downloads` (LFS file downloads wait in between, at most a minute), and `echo_auth`: error messages
 then quote the Authorization header received, as a hostile or buggy server might.
 """
 
@@ -117,6 +118,8 @@ class HubState:
         self.failures: list[tuple[str, int, str]] = []  # (path part, status, message), next first
         self.moves: dict[tuple[str, str], dict[str, bytes]] = {}  # (repo, branch) -> files to commit
         self.echo_auth = False
+        self.downloads_open = threading.Event()  # cleared by hold_downloads: LFS downloads wait
+        self.downloads_open.set()
         self.echoed: list[str] = []  # every error message sent with the Authorization header in it
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for assertions
         self._counter = 0
@@ -194,6 +197,12 @@ class HubState:
     def move_branch_after_resolve(self, repo_id: str, branch: str, files: dict[str, bytes]) -> None:
         with self.lock:
             self.moves[(repo_id, branch)] = files
+
+    def hold_downloads(self) -> None:
+        self.downloads_open.clear()
+
+    def release_downloads(self) -> None:
+        self.downloads_open.set()
 
     def drop_next(self, kind: str, n: int = 1) -> None:
         assert kind in ("lfs_put", "commit", "download")
@@ -589,6 +598,8 @@ class HubHandler(BaseHTTPRequestHandler):
         else:
             headers["ETag"] = f'"{blob.git_oid}"'
         data, status = blob.data, 200
+        if not head and blob.lfs:
+            self.state.downloads_open.wait(timeout=60)
         if not head and blob.lfs and self.state.take_drop("download"):
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -641,6 +652,6 @@ class HubServer(ThreadingHTTPServer):
     def __getattr__(self, name):  # test hooks live on the state
         if name in ("seed_repo", "inject_file", "create_tag", "files_at", "commit_at", "commits", "is_lfs",
                     "drop_next", "lfs_puts", "requests", "repos", "fail_next", "move_branch_after_resolve",
-                    "echoed"):
+                    "echoed", "hold_downloads", "release_downloads"):
             return getattr(self.state, name)
         raise AttributeError(name)

@@ -418,6 +418,35 @@ def test_pull_to_dir_that_fails_half_way_leaves_nothing(cli, hub, draft, tmp_pat
     assert local_files(out) == {k: v for k, v in local_files(draft).items() if k in ("config.json", "model.safetensors")}
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_pull_to_dir_stopped_by_a_signal_leaves_nothing(hub, draft, tmp_path, sig):
+    import signal
+    import time
+
+    hub.seed_repo("org/draft", local_files(draft))
+    hub.hold_downloads()  # the weights are on their way when the signal comes
+    out = tmp_path / "pulls" / "out"
+    p = subprocess.Popen([sys.executable, "-m", "dflash_convert", "pull", "org/draft", "-o", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(m == "GET" and path.endswith("/model.safetensors") for m, path in list(hub.requests)):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.05)
+        time.sleep(0.3)  # config.json is in the staging directory by now
+        p.send_signal(getattr(signal, sig))
+        time.sleep(0.3)
+        hub.release_downloads()
+        _, err = p.communicate(timeout=90)
+    finally:
+        hub.release_downloads()
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0 and "interrupted" in err.lower(), err
+    assert "Traceback" not in err, err
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["draft", "hf_home"]  # no DIR, no staging left
+
+
 def test_sharded_draft_by_hub_id_opens_for_convert_and_inspect(cli, hub, draft, tmp_path, monkeypatch):
     """Files in the Hub cache are symlinks into ../../blobs/: shards reached that way are the checkpoint's own."""
     from huggingface_hub import constants
