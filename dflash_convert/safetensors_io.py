@@ -15,6 +15,7 @@ import os
 import stat
 import struct
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Iterable
 
@@ -25,6 +26,9 @@ from .errors import DFlashError
 ALL_DTYPES = {*DTYPES, "F4", "F6_E2M3", "F6_E3M2", "C64"}
 MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
 MAX_JSON_DEPTH = 127  # nested arrays/objects the reference parser accepts
+# Parsing costs memory and time per JSON value: a 100 MB header of one shape with 49M entries took
+# 4 GB and minutes. Real headers hold ~7 values per tensor (a 100k-tensor shard stays well under).
+MAX_HEADER_VALUES = 1_000_000
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
@@ -78,17 +82,16 @@ def _json_constant(text: str):
 
 def _check_strings(value: object) -> None:
     """Lone UTF-16 surrogates (legal in Python's JSON, not in the format's) and nesting over the parser's depth."""
-    stack = [(value, 0)]
+    stack = [(value, 0)]  # containers only: scalars are checked in place
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, (dict, list)) and depth >= MAX_JSON_DEPTH:
+        if depth >= MAX_JSON_DEPTH:
             raise _Malformed(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(item, str):
-            item.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
-        elif isinstance(item, dict):
-            stack += [(k, depth + 1) for k in item] + [(v, depth + 1) for v in item.values()]
-        elif isinstance(item, list):
-            stack += [(v, depth + 1) for v in item]
+        for child in chain(item.keys(), item.values()) if isinstance(item, dict) else item:
+            if isinstance(child, str):
+                child.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
+            elif isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
 
 
 def _is_u64(x: object) -> bool:
@@ -149,12 +152,18 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 raise DFlashError(f"bad safetensors header length {n} for a file of {size} bytes", file=path)
             raw = f.read(n)
+            if raw.count(b",") >= MAX_HEADER_VALUES:  # bounded before parsing (a few ms per MB)
+                raise DFlashError(f"safetensors header holds over {MAX_HEADER_VALUES} JSON values; refused before "
+                                  "parsing (a draft checkpoint has a few thousand)", file=path)
     except OSError as exc:
         raise DFlashError(f"cannot read: {exc.strerror}", file=path) from None
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_json_object, parse_int=_json_int,
                             parse_constant=_json_constant)
-        _check_strings(header)
+        if isinstance(header, str):
+            header.encode("utf-8")
+        elif isinstance(header, (dict, list)):
+            _check_strings(header)
         if not isinstance(header, dict):
             raise _Malformed(f"it is a JSON {type(header).__name__}, not an object")
         metadata = header.pop("__metadata__", None)

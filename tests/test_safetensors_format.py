@@ -2,9 +2,10 @@
 
 Hand-built files cover each rule of the format by name; a hypothesis test mutates valid headers
 (offsets, shapes, dtypes, metadata, padding, trailing bytes, the length prefix) and compares our
-reader with the reference `safetensors` library on every case. Two documented differences: we also
-refuse a duplicate key anywhere (the reference keeps the last `__metadata__` value), and we refuse
-valid dtypes we cannot convert (sub-byte floats, complex) with their own message.
+reader with the reference `safetensors` library on every case. Three documented differences: we also
+refuse a duplicate key anywhere (the reference keeps the last `__metadata__` value), valid dtypes
+we cannot convert (sub-byte floats, complex) with their own message, and headers of more than
+MAX_HEADER_VALUES JSON values (bounded before parsing: the reference takes minutes and gigabytes).
 """
 
 from __future__ import annotations
@@ -165,6 +166,20 @@ def test_short_file_and_non_regular_file(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(DFlashError, match="not a regular file"):
         read_header(fifo)  # must not block waiting for a writer
+
+
+def test_header_value_count_is_bounded_before_parsing(tmp_path, monkeypatch):
+    import dflash_convert.safetensors_io as sio
+
+    monkeypatch.setattr(sio, "MAX_HEADER_VALUES", 1000)  # the rule, at a size a test builds quickly
+    shape = ",".join(["1"] * 997)  # 996 commas in the shape, 3 more in the entry: 999
+    f = build(tmp_path / "model.safetensors", '{"a":{"dtype":"U8","shape":[%s],"data_offsets":[0,1]}}' % shape, b"x")
+    assert ours_reads(f) == reference_reads(f) == {"a": ("U8", (1,) * 997)}
+    f = build(tmp_path / "model.safetensors", '{"a":{"dtype":"U8","shape":[%s,1],"data_offsets":[0,1]}}' % shape,
+              b"x")
+    with pytest.raises(DFlashError, match="over 1000 JSON values; refused before parsing"):
+        read_header(f)
+    assert reference_reads(f) is not None  # valid: refused for its cost, not its form
 
 
 def test_valid_dtypes_we_cannot_convert_are_named(tmp_path):
