@@ -12,7 +12,7 @@ Test hooks: `seed_repo`, `inject_file` (commits a path the real Hub would refuse
 `create_tag`, `files_at`, `commits`, `lfs_puts`, `drop_next(kind, n)` which makes the next n
 requests of a kind ("lfs_put" or "commit": the request body; "download": the response body of an
 LFS file) lose their connection half-way, `fail_next(path_part, status, message)` which answers the next request
-whose path contains path_part with that error, `move_branch_after_resolve(repo_id, branch, files)`
+whose path contains path_part with that error (and X-Error-Code), `move_branch_after_resolve(repo_id, branch, files)`
 which commits files on the branch right after the first repo_info of that branch is answered (a
 branch moving between resolving a revision and downloading it), `hold_downloads` /
 `release_downloads` (LFS file downloads wait in between, at most a minute), and `echo_auth`: error messages
@@ -115,7 +115,7 @@ class HubState:
         self.lfs: dict[str, bytes] = {}  # sha256 -> content uploaded through PUT
         self.lfs_puts: list[str] = []  # sha256 of every completed LFS PUT
         self.drops: dict[str, int] = {}
-        self.failures: list[tuple[str, int, str]] = []  # (path part, status, message), next first
+        self.failures: list[tuple[str, int, str, str | None]] = []  # (path part, status, message, code)
         self.moves: dict[tuple[str, str], dict[str, bytes]] = {}  # (repo, branch) -> files to commit
         self.echo_auth = False
         self.downloads_open = threading.Event()  # cleared by hold_downloads: LFS downloads wait
@@ -182,16 +182,17 @@ class HubState:
             repo = self.repos[repo_id]
             return repo.commits[repo.resolve(rev)].files[path].lfs
 
-    def fail_next(self, path_part: str, status: int, message: str) -> None:
+    def fail_next(self, path_part: str, status: int, message: str, code: str | None = None) -> None:
+        """The next request whose path contains path_part gets this error (code: the X-Error-Code)."""
         with self.lock:
-            self.failures.append((path_part, status, message))
+            self.failures.append((path_part, status, message, code))
 
     def take_failure(self, path: str) -> HubError | None:
         with self.lock:
-            for i, (part, status, message) in enumerate(self.failures):
+            for i, (part, status, message, code) in enumerate(self.failures):
                 if part in path:
                     del self.failures[i]
-                    return HubError(status, message)
+                    return HubError(status, message, code)
         return None
 
     def move_branch_after_resolve(self, repo_id: str, branch: str, files: dict[str, bytes]) -> None:

@@ -250,6 +250,27 @@ def test_bad_token_is_401_and_token_precedence(cli, hub, draft, monkeypatch, hub
     assert cli("push", draft, "org/other").code == 0  # writes need a token: the stored one was sent
 
 
+@pytest.mark.parametrize("failure, args, needles", [
+    (("/api/models/org/draft", 403, "Access to this model is restricted", "GatedRepo"), ["pull", "org/draft"],
+     ["org/draft", "gated"]),
+    (("/resolve/", 404, "Entry not found: model.safetensors", "EntryNotFound"), ["pull", "org/draft"],
+     ["org/draft@main", "file not found on the Hub", "model.safetensors"]),
+    (("/commit/", 403, "You don't have the rights", None), ["push", "DRAFT", "org/draft"],
+     ["no write access", "org/draft", "403"]),
+    (("/preupload/", 500, "the Hub is unwell", None), ["push", "DRAFT", "org/draft"],
+     ["HTTP 500", "unwell", "org/draft@main"]),
+])
+def test_hub_errors_name_the_repo_in_one_line(cli, hub, draft, monkeypatch, failure, args, needles):
+    """Each kind of answer the client maps to its own public error class, under 1.x and 2.x alike."""
+    import time
+
+    monkeypatch.setattr(time, "sleep", lambda s: None)  # the client retries a 500 a few times
+    hub.seed_repo("org/draft", local_files(draft))
+    for _ in range(10 if failure[1] >= 500 else 1):
+        hub.fail_next(*failure)
+    one_error_line(cli(*[str(draft) if a == "DRAFT" else a for a in args]), *needles)
+
+
 def test_server_going_away_during_commit_leaves_no_commit(cli, hub, draft):
     hub.seed_repo("org/draft", {"a.txt": b"a"})
     before = (hub.commits("org/draft"), hub.files_at("org/draft"))
