@@ -71,7 +71,7 @@ def _check_ids(field: str, ids: list[int] | None, lo: int, num_layers: int | Non
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise FieldError(field, f"repeats ids {dup}: each target layer is captured once")
-    high = MAX_LAYERS + lo if num_layers is None else num_layers - 1 + lo
+    high = (MAX_LAYERS if num_layers is None else num_layers) - 1 + lo
     bad = [i for i in ids if not lo <= i <= high]
     if bad:
         where = (f"the target's {num_layers} layers (num_target_layers)" if num_layers is not None
@@ -219,7 +219,7 @@ class HFDFlashConfig(DecoderConfig):
     target_hidden_size: int | None = _size(1, MAX_HIDDEN, default=None)
     draft_vocab_size: int | None = _size(1, MAX_VOCAB, default=None)
     is_causal: bool | None = None
-    auto_map: dict[str, Text] | None = None
+    auto_map: dict[str, Text | list[Text]] | None = None  # remote-code class names
     dtype: Text | None = None
     torch_dtype: Text | None = None
     dflash_config: DFlashBlock = Field(default_factory=DFlashBlock)
