@@ -164,8 +164,10 @@ def is_hub_id(source: str) -> bool:
 
 
 def unsafe_repo_path(name: str) -> bool:
-    """A remote file name that would land outside the directory it is written into."""
-    if not name or "\\" in name or "\0" in name or name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+    """A remote file name that would land outside the directory it is written into (or carries control
+    characters, which no checkpoint file name has and a terminal would interpret)."""
+    if not name or "\\" in name or name.startswith("/") or re.match(r"^[A-Za-z]:", name) \
+            or re.search(r"[\x00-\x1f\x7f]", name):
         return True
     return any(part in ("", ".", "..") for part in name.split("/"))
 
@@ -208,7 +210,7 @@ def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: st
         bad = [name for name in wanted if unsafe_repo_path(name)]
         if bad:
             raise DFlashError(f"Hub repo {where} ({sha[:12]}) lists a file whose name escapes the download "
-                              f"directory: {bad[0]!r}; nothing was downloaded")
+                              f"directory or holds control characters: {bad[0]!r}; nothing was downloaded")
         if CONFIG_NAME not in wanted:
             raise DFlashError(f"Hub repo {where} ({sha[:12]}) has no {CONFIG_NAME}: not a model checkpoint")
         if need_weights and not any(n.endswith(".safetensors") for n in wanted) and not allow_pickle \

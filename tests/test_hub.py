@@ -293,12 +293,15 @@ def test_server_going_away_during_lfs_upload_leaves_no_commit(cli, hub, draft, m
     assert not hub.lfs_puts
 
 
-def test_remote_file_name_escaping_the_directory(cli, hub, draft, tmp_path, hub_env):
+@pytest.mark.parametrize("name", ["../../evil.safetensors", "/abs/evil.safetensors", "sub/../../evil.safetensors",
+                                  "evil\\..\\x.safetensors", "evil\x1b[2J.safetensors", "evil\n.safetensors"])
+def test_remote_file_name_escaping_the_directory(cli, hub, draft, tmp_path, hub_env, name):
     hub.seed_repo("org/evil", {"config.json": (draft / "config.json").read_bytes()})
-    hub.inject_file("org/evil", "../../evil.safetensors", b"pwned")
+    hub.inject_file("org/evil", name, b"pwned")
     for extra in ([], ["-o", str(tmp_path / "out" / "inner")]):
-        one_error_line(cli("pull", "org/evil", *extra), "escapes", "../../evil.safetensors")
-    assert not [p for p in tmp_path.rglob("evil.safetensors")]
+        line = one_error_line(cli("pull", "org/evil", *extra), "escapes", repr(name))
+        assert "\x1b" not in line
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.read_bytes() == b"pwned"]
     assert not [req for req in hub.requests if "/resolve/" in req[1]]  # refused before any download
 
 
