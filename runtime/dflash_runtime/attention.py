@@ -7,8 +7,11 @@ Visibility (FORMATS.md 6.4), for block query j of a block whose anchor sits at p
 - block: all B slots (non-causal) or slots <= j (causal, aligned to the block, not top-left).
 
 Every backend computes the same function; `eager` is the reference the others are tested against.
-Tensors: q [1, nH, B, d]; k, v [1, nKV, T + B, d] (T cached context rows, then the block); the
-output is [1, nH, B, d]. GQA: nH is a multiple of nKV.
+Tensors: q [1, nH, B, d]; k, v [1, nKV, L, d]: key rows [0, block_at) are context (visible from
+`ctx_first` <= block_at on), rows [block_at, block_at + B) the block, rows after it unused (the free
+rows of a preallocated cache: never visible). `block_at` defaults to L - B (context, then block).
+`ctx_first` and `block_at` are ints, or 0-dim integer tensors inside the compiled draft step (one
+graph serves every step). The output is [1, nH, B, d]. GQA: nH is a multiple of nKV.
 """
 
 from __future__ import annotations
@@ -25,82 +28,81 @@ from dflash_convert.errors import DFlashError
 from . import BACKEND_NAMES
 
 
-def visible_mask(ctx_len: int, block_len: int, causal: bool, ctx_first: int, device) -> torch.Tensor:
-    """Bool [B, T + B]: True where block query j may look. Built explicitly because SDPA's
-    `is_causal` aligns the triangle top-left when query and key lengths differ."""
-    key = torch.arange(ctx_len + block_len, device=device)[None, :]  # [1, T+B]
-    query = torch.arange(block_len, device=device)[:, None] + ctx_len  # [B, 1] index of slot j among keys
-    is_ctx = key < ctx_len
-    ctx_ok = is_ctx & (key >= ctx_first)
-    block_ok = ~is_ctx & ((key <= query) if causal else torch.ones_like(key, dtype=torch.bool))
-    return ctx_ok | block_ok
+def visible_mask(ctx_len, block_len: int, causal: bool, ctx_first, device, kv_len: int | None = None) -> torch.Tensor:
+    """Bool [B, L]: True where block query j may look (L = kv_len, default ctx_len + B). Built
+    explicitly because SDPA's `is_causal` aligns the triangle top-left when query and key lengths
+    differ. Query j sees keys ctx_first .. ctx_len + j (causal) or .. ctx_len + B - 1 (not)."""
+    kv_len = ctx_len + block_len if kv_len is None else kv_len
+    key = torch.arange(kv_len, device=device)[None, :]  # [1, L]
+    slot = torch.arange(block_len, device=device)[:, None]  # [B, 1]
+    last = slot + ctx_len if causal else ctx_len + (block_len - 1)  # [B, 1] or a scalar
+    return (key >= ctx_first) & (key <= last)
 
 
-def eager_attention(q, k, v, *, scale: float, causal: bool, ctx_first: int) -> torch.Tensor:
+def _block_at(q, k, block_at):
+    return k.shape[2] - q.shape[2] if block_at is None else block_at
+
+
+def eager_attention(q, k, v, *, scale: float, causal: bool, ctx_first, block_at=None) -> torch.Tensor:
     """The reference: explicit scores, mask, float32 softmax (as transformers' eager path)."""
     n_heads, n_kv = q.shape[1], k.shape[1]
-    block_len, ctx_len = q.shape[2], k.shape[2] - q.shape[2]
-    k = k.repeat_interleave(n_heads // n_kv, dim=1)  # [1, nH, T+B, d]
+    block_at = _block_at(q, k, block_at)
+    k = k.repeat_interleave(n_heads // n_kv, dim=1)  # [1, nH, L, d]
     v = v.repeat_interleave(n_heads // n_kv, dim=1)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [1, nH, B, T+B]
-    mask = visible_mask(ctx_len, block_len, causal, ctx_first, q.device)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [1, nH, B, L]
+    mask = visible_mask(block_at, q.shape[2], causal, ctx_first, q.device, kv_len=k.shape[2])
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v)  # [1, nH, B, d]
 
 
-def sdpa_attention(q, k, v, *, scale: float, causal: bool, ctx_first: int) -> torch.Tensor:
-    block_len, ctx_len = q.shape[2], k.shape[2] - q.shape[2]
+def sdpa_attention(q, k, v, *, scale: float, causal: bool, ctx_first, block_at=None) -> torch.Tensor:
+    block_at = _block_at(q, k, block_at)
     mask = None
-    if causal or ctx_first > 0:  # the plain non-causal block needs no mask at all
-        mask = visible_mask(ctx_len, block_len, causal, ctx_first, q.device)
+    plain = (isinstance(ctx_first, int) and ctx_first == 0 and isinstance(block_at, int)
+             and block_at + q.shape[2] == k.shape[2])
+    if causal or not plain:  # the plain non-causal block (all keys visible) needs no mask at all
+        mask = visible_mask(block_at, q.shape[2], causal, ctx_first, q.device, kv_len=k.shape[2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-_compiled_flex = None
-FLEX_KV_BUCKET = 128  # compiled flex: context padded to a multiple of this, so shapes (and compiles) repeat
+FLEX_BLOCK = 128  # FlexAttention's tile (query rows x key rows)
 
 
-def flex_attention(q, k, v, *, scale: float, causal: bool, ctx_first: int, compile: bool = False) -> torch.Tensor:
-    """FlexAttention with a mask_mod equal to `visible_mask`; eager by default. With `compile=True`
-    the context is zero-padded to a multiple of FLEX_KV_BUCKET (pad keys are masked) and the mask's
-    scalars are tensors, so one compiled kernel serves many steps (compiling costs seconds)."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import create_block_mask
+def flex_attention(q, k, v, *, scale: float, causal: bool, ctx_first, block_at=None) -> torch.Tensor:
+    """FlexAttention with a mask_mod equal to `visible_mask`. Eager here; inside the compiled draft
+    step it is compiled with the step (its scalars are tensors there, so the kernel is reused).
+    Every key tile is marked partial (mask_mod applied everywhere): a block of B <= 128 queries is
+    one tile row, and building the mask needs no vmap (create_block_mask), which keeps it traceable."""
+    from torch.nn.attention.flex_attention import BlockMask
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    block_len, ctx_len = q.shape[2], k.shape[2] - q.shape[2]
-    pad = (-ctx_len) % FLEX_KV_BUCKET if compile else 0
-    if pad:
-        zeros = k.new_zeros(k.shape[0], k.shape[1], pad, k.shape[3])
-        k = torch.cat([k[:, :, :ctx_len], zeros, k[:, :, ctx_len:]], dim=2)
-        v = torch.cat([v[:, :, :ctx_len], zeros, v[:, :, ctx_len:]], dim=2)
-    n_ctx = torch.tensor(ctx_len, device=q.device)  # tensors, not ints: a compiled mask_mod must not specialise
-    first = torch.tensor(ctx_first, device=q.device)
-    block_at = ctx_len + pad  # key index of block slot 0
+    block_len, kv_len = q.shape[2], k.shape[2]
+    block_at = _block_at(q, k, block_at)
+    block_end = block_at + (block_len - 1)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        ctx_ok = (kv_idx < n_ctx) & (kv_idx >= first)
-        in_block = kv_idx >= block_at
-        block_ok = in_block & (kv_idx <= q_idx + block_at) if causal else in_block
-        return ctx_ok | block_ok
+        return (kv_idx >= ctx_first) & (kv_idx <= (q_idx + block_at if causal else block_end))
 
-    block_mask = create_block_mask(mask_mod, None, None, block_len, block_at + block_len, device=q.device)
-    fn = flex
-    if compile:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex, dynamic=False)
-        fn = _compiled_flex
-    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    q_tiles, kv_tiles = -(-block_len // FLEX_BLOCK), -(-kv_len // FLEX_BLOCK)
+    kv_num_blocks = torch.full((1, 1, q_tiles), kv_tiles, dtype=torch.int32, device=q.device)
+    kv_indices = torch.arange(kv_tiles, dtype=torch.int32, device=q.device).expand(1, 1, q_tiles, kv_tiles)
+    block_mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices.contiguous(), BLOCK_SIZE=FLEX_BLOCK,
+                                          mask_mod=mask_mod, seq_lengths=(block_len, kv_len), compute_q_blocks=False)
+    return flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def flash_attn_attention(q, k, v, *, scale: float, causal: bool, ctx_first: int) -> torch.Tensor:
-    """flash-attn 2: its causal mask is bottom-right aligned (query j sees keys <= T + j), which is
-    exactly the causal block; the context window is applied by slicing the keys."""
+@torch.compiler.disable  # its key slice needs host ints: in a compiled step this call runs eagerly
+def flash_attn_attention(q, k, v, *, scale: float, causal: bool, ctx_first, block_at=None) -> torch.Tensor:
+    """flash-attn 2 on the visible key rows [ctx_first, block_at + B): its causal mask is bottom-right
+    aligned (query j sees keys <= L' - B + j of the L' it is given), which is exactly the causal block."""
     from flash_attn import flash_attn_func
 
-    k, v = k[:, :, ctx_first:], v[:, :, ctx_first:]
+    block_len = q.shape[2]
+    end = int(_block_at(q, k, block_at)) + block_len
+    first = int(ctx_first)
+    k, v = k[:, :, first:end], v[:, :, first:end]
     out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                           softmax_scale=scale, causal=causal)  # [1, B, nH, d]
     return out.transpose(1, 2)

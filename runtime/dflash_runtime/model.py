@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -89,7 +89,16 @@ class DraftLayer:
 
 
 class DFlashDraft:
-    """A loaded draft plus its per-layer context K/V cache (batch 1)."""
+    """A loaded draft plus its per-layer context K/V cache (batch 1).
+
+    The cache is preallocated (`reset(max_len)`; it grows by reallocation only when a caller goes
+    past it) and indexed by position: row p holds position p. Context [ctx_start, ctx_end) is
+    valid; rows from ctx_end on are free, and the block of a step uses them as scratch for its own
+    K/V. Dropping old context (a draft window) only moves ctx_start: nothing is copied.
+
+    compile=True runs the decode step (`propose`) and small context additions through
+    torch.compile'd plain functions (`draft_step`, `write_context`) with fixed shapes per block
+    size, so one graph serves every step; on CUDA with mode "reduce-overhead" (CUDA graphs)."""
 
     def __init__(self, spec: DraftSpec, tensors: dict[str, torch.Tensor], *, layer_causal: list[bool], backend: str,
                  device, dtype: torch.dtype, compile: bool = False):
@@ -105,7 +114,6 @@ class DFlashDraft:
         self.n_heads, self.n_kv, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.scale = self.head_dim ** -0.5
         self._attend = BACKENDS[backend].fn
-        self._attend_kwargs = {"compile": True} if backend == "flex" and compile else {}
         if spec.hidden_act == "silu":  # Qwen3's; importing transformers.activations costs seconds
             self.act = F.silu
         else:
@@ -133,40 +141,101 @@ class DFlashDraft:
             self.draft_to_target = torch.from_numpy(ids).to(self.lm_head.device)  # [Vd]
         inv_freq, self.rope_scale = rope_inv_freq(spec)
         self.inv_freq = inv_freq.to(self.device)  # [d/2] float32
+        self.cache_k: list[torch.Tensor] = []  # per layer [1, nKV, capacity, d], post-RoPE, row = position
+        self.cache_v: list[torch.Tensor] = []
+        self.compile = False
+        self._compiled_fns: dict[str, Callable] = {}
+        self.step_block = self.block_size  # the block size the compiled step serves
         self.reset()
+        if compile:
+            self._enable_compile()
 
-    def with_backend(self, name: str, *, compile: bool = False) -> "DFlashDraft":
-        """The same draft (weights shared; context cache shared until either side changes it)
-        attending with another backend, checked against the capability table."""
+    def with_backend(self, name: str, *, compile: bool | None = None) -> "DFlashDraft":
+        """The same draft (weights and the one context cache shared) attending with another backend,
+        checked against the capability table; `compile` None keeps this draft's setting."""
         sliding = any(layer.sliding_window is not None for layer in self.layers)
         name = select_backend(name, self.layer_causal, sliding, self.device, self.dtype)
         other = copy.copy(self)
         other.backend = name
         other._attend = BACKENDS[name].fn
-        other._attend_kwargs = {"compile": True} if name == "flex" and compile else {}
+        other.compile = False
+        other._compiled_fns = {}
+        if self.compile if compile is None else compile:
+            other._enable_compile()
         return other
+
+    def _enable_compile(self) -> None:
+        """Mark every tensor the step reads as static (CUDA graphs then read them in place instead of
+        copying them in before each replay) and make the scalars the step takes as tensors."""
+        if self.backend == "flex" and self.device.type == "cpu":
+            # inductor's CPU FlexAttention template cannot fuse what follows it in the step (torch 2.13)
+            raise DFlashError("the compiled draft step cannot use FlexAttention on CPU; use --backend sdpa or eager "
+                              "with --compile (compiled flex runs on CUDA)")
+        self.compile = True
+        weights = [self.fc, self.hidden_norm, self.norm, self.inv_freq, self.lm_head, self.draft_to_target]
+        for layer in self.layers:
+            weights += [getattr(layer, f.name) for f in fields(DraftLayer) if f.type.startswith("torch.Tensor")]
+        for t in [*weights, *self.cache_k, *self.cache_v]:
+            if t is not None:
+                torch._dynamo.mark_static_address(t)
+        self._start = torch.zeros((), dtype=torch.long, device=self.device)  # block / context start position
+        self._ctx_first = torch.zeros((), dtype=torch.long, device=self.device)  # first visible context position
+        for t in (self._start, self._ctx_first):
+            torch._dynamo.mark_static_address(t)
+        self._features = None  # [C, A*Ht] padded context rows, allocated on first use
+
+    def _compiled(self, name: str) -> Callable:
+        fn = self._compiled_fns.get(name)
+        if fn is None:
+            # fullgraph: the step must be captured whole; flash-attn's host-int slicing cannot be
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            fn = torch.compile(STEP_FUNCTIONS[name], dynamic=False, fullgraph=self.backend != "flash_attn", mode=mode)
+            self._compiled_fns[name] = fn
+        return fn
 
     # ------------------------------------------------------------------ context cache
 
-    def reset(self) -> None:
-        """Forget all context (a new sequence)."""
-        empty = torch.empty(1, self.n_kv, 0, self.head_dim, device=self.device, dtype=self.dtype)
-        self.cache_k = [empty] * len(self.layers)  # per layer [1, nKV, T, d], post-RoPE
-        self.cache_v = [empty] * len(self.layers)
-        self.ctx_start = 0  # position of cache row 0
+    @torch.inference_mode()
+    def reset(self, max_len: int | None = None, block_size: int | None = None) -> None:
+        """Forget all context (a new sequence). `max_len`: positions the run will reach, its last block
+        included, so the cache is allocated once; `block_size`: the block the compiled step serves."""
+        if block_size is not None:
+            self.step_block = block_size
+        if max_len is not None and max_len > self.capacity:
+            self._grow(max_len, keep=False)
+        for t in (*self.cache_k, *self.cache_v):
+            t.zero_()  # in place (static addresses); free rows must stay finite: masked keys still meet q
+        self.ctx_start = 0  # first valid context position (rows before it are dropped or never written)
         self.ctx_end = 0  # position after the last cached row
+
+    @property
+    def capacity(self) -> int:
+        return self.cache_k[0].shape[2] if self.cache_k else 0
 
     @property
     def context_len(self) -> int:
         return self.ctx_end - self.ctx_start
 
+    @torch.inference_mode()
+    def _grow(self, needed: int, keep: bool = True) -> None:
+        """Reallocate the cache to at least `needed` rows (rounded up, at least doubling), keeping the
+        context when `keep`. The lists are updated in place so that with_backend copies follow."""
+        size = -(-max(needed, 2 * self.capacity) // CACHE_ROUND) * CACHE_ROUND
+        old = self.capacity
+        for cache in (self.cache_k, self.cache_v):
+            for i in range(len(self.layers)):
+                t = torch.zeros(1, self.n_kv, size, self.head_dim, device=self.device, dtype=self.dtype)
+                if keep and old:
+                    t[:, :, :old] = cache[i]
+                if self.compile:
+                    torch._dynamo.mark_static_address(t)
+                if i < len(cache):
+                    cache[i] = t
+                else:
+                    cache.append(t)
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [1, heads, n, d] rotated by positions [n] (neox rotate_half, HF Qwen3 numerics)."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(x.dtype)
-        sin = (emb.sin() * self.rope_scale).to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        return rope(x, positions, self.inv_freq, self.rope_scale)
 
     @torch.inference_mode()
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
@@ -182,64 +251,51 @@ class DFlashDraft:
         if not self.context_len:
             self.ctx_start = start
         n = features.shape[0]
-        ctx = self.fuse_context(features)  # [T, H]
-        positions = torch.arange(start, start + n, device=self.device)
-        for i, layer in enumerate(self.layers):
-            k = F.linear(ctx, layer.k_proj, layer.k_bias).view(1, n, self.n_kv, self.head_dim)
-            k = rms_norm(k, layer.k_norm, self.eps).transpose(1, 2)  # [1, nKV, T, d]
-            v = F.linear(ctx, layer.v_proj, layer.v_bias).view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
-            self.cache_k[i] = torch.cat([self.cache_k[i], self._rope(k, positions)], dim=2)
-            self.cache_v[i] = torch.cat([self.cache_v[i], v], dim=2)
+        features = features.to(self.device, self.dtype)
+        chunk = self.step_block
+        if self.compile and n <= chunk:  # a decode step's new rows: padded to one shape, compiled
+            if start + chunk > self.capacity:
+                self._grow(start + chunk)
+            if self._features is None or self._features.shape != (chunk, features.shape[1]):
+                self._features = torch.zeros(chunk, features.shape[1], device=self.device, dtype=self.dtype)
+                torch._dynamo.mark_static_address(self._features)
+            self._features[:n] = features  # rows n.. hold earlier rows: finite, written past ctx_end, unused
+            self._start.fill_(start)
+            self._compiled("context")(self, self._features, self._start)
+        else:
+            if start + n > self.capacity:
+                self._grow(start + n)
+            write_context(self, features, start)
         self.ctx_end = start + n
 
     def keep_last_context(self, n: int) -> None:
-        """Drop all but the last n cached context rows (a draft window never looks further back)."""
-        drop = self.context_len - n
-        if drop > 0:
-            self.cache_k = [k[:, :, drop:] for k in self.cache_k]
-            self.cache_v = [v[:, :, drop:] for v in self.cache_v]
-            self.ctx_start += drop
+        """Forget all but the last n context positions (a draft window never looks further back)."""
+        self.ctx_start = max(self.ctx_start, self.ctx_end - n)
 
     # ------------------------------------------------------------------ block forward
 
+    def _block_start(self, start: int, block_len: int, draft_window: int | None) -> int:
+        """Check that the block follows the context; returns the first context position it may see."""
+        if self.context_len and start != self.ctx_end:
+            raise DFlashError(f"the block must follow the context: cache ends at {self.ctx_end}, block at {start}")
+        if start + block_len > self.capacity:
+            self._grow(start + block_len)
+        first = self.ctx_start if self.context_len else start
+        return first if draft_window is None else max(first, start - draft_window)
+
     @torch.inference_mode()
     def block_hidden(self, x: torch.Tensor, start: int, draft_window: int | None = None) -> torch.Tensor:
-        """x [B, H] embedded block at positions start..start+B-1 -> final-normed hidden [B, H].
+        """x [B, H] embedded block at positions start..start+B-1 -> final-normed hidden [B, H] (eager).
 
         The block attends to the cached context (limited to positions >= start - window for
         sliding layers and for a draft window) and to itself (causally or not, per layer)."""
-        n = x.shape[0]
-        x = x.to(self.dtype)
-        positions = torch.arange(start, start + n, device=self.device)
-        for i, layer in enumerate(self.layers):
-            windows = [w for w in (layer.sliding_window, draft_window) if w is not None]
-            first_visible = start - min(windows) if windows else self.ctx_start
-            ctx_first = min(max(0, first_visible - self.ctx_start), self.context_len)
-            h = rms_norm(x, layer.input_layernorm, self.eps)
-            q = F.linear(h, layer.q_proj, layer.q_bias).view(1, n, self.n_heads, self.head_dim)
-            q = self._rope(rms_norm(q, layer.q_norm, self.eps).transpose(1, 2), positions)  # [1, nH, B, d]
-            k = F.linear(h, layer.k_proj, layer.k_bias).view(1, n, self.n_kv, self.head_dim)
-            k = self._rope(rms_norm(k, layer.k_norm, self.eps).transpose(1, 2), positions)  # [1, nKV, B, d]
-            v = F.linear(h, layer.v_proj, layer.v_bias).view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
-            k = torch.cat([self.cache_k[i], k], dim=2)  # [1, nKV, T+B, d]
-            v = torch.cat([self.cache_v[i], v], dim=2)
-            o = self._attend(q, k, v, scale=self.scale, causal=layer.causal, ctx_first=ctx_first,
-                             **self._attend_kwargs)  # [1, nH, B, d]
-            x = x + F.linear(o.transpose(1, 2).reshape(n, -1), layer.o_proj, layer.o_bias)
-            h = rms_norm(x, layer.post_attention_layernorm, self.eps)
-            x = x + F.linear(self.act(F.linear(h, layer.gate_proj)) * F.linear(h, layer.up_proj), layer.down_proj)
-        return rms_norm(x, self.norm, self.eps)
+        first = self._block_start(start, x.shape[0], draft_window)
+        return block_forward(self, x.to(self.device), start, first, first, start + x.shape[0])
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, target_lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """hidden [n, H] -> logits [n, V] over the TARGET vocab (ids outside a pruned vocab get -inf)."""
-        if self.lm_head is None:
-            weight = getattr(target_lm_head, "weight", None)
-            return target_lm_head(hidden.to(weight.dtype if weight is not None else hidden.dtype)).float()
-        draft_logits = F.linear(hidden, self.lm_head).float()  # [n, Vd]
-        full = torch.full((hidden.shape[0], self.spec.vocab_size), float("-inf"), device=hidden.device)
-        full[:, self.draft_to_target] = draft_logits
-        return full
+        return block_logits(self, hidden, target_lm_head)
 
     @torch.inference_mode()
     def propose(self, anchor_id: int, start: int, *, embed: Callable[[torch.Tensor], torch.Tensor],
@@ -248,11 +304,100 @@ class DFlashDraft:
         """Draft B-1 tokens after `anchor_id` at position `start` (the cache must hold the context up
         to start-1). Returns (greedy ids [B-1], logits [B-1, V])."""
         block_size = block_size or self.block_size
+        first = self._block_start(start, block_size, draft_window)
         ids = torch.full((block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
         ids[0] = anchor_id
-        hidden = self.block_hidden(embed(ids), start, draft_window)  # [B, H]
-        logits = self.logits(hidden[1:], lm_head)  # [B-1, V]; slot 0's output is discarded
-        return logits.argmax(dim=-1), logits
+        if self.compile and block_size == self.step_block:
+            self._start.fill_(start)
+            self._ctx_first.fill_(first)
+            # the whole cache is attended (masked): a fixed shape, so no recompiles as context grows
+            out, logits = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.capacity,
+                                                 embed, lm_head)
+            return out.clone(), logits.clone()  # CUDA graph outputs are overwritten by the next replay
+        return draft_step(self, ids, start, first, first, start + block_size, embed, lm_head)
+
+
+# ---------------------------------------------------------------------- the step, as plain functions
+# Positions are ints when run eagerly and 0-dim long tensors in the compiled step, where nothing
+# the graph specialises on changes from one step to the next. kv_lo/kv_hi: the cache rows attended
+# (eager: just the visible span; compiled: the whole cache, masked).
+
+CACHE_ROUND = 256  # cache rows are allocated in multiples of this (fewer distinct shapes to compile)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
+    """x [1, heads, n, d] rotated by positions [n] (neox rotate_half, HF Qwen3 numerics)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [n, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = (emb.cos() * scale).to(x.dtype)
+    sin = (emb.sin() * scale).to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+def _later(a, b):
+    return torch.maximum(a, b) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else max(a, b)
+
+
+def write_context(d: DFlashDraft, features: torch.Tensor, start) -> None:
+    """features [n, A*Ht] of positions start..start+n-1 -> each layer's K/V written into cache rows start.."""
+    n = features.shape[0]
+    ctx = rms_norm(F.linear(features, d.fc), d.hidden_norm, d.eps)  # [n, H]
+    positions = torch.arange(n, device=ctx.device) + start  # [n]
+    for layer, cache_k, cache_v in zip(d.layers, d.cache_k, d.cache_v):
+        k = F.linear(ctx, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
+        k = rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), positions, d.inv_freq, d.rope_scale)  # [1, nKV, n, d]
+        v = F.linear(ctx, layer.v_proj, layer.v_bias).view(1, n, d.n_kv, d.head_dim).transpose(1, 2)
+        cache_k.index_copy_(2, positions, k)
+        cache_v.index_copy_(2, positions, v)
+
+
+def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int) -> torch.Tensor:
+    """x [B, H] at positions start..start+B-1 -> final-normed hidden [B, H]. The block's K/V go to
+    cache rows start.. (free rows) and it attends to rows [kv_lo, kv_hi) under the 6.4 mask: context
+    from ctx_first on (the cache's first row, or a draft window's), later still in sliding layers."""
+    n = x.shape[0]
+    x = x.to(d.dtype)
+    positions = torch.arange(n, device=x.device) + start  # [B]
+    for layer, cache_k, cache_v in zip(d.layers, d.cache_k, d.cache_v):
+        first = ctx_first if layer.sliding_window is None else _later(ctx_first, start - layer.sliding_window)
+        h = rms_norm(x, layer.input_layernorm, d.eps)
+        q = F.linear(h, layer.q_proj, layer.q_bias).view(1, n, d.n_heads, d.head_dim)
+        q = rope(rms_norm(q, layer.q_norm, d.eps).transpose(1, 2), positions, d.inv_freq, d.rope_scale)  # [1, nH, B, d]
+        k = F.linear(h, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
+        k = rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), positions, d.inv_freq, d.rope_scale)  # [1, nKV, B, d]
+        v = F.linear(h, layer.v_proj, layer.v_bias).view(1, n, d.n_kv, d.head_dim).transpose(1, 2)
+        cache_k.index_copy_(2, positions, k)
+        cache_v.index_copy_(2, positions, v)
+        o = d._attend(q, cache_k[:, :, kv_lo:kv_hi], cache_v[:, :, kv_lo:kv_hi], scale=d.scale, causal=layer.causal,
+                      ctx_first=first - kv_lo, block_at=start - kv_lo)  # [1, nH, B, d]
+        x = x + F.linear(o.transpose(1, 2).reshape(n, -1), layer.o_proj, layer.o_bias)
+        h = rms_norm(x, layer.post_attention_layernorm, d.eps)
+        x = x + F.linear(d.act(F.linear(h, layer.gate_proj)) * F.linear(h, layer.up_proj), layer.down_proj)
+    return rms_norm(x, d.norm, d.eps)
+
+
+def block_logits(d: DFlashDraft, hidden: torch.Tensor, target_lm_head: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
+    """hidden [n, H] -> float32 logits [n, V] over the TARGET vocab (ids outside a pruned vocab get -inf)."""
+    if d.lm_head is None:
+        weight = getattr(target_lm_head, "weight", None)
+        return target_lm_head(hidden.to(weight.dtype if weight is not None else hidden.dtype)).float()
+    draft_logits = F.linear(hidden, d.lm_head).float()  # [n, Vd]
+    full = torch.full((hidden.shape[0], d.spec.vocab_size), float("-inf"), device=hidden.device)
+    full[:, d.draft_to_target] = draft_logits
+    return full
+
+
+def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int,
+               embed: Callable[[torch.Tensor], torch.Tensor], lm_head: Callable[[torch.Tensor], torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B] (anchor, then mask ids) -> (greedy ids [B-1], float32 logits [B-1, V]); slot 0's output is discarded."""
+    hidden = block_forward(d, embed(ids), start, ctx_first, kv_lo, kv_hi)  # [B, H]
+    logits = block_logits(d, hidden[1:], lm_head)  # [B-1, V]
+    return logits.argmax(dim=-1), logits
+
+
+STEP_FUNCTIONS = {"step": draft_step, "context": write_context}
 
 
 # ---------------------------------------------------------------------- loading
@@ -286,7 +431,8 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     """Load a draft from a checkpoint directory (either format) or an opened Checkpoint.
 
     Tensors are read one at a time from their byte ranges and cast to `dtype` on `device`.
-    `causal` overrides every layer's causality; `compile` compiles FlexAttention (backend flex).
+    `causal` overrides every layer's causality; `compile` runs the decode step through torch.compile
+    (CUDA graphs on CUDA; the first step of each shape compiles, which takes seconds to minutes).
     """
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
