@@ -117,9 +117,10 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     stop = set(int(t) for t in stop_token_ids)
     probabilistic = draft_sampling == "probabilistic" and temperature > 0
     target.set_capture(draft.target_layer_ids if draft is not None else [])
-    target.reset()
+    max_len = prompt.numel() + max_new_tokens + block_size  # the last block may reach this far
+    target.reset(max_len, block_size)
     if draft is not None:
-        draft.reset()
+        draft.reset(max_len, block_size)
     accepted_per_step: list[int] = []
     drafted = 0
     draft_time = verify_time = 0.0

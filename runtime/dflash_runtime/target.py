@@ -11,6 +11,12 @@ Loading refuses incomplete weights before any tensor is read (transformers would
 parameters with random values), and a target larger than one device can be placed by transformers
 + accelerate (`device_map`, `max_memory`: GPUs, then CPU memory, then disk offload); the draft
 then runs on the device of the target's last layers (`Target.draft_device`).
+
+With compile=True the cache is transformers' StaticCache (preallocated, written by index; cropping
+sets its length, nothing is copied) and verify steps of the run's block size go through a
+torch.compile'd forward (CUDA graphs on CUDA); the prefill and other sizes run eagerly on the same
+cache. Targets with sliding-window layers (a rolling static cache cannot be cropped back), offloaded
+parts or an attention implementation other than sdpa/eager keep the dynamic cache and run eagerly.
 """
 
 from __future__ import annotations
@@ -41,10 +47,32 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return layers
 
 
+CACHE_ROUND = 256  # static cache rows are allocated in multiples of this
+
+
+def target_verify(target: "Target", ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ids [1, n] at positions [1, n] through the model into its cache -> (float32 logits [n, V],
+    features [n, A*Ht] or None). A plain function so that torch.compile captures hooks and all."""
+    # Our own 4D mask over the whole static cache (query at p sees rows <= p): transformers' mask
+    # builder branches on the cache length, a tensor here, which would break the graph.
+    visible = torch.arange(target.cache_rows, device=ids.device)[None, :] <= positions[0][:, None]  # [n, L]
+    if target.model.config._attn_implementation == "sdpa":
+        mask = visible[None, None]  # bool, True = attend
+    else:  # eager: additive
+        mask = torch.zeros(visible.shape, dtype=target.dtype, device=ids.device).masked_fill(
+            ~visible, torch.finfo(target.dtype).min)[None, None]
+    out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=target.cache,
+                       use_cache=True)
+    features = None
+    if target.capture_ids:
+        features = torch.cat([target._captured[i].to(target.draft_device) for i in target.capture_ids], dim=-1)
+    return out.logits[0].float(), features
+
+
 class Target:
     """A causal LM run one sequence at a time (batch 1) with a croppable KV cache."""
 
-    def __init__(self, model):
+    def __init__(self, model, *, compile: bool = False):
         self.model = model.eval().requires_grad_(False)
         self.config = model.config
         self.layers = decoder_layers(model)
@@ -64,6 +92,15 @@ class Target:
         self._hooks = []
         self.cache = None
         self._offload_folder = None  # a device map's disk offload, removed with the Target
+        self._length = 0  # positions held by a static cache
+        self.cache_rows = 0  # its allocated size
+        layer_types = getattr(self.config, "layer_types", None) or []
+        attn = getattr(self.config, "_attn_implementation", None)
+        self.static = (compile and "sliding_attention" not in layer_types and attn in ("sdpa", "eager")
+                       and not self.offloaded)
+        self.compile = self.static
+        self.step_tokens = 1  # the verify size the compiled forward serves
+        self._compiled_verify = None
 
     # ------------------------------------------------------------------ feature capture
 
@@ -83,22 +120,47 @@ class Target:
 
     # ------------------------------------------------------------------ cache
 
-    def reset(self) -> None:
-        from transformers import DynamicCache
+    def reset(self, max_len: int | None = None, block_size: int | None = None) -> None:
+        """A new sequence. `max_len`: positions the run will reach (a static cache is allocated for
+        them once, and reused while big enough); `block_size`: the verify size to compile."""
+        if block_size is not None:
+            self.step_tokens = block_size
+        if not self.static:
+            from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.config)
-        if hasattr(self.cache, "activate_past_recording"):  # sliding-window layers can then be rolled back
-            self.cache.activate_past_recording()
+            self.cache = DynamicCache(config=self.config)
+            if hasattr(self.cache, "activate_past_recording"):  # sliding-window layers can then be rolled back
+                self.cache.activate_past_recording()
+            return
+        from transformers import StaticCache
+
+        needed = max(max_len or 0, 1)
+        if self.cache is None or self.cache_rows < needed:
+            self.cache_rows = -(-needed // CACHE_ROUND) * CACHE_ROUND
+            self.cache = StaticCache(config=self.config, max_cache_len=self.cache_rows)
+        self._set_length(0)
+
+    def _set_length(self, length: int) -> None:
+        """A static cache's length is where its next write goes; rows after it are masked (causal)."""
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.fill_(length)
+        self._length = length
 
     @property
     def cache_len(self) -> int:
-        return 0 if self.cache is None else self.cache.get_seq_length()
+        if self.cache is None:
+            return 0
+        return self._length if self.static else self.cache.get_seq_length()
 
     def crop(self, length: int) -> None:
         """Keep the first `length` positions of the KV cache (drop rejected drafts)."""
         remove = self.cache_len - length
         if remove > 0:
-            self.cache.crop(-remove)
+            if self.static:
+                self._set_length(length)
+            else:
+                self.cache.crop(-remove)
 
     # ------------------------------------------------------------------ forward
 
@@ -113,10 +175,24 @@ class Target:
             raise DFlashError(f"target cache holds {self.cache_len} positions, forward asked to start at {start}")
         self._captured.clear()
         n = ids.shape[0]
+        if self.static and start + n > self.cache_rows:
+            raise DFlashError(f"target static cache holds {self.cache_rows} positions, forward asked for "
+                              f"{start + n} (reset(max_len) sizes it)")
         positions = torch.arange(start, start + n, device=self.device)[None]
-        out = self.model(input_ids=ids[None].to(self.device), position_ids=positions, past_key_values=self.cache,
+        ids = ids[None].to(self.device)
+        if self.compile and n == self.step_tokens:
+            if self._compiled_verify is None:
+                mode = "reduce-overhead" if self.device.type == "cuda" else None
+                self._compiled_verify = torch.compile(target_verify, dynamic=False, fullgraph=True, mode=mode)
+            logits, features = self._compiled_verify(self, ids, positions)
+            self._length = start + n
+            # CUDA graph outputs are overwritten by the next replay
+            return logits.clone(), None if features is None else features.clone()
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1 if last_logits_only else 0)
         self.cache = out.past_key_values
+        if self.static:
+            self._length = start + n
         features = None
         if self.capture_ids:
             features = torch.cat([self._captured[i].to(self.draft_device) for i in self.capture_ids], dim=-1)
@@ -247,12 +323,13 @@ def meta_model(path: Path, trust_remote_code: bool = False):
 
 def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
                 trust_remote_code: bool = False, device_map: str | dict | None = None,
-                max_memory: dict | None = None) -> Target:
+                max_memory: dict | None = None, compile: bool = False) -> Target:
     """A Target from a local model directory (safetensors only) or a transformers PreTrainedModel.
 
     `device_map` ("auto", "balanced", "sequential" or an explicit map) and `max_memory` ({0: bytes,
     "cpu": bytes}) hand placement to transformers + accelerate; what fits nowhere is offloaded to a
     temporary folder kept as long as the Target lives. Without them the whole target goes to `device`.
+    `compile`: static cache and compiled verify step (see the module docstring).
     """
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -261,7 +338,7 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
         if getattr(model.config, "_attn_implementation", None) != attn_implementation:
             model.set_attn_implementation(attn_implementation)
         model = model.to(device=device, dtype=dtype)
-        return Target(model)
+        return Target(model, compile=compile)
     path = Path(source)
     if not (path / "config.json").exists():
         raise DFlashError("not a model directory (no config.json)", file=path)
@@ -292,7 +369,8 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     if missing:  # transformers' own report, for checkpoints whose names a converter rewrites
         raise DFlashError(f"target weights are incomplete: `{missing[0]}` and {len(missing) - 1} more were not in "
                           "its files (transformers filled them with random values)", file=path)
-    target = Target(model if device_map is not None or torch.device(device).type == "cuda" else model.to(device))
+    target = Target(model if device_map is not None or torch.device(device).type == "cuda" else model.to(device),
+                    compile=compile)
     target._offload_folder = offload  # removed with the Target
     return target
 
