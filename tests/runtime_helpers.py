@@ -18,6 +18,25 @@ _ROOT = Path(tempfile.mkdtemp(prefix="dflash-runtime-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 
 
+CUDA = torch.cuda.is_available()
+# Every runtime equality test runs on each device present: cpu always, cuda on a GPU machine.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
+# Tolerances against an fp32 reference, relative to its largest magnitude: fp32 on a GPU differs from
+# the CPU in summation order only; bf16 keeps 8 mantissa bits through every layer.
+REL_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> bool:
+    """out within REL_TOL[dtype] x max |ref| of ref, where ref is finite (-inf outside a pruned vocab
+    must stay -inf in out)."""
+    out, ref = out.float().cpu(), ref.float().cpu()
+    finite = torch.isfinite(ref)
+    if not torch.equal(finite, torch.isfinite(out)):
+        return False
+    scale = ref[finite].abs().max().clamp_min(1e-6)
+    return bool((out[finite] - ref[finite]).abs().max() <= REL_TOL[dtype] * scale)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
     """Tiny models run several times faster on one thread (no thread hand-offs on a shared 2-core box)."""

@@ -8,8 +8,8 @@ import torch
 
 from dflash_convert.errors import DFlashError
 from dflash_runtime import attention, load_draft, load_target
-from dflash_runtime.attention import BACKENDS, Backend, select_backend, visible_mask
-from runtime_helpers import one_torch_thread, our_block_logits, speculators_draft  # noqa: F401 (autouse fixture)
+from dflash_runtime.attention import ALL_DTYPES, BACKENDS, Backend, select_backend, visible_mask
+from runtime_helpers import DEVICES, close, one_torch_thread, our_block_logits, speculators_draft  # noqa: F401
 
 RUNNABLE = [name for name, b in BACKENDS.items() if b.why_not([True], True, "cpu", torch.float32) is None]
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
@@ -23,20 +23,43 @@ def test_visible_mask_is_block_aligned_not_top_left():
     assert visible_mask(4, 3, False, 0, "cpu").all()
 
 
+def runnable(device: str, dtype: torch.dtype) -> list[str]:
+    """Backends that serve every layer kind on this device and dtype (flash_attn: installed, CUDA, 16-bit)."""
+    return [name for name, b in BACKENDS.items() if b.why_not([True], True, device, dtype) is None]
+
+
+def qkv(T, B, nH, nKV, d, dtype, device, extra=0, seed=0):
+    """q [1, nH, B, d]; k, v [1, nKV, T + B + extra, d] (extra: free rows after the block, as in a static cache)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, nH, B, d, generator=g).to(device, dtype),
+            torch.randn(1, nKV, T + B + extra, d, generator=g).to(device, dtype),
+            torch.randn(1, nKV, T + B + extra, d, generator=g).to(device, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("causal,ctx_first", [(False, 0), (True, 0), (False, 9), (True, 9), (True, 40)])
-def test_backends_agree_with_eager(dtype, causal, ctx_first):
-    g = torch.Generator().manual_seed(0)
-    T, B, nH, nKV, d = 40, 16, 8, 2, 32
-    q = torch.randn(1, nH, B, d, generator=g).to(dtype)
-    k = torch.randn(1, nKV, T + B, d, generator=g).to(dtype)
-    v = torch.randn(1, nKV, T + B, d, generator=g).to(dtype)
-    ref = attention.eager_attention(q, k, v, scale=d ** -0.5, causal=causal, ctx_first=ctx_first).float()
-    assert len(RUNNABLE) >= 3  # eager, sdpa, flex on CPU
-    for name in RUNNABLE:
-        out = BACKENDS[name].fn(q, k, v, scale=d ** -0.5, causal=causal, ctx_first=ctx_first)
+@pytest.mark.parametrize("causal,ctx_first,extra", [(False, 0, 0), (True, 0, 0), (False, 9, 0), (True, 9, 0),
+                                                    (True, 40, 0), (False, 0, 24), (True, 9, 24)])
+def test_backends_agree_with_eager(device, dtype, causal, ctx_first, extra):
+    T, B, d = 40, 16, 32
+    q, k, v = qkv(T, B, 8, 2, d, dtype, device, extra)
+    block_at = T if extra else None
+    ref = attention.eager_attention(q, k, v, scale=d ** -0.5, causal=causal, ctx_first=ctx_first,
+                                    block_at=block_at).float()
+    names = runnable(device, dtype)
+    assert len(names) >= 3  # eager, sdpa, flex everywhere (+ flash_attn on CUDA where installed)
+    for name in names:
+        out = BACKENDS[name].fn(q, k, v, scale=d ** -0.5, causal=causal, ctx_first=ctx_first, block_at=block_at)
         assert out.shape == q.shape and out.dtype == dtype
         assert (out.float() - ref).abs().max() <= TOL[dtype] * max(1.0, ref.abs().max()), name
+    if extra:  # the free rows after the block are never seen: changing them changes nothing
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, T + B:], v2[:, :, T + B:] = 7.0, -7.0
+        for name in names:
+            assert torch.equal(BACKENDS[name].fn(q, k2, v2, scale=d ** -0.5, causal=causal, ctx_first=ctx_first,
+                                                 block_at=block_at),
+                               BACKENDS[name].fn(q, k, v, scale=d ** -0.5, causal=causal, ctx_first=ctx_first,
+                                                 block_at=block_at)), name
 
 
 def test_auto_and_explicit_selection():
@@ -151,13 +174,88 @@ def test_draft_window_limits_the_visible_context(attention_drafts, context):
     assert torch.allclose(trimmed, run(features, 6), atol=1e-6)  # (masked vs sliced SDPA: last-bit noise)
 
 
-def test_compiled_flex_with_padded_context_equals_eager():
-    """compile=True pads the context to a bucket of 128 keys (masked); one compile, same numbers."""
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(1, 4, 8, 16, generator=g)
-    for ctx_len, causal, ctx_first in ((40, True, 0), (75, True, 30)):  # same bucket: no recompile
-        k = torch.randn(1, 2, ctx_len + 8, 16, generator=g)
-        v = torch.randn(1, 2, ctx_len + 8, 16, generator=g)
-        ref = attention.eager_attention(q, k, v, scale=0.25, causal=causal, ctx_first=ctx_first)
-        out = attention.flex_attention(q, k, v, scale=0.25, causal=causal, ctx_first=ctx_first, compile=True)
-        assert torch.allclose(out, ref, atol=1e-5)
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_flex_with_tensor_scalars_equals_eager(device):
+    """As inside the compiled draft step: the whole static cache as keys, the mask's positions as
+    0-dim tensors; one compile serves different positions."""
+    flex = torch.compile(attention.flex_attention, dynamic=False, fullgraph=True)
+    q, k, v = qkv(40, 8, 4, 2, 16, torch.float32, device, extra=80, seed=1)
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        for block_at, causal, ctx_first in ((40, True, 0), (75, True, 30), (60, True, 59)):
+            kw = dict(scale=0.25, causal=causal)
+            ref = attention.eager_attention(q, k, v, ctx_first=ctx_first, block_at=block_at, **kw)
+            out = flex(q, k, v, ctx_first=torch.tensor(ctx_first, device=device),
+                       block_at=torch.tensor(block_at, device=device), **kw)
+            assert torch.allclose(out, ref, atol=1e-5), (block_at, ctx_first)
+
+
+# ----------------------------------------------------------------------------- flash-attn, on CPU too
+
+def stand_in_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             **unused):
+    """flash_attn.flash_attn_func's masking contract in plain torch: q [b, sq, h, d], k/v [b, sk, hk, d];
+    query i sits at key position i + sk - sq (bottom-right aligned); causal sees keys <= that
+    position; window_size (left, right) keeps keys within [pos - left, pos + right] (-1: unlimited)."""
+    sq, h, d = q.shape[1:]
+    sk, hk = k.shape[1:3]
+    k, v = k.repeat_interleave(h // hk, dim=2), v.repeat_interleave(h // hk, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * (softmax_scale or d ** -0.5)
+    pos = torch.arange(sq)[:, None] + (sk - sq)
+    key = torch.arange(sk)[None, :]
+    left, right = window_size
+    right = 0 if causal else right
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        ok &= key >= pos - left
+    if right >= 0:
+        ok &= key <= pos + right
+    probs = scores.masked_fill(~ok, float("-inf")).softmax(-1)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v.float()).to(q.dtype)
+
+
+@pytest.fixture
+def stand_in_flash_attn(monkeypatch):
+    """A `flash_attn` module on CPU with the real one's masking contract, and the backend allowed on CPU."""
+    import importlib.machinery
+    import sys
+    import types
+
+    module = types.ModuleType("flash_attn")
+    module.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+    module.flash_attn_func = stand_in_flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    real = BACKENDS["flash_attn"]
+    monkeypatch.setitem(BACKENDS, "flash_attn", Backend("flash_attn", real.fn, non_causal=real.non_causal,
+                                                        causal=real.causal, sliding_window=real.sliding_window,
+                                                        devices=("cpu",), dtypes=ALL_DTYPES, requires="flash_attn"))
+
+
+def test_stand_in_has_flash_attn_bottom_right_causal_alignment():
+    q, k, v = (torch.randn(1, n, 1, 4) for n in (2, 5, 5))
+    out = stand_in_flash_attn_func(q, k, v, causal=True)
+    # query 0 sits at key 3 (of 0..4): it sees keys 0..3, so key 4 cannot move it; query 1 sees key 4
+    v2 = v.clone()
+    v2[:, 4] += 1
+    moved = stand_in_flash_attn_func(q, k, v2, causal=True)
+    assert torch.equal(out[:, 0], moved[:, 0]) and not torch.equal(out[:, 1], moved[:, 1])
+
+
+@pytest.mark.parametrize("causal,ctx_first,extra", [(False, 0, 0), (True, 0, 0), (False, 9, 0), (True, 9, 24),
+                                                    (True, 40, 0), (False, 13, 24)])
+def test_flash_attn_path_equals_eager(stand_in_flash_attn, causal, ctx_first, extra):
+    """The flash-attn backend's key slicing (context window, free rows after the block) on CPU."""
+    T, B, d = 40, 16, 32
+    q, k, v = qkv(T, B, 8, 2, d, torch.float32, "cpu", extra)
+    kw = dict(scale=d ** -0.5, causal=causal, block_at=T if extra else None)
+    ref = attention.eager_attention(q, k, v, ctx_first=ctx_first, **kw)
+    out = attention.flash_attn_attention(q, k, v, ctx_first=torch.tensor(ctx_first), **kw)
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["causal", "mixed", "sliding"])
+def test_draft_with_flash_attn_backend_runs_like_eager(stand_in_flash_attn, kind, attention_drafts, context):
+    target, features, block = context
+    ref = our_block_logits(load_draft(attention_drafts[kind], backend="eager"), target, features, block)
+    draft = load_draft(attention_drafts[kind], backend="flash_attn")
+    assert draft.backend == "flash_attn"
+    assert close(our_block_logits(draft, target, features, block), ref, torch.float32)

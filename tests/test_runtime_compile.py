@@ -1,0 +1,115 @@
+"""The static cache and the compiled path: the draft's context cache is preallocated and written by
+index (growing context and cropping it copy nothing); the draft step and the target's verify step
+through torch.compile compute what the eager path computes, with one graph per shape, so later steps
+with longer contexts do not recompile. Inductor compiles on CPU as well, so these run everywhere;
+the models are tiny because compiling is the slow part."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from dflash_convert.errors import DFlashError
+from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
+from runtime_helpers import DEVICES, close, one_torch_thread, speculators_draft, target_dir, write_hf_draft  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def windowed_draft(tiny_target):
+    """Pruned vocab (own lm_head scattered through d2t) and sliding window 4: the mask's every term."""
+    return speculators_draft(tiny_target, "window4", sliding_window=4, draft_vocab=200)
+
+
+def random_embedding(hidden: int, vocab: int, device):
+    table = (torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0)) * 0.5).to(device)
+    return lambda ids: torch.nn.functional.embedding(ids, table)
+
+
+def run_steps(draft, features, embed):
+    """Prefill 10 positions, then three steps that each propose a block and add 3, 1 and 2 committed
+    rows (so the context length differs at every step); the second uses a draft window of 5."""
+    draft.reset(64, draft.block_size)
+    draft.add_context(features[:10], 0)
+    start, logits = 10, []
+    for n, window in ((3, None), (1, 5), (2, None)):
+        ids, out = draft.propose(7, start, embed=embed, lm_head=None, draft_window=window)
+        assert ids.shape == (draft.block_size - 1,)
+        logits.append(out)
+        draft.add_context(features[start:start + n], start)
+        start += n
+    return logits
+
+
+def test_context_cache_is_written_in_place(tmp_path):
+    """Adding context, dropping old context and starting over reuse the same preallocated rows."""
+    draft = load_draft(write_hf_draft(tmp_path / "d"))
+    draft.reset(40)
+    assert draft.capacity >= 40
+    pointers = [t.data_ptr() for t in draft.cache_k + draft.cache_v]
+    features = torch.randn(30, 192, generator=torch.Generator().manual_seed(0))
+    draft.add_context(features[:10], 0)
+    for start in range(10, 30, 5):
+        draft.add_context(features[start:start + 5], start)
+        draft.block_hidden(torch.randn(6, 64) * 0.02, start + 5)
+    draft.keep_last_context(4)
+    assert (draft.ctx_start, draft.ctx_end, draft.context_len) == (26, 30, 4)
+    draft.reset(40)
+    assert [t.data_ptr() for t in draft.cache_k + draft.cache_v] == pointers
+    # rows are positions: the cache holds the K of position 12 at row 12, whatever was added since
+    draft.add_context(features[:13], 0)
+    row12 = draft.cache_k[0][0, :, 12].clone()
+    draft.add_context(features[13:20], 13)
+    assert torch.equal(draft.cache_k[0][0, :, 12], row12)
+
+
+@pytest.mark.parametrize("device,backend,dtype", [
+    ("cpu", "sdpa", torch.float32),
+    *[pytest.param("cuda", b, dt, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
+      for b in ("sdpa", "flex", "eager") for dt in (torch.float32, torch.bfloat16)],
+])
+def test_compiled_draft_step_equals_eager_without_recompiling(device, backend, dtype, windowed_draft):
+    eager = load_draft(windowed_draft, device=device, dtype=dtype, backend=backend)
+    compiled = load_draft(windowed_draft, device=device, dtype=dtype, backend=backend, compile=True)
+    features = torch.randn(20, eager.spec.context_width, generator=torch.Generator().manual_seed(1)).to(device)
+    embed = random_embedding(eager.spec.hidden_size, eager.spec.vocab_size, device)
+    ref = run_steps(eager, features, embed)
+    before = counters["stats"]["unique_graphs"]
+    out = run_steps(compiled, features, embed)
+    # one graph for the step, one for context additions: every later step reuses them
+    assert counters["stats"]["unique_graphs"] - before == 2
+    for a, b in zip(out, ref):
+        assert close(a, b, torch.float32 if dtype == torch.float32 else dtype), (a - b).abs().max()
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a different context length again
+        run_steps(compiled, features.roll(1, 0), embed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_pair_equals_transformers_generate(device, tmp_path):
+    """Static target cache + compiled verify + compiled draft: greedy output is transformers'."""
+    from transformers import StaticCache
+
+    path = target_dir("layers2", layers=2)
+    target = load_target(path, device=device, compile=True)
+    draft = load_draft(write_hf_draft(tmp_path / "d", layers=1, target_ids=(0, 1), n_target=2, block_size=4),
+                       device=device, backend="sdpa", compile=True)
+    eager_target = load_target(path, device=device)
+
+    def check(prompt):
+        with torch.no_grad():
+            ref = eager_target.model.generate(torch.tensor([prompt], device=device), max_new_tokens=10,
+                                              do_sample=False, pad_token_id=509)[0, len(prompt):].tolist()
+        assert speculative_generate(draft, target, prompt, max_new_tokens=10).tokens == ref
+        assert target_generate(target, prompt, max_new_tokens=10).tokens == ref
+
+    check([3, 17, 250, 9])
+    assert isinstance(target.cache, StaticCache)
+    cache = target.cache
+    with torch._dynamo.config.patch(error_on_recompile=True):  # other lengths: no recompiles, same cache
+        check(list(range(40, 61)))
+    assert target.cache is cache
+
+
+def test_compiled_flex_is_refused_on_cpu(windowed_draft):
+    with pytest.raises(DFlashError, match="compiled draft step cannot use FlexAttention on CPU"):
+        load_draft(windowed_draft, backend="flex", compile=True)
