@@ -534,6 +534,8 @@ def validate(
     keep_going: Annotated[bool, _flag("--keep-going", help="Run numeric and end-to-end levels even when static "
                                       "checks failed.")] = False,
     engine: EngineOpt = None,
+    compile: Annotated[bool, _flag("--compile", help="End to end with static caches and torch.compile'd draft and "
+                                   "verify steps (CUDA graphs on a GPU); compiling takes a while.")] = False,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -554,7 +556,7 @@ def validate(
                             target_name=target, seed=seed, threads=threads,
                             draft_sampling=_value(draft_sampling), device_map=device_map, max_memory=max_memory,
                             min_speedup=min_speedup, keep_going=keep_going, progress=out.status,
-                            engine=_value(engine))
+                            engine=_value(engine), compile=compile)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))

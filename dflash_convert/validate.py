@@ -311,7 +311,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                min_position_rates: list[float] | None, stop_token_ids: Iterable[int], seed: int,
                draft_sampling: str = "greedy", device_map: str | None = None, max_memory: dict | None = None,
                min_speedup: float | None = None, timing_rounds: int = TIMING_ROUNDS,
-               progress: Callable[[str], None] | None = None) -> tuple[list[Check], AcceptanceStats | None]:
+               progress: Callable[[str], None] | None = None, compile: bool = False
+               ) -> tuple[list[Check], AcceptanceStats | None]:
     from dflash_runtime import check_pair, load_draft, load_target, speculative_generate, target_generate
 
     say = progress or (lambda message: None)
@@ -320,7 +321,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     say(f"end to end: loading the target {target_dir} ({str(target_dtype).removeprefix('torch.')}, "
         + (f"device map {device_map}" if device_map or max_memory else device) + ")")
     target = load_target(target_dir, device=device, dtype=target_dtype, attn_implementation=target_backend,
-                         trust_remote_code=False, device_map=device_map, max_memory=max_memory)
+                         trust_remote_code=False, device_map=device_map, max_memory=max_memory, compile=compile)
     if target.offloaded:
         say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
             + f"; the draft runs on {target.draft_device}")
@@ -330,6 +331,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
             draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=backend, causal=causal)
         elif draft.device != target.draft_device:
             draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=draft.backend, causal=causal)
+        if compile:  # static caches and compiled steps; the warm-up below compiles them
+            draft = draft.with_backend(draft.backend, compile=True)
         check_pair(draft, target)
     except DFlashError as exc:
         return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
@@ -544,7 +547,8 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
              allow_pickle: bool = False, draft_sampling: str = "greedy", device_map: str | None = None,
              max_memory: dict[str, int] | None = None, threads: int | None = None,
              min_speedup: float | None = None, keep_going: bool = False, timing_rounds: int = TIMING_ROUNDS,
-             progress: Callable[[str], None] | None = None, engine: str | None = None) -> ValidationReport:
+             progress: Callable[[str], None] | None = None, engine: str | None = None,
+             compile: bool = False) -> ValidationReport:
     """Run every level the inputs allow (or those in `levels`) and report which ran and why others did not.
 
     `engine` (vllm, sglang, zlab): run the draft as that engine would serve it (its ids order, per-layer
@@ -712,7 +716,8 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
                                         min_acceptance_length=min_acceptance_length,
                                         min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed,
                                         draft_sampling=draft_sampling, device_map=device_map, max_memory=max_memory,
-                                        min_speedup=min_speedup, timing_rounds=timing_rounds, progress=say)
+                                        min_speedup=min_speedup, timing_rounds=timing_rounds, progress=say,
+                                        compile=compile)
                 checks += e2e
                 run.append("end_to_end")
                 report_stats = stats

@@ -113,3 +113,18 @@ def test_compiled_pair_equals_transformers_generate(device, tmp_path):
 def test_compiled_flex_is_refused_on_cpu(windowed_draft):
     with pytest.raises(DFlashError, match="compiled draft step cannot use FlexAttention on CPU"):
         load_draft(windowed_draft, backend="flex", compile=True)
+
+
+def test_validate_compile_flag_runs_end_to_end_compiled(cli, tmp_path):
+    """`validate --compile`: the end-to-end level runs on static caches and compiled steps, and the
+    greedy outputs still equal the target's."""
+    draft = write_hf_draft(tmp_path / "d", layers=1, target_ids=(0, 1), n_target=2, block_size=4)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("3 17 250 9\n40 41 42 43 44 45 46\n")
+    before = counters["stats"]["unique_graphs"]
+    result = cli("validate", draft, "--target", target_dir("layers2", layers=2), "--prompts", prompts,
+                 "--levels", "end_to_end", "--max-new-tokens", "8", "--device", "cpu", "--compile", "--json")
+    assert result.code == 0, result.err
+    checks = {c["name"]: c for c in result.json()["checks"]}
+    assert checks["greedy_output_equal"]["status"] == "pass"
+    assert counters["stats"]["unique_graphs"] > before  # the steps went through torch.compile

@@ -315,8 +315,8 @@ def test_numeric_level_catches_a_backend_that_ignores_causality(speculators_draf
 
     from dflash_convert.validate import validate
 
-    def top_left_causal(q, k, v, *, scale, causal, ctx_first):  # a classic bug: the block mask dropped
-        return attention.sdpa_attention(q, k, v, scale=scale, causal=False, ctx_first=ctx_first)
+    def top_left_causal(q, k, v, *, scale, causal, ctx_first, block_at=None):  # a classic bug: the block mask dropped
+        return attention.sdpa_attention(q, k, v, scale=scale, causal=False, ctx_first=ctx_first, block_at=block_at)
 
     monkeypatch.setitem(attention.BACKENDS, "sdpa", dataclasses.replace(attention.BACKENDS["sdpa"], fn=top_left_causal))
     report = validate(speculators_drafts["full"], levels=["numeric"], backend="sdpa")
