@@ -1,26 +1,35 @@
 #!/usr/bin/env python
-"""Runtime speed, printed (never asserted).
+"""Runtime speed, printed (never asserted): the draft step, the target's verify step and decoding,
+eager vs compiled (static caches, torch.compile; CUDA graphs on a GPU), next to the memory floor.
 
-Part 1: one draft step (block 16, context 512) at the Qwen3-8B-DFlash-b16 shape (FORMATS.md
-section 4: 5 layers, hidden 4096, 32/8 heads, head_dim 128, intermediate 12288, 5 target ids,
-vocab 151936), random weights built in memory, for each dtype and each attention backend:
-  cold   = empty cache: fuse + cache K/V of 512 context tokens, then the block forward + lm_head
-  steady = context of 512 cached: add 4 newly committed tokens, then the block forward + lm_head
-The lm_head is a random [151936, 4096] matrix standing in for the target's (it is 1/3 of the
-step's FLOPs); the block is embedded from a small random table (a 16-row gather costs nothing).
+Shapes (random weights built in memory on the device, nothing downloaded):
+  8b     the Qwen3-8B-DFlash-b16 draft (5 layers, hidden 4096, 32/8 heads, head_dim 128, intermediate
+         12288, 5 target ids, vocab 151936; 2.1 GB in bf16) and a Qwen3-8B-shaped target (36 layers)
+  small  the same structure at hidden 256: exercises every code path on a CPU in seconds
 
-Part 2 (when examples/pair exists): greedy speculative vs target-only decoding on the trained
-pair's held-out prompts: tau, tokens/s, speedup, and the draft/verify split.
+Parts (--parts, default all but pair):
+  step    one steady draft step (block 16, context 512): add 4 newly committed rows to the context,
+          propose a block, lm_head [V, H] included. Floor = bytes the step must read (draft weights +
+          lm_head) / the device's measured copy bandwidth; achieved GB/s = those bytes / step time.
+  verify  the target verifying a block of 16 after 512 cached positions (its KV cache cropped back).
+  decode  speculative vs target-only decoding of the random pair: per-step latencies (acceptance is
+          meaningless with random weights: the step times are not).
+  zlab    with --zlab-model PATH (z-lab's dflash/model.py, used in place, never copied): the same
+          draft step through its DFlashDraftModel with the same weights.
+  pair    the trained pair in examples/pair (CPU-sized): tau, tokens/s, speedup, outputs equal.
 
-    python benchmarks/runtime_bench.py [--dtypes float32 bfloat16] [--backends ...] [--steady 3] [--threads N]
-    python benchmarks/runtime_bench.py --skip-step --threads 1 --pair-block-sizes 0 8   # trained pair only
+    python benchmarks/runtime_bench.py                          # 8b shape on the GPU (bf16)
+    python benchmarks/runtime_bench.py --shape small --device cpu   # code paths on a CPU
+    python benchmarks/runtime_bench.py --shape 8b --device cpu --dtype float32 --parts step
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -30,111 +39,264 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _shapes import H, HEAD_DIM, HEADS, INTER, KV, TARGET_IDS, VOCAB, config  # noqa: E402
+import _shapes  # noqa: E402
 
+from dflash_convert.catalogue import expected_shapes  # noqa: E402
 from dflash_convert.mapping import spec_from_config  # noqa: E402
-from dflash_runtime.attention import BACKENDS  # noqa: E402
 from dflash_runtime.model import DFlashDraft  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK, CONTEXT, NEW_PER_STEP = 16, 512, 4
+SMALL = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+             vocab_size=4096)
 
 
-def random_tensors(spec, dtype) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Random draft weights of the real shapes in `dtype` (norm weights near 1) and a random
-    [vocab, H] lm_head. Matrices are cut from one random pool at shifting offsets: drawing 1.7 B
-    normals one by one takes a minute on this machine."""
-    from dflash_convert.catalogue import expected_shapes
+# ----------------------------------------------------------------------------- building
 
-    g = torch.Generator().manual_seed(0)
-    pool = (torch.randn(1 << 24, generator=g) * 0.02).to(dtype)
+def draft_config(shape: str) -> dict:
+    cfg = _shapes.config("hf", 5 if shape == "8b" else 2)
+    if shape == "small":
+        cfg.update(SMALL)
+        cfg["dflash_config"] = dict(cfg["dflash_config"], mask_token_id=SMALL["vocab_size"] - 1,
+                                    target_layer_ids=[0, 2, 3])
+        cfg["num_target_layers"] = 4
+    return cfg
+
+
+def target_config(shape: str):
+    from transformers import Qwen3Config
+
+    cfg = _shapes.target_config()
+    if shape == "small":
+        cfg.update(SMALL, num_hidden_layers=4, eos_token_id=SMALL["vocab_size"] - 2, bos_token_id=None)
+    return Qwen3Config(**cfg, attn_implementation="sdpa")
+
+
+def random_pool(device, dtype) -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(0)
+    return (torch.randn(1 << 24, generator=g, device=device) * 0.02).to(dtype)
+
+
+def fill_random(t: torch.Tensor, pool: torch.Tensor, offset: int) -> int:
+    """Fill t from the pool at a shifting offset (drawing billions of normals one by one takes a minute
+    on a CPU); norm-like vectors get values near 1."""
+    if t.dim() == 1:
+        t.copy_(1 + pool[offset % 4096:offset % 4096 + t.numel()].float() * 5)
+        return offset + 1
+    flat = t.view(-1)
     half = len(pool) // 2
+    for i in range(0, flat.numel(), half):
+        n = min(half, flat.numel() - i)
+        offset = (offset + 7919) % half
+        flat[i:i + n] = pool[offset:offset + n]
+    return offset
+
+
+def random_draft(spec, device, dtype, pool) -> dict[str, torch.Tensor]:
+    tensors, offset = {}, 0
+    for name, shape in expected_shapes(spec).items():
+        tensors[name] = torch.empty(shape, device=device, dtype=dtype)
+        offset = fill_random(tensors[name], pool, offset)
+    return tensors
+
+
+def random_target(shape: str, device, dtype, pool):
+    """A Qwen3ForCausalLM of the shape, random weights, built directly on the device."""
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device(device), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Qwen3ForCausalLM._from_config(target_config(shape), dtype=dtype)
     offset = 0
-
-    def matrix(shape):
-        nonlocal offset
-        flat = torch.empty(shape[0] * shape[1], dtype=dtype)
-        for i in range(0, flat.numel(), half):
-            n = min(half, flat.numel() - i)
-            offset = (offset + 7919) % half
-            flat[i:i + n] = pool[offset:offset + n]
-        return flat.view(shape)
-
-    out = {name: matrix(shape) if len(shape) == 2 else (1 + 0.1 * torch.randn(shape, generator=g)).to(dtype)
-           for name, shape in expected_shapes(spec).items()}
-    return out, matrix((VOCAB, H))
+    with torch.no_grad():
+        for p in model.parameters():
+            offset = fill_random(p.data, pool, offset)
+    return model.eval()
 
 
-def gemm_floor(tensors, lm_head_weight, dtype) -> float:
-    """Seconds for the steady step's matrix products alone (no attention, norms or RoPE): fc on
-    4 new rows, k/v on 4 rows, every layer's projections on 16 rows, lm_head on 15 rows."""
-    F = torch.nn.functional
-    rows = {16: torch.randn(16, H).to(dtype), 4: torch.randn(4, H).to(dtype)}
-    t = time.perf_counter()
-    F.linear(torch.randn(NEW_PER_STEP, len(TARGET_IDS) * H).to(dtype), tensors["fc.weight"])
-    for name, w in tensors.items():
-        if name.startswith("layers.") and w.dim() == 2:
-            F.linear(torch.randn(16, w.shape[1]).to(dtype), w)
-            if name.endswith(("k_proj.weight", "v_proj.weight")):
-                F.linear(rows[4], w)
-    F.linear(rows[16][:15], lm_head_weight)
-    return time.perf_counter() - t
+# ----------------------------------------------------------------------------- measuring
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def bench_draft_step(dtypes, backends, steady_steps: int) -> None:
-    spec = spec_from_config(config("hf", 5))
-    assert (spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size) == \
-        (H, HEADS, KV, HEAD_DIM, INTER)
-    print(f"== draft step at Qwen3-8B-DFlash-b16 shape: 5 layers, fc [{H}, {len(TARGET_IDS) * H}], "
-          f"block {BLOCK}, context {CONTEXT}, lm_head [{VOCAB}, {H}], {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.1f} ==")
-    print(f"{'dtype':9} {'backend':10} {'mode':11} {'cold s':>8} {'steady s':>9}")
-    for dtype in dtypes:
+def timed(fn, device, repeat: int) -> float:
+    """Median seconds of `repeat` calls (after the caller's warm-up)."""
+    times = []
+    for _ in range(repeat):
+        sync(device)
         t = time.perf_counter()
-        tensors, lm_head_weight = random_tensors(spec, dtype)
-        embed_table = torch.randn(1024, H).to(dtype) * 0.02
-        print(f"  (built {sum(x.numel() for x in tensors.values()) / 1e9:.2f} B draft params + lm_head in "
-              f"{dtype} in {time.perf_counter() - t:.1f} s)")
-        floor = sorted(gemm_floor(tensors, lm_head_weight, dtype) for _ in range(3))[1]
-        print(f"{str(dtype)[6:]:9} {'(gemms)':10} {'floor':11} {'':8} {floor:9.3f}   <- matrix products alone")
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
-        def lm_head(h):
-            return torch.nn.functional.linear(h, lm_head_weight)
 
-        def embed(ids):
-            return embed_table[ids % 1024]
+def copy_bandwidth(device) -> float:
+    """Bytes/s moved by a device-to-device copy (read + write), the memory floor's denominator."""
+    nbytes = (1 << 30) if device.type == "cuda" else (1 << 28)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds = timed(lambda: dst.copy_(src), device, 10)
+    del src, dst
+    return 2 * nbytes / seconds
 
-        features = torch.randn(CONTEXT + NEW_PER_STEP * steady_steps, len(TARGET_IDS) * H).to(dtype)
-        for name in backends:
-            backend = BACKENDS[name]
-            reason = backend.why_not([False] * 5, False, "cpu", dtype)
-            if reason is not None:
-                print(f"{str(dtype)[6:]:9} {name:10} {'-':11} unavailable: it {reason}")
-                continue
-            modes = [("non-causal", False)] + ([("causal", True)] if name == "sdpa" else [])
-            for mode, causal in modes:
-                draft = DFlashDraft(spec, tensors, layer_causal=[causal] * 5, backend=name, device="cpu", dtype=dtype)
-                t = time.perf_counter()
-                draft.add_context(features[:CONTEXT], 0)
-                draft.propose(7, CONTEXT, embed=embed, lm_head=lm_head)
-                cold = time.perf_counter() - t
-                times = []
-                start = CONTEXT
-                for _ in range(steady_steps):
-                    t = time.perf_counter()
-                    draft.add_context(features[start:start + NEW_PER_STEP], start)
-                    start += NEW_PER_STEP
-                    draft.propose(7, start, embed=embed, lm_head=lm_head)
-                    times.append(time.perf_counter() - t)
-                steady = sorted(times)[len(times) // 2]
-                print(f"{str(dtype)[6:]:9} {name:10} {mode:11} {cold:8.3f} {steady:9.3f}", flush=True)
-                del draft
-                gc.collect()
-        del tensors, lm_head_weight
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def row(what: str, mode: str, seconds: float, moved: int | None = None, floor: float | None = None) -> None:
+    extra = ""
+    if moved is not None:
+        extra += f" {moved / seconds / 1e9:9.1f}"
+    if floor is not None:
+        extra += f" {seconds / floor:8.2f}x"
+    print(f"{what:34} {mode:10} {seconds * 1e3:10.3f}{extra}", flush=True)
+
+
+def header() -> None:
+    print(f"{'what':34} {'mode':10} {'ms':>10} {'GB/s':>9} {'vs floor':>9}")
+
+
+# ----------------------------------------------------------------------------- parts
+
+def bench_step(spec, tensors, lm_head, embed, device, dtype, modes, backend, steps, bandwidth) -> dict:
+    weights = nbytes(tensors.values())
+    moved = weights + lm_head.weight.numel() * lm_head.weight.element_size()
+    floor = moved / bandwidth
+    print(f"\n== draft step, block {BLOCK}, context {CONTEXT} (+{NEW_PER_STEP} rows per step): draft "
+          f"{weights / 1e9:.2f} GB + lm_head {(moved - weights) / 1e9:.2f} GB; floor {floor * 1e3:.3f} ms "
+          f"(draft alone {weights / bandwidth * 1e3:.3f} ms) ==")
+    header()
+    features = torch.randn(CONTEXT + NEW_PER_STEP * (steps + 8), spec.context_width, device=device).to(dtype)
+    results = {}
+    for mode in modes:
+        draft = DFlashDraft(spec, tensors, layer_causal=[False] * spec.num_layers, backend=backend, device=device,
+                            dtype=dtype, compile=mode == "compiled")
+        draft.reset(CONTEXT + NEW_PER_STEP * (steps + 8) + BLOCK, BLOCK)
+        draft.add_context(features[:CONTEXT], 0)
+        state = {"start": CONTEXT}
+
+        def step():
+            s = state["start"]
+            draft.add_context(features[s:s + NEW_PER_STEP], s)
+            state["start"] = s + NEW_PER_STEP
+            draft.propose(7, s + NEW_PER_STEP, embed=embed, lm_head=lm_head)
+
+        t = time.perf_counter()
+        step()  # the compiled mode compiles here
+        first = time.perf_counter() - t
+        for _ in range(3):
+            step()
+        seconds = timed(step, device, steps)
+        results[mode] = seconds
+        row("draft step" + (f" (first call {first:.1f} s)" if mode == "compiled" else ""), mode, seconds, moved,
+            floor)
+        del draft
+        gc.collect()
+    return results
+
+
+def bench_zlab(path: Path, cfg: dict, tensors, lm_head, embed, device, dtype, steps, bandwidth) -> None:
+    """The same steady step through z-lab's DFlashDraftModel (its loop: features of the newly committed
+    rows in, the block out, its cache cropped back to the context)."""
+    from transformers import DynamicCache, Qwen3Config
+
+    moved = nbytes(tensors.values()) + lm_head.weight.numel() * lm_head.weight.element_size()
+    spec_ = importlib.util.spec_from_file_location("zlab_dflash_model", path)
+    module = importlib.util.module_from_spec(spec_)
+    try:
+        spec_.loader.exec_module(module)
+        config = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "dtype")})
+        config._attn_implementation = "sdpa"
+        with torch.device(device):
+            model = module.DFlashDraftModel(config).to(dtype).eval()
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+    except Exception as exc:  # noqa: BLE001 (a reference file of another version: say why and go on)
+        print(f"z-lab model.py at {path} could not be used: {type(exc).__name__}: {exc}")
+        return
+    if [m for m in missing if not m.startswith("rotary")] or unexpected:
+        print(f"z-lab model.py: weights do not line up (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        return
+    features = torch.randn(CONTEXT + NEW_PER_STEP * (steps + 8), len(cfg["dflash_config"]["target_layer_ids"])
+                           * cfg["hidden_size"], device=device).to(dtype)
+    block = torch.full((1, BLOCK), cfg["dflash_config"]["mask_token_id"], device=device)
+    block[0, 0] = 7
+    cache = DynamicCache(config=config)
+    state = {"start": 0, "new": CONTEXT}
+
+    @torch.inference_mode()
+    def step():
+        s, n = state["start"], state["new"]
+        positions = torch.arange(s, s + n + BLOCK, device=device)[None]
+        hidden = model(target_hidden=features[None, s:s + n], noise_embedding=embed(block[0])[None],
+                       position_ids=positions, past_key_values=cache, use_cache=True)[:, 1:]
+        cache.crop(s + n)
+        lm_head(hidden).argmax(-1)
+        state["start"], state["new"] = s + n, NEW_PER_STEP
+
+    for _ in range(4):
+        step()
+    row("draft step, z-lab model.py", "eager", timed(step, device, steps), moved, moved / bandwidth)
+
+
+def bench_verify(target_model, device, modes, steps) -> None:
+    from dflash_runtime.target import Target
+
+    moved = nbytes(p for p in target_model.parameters())
+    print(f"\n== target verify step: block {BLOCK} after {CONTEXT} cached positions, "
+          f"{moved / 1e9:.2f} GB of weights ==")
+    header()
+    ids = torch.randint(0, target_model.config.vocab_size - 2, (CONTEXT + BLOCK,), device=device)
+    for mode in modes:
+        target = Target(target_model, compile=mode == "compiled")
+        target.set_capture([0])
+        target.reset(CONTEXT + 2 * BLOCK, BLOCK)
+        target.forward(ids[:CONTEXT], 0, last_logits_only=True)
+
+        def step():
+            target.forward(ids[CONTEXT:], CONTEXT)
+            target.crop(CONTEXT)
+
+        for _ in range(4):
+            step()
+        row("verify step", mode, timed(step, device, steps), moved)
+        target.set_capture([])
+
+
+def bench_decode(draft_spec, tensors, target_model, device, dtype, modes, backend, tokens) -> None:
+    from dflash_runtime import speculative_generate, target_generate
+    from dflash_runtime.target import Target
+
+    print(f"\n== decoding the random pair: prompt {CONTEXT}, {tokens} new tokens (random weights: acceptance is "
+          "~0, so each step commits 1 token; per-step latencies are what matters) ==")
+    prompt = torch.randint(0, target_model.config.vocab_size - 2, (CONTEXT,)).tolist()
+    for mode in modes:
+        target = Target(target_model, compile=mode == "compiled")
+        draft = DFlashDraft(draft_spec, tensors, layer_causal=[False] * draft_spec.num_layers, backend=backend,
+                            device=device, dtype=dtype, compile=mode == "compiled")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            speculative_generate(draft, target, prompt, max_new_tokens=2 * BLOCK)  # warm-up (compiles)
+            target_generate(target, prompt, max_new_tokens=4)
+            spec = speculative_generate(draft, target, prompt, max_new_tokens=tokens).stats
+            base = target_generate(target, prompt, max_new_tokens=tokens).stats
+        steps = max(spec.num_drafts, 1)
+        draft_ms, verify_ms = spec.draft_time_s / steps * 1e3, spec.verify_time_s / steps * 1e3
+        base_ms = (base.total_time_s - base.prefill_time_s) / max(base.new_tokens - 1, 1) * 1e3
+        step_ms = (spec.total_time_s - spec.prefill_time_s) / steps * 1e3
+        print(f"{mode:9} speculative step {step_ms:8.2f} ms (draft {draft_ms:.2f} + verify {verify_ms:.2f}); "
+              f"target-only step {base_ms:.2f} ms; break-even tau {step_ms / base_ms:.2f}; "
+              + ", ".join(f"at tau {t}: {t * base_ms / step_ms:.2f}x" for t in (4, 6, 8)), flush=True)
+        target.set_capture([])
+        del draft, target
         gc.collect()
 
 
-def bench_pair(pair: Path, max_new_tokens: int, limit: int, block_sizes) -> None:
+def bench_pair(pair: Path, max_new_tokens: int, limit: int, modes) -> None:
     print(f"\n== speculative vs target-only decoding on the trained pair ({pair}) ==")
     if not (pair / "draft").is_dir() or not (pair / "target").is_dir():
         print(f"skipped: no trained pair at {pair} (expected draft/ and target/; make it with "
@@ -142,66 +304,96 @@ def bench_pair(pair: Path, max_new_tokens: int, limit: int, block_sizes) -> None
         return
     from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
 
-    prompts_file = pair / "prompts.txt"
-    prompts = [list(map(int, line.split())) for line in prompts_file.read_text().splitlines() if line.strip()]
-    prompts = prompts[:limit]
-    draft, target = load_draft(pair / "draft"), load_target(pair / "target")
-    print(f"target: {target.num_layers} layers, hidden {target.hidden_size}; draft: {draft.spec.num_layers} layers, "
-          f"block {draft.block_size}, backend {draft.backend}; {len(prompts)} prompts x {max_new_tokens} tokens; "
-          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
-    target_generate(target, prompts[0], max_new_tokens=4)  # warm-up
-    speculative_generate(draft, target, prompts[0], max_new_tokens=4)
-    base_time = base_tokens = 0.0
-    for p in prompts:
-        g = target_generate(target, p, max_new_tokens=max_new_tokens)
-        base_time += g.stats.total_time_s - g.stats.prefill_time_s
-        base_tokens += g.stats.new_tokens
-    base_tps = base_tokens / base_time
-    print(f"{'block':>5} {'tau':>6} {'tok/s':>8} {'target-only tok/s':>18} {'speedup':>8} {'draft s':>8} "
-          f"{'verify s':>9} {'other s':>8} {'equal':>6}")
-    for bs in block_sizes:
-        acc = drafts = 0
-        t_draft = t_verify = t_decode = 0.0
-        tokens = equal = 0
+    prompts = [list(map(int, line.split())) for line in (pair / "prompts.txt").read_text().splitlines()
+               if line.strip()][:limit]
+    print(f"{len(prompts)} prompts x {max_new_tokens} tokens; {torch.get_num_threads()} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'mode':9} {'tau':>6} {'tok/s':>8} {'target-only':>12} {'speedup':>8} {'equal':>6}")
+    for mode in modes:
+        draft = load_draft(pair / "draft", compile=mode == "compiled")
+        target = load_target(pair / "target", compile=mode == "compiled")
+        speculative_generate(draft, target, prompts[0], max_new_tokens=max_new_tokens)  # warm-up (compiles)
+        target_generate(target, prompts[0], max_new_tokens=max_new_tokens)
+        acc = drafts = equal = 0
+        spec_time = spec_tokens = base_time = base_tokens = 0.0
         for p in prompts:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                g = speculative_generate(draft, target, p, max_new_tokens=max_new_tokens, block_size=bs)
-            ref = target_generate(target, p, max_new_tokens=max_new_tokens)
-            equal += g.tokens == ref.tokens
-            acc += g.stats.accepted
-            drafts += g.stats.num_drafts
-            t_draft += g.stats.draft_time_s
-            t_verify += g.stats.verify_time_s
-            t_decode += g.stats.total_time_s - g.stats.prefill_time_s
-            tokens += g.stats.new_tokens
-        tps = tokens / t_decode
-        print(f"{bs or draft.block_size:>5} {1 + acc / drafts:6.2f} {tps:8.1f} {base_tps:18.1f} {tps / base_tps:7.2f}x "
-              f"{t_draft:8.2f} {t_verify:9.2f} {t_decode - t_draft - t_verify:8.2f} {equal:>3}/{len(prompts)}",
-              flush=True)
+            g = speculative_generate(draft, target, p, max_new_tokens=max_new_tokens)
+            b = target_generate(target, p, max_new_tokens=max_new_tokens)
+            equal += g.tokens == b.tokens
+            acc, drafts = acc + g.stats.accepted, drafts + g.stats.num_drafts
+            spec_time += g.stats.total_time_s - g.stats.prefill_time_s
+            base_time += b.stats.total_time_s - b.stats.prefill_time_s
+            spec_tokens, base_tokens = spec_tokens + g.stats.new_tokens, base_tokens + b.stats.new_tokens
+        tps, base_tps = spec_tokens / spec_time, base_tokens / base_time
+        print(f"{mode:9} {1 + acc / max(drafts, 1):6.2f} {tps:8.1f} {base_tps:12.1f} {tps / base_tps:7.2f}x "
+              f"{equal:>3}/{len(prompts)}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--backends", nargs="+", default=list(BACKENDS))
-    ap.add_argument("--steady", type=int, default=3, help="steady-state steps timed (median reported)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own); tiny "
-                    "models run faster on 1 thread, especially on a busy machine")
-    ap.add_argument("--skip-step", action="store_true", help="only the trained-pair part")
+    ap.add_argument("--shape", choices=["8b", "small"], default="8b")
+    ap.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--parts", nargs="+", default=["step", "verify", "decode", "zlab"],
+                    choices=["step", "verify", "decode", "zlab", "pair"])
+    ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    ap.add_argument("--backend", default="sdpa", help="draft attention backend")
+    ap.add_argument("--steps", type=int, default=20, help="timed steady steps (median reported)")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per decode in the decode part")
+    ap.add_argument("--zlab-model", type=Path, default=None, help="path to z-lab's dflash/model.py")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--pair", type=Path, default=ROOT / "examples" / "pair")
     ap.add_argument("--pair-tokens", type=int, default=64)
     ap.add_argument("--pair-prompts", type=int, default=8)
-    ap.add_argument("--pair-block-sizes", type=int, nargs="+", default=[0], help="0 = the draft's own")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # flex is eager here
+
+    from dflash_runtime.device import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"CPU, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}"
+    bandwidth = copy_bandwidth(device)
+    print(f"device: {name}; dtype {str(dtype)[6:]}; shape {args.shape}; torch {torch.__version__}; measured "
+          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    if device.type != "cuda":
+        print("NOTE: a CPU run. The GPU figures (8b shape, bf16, eager vs compiled with CUDA graphs, against the "
+              "H100/H200 floor) are pending: run this script on a GPU machine.")
+
+    cfg = draft_config(args.shape)
+    spec = spec_from_config(cfg)
+    needs_target = {"verify", "decode"} & set(args.parts)
     with torch.inference_mode():
-        if not args.skip_step:
-            bench_draft_step([getattr(torch, d) for d in args.dtypes], args.backends, args.steady)
-    bench_pair(args.pair, args.pair_tokens, args.pair_prompts, [b or None for b in args.pair_block_sizes])
+        pool = random_pool(device, dtype)
+        t = time.perf_counter()
+        tensors = random_draft(spec, device, dtype, pool)
+        lm_head = torch.nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device=device, dtype=dtype)
+        fill_random(lm_head.weight.data, pool, 1)
+        table = torch.empty(1024, spec.hidden_size, device=device, dtype=dtype)  # a 16-row gather costs nothing
+        fill_random(table, pool, 2)
+
+        def embed(ids):
+            return torch.nn.functional.embedding(ids % 1024, table)
+
+        print(f"(random draft {nbytes(tensors.values()) / 1e9:.2f} GB built in {time.perf_counter() - t:.1f} s)")
+        if "step" in args.parts:
+            bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
+        if "zlab" in args.parts and args.zlab_model is not None:
+            bench_zlab(args.zlab_model, cfg, tensors, lm_head, embed, device, dtype, args.steps, bandwidth)
+        if needs_target:
+            t = time.perf_counter()
+            target_model = random_target(args.shape, device, dtype, pool)
+            print(f"\n(random target {nbytes(target_model.parameters()) / 1e9:.2f} GB built in "
+                  f"{time.perf_counter() - t:.1f} s)")
+            if "verify" in args.parts:
+                bench_verify(target_model, device, args.modes, args.steps)
+    if "decode" in args.parts:
+        bench_decode(spec, tensors, target_model, device, dtype, args.modes, args.backend, args.tokens)
+    if "pair" in args.parts:
+        bench_pair(args.pair, args.pair_tokens, args.pair_prompts, args.modes)
 
 
 if __name__ == "__main__":
