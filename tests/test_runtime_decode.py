@@ -12,7 +12,7 @@ import torch
 from dflash_convert.errors import UsageError
 from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
 from dflash_runtime.model import DFlashDraft
-from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
+from runtime_helpers import DEVICES, one_torch_thread  # noqa: F401 (autouse fixture)
 
 PROMPTS = ([3, 17, 250, 9], [100] * 7, list(range(40, 61)))
 N = 12
@@ -43,9 +43,14 @@ def test_target_only_equals_transformers_generate(decode_target, reference):
         assert gen.stats.num_drafts == 0 and gen.stats.tau == 1.0 and gen.stats.new_tokens == N
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,block_size", [("full", None), ("non_causal", 4), ("pruned", 12), ("mixed", None)])
-def test_greedy_speculative_equals_target_greedy(name, block_size, speculators_drafts, decode_target, reference):
-    draft = load_draft(speculators_drafts[name])
+def test_greedy_speculative_equals_target_greedy(name, block_size, device, speculators_drafts, decode_target,
+                                                 tiny_target, reference):
+    """On each device present (fp32: the argmax of a random tiny model has no near-ties to flip)."""
+    if device != "cpu":
+        decode_target = load_target(tiny_target, device=device)
+    draft = load_draft(speculators_drafts[name], device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for p in PROMPTS:
