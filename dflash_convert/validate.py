@@ -136,8 +136,11 @@ def _load_tokenizer(target_dir: Path):
 
     try:
         return AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise DFlashError(f"cannot load the target tokenizer: {str(exc).splitlines()[0]}", file=target_dir) from None
+    except Exception as exc:  # noqa: BLE001 - a corrupt or hostile tokenizer file raises anything (KeyError,
+        # RecursionError for deep nesting, the Rust library's own Exception): one line naming it
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise DFlashError(f"cannot load the target tokenizer (corrupt or unsupported tokenizer files: {first})",
+                          file=target_dir) from None
 
 
 def tokenize_prompts(prompts: Sequence[str | list[int]] | None, target_dir: Path, vocab_size: int,

@@ -448,3 +448,13 @@ def test_the_same_names_are_refused_by_the_model_itself():
 
     with pytest.raises(ValidationError, match="U\\+001B"):
         VerifierRef(name_or_path="a\x1b[2J")
+
+
+@pytest.mark.parametrize("tokenizer", [b'{"a": 1}', b"[" * 100_000 + b"]" * 100_000, bytes(range(256))])
+def test_a_corrupt_target_tokenizer_is_one_line(cli, speculators_drafts, tiny_target, tmp_path, tokenizer):
+    target = copy_of(tiny_target, tmp_path / "target")
+    (target / "tokenizer.json").write_bytes(tokenizer)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\n")
+    r = cli("validate", speculators_drafts["full"], "--target", target, "--prompts", prompts)
+    assert_refused(r, None, str(target), "tokenizer")
