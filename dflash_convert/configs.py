@@ -120,6 +120,9 @@ class DecoderConfig(_Open):
         if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
             raise FieldError("layer_types", f"has {len(self.layer_types)} entries for num_hidden_layers="
                              f"{self.num_hidden_layers}")
+        if self.layer_types and "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise FieldError("sliding_window", "is unset but layer_types has sliding_attention layers: engines would "
+                             "run them with no window (full attention)")
         for key, params in (("rope_parameters", self.rope_parameters), ("rope_scaling", self.rope_scaling)):
             theta = (params or {}).get("rope_theta")
             if theta is not None and not (type(theta) in (int, float) and math.isfinite(theta) and theta > 0):

@@ -123,6 +123,7 @@ SPECULATORS_CASES = {
                                   ["transformer_layer_config.num_attention_heads", "hidden_size"]),
     "kv_not_dividing_heads": (tlc(num_key_value_heads=3), ["transformer_layer_config.num_key_value_heads"]),
     "layer_types_length": (tlc(layer_types=["sliding_attention"] * 3), ["transformer_layer_config.layer_types"]),
+    "sliding_layers_without_window": (tlc(sliding_window=None), ["transformer_layer_config.sliding_window"]),
     "draft_vocab_over_vocab": (top(draft_vocab_size=513), ["draft_vocab_size", "513"]),
     "block_vs_speculative_tokens": (top(block_size=10), ["block_size", "speculative_tokens"]),
     "block_absent_vs_speculative_tokens": (lambda c: (c.pop("block_size"),
