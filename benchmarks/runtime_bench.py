@@ -234,7 +234,7 @@ def bench_zlab(path: Path, cfg: dict, tensors, lm_head, embed, device, dtype, st
         positions = torch.arange(s, s + n + BLOCK, device=device)[None]
         hidden = model(target_hidden=features[None, s:s + n], noise_embedding=embed(block[0])[None],
                        position_ids=positions, past_key_values=cache, use_cache=True)[:, 1:]
-        cache.crop(s + n)
+        cache.crop(-(cache.get_seq_length() - (s + n)))  # back to the context, as its loop does
         lm_head(hidden).argmax(-1)
         state["start"], state["new"] = s + n, NEW_PER_STEP
 

@@ -41,9 +41,20 @@ def test_capture_follows_id_order_and_repeats(target):
     assert torch.equal(a, c) and not torch.equal(a, b)
 
 
-def test_cache_crops_back_exactly(target):
+@pytest.mark.parametrize("static", [False, True])
+def test_cache_crops_back_exactly(static, target, tiny_target):
+    """Dynamic cache, and the static one of compile=True (cropping sets its length; these sizes run
+    eagerly on it, so nothing compiles here)."""
+    if static:
+        from transformers import StaticCache
+
+        target = load_target(tiny_target, compile=True)
+        target.set_capture([3])
+        target.reset(20)
+        assert isinstance(target.cache, StaticCache)
     g = torch.Generator().manual_seed(1)
-    prefix, rejected, accepted = (torch.randint(0, 500, (n,), generator=g) for n in (10, 5, 5))
+    # more rejected than accepted rows: a static cache keeps rows 15-16 after the crop, masked
+    prefix, rejected, accepted = (torch.randint(0, 500, (n,), generator=g) for n in (10, 7, 5))
     target.set_capture([3])
     target.reset()
     full_logits, full_feats = target.forward(torch.cat([prefix, accepted]), 0)

@@ -325,13 +325,22 @@ class DFlashDraft:
 CACHE_ROUND = 256  # cache rows are allocated in multiples of this (fewer distinct shapes to compile)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
-    """x [1, heads, n, d] rotated by positions [n] (neox rotate_half, HF Qwen3 numerics)."""
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, d] for positions [n] (HF Qwen3 numerics: float32 angles, cast to the model dtype)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [n, d/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos = (emb.cos() * scale).to(x.dtype)
-    sin = (emb.sin() * scale).to(x.dtype)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [1, heads, n, d] rotated (neox rotate_half) by tables [n, d]."""
     return x * cos + rotate_half(x) * sin
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
+    """x [1, heads, n, d] rotated by positions [n]."""
+    return apply_rope(x, *rope_tables(positions, inv_freq, scale, x.dtype))
 
 
 def _later(a, b):
@@ -343,9 +352,10 @@ def write_context(d: DFlashDraft, features: torch.Tensor, start) -> None:
     n = features.shape[0]
     ctx = rms_norm(F.linear(features, d.fc), d.hidden_norm, d.eps)  # [n, H]
     positions = torch.arange(n, device=ctx.device) + start  # [n]
+    cos, sin = rope_tables(positions, d.inv_freq, d.rope_scale, ctx.dtype)  # [n, d] each, shared by the layers
     for layer, cache_k, cache_v in zip(d.layers, d.cache_k, d.cache_v):
         k = F.linear(ctx, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
-        k = rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), positions, d.inv_freq, d.rope_scale)  # [1, nKV, n, d]
+        k = apply_rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nKV, n, d]
         v = F.linear(ctx, layer.v_proj, layer.v_bias).view(1, n, d.n_kv, d.head_dim).transpose(1, 2)
         cache_k.index_copy_(2, positions, k)
         cache_v.index_copy_(2, positions, v)
@@ -358,13 +368,14 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
     n = x.shape[0]
     x = x.to(d.dtype)
     positions = torch.arange(n, device=x.device) + start  # [B]
+    cos, sin = rope_tables(positions, d.inv_freq, d.rope_scale, x.dtype)  # [B, d] each, shared by the layers
     for layer, cache_k, cache_v in zip(d.layers, d.cache_k, d.cache_v):
         first = ctx_first if layer.sliding_window is None else _later(ctx_first, start - layer.sliding_window)
         h = rms_norm(x, layer.input_layernorm, d.eps)
         q = F.linear(h, layer.q_proj, layer.q_bias).view(1, n, d.n_heads, d.head_dim)
-        q = rope(rms_norm(q, layer.q_norm, d.eps).transpose(1, 2), positions, d.inv_freq, d.rope_scale)  # [1, nH, B, d]
+        q = apply_rope(rms_norm(q, layer.q_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nH, B, d]
         k = F.linear(h, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
-        k = rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), positions, d.inv_freq, d.rope_scale)  # [1, nKV, B, d]
+        k = apply_rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nKV, B, d]
         v = F.linear(h, layer.v_proj, layer.v_bias).view(1, n, d.n_kv, d.head_dim).transpose(1, 2)
         cache_k.index_copy_(2, positions, k)
         cache_v.index_copy_(2, positions, v)

@@ -120,6 +120,7 @@ class Target:
 
     # ------------------------------------------------------------------ cache
 
+    @torch.inference_mode()  # the static cache's tensors are inference tensors
     def reset(self, max_len: int | None = None, block_size: int | None = None) -> None:
         """A new sequence. `max_len`: positions the run will reach (a static cache is allocated for
         them once, and reused while big enough); `block_size`: the verify size to compile."""
@@ -140,6 +141,7 @@ class Target:
             self.cache = StaticCache(config=self.config, max_cache_len=self.cache_rows)
         self._set_length(0)
 
+    @torch.inference_mode()
     def _set_length(self, length: int) -> None:
         """A static cache's length is where its next write goes; rows after it are masked (causal)."""
         for layer in self.cache.layers:
@@ -175,6 +177,8 @@ class Target:
             raise DFlashError(f"target cache holds {self.cache_len} positions, forward asked to start at {start}")
         self._captured.clear()
         n = ids.shape[0]
+        if self.static and start + n > self.cache_rows and start == 0:
+            self.reset(n)  # nothing cached yet: a larger cache costs nothing
         if self.static and start + n > self.cache_rows:
             raise DFlashError(f"target static cache holds {self.cache_rows} positions, forward asked for "
                               f"{start + n} (reset(max_len) sizes it)")
