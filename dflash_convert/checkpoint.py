@@ -360,7 +360,7 @@ def _staging_base(dest: Path) -> Path:
 
 
 def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
+    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill(pid, 0) would terminate the process
         return True
     try:
         os.kill(pid, 0)
@@ -486,7 +486,11 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
                     raise DFlashError("destination appeared and is not empty", file=dest)
                 trash = _sibling(dest, dest.parent, "old")
                 dest.rename(trash)
-                tmp.rename(dest)
+                try:
+                    tmp.rename(dest)
+                except OSError:
+                    trash.rename(dest)  # put the old output back: a failed overwrite changes nothing
+                    raise
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 tmp.rename(dest)

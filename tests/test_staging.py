@@ -271,3 +271,21 @@ def test_destination_given_as_dot_or_root(cli, tmp_path, src, monkeypatch):
     assert (here / "conversion.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
     r = cli("convert", src, "-o", "/", "--overwrite")
     assert r.code == 1 and "must name a directory" in r.err, r.err
+
+
+def test_failed_overwrite_puts_the_old_output_back(cli, tmp_path, src, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    real_rename = Path.rename
+
+    def rename(self, target):
+        if ".dflash-staging-" in self.name:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    r = cli("convert", src, "-o", out, "--overwrite")
+    monkeypatch.undo()
+    assert r.code == 1 and "nothing was written" in r.err and str(out) in r.err, r.err
+    assert [p.name for p in out.iterdir()] == ["old.txt"] and leftovers(out) == []
