@@ -373,7 +373,7 @@ def _pid_alive(pid: int) -> bool:
 
 def staging_leftovers(dest: str | Path) -> list[Path]:
     """Staging and `.old` directories of runs on `dest` (from this module's naming), live or dead."""
-    dest = Path(dest)
+    dest = Path(os.path.abspath(dest))
     base = _staging_base(dest)
     try:
         entries = list(base.iterdir())
@@ -425,8 +425,11 @@ def check_destination(dest: Path, overwrite: bool, sources: tuple[Path, ...] = (
 
 
 def _write_error(exc: OSError, dest: Path) -> DFlashError:
-    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG):
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         return DFlashError(f"out of disk space while writing ({exc.strerror or exc}); nothing was written", file=dest)
+    if exc.errno == errno.EFBIG:
+        return DFlashError("a file is larger than the file system allows (try --max-shard-size); nothing was written",
+                           file=dest)
     where = f" ({exc.filename})" if exc.filename else ""
     return DFlashError(f"cannot write: {exc.strerror or exc}{where}; nothing was written", file=dest)
 
