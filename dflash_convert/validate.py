@@ -217,8 +217,8 @@ def _single_layer(draft, i: int):
 
 
 def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
-                   block_size: int | None = None, seed: int = 0,
-                   progress: Callable[[str], None] | None = None) -> tuple[list[Check], dict[str, bool], Any]:
+                   block_size: int | None = None, seed: int = 0, progress: Callable[[str], None] | None = None,
+                   window_per_query: bool = False) -> tuple[list[Check], dict[str, bool], Any]:
     """(checks, backend -> serves this draft here, the loaded draft set to the decoding backend or None)."""
     import torch
 
@@ -239,7 +239,8 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     say = progress or (lambda message: None)
     say(f"numeric: loading the draft ({dtype_name}, {device})")
     try:
-        draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal)
+        draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal,
+                           window_per_query=window_per_query)
     except DFlashError as exc:
         return [_check("draft_loads", False, str(exc), level="numeric")], capable, None
     checks.append(_check("draft_loads", True, f"draft loaded ({dtype_name}, {device}); backend for decoding: "
@@ -314,8 +315,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                min_position_rates: list[float] | None, stop_token_ids: Iterable[int], seed: int,
                draft_sampling: str = "greedy", device_map: str | None = None, max_memory: dict | None = None,
                min_speedup: float | None = None, timing_rounds: int = TIMING_ROUNDS,
-               progress: Callable[[str], None] | None = None, compile: bool = False
-               ) -> tuple[list[Check], AcceptanceStats | None]:
+               progress: Callable[[str], None] | None = None, compile: bool = False,
+               window_per_query: bool = False) -> tuple[list[Check], AcceptanceStats | None]:
     from dflash_runtime import check_pair, load_draft, load_target, speculative_generate, target_generate
 
     say = progress or (lambda message: None)
@@ -331,9 +332,11 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     try:
         if draft is None:  # not loaded by the numeric level
             say(f"end to end: loading the draft ({str(dtype).removeprefix('torch.')}, {target.draft_device})")
-            draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=backend, causal=causal)
+            draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=backend, causal=causal,
+                               window_per_query=window_per_query)
         elif draft.device != target.draft_device:
-            draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=draft.backend, causal=causal)
+            draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=draft.backend, causal=causal,
+                               window_per_query=window_per_query)
         if compile:  # static caches and compiled steps; the warm-up below compiles them
             draft = draft.with_backend(draft.backend, compile=True)
         check_pair(draft, target)
@@ -609,6 +612,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
         view = engines.serving_view(ckpt, engine, num_target_layers=info.num_layers if info else None)
         trained, ckpt = ckpt, engines.applied_checkpoint(ckpt, view)
+    per_query_window = view is not None and view.window_semantics == "per_query"  # the engines' sliding window
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
     # end to end needs the target; fail on unusable prompts before any slow work
     prompt_ids = None
@@ -697,7 +701,8 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
             say("numeric: value scan")
             checks += scan_checks(ckpt)
             numeric, backends, loaded = numeric_checks(ckpt, device=dev_name, dtype=torch_dtype, backend=backend,
-                                                       causal=causal, block_size=block_size, seed=seed, progress=say)
+                                                       causal=causal, block_size=block_size, seed=seed, progress=say,
+                                                       window_per_query=per_query_window)
             draft_backend = loaded.backend if loaded is not None else None
             checks += numeric
             run.append("numeric")
@@ -720,6 +725,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
                                         min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed,
                                         draft_sampling=draft_sampling, device_map=device_map, max_memory=max_memory,
                                         min_speedup=min_speedup, timing_rounds=timing_rounds, progress=say,
+                                        window_per_query=per_query_window,
                                         compile=compile)
                 checks += e2e
                 run.append("end_to_end")

@@ -101,8 +101,11 @@ class DFlashDraft:
     size, so one graph serves every step; on CUDA with mode "reduce-overhead" (CUDA graphs)."""
 
     def __init__(self, spec: DraftSpec, tensors: dict[str, torch.Tensor], *, layer_causal: list[bool], backend: str,
-                 device, dtype: torch.dtype, compile: bool = False):
+                 device, dtype: torch.dtype, compile: bool = False, window_per_query: bool = False):
         self.spec = spec
+        # Sliding layers: the trained window is anchor-relative (every slot sees positions >= anchor - W);
+        # serving engines give each query the W keys ending at it (validate --engine runs that).
+        self.window_per_query = window_per_query
         self.layer_causal = list(layer_causal)
         self.backend = backend
         self.device = torch.device(device)
@@ -370,7 +373,10 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
     positions = torch.arange(n, device=x.device) + start  # [B]
     cos, sin = rope_tables(positions, d.inv_freq, d.rope_scale, x.dtype)  # [B, d] each, shared by the layers
     for layer, cache_k, cache_v in zip(d.layers, d.cache_k, d.cache_v):
-        first = ctx_first if layer.sliding_window is None else _later(ctx_first, start - layer.sliding_window)
+        per_query = layer.sliding_window is not None and d.window_per_query
+        first = ctx_first if layer.sliding_window is None or per_query else \
+            _later(ctx_first, start - layer.sliding_window)
+        window = {"query_window": layer.sliding_window} if per_query else {}
         h = rms_norm(x, layer.input_layernorm, d.eps)
         q = F.linear(h, layer.q_proj, layer.q_bias).view(1, n, d.n_heads, d.head_dim)
         q = apply_rope(rms_norm(q, layer.q_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nH, B, d]
@@ -380,7 +386,7 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
         cache_k.index_copy_(2, positions, k)
         cache_v.index_copy_(2, positions, v)
         o = d._attend(q, cache_k[:, :, kv_lo:kv_hi], cache_v[:, :, kv_lo:kv_hi], scale=d.scale, causal=layer.causal,
-                      ctx_first=first - kv_lo, block_at=start - kv_lo)  # [1, nH, B, d]
+                      ctx_first=first - kv_lo, block_at=start - kv_lo, **window)  # [1, nH, B, d]
         x = x + F.linear(o.transpose(1, 2).reshape(n, -1), layer.o_proj, layer.o_bias)
         h = rms_norm(x, layer.post_attention_layernorm, d.eps)
         x = x + F.linear(d.act(F.linear(h, layer.gate_proj)) * F.linear(h, layer.up_proj), layer.down_proj)
@@ -438,12 +444,14 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
 
 
 def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dtype = torch.float32,
-               backend: str = "auto", causal: bool | None = None, compile: bool = False) -> DFlashDraft:
+               backend: str = "auto", causal: bool | None = None, compile: bool = False,
+               window_per_query: bool = False) -> DFlashDraft:
     """Load a draft from a checkpoint directory (either format) or an opened Checkpoint.
 
     Tensors are read one at a time from their byte ranges and cast to `dtype` on `device`.
     `causal` overrides every layer's causality; `compile` runs the decode step through torch.compile
     (CUDA graphs on CUDA; the first step of each shape compiles, which takes seconds to minutes).
+    `window_per_query` gives sliding layers the serving engines' per-query window instead of training's.
     """
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -463,7 +471,7 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     if spec.is_pruned_vocab:
         ckpt.d2t_target_ids()  # raises on ids outside the target vocab or repeated
     return DFlashDraft(spec, tensors, layer_causal=layer_causal, backend=name, device=device, dtype=dtype,
-                       compile=compile)
+                       compile=compile, window_per_query=window_per_query)
 
 
 def warn_block_size(draft: DFlashDraft, block_size: int) -> None:
