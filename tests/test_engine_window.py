@@ -39,6 +39,28 @@ def test_backends_agree_on_the_query_window(causal):
         assert torch.allclose(fn(q, k, v, **kw), ref, atol=1e-5), fn.__name__
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn_gets_the_query_window_as_its_left_window(causal, monkeypatch):
+    """flash-attn's own window_size (bottom-right aligned), through a CPU stand-in with its masking contract."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from test_runtime_attention import stand_in_flash_attn_func
+
+    from dflash_runtime.attention import flash_attn_attention
+
+    module = types.ModuleType("flash_attn")
+    module.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+    module.flash_attn_func = stand_in_flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 5, 16, generator=g)
+    k, v = torch.randn(1, 2, 17, 16, generator=g), torch.randn(1, 2, 17, 16, generator=g)
+    kw = dict(scale=0.25, causal=causal, ctx_first=2, query_window=6)
+    assert torch.allclose(flash_attn_attention(q, k, v, **kw), eager_attention(q, k, v, **kw), atol=1e-5)
+
+
 def test_draft_with_per_query_window(tiny_target, tmp_path):
     """A causal sliding draft, window W, context longer than W: slot 0 under the engines' window sees the
     same keys as under training's window W - 1 (its query is the anchor), so their outputs are equal; the
