@@ -35,6 +35,18 @@ def hub():
 
 
 @pytest.fixture(autouse=True)
+def forget_tokens():
+    """The tokens a test made the process remember (for redaction) are forgotten after it: other
+    tests' output must not lose text that happened to match a generated token."""
+    from dflash_convert import tokens
+
+    saved = set(tokens._forms)
+    yield
+    tokens._forms.clear()
+    tokens._forms.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def hub_env(hub, tmp_path, monkeypatch):
     """Per-test cache, token and endpoint: in the environment (for subprocesses) and in the client's
     constants, which it reads from the environment once, at import."""
@@ -643,12 +655,17 @@ def test_redact_removes_a_remembered_token_in_every_quoted_form(core, pad, quote
     """However a message quotes it (raw, with its CR/LF, as repr / JSON / bytes repr, after `Bearer `)."""
     from dflash_convert.tokens import redact, remember
 
+    from dflash_convert import tokens
+
     token = core + pad
+    saved = set(tokens._forms)
     remember(token)
     forms = {"t": token, "r": repr(token), "j": json.dumps(token), "b": repr(f"Bearer {token}".encode()),
              "rp": repr(f"Bearer {core}")}
     message = before + quote.format(**forms) + after
     out = redact(message)
+    tokens._forms.clear()
+    tokens._forms.update(saved)
     for leaked in {core, repr(core)[1:-1], json.dumps(core)[1:-1], repr(core.encode())[2:-1]}:
         assert leaked not in out, (leaked, out)
 
@@ -659,6 +676,9 @@ def test_a_token_is_cleaned_or_refused_without_being_quoted(text):
     from dflash_convert.errors import UsageError
     from dflash_convert.tokens import clean_token
 
+    from dflash_convert import tokens
+
+    saved = set(tokens._forms)
     try:
         cleaned = clean_token(text, source="--token")
     except UsageError as exc:
@@ -666,4 +686,7 @@ def test_a_token_is_cleaned_or_refused_without_being_quoted(text):
         assert not stripped or any(not "\x21" <= c <= "\x7e" for c in stripped)
         assert len(stripped) < 8 or stripped not in str(exc)  # short text may be in any sentence
         return
+    finally:
+        tokens._forms.clear()
+        tokens._forms.update(saved)
     assert cleaned == text.strip(" \t\r\n") and all("\x21" <= c <= "\x7e" for c in cleaned)
