@@ -119,6 +119,7 @@ def check_contract(r, out: Path | None, src: Path) -> None:
 
             json.loads((out / "config.json").read_text(), parse_constant=lambda c: 1 / 0)  # strict JSON
             open_checkpoint(out)  # what we wrote passes the validation we apply on reading
+            assert not [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]  # no staging left
         return
     assert r.code in (1, 2, 3), (r.code, r.err)
     if r.code == 3:  # inspect: the config was read, a check failed (a reported problem, not an error)
