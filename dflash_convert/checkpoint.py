@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,8 +45,11 @@ def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any
     are each one error naming the file (and the key, where there is one)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)  # read(), not stat(): pipes and devices report no size
+        # O_NONBLOCK: a FIFO planted as config.json must not hang the run waiting for a writer
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise DFlashError("not a regular file", file=path)
+            data = f.read(max_bytes + 1)
     except FileNotFoundError:
         raise DFlashError("file not found", file=path) from None
     except OSError as exc:
