@@ -241,7 +241,7 @@ def plan(draft_tensors: list[TensorInfo], draft_dtype: str, *, device: str, targ
                     p.alternatives[f"--dtype {smaller}"] = alt.needed
             if device_map is None:
                 p.alternatives["--device-map auto (the target spills to CPU memory, then disk)"] = 0
-            p.alternatives["--levels static,numeric (draft only)"] = p.draft_bytes + LIBRARY_ALLOWANCE
+            p.alternatives["--levels static,numeric"] = p.draft_bytes + LIBRARY_ALLOWANCE  # the draft only
         elif itemsize("bfloat16") < itemsize(draft_dtype):
             p.alternatives["--dtype bfloat16"] = (bytes_at(draft_tensors, "bfloat16") + LIBRARY_ALLOWANCE)
         if not p.alternatives:

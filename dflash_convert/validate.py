@@ -352,8 +352,10 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the block-size note is reported once, as a check, below
         say("end to end: warm-up")
-        speculative_generate(draft, target, prompt_ids[0], **{**spec_kw, "max_new_tokens": 2 * block})
-        target_generate(target, prompt_ids[0], **{**kw, "max_new_tokens": 4})  # warm-up of both paths
+        # one step of each path (first-call allocations and lazy initialisation): a longer warm-up costs
+        # minutes at real size on CPU, where a draft that accepts little makes every token a verify step
+        speculative_generate(draft, target, prompt_ids[0], **{**spec_kw, "max_new_tokens": 2})
+        target_generate(target, prompt_ids[0], **{**kw, "max_new_tokens": 2})
         runs = []
         for i, p in enumerate(prompt_ids, 1):
             runs.append(speculative_generate(draft, target, p, **spec_kw))

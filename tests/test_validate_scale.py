@@ -84,7 +84,7 @@ def test_memory_plan_refuses_a_target_too_large_before_loading(speculators_draft
     line = r.err.strip().splitlines()[-1]
     assert line.startswith("Error: not enough memory on cpu: the run needs ")
     assert "float32" in line and "free; options: --dtype bfloat16 (needs " in line
-    assert "--device-map auto" in line and "--levels static,numeric (draft only" in line
+    assert "--device-map auto" in line and "--levels static,numeric (needs " in line
     assert no_loading == []  # refused before anything was loaded
     target_bytes = float(line.split("target ")[1].split(" GB")[0]) * 1e9
     assert target_bytes == pytest.approx(3 * free, rel=0.01)  # the plan counts the real parameter bytes
