@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,7 @@ def placement_budget(max_memory: dict[str, int] | None) -> dict[str, int | None]
     if max_memory:
         return dict(max_memory)
     budget: dict[str, int | None] = {}
-    if "torch" in __import__("sys").modules:
+    if "torch" in sys.modules:  # GPUs exist only for a process that uses torch (CPU plans never import it)
         import torch
 
         if torch.cuda.is_available():
@@ -167,7 +168,7 @@ class MemoryPlan:
     target_dtype: str | None = None
     target_bytes: int = 0
     runtime_bytes: int = 0
-    available: int | None = None  # free bytes on `device` (single-device runs)
+    available: int | None = None  # free bytes on `device` (where the draft runs)
     device_map: str | None = None
     budget: dict[str, int | None] = field(default_factory=dict)  # device-map runs: per-device budget
     alternatives: dict[str, int] = field(default_factory=dict)  # option -> bytes needed with it
