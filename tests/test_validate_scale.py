@@ -261,7 +261,7 @@ class MarkovTarget:
     def set_capture(self, ids):
         self.capture_ids = list(ids)
 
-    def reset(self):
+    def reset(self, max_len=None, block_size=None):  # noqa: ARG002 - a length needs no preallocation
         self.cache_len = 0
 
     def crop(self, length: int):
