@@ -1,4 +1,4 @@
-"""Build a Qwen3-8B-DFlash-b16-shaped draft (FORMATS.md sections 2 and 4) on disk without torch.
+"""Build a Qwen3-8B-DFlash-b16-shaped draft (docs/formats.md sections 2 and 8) on disk without torch.
 
 Random, finite bf16 values; speculators or HF layout. `layers` scales the draft (5 = the real
 shape, ~2.1 GB; 10 = twice the body). Writing uses the same torch-free header code as the

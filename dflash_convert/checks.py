@@ -1,4 +1,4 @@
-"""Checks of a DFlash checkpoint, one per complaint users have (FORMATS.md section 9).
+"""Checks of a DFlash checkpoint, one per complaint users have (docs/formats.md section 9).
 
 `checkpoint_checks` reads config.json and safetensors headers (plus the bytes of the small int
 tensors `d2t` / `t2d`, through numpy); `scan=True` also reads every float tensor's bit patterns,
@@ -27,7 +27,7 @@ FC, LM_HEAD, D2T, T2D = (catalogue.name(k) for k in ("fc", "lm_head", "d2t", "t2
 # ----------------------------------------------------------------------------- checkpoint (config + headers)
 
 def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
-    """Every problem FORMATS.md section 9 lists that a checkpoint alone can show."""
+    """Every problem docs/formats.md section 9 lists that a checkpoint alone can show."""
     spec = ckpt.spec
     problems = catalogue.tensor_problems(spec, {n: i.shape for n, i in ckpt.tensors.items()})
     checks = [

@@ -279,7 +279,7 @@ class DraftSpec(BaseModel):
     """A DFlash draft as engines understand it, independent of the file format it came from.
 
     Conventions: `target_layer_ids` are z-lab ids (0-based layer whose output is used);
-    `layer_causal[i]` is the resolved block causality of draft layer i (FORMATS.md 6.4).
+    `layer_causal[i]` is the resolved block causality of draft layer i (docs/formats.md section 5).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -4,7 +4,7 @@
 - verifier: what a draft needs to know of its target's config.json
 (the tensors are in catalogue.py)
 
-Facts (FORMATS.md): speculators `aux_hidden_state_layer_ids` = z-lab `target_layer_ids` + 1;
+Facts (docs/formats.md sections 4-5): speculators `aux_hidden_state_layer_ids` = z-lab `target_layer_ids` + 1;
 HF `is_causal` > `dflash_config.causal` > "sliding layers are causal" (vLLM's resolution);
 speculators: full layers never causal, sliding layers causal unless `sliding_window_non_causal`.
 """

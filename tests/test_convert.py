@@ -63,7 +63,7 @@ def test_speculators_to_hf_config(cli, speculators_drafts, tiny_target, tmp_path
 
 
 def test_hf_output_reads_as_engines_read_it(cli, speculators_drafts, tmp_path):
-    """transformers.AutoConfig loads it and exposes what vLLM / SGLang / z-lab read (FORMATS section 8)."""
+    """transformers.AutoConfig loads it and exposes what vLLM / SGLang / z-lab read (docs/engines.md)."""
     from transformers import AutoConfig
 
     out = tmp_path / "hf"
