@@ -463,6 +463,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target-seq", type=int, default=128)
     ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
+                    help="z-lab ids of the target layers the draft reads (default: the published rule)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--draft-steps", type=int, default=300)
     ap.add_argument("--draft-docs", type=int, default=8, help="documents packed per draft step")
@@ -478,6 +480,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.gamma is None:
         args.gamma = 7.0 if args.block_size >= 16 else 5.0 if args.block_size >= 10 else 4.0
+    ids = args.target_layer_ids
+    if ids is not None and (ids != sorted(set(ids)) or not 0 <= ids[0] <= ids[-1] < args.target_layers):
+        ap.error(f"--target-layer-ids {ids}: must be increasing layers of the {args.target_layers}-layer target")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -516,8 +521,8 @@ def main(argv=None) -> int:
     record["target_quality"] = target_quality(target, grammar, args.seed + 100)
     log(f"target quality: {record['target_quality']}")
 
-    # 3. draft: z-lab target layer ids by the published rule, speculators aux ids = id + 1
-    zlab_ids = build_target_layer_ids(args.target_layers, args.draft_layers)
+    # 3. draft: z-lab target layer ids (by default the published rule), speculators aux ids = id + 1
+    zlab_ids = args.target_layer_ids or build_target_layer_ids(args.target_layers, args.draft_layers)
     aux_ids = aux_ids_from_target(zlab_ids)
     record["target_layer_ids_zlab"], record["aux_hidden_state_layer_ids"] = zlab_ids, aux_ids
     corpus = greedy_corpus(target, grammar, args, args.seed + 2, args.draft_corpus)
@@ -586,7 +591,7 @@ Sizes: target {r['sizes_bytes']['target'] / 1e6:.2f} MB, draft {r['sizes_bytes']
 - `draft/`: a DFlash draft in the speculators format, built and saved by speculators' own
   `DFlashDraftModel` (`from_training_args`, `save_pretrained`): {args.draft_layers} layers, same hidden size,
   block size {args.block_size}, mask token {MASK_ID}, full target vocab (no `lm_head` saved: it is the
-  target's). Target layers (z-lab ids, published rule `build_target_layer_ids`): {r['target_layer_ids_zlab']},
+  target's). Target layers (z-lab ids{', published rule `build_target_layer_ids`' if args.target_layer_ids is None else ''}): {r['target_layer_ids_zlab']},
   saved as speculators `aux_hidden_state_layer_ids` {r['aux_hidden_state_layer_ids']} (= id + 1).
   **Causality: causal.** It has the speculators trainer's default shape, every layer `sliding_attention`
   (window 2048, longer than any context here) with `sliding_window_non_causal: false`, so a block

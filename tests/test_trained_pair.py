@@ -126,3 +126,13 @@ def test_miswirings_are_the_common_wiring_bugs():
                                         "ids in the wrong order": [5, 1]}
     assert tp.miswirings([0, 7], 8) == {"ids in the wrong order": [7, 0]}  # shifts leave the target: skipped
     assert tp.miswirings([3], 8) == {"every id one layer up": [4], "every id one layer down": [2]}
+
+
+@pytest.mark.parametrize("ids", [["5", "1"], ["1", "1"], ["1", "10"]])
+def test_train_pair_refuses_target_layer_ids_the_target_lacks(ids, tmp_path, capsys):
+    """--target-layer-ids is checked before any training starts (usage error, nothing written)."""
+    tp = _train_pair_module()
+    with pytest.raises(SystemExit) as e:
+        tp.main(["--target-layer-ids", *ids, "--target-layers", "10", "--out", str(tmp_path / "pair")])
+    assert e.value.code == 2 and "--target-layer-ids" in capsys.readouterr().err
+    assert not (tmp_path / "pair").exists()
