@@ -117,20 +117,54 @@ class SpanRecall:
         return self.sample_with_oracle(g, length)[0]
 
 
+class Repeats:
+    """Documents that repeat one random span of `period` tokens: each token is the one `period` back.
+
+    The span is fresh per document (uniform over `num_words` content words), so nothing can be
+    memorised: after the first period the continuation is determined, but only by the context. A
+    draft continues it only by reading the target's features of the context, which makes its layer
+    ids matter; and copying at a fixed distance is learnt in a few hundred steps, unlike recall.
+    """
+
+    def __init__(self, seed: int, num_words: int = NUM_WORDS, period: int = 8):
+        self.words = random.Random(seed).sample(range(NUM_WORDS), num_words)
+        self.period = period
+
+    def sample_with_oracle(self, g: random.Random, length: int) -> tuple[list[int], list[int]]:
+        """A document and, per position, its determined NEXT token (-1 inside the first period)."""
+        span = [g.choice(self.words) for _ in range(self.period)]
+        toks = [span[i % self.period] for i in range(length + 1)]
+        return toks[:length], [-1] * (self.period - 1) + toks[self.period:]
+
+    def sample(self, g: random.Random, length: int) -> list[int]:
+        return self.sample_with_oracle(g, length)[0]
+
+
 def sample_batch(grammar: PhraseGrammar, g: random.Random, batch: int, length: int) -> torch.Tensor:
     return torch.tensor([grammar.sample(g, length) for _ in range(batch)], dtype=torch.long)  # [batch, length]
 
 
 # ----------------------------------------------------------------------------- target
 
-def make_target_model(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int):
+def make_target_model(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, qk_norm_gain: float = 1.0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
                       max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
                       eos_token_id=EOS_ID, pad_token_id=PAD_ID, bos_token_id=None, attn_implementation="sdpa")
-    return Qwen3ForCausalLM(cfg)
+    model = Qwen3ForCausalLM(cfg)
+    set_qk_norm_gain(model.model.layers, qk_norm_gain)
+    return model
+
+
+@torch.no_grad()
+def set_qk_norm_gain(layers, gain: float) -> None:
+    """Qwen3 normalises q and k per head, so an attention logit is at most gain^2 * sqrt(head_dim): at gain 1 no
+    head can attend sharply to one earlier position, and copying heads form late. A larger initial gain helps."""
+    for layer in layers:
+        layer.self_attn.q_norm.weight.fill_(gain)
+        layer.self_attn.k_norm.weight.fill_(gain)
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -245,6 +279,7 @@ def make_draft(target_dir: Path, args, aux_ids: list[int]):
         draft = DFlashDraftModel.from_training_args(
             layer_cfg, draft_vocab_size=VOCAB, block_size=args.block_size, verifier_name_or_path=str(target_dir),
             target_layer_ids=aux_ids, mask_token_id=MASK_ID, draft_attn_impl="sdpa")
+    set_qk_norm_gain(draft.layers, args.qk_norm_gain)
     return draft
 
 
@@ -444,20 +479,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "pair")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--corpus", choices=["phrases", "span-recall"], default="phrases",
-                    help="phrases: a memorisable phrase grammar; span-recall: random spans that recur, so a draft "
-                         "must read the context (its target layers) to continue them")
+    ap.add_argument("--corpus", choices=["phrases", "span-recall", "repeats"], default="phrases",
+                    help="phrases: a memorisable phrase grammar; span-recall: random spans that recur; repeats: one "
+                         "random span repeated. The last two make a draft read the context (its target layers)")
+    ap.add_argument("--period", type=int, default=8, help="repeats: span length")
     ap.add_argument("--words", type=int, default=192,
                     help="phrases: distinct words the 64 phrases are made of (fewer = more ambiguous tokens)")
     ap.add_argument("--span-len", type=int, nargs=2, default=[8, 16], metavar=("MIN", "MAX"),
                     help="span-recall: span lengths")
-    ap.add_argument("--span-words", type=int, default=NUM_WORDS, help="span-recall: distinct words spans are drawn from")
+    ap.add_argument("--span-words", type=int, default=NUM_WORDS, help="span-recall, repeats: distinct words spans are drawn from")
     ap.add_argument("--p-new", type=float, default=0.35, help="span-recall: share of spans that are fresh")
     ap.add_argument("--target-layers", type=int, default=10)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=384)
+    ap.add_argument("--qk-norm-gain", type=float, default=1.0, help="initial q/k norm weights of target and draft "
+                    "(above 1: attention can be sharp from the start, so copying is learnt in fewer steps)")
     ap.add_argument("--target-steps", type=int, default=200)
     ap.add_argument("--target-batch", type=int, default=32)
     ap.add_argument("--target-seq", type=int, default=128)
@@ -505,12 +543,14 @@ def main(argv=None) -> int:
     target_dir, draft_dir = out / "target", out / "draft"
     out.mkdir(parents=True, exist_ok=True)
     grammar = (PhraseGrammar(args.seed, args.words) if args.corpus == "phrases"
-               else SpanRecall(args.seed, args.span_words, args.span_len[0], args.span_len[1], args.p_new))
+               else SpanRecall(args.seed, args.span_words, args.span_len[0], args.span_len[1], args.p_new)
+               if args.corpus == "span-recall" else Repeats(args.seed, args.span_words, args.period))
     record: dict = {"seed": args.seed, "command": "python " + " ".join([_rel(sys.argv[0])] + sys.argv[1:]),
                     "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
 
     # 1-2. target
-    target = make_target_model(args.target_layers, args.hidden, args.heads, args.kv_heads, args.intermediate)
+    target = make_target_model(args.target_layers, args.hidden, args.heads, args.kv_heads, args.intermediate,
+                               args.qk_norm_gain)
     log(f"target: {sum(p.numel() for p in target.parameters()) / 1e6:.2f}M params, {args.target_layers} layers")
     record["target_training"] = train_target(target, grammar, args, log)
     target.to(save_dtype).save_pretrained(target_dir)
@@ -610,14 +650,15 @@ Sizes: target {r['sizes_bytes']['target'] / 1e6:.2f} MB, draft {r['sizes_bytes']
 ## Training
 
 1. Target: {td['target_steps']} steps of next-token cross-entropy, batch {args.target_batch} x {args.target_seq} fresh
-   sequences, AdamW peak lr {args.target_lr}, cosine; final loss (EMA) {td['target_final_loss_ema']}
+   sequences, AdamW peak lr {args.target_lr}, cosine, q/k norm weights (target and draft) initialised to
+   {args.qk_norm_gain}; final loss (EMA) {td['target_final_loss_ema']}
    ({"the grammar's entropy floor is about 0.16" if args.corpus == "phrases" else
      f"fresh spans cannot be predicted: ln {args.span_words} = {math.log(args.span_words):.2f} nats per fresh token"}); {td['target_train_s']} s.
    On held-out text its argmax equals {"the grammar's most likely next token" if args.corpus == "phrases" else
      "the determined next token (inside repeated spans)"} at {tq['oracle_agreement'] * 100:.2f}%
    of {"positions" if args.corpus == "phrases" else "such positions"}; along greedy continuations its top probability
    is {tq['greedy_confidence_mean']:.3f} on average{" (phrase ends are at most 0.6 by construction)" if args.corpus == "phrases"
-     else ""}.
+     else ": a target only part-way to copying, whose greedy continuations the draft must still read from the context"}.
 2. The target is saved in {args.dtype} and reloaded; everything after uses exactly the shipped weights.
 3. Draft data: {args.draft_corpus} prompts from the corpus continued {args.gen_tokens} tokens by the target's own
    greedy decoding (so the teacher-forced target predictions below are the greedy rollout).
@@ -651,6 +692,12 @@ one of its 3 successors follows with probability 0.6 / 0.3 / 0.1. Documents are 
 endless stream (no eos). Inside a phrase the next token is determined; at a phrase end the most
 likely next token is the first word of the 0.6 successor, so greedy continuations are
 deterministic walks that a draft can learn."""
+    if args.corpus == "repeats":
+        return f"""`Repeats` (seed {r['seed']}): every document is one span of {args.period} tokens drawn uniformly from
+{args.span_words} content words, repeated to the document's end: each token is the one {args.period} back. The span
+is fresh per document, so nothing about it can be memorised: after the first period the continuation
+is determined, but only by the context, and a draft continues it only by reading the target's
+features of the context: its target layer ids matter (measured below)."""
     lo, hi = args.span_len
     return f"""`SpanRecall` (seed {r['seed']}): every document is a chain of spans of {lo}-{hi} tokens drawn uniformly
 from {args.span_words} content words; a span is a fresh random one with probability {args.p_new} (the first always is),
