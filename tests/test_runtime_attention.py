@@ -180,6 +180,7 @@ def test_draft_window_limits_the_visible_context(attention_drafts, context):
 def test_compiled_flex_with_tensor_scalars_equals_eager(device):
     """As inside the compiled draft step: the whole static cache as keys, the mask's positions as
     0-dim tensors; one compile serves different positions."""
+    torch._dynamo.reset()  # the other device's parameter compiled this function already
     flex = torch.compile(attention.flex_attention, dynamic=False, fullgraph=True)
     q, k, v = qkv(40, 8, 4, 2, 16, torch.float32, device, extra=80, seed=1)
     with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):

@@ -17,6 +17,13 @@ from dflash_runtime import load_draft, load_target, speculative_generate, target
 from runtime_helpers import DEVICES, close, one_torch_thread, speculators_draft, target_dir, write_hf_draft  # noqa: F401
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts from no compiled code: dynamo keeps a few entries per function (8), and the
+    device/backend/dtype parameters here would otherwise use them up on a GPU machine."""
+    torch._dynamo.reset()
+
+
 @pytest.fixture(scope="module")
 def windowed_draft(tiny_target):
     """Pruned vocab (own lm_head scattered through d2t) and sliding window 4: the mask's every term."""
