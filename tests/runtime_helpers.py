@@ -1,6 +1,6 @@
 """Shared pieces of the runtime tests: extra tiny drafts (built once per process), an HF/z-lab-format
-draft written straight from FORMATS.md section 2, and an independent transcription of the z-lab
-draft math (FORMATS.md 6.3) to compare the runtime against."""
+draft written straight from docs/formats.md section 2, and an independent transcription of the z-lab
+draft math (docs/formats.md section 1) to compare the runtime against."""
 
 from __future__ import annotations
 

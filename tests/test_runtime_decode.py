@@ -1,5 +1,5 @@
 """The decode loop: greedy speculative output is the target's own greedy output, token for token;
-acceptance is counted as FORMATS.md section 7 says; stop tokens, max_new_tokens, sampling seeds,
+acceptance is counted as docs/formats.md section 7 says; stop tokens, max_new_tokens, sampling seeds,
 draft windows and run-time block sizes behave as documented."""
 
 from __future__ import annotations

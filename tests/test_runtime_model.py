@@ -1,5 +1,5 @@
 """The runtime draft computes what the references compute: speculators 0.9.0's own DFlash forward on
-the same weights and inputs, and the z-lab math (FORMATS.md 6.3) on an HF/z-lab-format draft."""
+the same weights and inputs, and the z-lab math (docs/formats.md section 1) on an HF/z-lab-format draft."""
 
 from __future__ import annotations
 

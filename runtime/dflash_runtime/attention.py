@@ -1,6 +1,6 @@
 """Attention for one DFlash draft layer: block queries over [context ; block] keys.
 
-Visibility (FORMATS.md 6.4), for block query j of a block whose anchor sits at position s:
+Visibility (docs/formats.md section 5), for block query j of a block whose anchor sits at position s:
 - context: cached positions >= `ctx_first` (0, or the first position inside a sliding window or
   draft window); the model computes `ctx_first` once per step, so it is the same for every query
   of the block (speculators' training mask is anchor-relative: positions >= s - sliding_window);

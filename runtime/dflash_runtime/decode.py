@@ -1,4 +1,4 @@
-"""The DFlash decode loop (FORMATS.md section 7, batch 1) and the target-only baseline on the same path.
+"""The DFlash decode loop (docs/formats.md section 7, batch 1) and the target-only baseline on the same path.
 
 Per step, with the anchor (last committed token, no target KV yet) at position `start`:
     draft [anchor, MASK * (B-1)] -> B-1 proposals

@@ -1,4 +1,4 @@
-"""The DFlash draft in plain PyTorch (FORMATS.md 6.2-6.4), loaded from either checkpoint format.
+"""The DFlash draft in plain PyTorch (docs/formats.md sections 1 and 5), loaded from either checkpoint format.
 
 Data flow of one step, batch 1 (H draft hidden, A*Ht context width, B block, V target vocab):
     features [T, A*Ht] --fc, hidden_norm--> ctx [T, H] --k/v per layer, RoPE--> context K/V cache
@@ -420,7 +420,7 @@ STEP_FUNCTIONS = {"step": draft_step, "context": write_context}
 # ---------------------------------------------------------------------- loading
 
 def resolve_layer_causal(spec: DraftSpec, causal: bool | None) -> list[bool]:
-    """Per-layer causality: the checkpoint's (FORMATS.md 6.4), or one explicit flag for all layers."""
+    """Per-layer causality: the checkpoint's (docs/formats.md section 5), or one explicit flag for all layers."""
     return [bool(causal)] * spec.num_layers if causal is not None else list(spec.layer_causal)
 
 
