@@ -8,7 +8,7 @@ script makes a pair whose acceptance means something:
    random spans that recur (`SpanRecall`), whose continuations only the context determines.
 2. A Qwen3ForCausalLM target trained on it until its greedy continuations are confident.
 3. The target frozen and saved; a DFlash draft built with speculators 0.9.0's own classes and trained
-   with the DFlash objective (FORMATS.md 6.1): random anchors in target-generated text, context =
+   with the DFlash objective (docs/formats.md section 1): random anchors in target-generated text, context =
    target features at the chosen layers of the tokens before the anchor, block
    [token_at_anchor, MASK x (B-1)], cross-entropy of slots 1..B-1 against the target's own greedy
    next tokens. Saved with `save_pretrained`, i.e. a genuine speculators-format checkpoint.
@@ -366,7 +366,7 @@ def draft_propose_reference(draft, feats: torch.Tensor, tokens: list[int]) -> li
 
 @torch.no_grad()
 def speculative_reference(draft, tap: FeatureTap, prompt: list[int], max_new: int):
-    """FORMATS.md 7, greedy, batch 1, recomputing everything (slow, simple, independent of the runtime)."""
+    """docs/formats.md section 7, greedy, batch 1, recomputing everything (slow, simple, independent of the runtime)."""
     aux, _, logits = tap(torch.tensor([prompt]))
     toks = prompt + [logits[0, -1].argmax().item()]
     accepted_lengths = []
