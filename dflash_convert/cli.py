@@ -136,6 +136,7 @@ class Output:
         """
         from . import hub
 
+        hub.say_info = not self.quiet
         if self.json or self.quiet:
             from huggingface_hub.utils import disable_progress_bars
 

@@ -66,8 +66,13 @@ class PushResult:
         return asdict(self)
 
 
+# Info lines ("fetching ...", "pushing ...") on stderr; the CLI's -q turns them off. Warnings always print.
+say_info = True
+
+
 def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    if say_info or message.startswith("warning:"):
+        print(message, file=sys.stderr, flush=True)
 
 
 def _api(token: str | None, endpoint: str | None):

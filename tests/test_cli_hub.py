@@ -52,3 +52,13 @@ def test_hub_progress_bars_off_under_json(cli, hub, draft):
         assert "%|" not in r.err  # no tqdm bar reached stderr
     finally:
         enable_progress_bars()
+
+
+def test_quiet_silences_hub_info_lines(cli, hub, draft, tmp_path):
+    hub.seed_repo("org/d", local_files(draft))
+    loud = cli("pull", "org/d", "-o", tmp_path / "a")
+    assert loud.code == 0 and "fetching" in loud.err, loud.err
+    quiet = cli("pull", "org/d", "-o", tmp_path / "b", "-q")
+    assert quiet.code == 0, quiet.err
+    assert "fetching" not in quiet.err and quiet.err.strip() == "", quiet.err
+    assert (tmp_path / "b" / "config.json").read_bytes() == (draft / "config.json").read_bytes()
