@@ -410,7 +410,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                              "equality with target-only decoding is only defined for greedy decoding",
                              level="end_to_end"))
     if min_acceptance_length is not None:
-        checks.append(_check("acceptance_length", tau >= min_acceptance_length,
+        # compared as reported (4 decimals): a threshold equal to the tau a report showed passes
+        checks.append(_check("acceptance_length", round(tau, 4) >= min_acceptance_length,
                              f"tau {tau:.3f} over {num} draft steps (block {block}); required "
                              f">= {min_acceptance_length}", value=round(tau, 4), threshold=min_acceptance_length,
                              level="end_to_end"))

@@ -87,6 +87,17 @@ def good_run(pair, cli, tmp_path_factory):
 
 # ----------------------------------------------------------------------------- the trained pair
 
+def test_min_acceptance_length_at_its_exact_boundary(pair, good_run, cli):
+    """A threshold equal to the tau a report showed passes; the next representable step above fails."""
+    tau = good_run[0].json()["acceptance"]["acceptance_length"]
+    at = cli(*e2e_args(pair), "--levels", "end_to_end", "--min-acceptance-length", repr(tau))
+    assert at.code == 0, at.err[-2000:]
+    assert statuses(at.json())["acceptance_length"] == "pass"
+    above = cli(*e2e_args(pair), "--levels", "end_to_end", "--min-acceptance-length", repr(round(tau + 1e-4, 4)))
+    assert above.code == 3, above.err[-2000:]
+    assert statuses(above.json())["acceptance_length"] == "fail"
+
+
 def test_bundled_pair_passes_every_level(good_run):
     r, junit = good_run
     assert r.code == 0, r.err[-2000:]
