@@ -292,14 +292,8 @@ def trained_view(spec: DraftSpec) -> dict[str, Any]:
 
 def _qwen3_layer_types(flat: dict[str, Any]) -> tuple[list[str], int | None]:
     """transformers' Qwen3Config: `sliding_window` is null unless `use_sliding_window`; `layer_types` default."""
-    n = int(flat.get("num_hidden_layers") or 0)
     window = flat.get("sliding_window") if flat.get("use_sliding_window") else None
-    types = flat.get("layer_types")
-    if not types:
-        start = flat.get("max_window_layers")
-        start = 28 if start is None else start
-        types = ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
-    return list(types), window
+    return mapping.resolve_layer_types(flat), window
 
 
 def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
@@ -316,10 +310,11 @@ def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
     eagle_aux = raw.get("eagle_aux_hidden_state_layer_ids") if rules.layer_ids.startswith("eagle_aux") else None
     if rules.layer_ids == "aux_minus_one":
         aux = raw.get("aux_hidden_state_layer_ids")
-        ids = None if aux is None else [a - 1 for a in aux]
+        ids = None if aux is None else [a - mapping.AUX_ID_OFFSET for a in aux]
         out["ids_source"] = "aux_hidden_state_layer_ids - 1"
     elif eagle_aux:
-        ids, out["ids_source"] = [a - 1 for a in eagle_aux], "eagle_aux_hidden_state_layer_ids - 1"
+        ids = [a - mapping.AUX_ID_OFFSET for a in eagle_aux]
+        out["ids_source"] = "eagle_aux_hidden_state_layer_ids - 1"
     else:
         ids = dc.get("target_layer_ids", raw.get("target_layer_ids"))
         out["ids_source"] = "dflash_config.target_layer_ids" if "target_layer_ids" in dc else "target_layer_ids"

@@ -31,6 +31,7 @@ from .configs import (
 from .errors import DFlashError
 
 AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
+QWEN3_MAX_WINDOW_LAYERS = 28  # transformers' Qwen3Config default: layers below it are full attention
 SPECULATORS_VERSION = "0.9.0"  # the speculators config layout we write
 
 HF_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
@@ -121,7 +122,8 @@ def resolve_layer_types(decoder: dict[str, Any]) -> list[str]:
             raise DFlashError(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
         return list(types)
     window = decoder.get("sliding_window") if decoder.get("use_sliding_window") else None
-    start = decoder.get("max_window_layers") or 0
+    start = decoder.get("max_window_layers")
+    start = QWEN3_MAX_WINDOW_LAYERS if start is None else start
     return ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
 
 
