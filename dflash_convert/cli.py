@@ -19,7 +19,7 @@ from typing import Annotated, Any, Callable, Iterator, Optional, get_args
 import typer
 from rich.console import Console
 
-from dflash_runtime import BACKEND_NAMES, DRAFT_SAMPLING
+from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
 
 from . import schemas
 from .configs import Format
@@ -49,6 +49,7 @@ To = _choices("To", get_args(Format))
 DType = _choices("DType", ("auto", *CAST_TARGETS, *(d.short for d in DTYPES.values() if d.cast_target)))
 Backend = _choices("Backend", ("auto", *BACKEND_NAMES))
 DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
+DeviceMap = _choices("DeviceMap", DEVICE_MAPS)
 Engine = _choices("Engine", ENGINE_NAMES)
 LEVELS = get_args(Level)
 SchemaName = _choices("SchemaName", schemas.NAMES)
@@ -523,9 +524,9 @@ def validate(
     draft_sampling: Annotated[DraftSampling, typer.Option(
         "--draft-sampling", help="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at "
         "--temperature, accepted by rejection sampling.")] = DraftSampling.greedy,
-    device_map: Annotated[Optional[str], typer.Option(
-        "--device-map", help="Place the target with transformers + accelerate: auto, balanced "
-        "or sequential (GPUs, then CPU, then disk).")] = None,
+    device_map: Annotated[Optional[DeviceMap], typer.Option(
+        "--device-map", help="Place the target with transformers + accelerate (GPUs, then CPU, then "
+        "disk).")] = None,
     max_memory: Annotated[Optional[str], typer.Option(
         "--max-memory", metavar="BUDGET", callback=_max_memory,
         help="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto).")] = None,
@@ -555,7 +556,7 @@ def validate(
                             min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates,
                             levels=levels, checkpoint_revision=ckpt_sha, target_revision=target_sha,
                             target_name=target, seed=seed, threads=threads,
-                            draft_sampling=_value(draft_sampling), device_map=device_map, max_memory=max_memory,
+                            draft_sampling=_value(draft_sampling), device_map=_value(device_map), max_memory=max_memory,
                             min_speedup=min_speedup, keep_going=keep_going, progress=out.status,
                             engine=_value(engine), compile=compile)
     if junit is not None:

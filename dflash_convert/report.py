@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from dflash_runtime import DRAFT_SAMPLING
+
 from .checks import Check, Level, Status
 
 LEVELS: tuple[Level, ...] = ("static", "numeric", "end_to_end")
@@ -25,7 +27,7 @@ class AcceptanceStats(BaseModel):
     block_size: int
     max_new_tokens: int
     temperature: float
-    draft_sampling: Literal["greedy", "probabilistic"] = Field(
+    draft_sampling: Literal[DRAFT_SAMPLING] = Field(
         "greedy", description="greedy: the draft's argmax, accepted when equal to the target's token; "
         "probabilistic: sampled at the temperature, accepted by speculative rejection sampling")
     acceptance_length: float = Field(description="tau: mean tokens committed per draft+verify step (max block_size)")

@@ -33,6 +33,8 @@ from typing import Any, Callable, Iterable, Sequence
 from . import __version__, catalogue, engines, mapping, memory
 from .checkpoint import Checkpoint, open_checkpoint, read_json
 from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from dflash_runtime import DEVICE_MAPS, DRAFT_SAMPLING
+
 from .checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
 from .errors import DFlashError, UsageError
 from .report import LEVELS, AcceptanceStats, Environment, ValidationReport
@@ -584,10 +586,10 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         raise UsageError(f"--min-acceptance-length must be a finite number >= 0, got {min_acceptance_length}")
     if min_position_rates and not all(math.isfinite(r) and 0 <= r <= 1 for r in min_position_rates):
         raise UsageError(f"--min-position-rates must be rates in [0, 1], got {list(min_position_rates)}")
-    if draft_sampling not in ("greedy", "probabilistic"):
-        raise UsageError(f"--draft-sampling {draft_sampling!r}: choose greedy or probabilistic")
-    if device_map is not None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
-        raise UsageError(f"--device-map {device_map!r}: choose auto, balanced or sequential")
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise UsageError(f"--draft-sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
+    if device_map is not None and device_map not in DEVICE_MAPS:
+        raise UsageError(f"--device-map {device_map!r}: choose {', '.join(DEVICE_MAPS)}")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be at least 1, got {threads}")
     if timing_rounds < 1:

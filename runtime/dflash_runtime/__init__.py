@@ -19,13 +19,15 @@ _EXPORTS = {
     "DecodeStats": "metrics", "speedup": "metrics",
     "resolve_device": "device", "resolve_dtype": "device",
 }
-__all__ = list(_EXPORTS) + ["BACKEND_NAMES", "DRAFT_SAMPLING"]
+__all__ = list(_EXPORTS) + ["BACKEND_NAMES", "DRAFT_SAMPLING", "DEVICE_MAPS"]
 
 # The draft attention backends (attention.BACKENDS), fastest first: named here so callers such as
 # the CLI can list them without importing torch.
 BACKEND_NAMES = ("flash_attn", "sdpa", "flex", "eager")
 # How the decode loop draws the draft's proposals (decode.speculative_generate), vLLM's names.
 DRAFT_SAMPLING = ("greedy", "probabilistic")
+# transformers + accelerate placement strategies load_target(device_map=...) accepts by name.
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def __getattr__(name: str):

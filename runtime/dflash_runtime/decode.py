@@ -28,9 +28,8 @@ import torch
 
 from dflash_convert.errors import UsageError
 
-from .metrics import DecodeStats
-
 from . import DRAFT_SAMPLING
+from .metrics import DecodeStats
 from .model import DFlashDraft, warn_block_size
 from .target import Target, check_pair
 
