@@ -19,7 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from .configs import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
     MAX_HIDDEN,
+    MAX_INTERMEDIATE,
     MAX_LAYERS,
     MAX_VOCAB,
     DraftSpec,
@@ -452,6 +455,11 @@ class TargetInfo:
     vocab_size: int
     pad_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # attention and MLP sizes (what a memory plan needs): absent keys take the usual defaults
+    num_attention_heads: int = 1
+    num_key_value_heads: int = 1
+    head_dim: int = 1
+    intermediate_size: int = 1
 
 
 def special_ids(pad, eos) -> tuple[int | None, tuple[int, ...]]:
@@ -465,8 +473,8 @@ def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json
     cfg = raw["text_config"] if nested else raw  # multimodal wrappers
     prefix = "text_config." if nested else ""
 
-    def count(key: str, hi: int) -> int:
-        value = cfg.get(key)
+    def count(key: str, hi: int, default: int | None = None) -> int:
+        value = cfg.get(key, default)
         if type(value) is not int or not 1 <= value <= hi:  # bool is an int subclass: refused too
             what = "missing" if key not in cfg else f"{_short(value)}, not an integer in [1, {hi}]"
             raise DFlashError(f"target config field `{prefix}{key}` is {what}", file=file)
@@ -485,6 +493,10 @@ def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json
     archs = raw.get("architectures") or []
     if not (isinstance(archs, list) and all(isinstance(a, str) and a.isprintable() and len(a) < 256 for a in archs)):
         raise DFlashError(f"target config field `architectures` is {_short(archs)}, not a list of names", file=file)
+    heads = count("num_attention_heads", MAX_HEADS, 1)
     return TargetInfo(name_or_path=name_or_path, architectures=list(archs), num_layers=num_layers,
                       hidden_size=hidden, vocab_size=vocab,
-                      pad_token_id=None if pad is None else token("pad_token_id", pad), eos_token_ids=eos_ids)
+                      pad_token_id=None if pad is None else token("pad_token_id", pad), eos_token_ids=eos_ids,
+                      num_attention_heads=heads, num_key_value_heads=count("num_key_value_heads", MAX_HEADS, heads),
+                      head_dim=count("head_dim", MAX_HEAD_DIM, max(1, hidden // heads)),
+                      intermediate_size=count("intermediate_size", MAX_INTERMEDIATE, 4 * hidden))

@@ -23,6 +23,7 @@ from typing import Any
 from .checkpoint import _weight_files, read_json
 from .dtypes import DTYPES, code_for_name, compute_name
 from .errors import DFlashError
+from .mapping import TargetInfo, target_info
 from .safetensors_io import TensorInfo, read_header
 
 LIBRARY_ALLOWANCE = 384 << 20  # torch/transformers allocations beyond tensors (allocator slack, kernels)
@@ -76,16 +77,13 @@ def bytes_at(tensors, dtype: str) -> int:
     return sum(t.numel * (size if DTYPES[t.dtype].is_float else DTYPES[t.dtype].itemsize) for t in tensors)
 
 
-def runtime_bytes(target_cfg: dict[str, Any], draft_layers: int, draft_kv_width: int, *, dtype: str,
+def runtime_bytes(target: TargetInfo, draft_layers: int, draft_kv_width: int, *, dtype: str,
                   sequence: int, block: int) -> int:
     """KV caches and the largest activations of a batch-1 run over `sequence` positions."""
-    cfg = target_cfg.get("text_config") if isinstance(target_cfg.get("text_config"), dict) else target_cfg
     size = itemsize(dtype)
-    hidden, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
-    heads = int(cfg.get("num_attention_heads") or 1)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    inter = int(cfg.get("intermediate_size") or 4 * hidden)
+    hidden, layers, vocab = target.hidden_size, target.num_layers, target.vocab_size
+    heads, kv_heads, head_dim = target.num_attention_heads, target.num_key_value_heads, target.head_dim
+    inter = target.intermediate_size
     kv = 2 * layers * kv_heads * head_dim * sequence * size * 2  # x2: a cache grown by concatenation is copied
     draft_kv = 2 * draft_layers * draft_kv_width * sequence * size
     activations = (sequence * (4 * hidden + 3 * inter) * size  # one layer's hidden, attention and MLP buffers
@@ -216,18 +214,14 @@ def plan(draft_tensors: list[TensorInfo], draft_dtype: str, *, device: str, targ
          block: int = 16, device_map: str | None = None, max_memory: dict[str, int] | None = None) -> MemoryPlan:
     """The plan for a run that loads the draft (and the target when `target_dir` is given)."""
     p = MemoryPlan(device=device, draft_dtype=draft_dtype, draft_bytes=bytes_at(draft_tensors, draft_dtype))
-    target_cfg = None
     if target_dir is not None:
-        target_cfg = read_json(Path(target_dir) / "config.json")
+        cfg_file = Path(target_dir) / "config.json"
+        target = target_info(read_json(cfg_file), str(target_dir), file=str(cfg_file))
         target_tensors = list(weight_headers(target_dir).values())
         p.target_dtype = target_dtype
         p.target_bytes = bytes_at(target_tensors, target_dtype)
-        try:
-            p.runtime_bytes = runtime_bytes(target_cfg, draft_layers, draft_kv_width, dtype=target_dtype,
-                                            sequence=sequence, block=block)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DFlashError(f"target config lacks or mistypes field {exc}",
-                              file=Path(target_dir) / "config.json") from None
+        p.runtime_bytes = runtime_bytes(target, draft_layers, draft_kv_width, dtype=target_dtype,
+                                        sequence=sequence, block=block)
     p.available = device_available(device)
     if device_map is not None:
         p.device_map = device_map

@@ -38,6 +38,8 @@ def _header_only_target(path: Path, source: Path, total_bytes: int) -> Path:
     from dflash_convert.safetensors_io import header_bytes
 
     raw = json.loads((source / "config.json").read_text())
+    raw["num_hidden_layers"] = 512  # deep rather than absurdly wide: every size stays within the config bounds
+    raw.pop("layer_types", None)
     per_unit = raw["num_hidden_layers"] * 3 * raw["hidden_size"] * 4  # MLP bytes per unit of intermediate size
     raw["intermediate_size"] = math.ceil(total_bytes / per_unit)
     raw["dtype"] = "float32"
