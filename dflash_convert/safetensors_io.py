@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass
@@ -254,7 +255,7 @@ def copy_range(src, dst, start: int, length: int) -> None:
 
 def parse_size(text: str) -> int:
     """'5GB', '500MB', '2GiB', '1000' -> bytes (HF `max_shard_size` syntax)."""
-    m = __import__("re").fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*", str(text), flags=2)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*", str(text), flags=re.IGNORECASE)
     if not m:
         raise ValueError(f"not a size: {text!r} (use e.g. 5GB, 500MB)")
     unit = m.group(2).upper().rstrip("B")
