@@ -71,8 +71,12 @@ say_info = True
 
 
 def _say(message: str) -> None:
-    if say_info or message.startswith("warning:"):
+    if say_info:
         print(message, file=sys.stderr, flush=True)
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _api(token: str | None, endpoint: str | None):
@@ -332,7 +336,7 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
             _say(f"created branch {revision} of {repo_id} (from main)")
     info = _hub_call(lambda: api.repo_info(repo_id, revision=branch), **call)
     if private and not info.private:
-        _say(f"warning: {repo_id} already exists and is public; --private does not change an existing repo")
+        _warn(f"{repo_id} already exists and is public; --private does not change an existing repo")
     if model_card and (directory / CONFIG_NAME).exists():
         remote_readme = None
         remote = {s.rfilename for s in info.siblings or []}
