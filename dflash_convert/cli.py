@@ -557,7 +557,7 @@ def validate(
                             levels=levels, checkpoint_revision=ckpt_sha, target_revision=target_sha,
                             target_name=target, seed=seed, threads=threads,
                             draft_sampling=_value(draft_sampling), device_map=_value(device_map), max_memory=max_memory,
-                            min_speedup=min_speedup, keep_going=keep_going, progress=out.status,
+                            min_speedup=min_speedup, keep_going=keep_going, progress=None if quiet else out.status,
                             engine=_value(engine), compile=compile)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ level and phase (the CLI prints them on stderr).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -326,8 +327,9 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     target_dtype = target_dtype or dtype
     say(f"end to end: loading the target {target_dir} ({str(target_dtype).removeprefix('torch.')}, "
         + (f"device map {device_map}" if device_map or max_memory else device) + ")")
-    target = load_target(target_dir, device=device, dtype=target_dtype, attn_implementation=target_backend,
-                         trust_remote_code=False, device_map=device_map, max_memory=max_memory, compile=compile)
+    with _loading_bar(progress is not None):
+        target = load_target(target_dir, device=device, dtype=target_dtype, attn_implementation=target_backend,
+                             trust_remote_code=False, device_map=device_map, max_memory=max_memory, compile=compile)
     if target.offloaded:
         say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
             + f"; the draft runs on {target.draft_device}")
@@ -729,7 +731,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
                                         min_acceptance_length=min_acceptance_length,
                                         min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed,
                                         draft_sampling=draft_sampling, device_map=device_map, max_memory=max_memory,
-                                        min_speedup=min_speedup, timing_rounds=timing_rounds, progress=say,
+                                        min_speedup=min_speedup, timing_rounds=timing_rounds, progress=progress,
                                         window_per_query=per_query_window,
                                         compile=compile)
                 checks += e2e
@@ -767,6 +769,21 @@ def _engine_fidelity_check(view) -> Check:
                                                           for d in shown) if shown else "serves the draft as trained"))
     return Check(name="engine_fidelity", status="fail" if errors or not view.loads else "warn" if warns else "pass",
                  value=view.engine, threshold="as trained", message=message, level="static")
+
+
+@contextlib.contextmanager
+def _loading_bar(shown: bool):
+    """transformers' own weight-loading bar, off when no progress is wanted (-q): its public switch, restored after."""
+    from transformers.utils import logging as transformers_logging
+
+    was = transformers_logging.is_progress_bar_enabled()
+    if not shown:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not shown:
+            transformers_logging.enable_progress_bar()
 
 
 def validate_output_dir(path: str | Path, progress: Callable[[str], None] | None = None) -> ValidationReport:
