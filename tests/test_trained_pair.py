@@ -15,6 +15,7 @@ PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
 MAX_NEW = 48
 NUM_PROMPTS = 6  # keeps the module well under 30 s on 2 idle cores
 MIN_TAU = 3.0
+MISWIRED_SHARE = 0.5  # fed from the wrong target layers, the draft keeps less than this share of its tau
 
 
 def read_prompts(path: Path) -> list[list[int]]:
@@ -72,9 +73,15 @@ def test_prompts_are_token_ids_of_the_target_vocab(prompts):
 @pytest.mark.filterwarnings("ignore:run-time block size")  # expected: 8 differs from the trained 16
 @pytest.mark.parametrize("block_size", [None, 8])  # the checkpoint's own block size, and the minimum the bar names
 def test_greedy_is_lossless_and_tau_at_least_3(pair, prompts, baselines, block_size):
+    draft, target = pair
+    tau = greedy_tau(draft, target, prompts, baselines, block_size=block_size)
+    assert tau >= MIN_TAU, f"tau {tau:.2f} < {MIN_TAU} at block size {block_size or draft.spec.block_size}"
+
+
+def greedy_tau(draft, target, prompts, baselines, block_size: int | None = None) -> float:
+    """Greedy tau over the prompts; every output must still be the target's own."""
     from dflash_runtime.decode import speculative_generate
 
-    draft, target = pair
     drafts = accepted = 0
     for i, (prompt, base) in enumerate(zip(prompts, baselines)):
         spec = speculative_generate(draft, target, prompt, max_new_tokens=MAX_NEW, block_size=block_size)
@@ -82,8 +89,23 @@ def test_greedy_is_lossless_and_tau_at_least_3(pair, prompts, baselines, block_s
         assert spec.tokens == base, f"prompt {i}: speculative output differs from target greedy"
         drafts += spec.stats.num_drafts
         accepted += spec.stats.accepted
-    tau = 1 + accepted / drafts
-    assert tau >= MIN_TAU, f"tau {tau:.2f} < {MIN_TAU} at block size {block_size or draft.spec.block_size}"
+    return 1 + accepted / drafts
+
+
+@pytest.mark.parametrize("wiring", ["every id one layer up", "every id one layer down", "ids in the wrong order",
+                                    "the last id from the final layer"])
+def test_miswired_draft_loses_most_of_its_acceptance(pair, prompts, baselines, wiring):
+    """The pair's draft reads its continuation from the target's features of the context, so the common wiring
+    bugs (a lost +1 between the formats' layer ids either way, a reordered list, the final layer's states
+    instead of the right one) show as a collapse in acceptance, which is what validate's threshold catches."""
+    from dflash_runtime.model import load_draft
+
+    draft, target = pair
+    good = greedy_tau(draft, target, prompts, baselines)
+    wrong = load_draft(PAIR / "draft")
+    wrong.target_layer_ids = _train_pair_module().miswirings(draft.target_layer_ids, target.num_layers)[wiring]
+    tau = greedy_tau(wrong, target, prompts, baselines)
+    assert tau < MISWIRED_SHARE * good, f"{wiring} {wrong.target_layer_ids}: tau {tau:.2f} vs {good:.2f} wired right"
 
 
 def _train_pair_module():
@@ -95,37 +117,30 @@ def _train_pair_module():
     return module
 
 
-def test_span_recall_continuations_are_in_the_context_only():
-    """The recall corpus: every determined next token is the one that followed the same span earlier in
-    the document (so only the context predicts it), and spans are fresh random draws across documents."""
+def test_repeats_continuations_are_in_the_context_only():
+    """The shipped pair's corpus: after the first span every token is the one a period back (so only the
+    context predicts it), and spans are fresh random draws across documents (nothing to memorise)."""
     import random
 
     tp = _train_pair_module()
-    corpus = tp.SpanRecall(0, min_len=6, max_len=12, p_new=0.3)
+    corpus = tp.Repeats(0, num_words=128, period=8)
     g = random.Random(0)
-    determined = 0
-    docs = [corpus.sample_with_oracle(g, 96) for _ in range(50)]
+    docs = [corpus.sample_with_oracle(g, 64) for _ in range(50)]
     for toks, best in docs:
-        assert len(toks) == len(best) == 96
+        assert len(toks) == len(best) == 64
         assert all(0 <= t < tp.NUM_WORDS for t in toks)
-        for i, b in enumerate(best[:-1]):
-            if b < 0:
-                continue
-            determined += 1
-            assert toks[i + 1] == b
-            # the same bigram occurred before: the continuation can be read from the context
-            assert any(toks[j] == toks[i] and toks[j + 1] == b for j in range(i))
-    assert determined > 0.3 * 50 * 95
-    first_spans = {tuple(toks[:6]) for toks, _ in docs}
-    assert len(first_spans) == len(docs)  # nothing recurs across documents: nothing to memorise
+        assert best[:7] == [-1] * 7  # inside the first span nothing is determined
+        assert all(toks[i + 1] == best[i] == toks[i - 7] for i in range(7, 63))
+    assert len({tuple(toks[:8]) for toks, _ in docs}) == len(docs)
 
 
 def test_miswirings_are_the_common_wiring_bugs():
     tp = _train_pair_module()
     assert tp.miswirings([1, 5], 8) == {"every id one layer up": [2, 6], "every id one layer down": [0, 4],
-                                        "ids in the wrong order": [5, 1]}
+                                        "ids in the wrong order": [5, 1], "the last id from the final layer": [1, 7]}
     assert tp.miswirings([0, 7], 8) == {"ids in the wrong order": [7, 0]}  # shifts leave the target: skipped
-    assert tp.miswirings([3], 8) == {"every id one layer up": [4], "every id one layer down": [2]}
+    assert tp.miswirings([3], 8) == {"every id one layer up": [4], "every id one layer down": [2],
+                                     "the last id from the final layer": [7]}
 
 
 @pytest.mark.parametrize("ids", [["5", "1"], ["1", "1"], ["1", "10"]])

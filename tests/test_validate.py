@@ -23,6 +23,7 @@ PAIR = Path(os.environ.get("DFLASH_TEST_PAIR", ROOT / "examples" / "pair"))  # a
 PAIR_PROMPTS = 3  # held-out prompts used per end-to-end run (of the pair's prompts.txt)
 PAIR_TOKENS = "32"
 TAU_FLOOR = 0.95  # mis-wired copies are held to this share of the good pair's tau (greedy: deterministic)
+MISWIRED_SHARE = 0.5  # and wrong target layer ids keep less than this share of it (the pair reads its context)
 
 
 @dataclass
@@ -118,6 +119,15 @@ def test_bundled_pair_passes_every_level(good_run):
     assert root.get("failures") == "0" and int(root.get("tests")) == len(report["checks"])
 
 
+def test_quiet_validate_writes_nothing_but_its_result(pair, cli):
+    """-q: no status lines and no library bars (transformers' weight-loading bar) on stderr; the JSON on stdout."""
+    r = cli(*e2e_args(pair), "--levels", "end_to_end", "-q")
+    assert r.code == 0 and r.err == "", r.err[-2000:]
+    assert r.json()["passed"] is True
+    loud = cli(*e2e_args(pair), "--levels", "end_to_end")
+    assert "end to end: loading the target" in loud.err and "Loading weights" in loud.err
+
+
 def test_json_report_validates_against_the_schema(good_run):
     import jsonschema
 
@@ -128,25 +138,22 @@ def test_json_report_validates_against_the_schema(good_run):
         jsonschema.validate(bad, schema)
 
 
-def _shifted_ids(pair: Pair) -> list[int]:
-    """Every id one layer too low: a z-lab checkpoint written as speculators without the +1 (speculators
-    #705). (One layer too high is invisible on the bundled pair: its adjacent layers carry the same
-    features, tau 11.625 with [1, 7] and [2, 8] on all its prompts.)"""
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_target_ids_off_by_one_fail_by_a_wide_margin(pair, good_run, cli, tmp_path, shift):
+    """Every id one layer too low (a z-lab checkpoint written as speculators without the +1, speculators #705)
+    or too high (the +1 applied twice): nothing static can see either, and the pair's draft reads its
+    continuation from the context's features, so acceptance collapses to well under half the right tau."""
     spec = open_checkpoint(pair.draft).spec
     n = read_json(pair.target / "config.json")["num_hidden_layers"]
-    down = [i - 1 for i in spec.target_layer_ids]
-    return down if min(down) >= 0 else [i + 1 for i in spec.target_layer_ids if i + 1 < n]
-
-
-def test_target_ids_off_by_one_drop_tau(pair, good_run, cli, tmp_path):
-    ids = _shifted_ids(pair)
+    ids = [i + shift for i in spec.target_layer_ids]
+    assert 0 <= min(ids) and max(ids) < n  # the bundled pair leaves room for both shifts
     draft = copy_draft(pair.draft, tmp_path / "draft", spec_update={"target_layer_ids": ids})
     good = good_run[0].json()
     r = cli(*miswired_args(pair, good, draft))
     assert r.code == 3, r.err[-2000:]
     report = r.json()
     assert failed(report) == ["acceptance_length"]  # nothing static can see it: only acceptance does
-    assert report["acceptance"]["acceptance_length"] < TAU_FLOOR * good["acceptance"]["acceptance_length"]
+    assert report["acceptance"]["acceptance_length"] < MISWIRED_SHARE * good["acceptance"]["acceptance_length"]
     assert statuses(report)["greedy_output_equal"] == "pass"  # still lossless, just slow
 
 
@@ -175,22 +182,31 @@ def test_wrong_mask_id(pair, good_run, cli, tmp_path):
 
 
 def test_causal_draft_forced_non_causal(pair, good_run, cli, tmp_path):
+    """A deployment forcing a causal draft non-causal is named statically and the draft really runs non-causal
+    (numeric probe). The bundled draft copies from its context, which the block's later mask slots do not hide,
+    so it keeps its acceptance (tau 15.04 non-causal vs 14.61 causal on all 16 prompts): acceptance does not
+    fail, the truthful verdict for this draft. A checkpoint that lost its causal flag runs the same way."""
     spec = open_checkpoint(pair.draft).spec
     if not all(spec.layer_causal):
         pytest.skip("the bundled draft is not causal")
     good = good_run[0].json()
-    # the deployment forces non-causal: named statically; the draft really runs non-causal (numeric
-    # probe) and acceptance drops end to end
+
+    def probes(report: dict) -> list[dict]:
+        return [c for c in report["checks"] if c["name"].startswith("causality_behaviour.")]
+
     r = cli(*e2e_args(pair), "--non-causal", "--keep-going", "--min-acceptance-length",
             f"{TAU_FLOOR * good['acceptance']['acceptance_length']:.3f}")
-    assert r.code == 3
+    assert r.code == 3, r.err[-2000:]
     report = r.json()
-    assert {"causal_override", "acceptance_length"} <= set(failed(report))
-    assert all(v == "pass" for n, v in statuses(report).items() if n.startswith("causality_behaviour."))
-    # a conversion that lost the causality flag: the checkpoint itself now says non-causal
+    assert failed(report) == ["causal_override"]
+    assert probes(report) and all(c["status"] == "pass" and "0:non-causal" in c["message"] for c in probes(report))
+    assert statuses(report)["greedy_output_equal"] == "pass"
+    # a conversion that lost the causality flag: the checkpoint itself now says non-causal, and runs so
     draft = copy_draft(pair.draft, tmp_path / "flag", spec_update={"layer_causal": [False] * spec.num_layers})
-    r = cli(*miswired_args(pair, good, draft))
-    assert r.code == 3 and failed(r.json()) == ["acceptance_length"]
+    r = cli(*e2e_args(pair, draft))
+    assert r.code == 0, r.err[-2000:]
+    assert probes(r.json()) and all("0:non-causal" in c["message"] for c in probes(r.json()))
+    assert r.json()["acceptance"]["acceptance_length"] == report["acceptance"]["acceptance_length"]
 
 
 def test_fc_of_the_wrong_width(pair, cli, tmp_path):
