@@ -228,7 +228,7 @@ def _shard_path(path: Path, name: object, index: Path) -> Path:
     return f
 
 
-def _weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path | None, list[Path]]:
+def find_weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path | None, list[Path]]:
     """(safetensors files, index file, pickle files) of a checkpoint directory."""
     index = path / INDEX_NAME
     if index.exists():
@@ -262,7 +262,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
         raise DFlashError("not a checkpoint directory (does not exist or is a file)", file=path)
     raw = read_json(path / CONFIG_NAME)
     spec = mapping.spec_from_config(raw, file=str(path / CONFIG_NAME))
-    files, index, pickles = _weight_files(path, allow_pickle)
+    files, index, pickles = find_weight_files(path, allow_pickle)
     tensors: dict[str, TensorInfo] = {}
     source_names: dict[str, str] = {}
     metadata: dict[str, str] = {}

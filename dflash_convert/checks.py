@@ -362,7 +362,7 @@ def duplicate_tensors_check(path) -> Check:
     open_checkpoint refuses such a checkpoint, so this reads the headers itself and names the duplicates."""
     from pathlib import Path
 
-    from .checkpoint import _weight_files
+    from .checkpoint import find_weight_files
     from .safetensors_io import read_header
 
     path = Path(path)
@@ -370,7 +370,7 @@ def duplicate_tensors_check(path) -> Check:
         path = path.parent
     if not path.is_dir():
         return _check("duplicate_tensors", None, f"{path} is not a directory")
-    files, _, _ = _weight_files(path, allow_pickle=True)
+    files, _, _ = find_weight_files(path, allow_pickle=True)
     seen: dict[str, str] = {}
     dups = []
     for f in files:

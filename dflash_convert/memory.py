@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import _weight_files, read_json
+from .checkpoint import find_weight_files, read_json
 from .dtypes import DTYPES, code_for_name, compute_name
 from .errors import DFlashError
 from .mapping import TargetInfo, target_info
@@ -38,7 +38,7 @@ def _fmt(n: int) -> str:
 
 def weight_headers(model_dir: Path) -> dict[str, TensorInfo]:
     """Every tensor of a model directory's safetensors files (headers only), by its stored name."""
-    files, _, _ = _weight_files(Path(model_dir), allow_pickle=False)
+    files, _, _ = find_weight_files(Path(model_dir), allow_pickle=False)
     tensors: dict[str, TensorInfo] = {}
     for f in files:
         found, _ = read_header(f)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_convert import compat, mapping
-from dflash_convert.checkpoint import _weight_files
+from dflash_convert.checkpoint import find_weight_files
 from dflash_convert.configs import DraftSpec
 from dflash_convert.errors import DFlashError
 from dflash_convert.mapping import TargetInfo
@@ -239,7 +239,7 @@ def _offloaded(model) -> dict[str, int]:
 
 def stored_weight_names(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape over a model directory's safetensors files (headers only)."""
-    files, _, _ = _weight_files(Path(path), allow_pickle=False)
+    files, _, _ = find_weight_files(Path(path), allow_pickle=False)
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
         found, _ = read_header(f)
