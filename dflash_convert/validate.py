@@ -319,7 +319,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                draft_sampling: str = "greedy", device_map: str | None = None, max_memory: dict | None = None,
                min_speedup: float | None = None, timing_rounds: int = TIMING_ROUNDS,
                progress: Callable[[str], None] | None = None, compile: bool = False,
-               window_per_query: bool = False) -> tuple[list[Check], AcceptanceStats | None]:
+               window_per_query: bool = False, last_layer_post_norm: bool = False
+               ) -> tuple[list[Check], AcceptanceStats | None]:
     from dflash_runtime import check_pair, load_draft, load_target, speculative_generate, target_generate
 
     say = progress or (lambda message: None)
@@ -330,6 +331,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     with _loading_bar(progress is not None):
         target = load_target(target_dir, device=device, dtype=target_dtype, attn_implementation=target_backend,
                              trust_remote_code=False, device_map=device_map, max_memory=max_memory, compile=compile)
+    if last_layer_post_norm:  # the engine feeds the draft the last layer's output after the final norm
+        target.post_norm_ids = frozenset({target.num_layers - 1})
     if target.offloaded:
         say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
             + f"; the draft runs on {target.draft_device}")
@@ -620,6 +623,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         view = engines.serving_view(ckpt, engine, num_target_layers=info.num_layers if info else None)
         trained, ckpt = ckpt, engines.applied_checkpoint(ckpt, view)
     per_query_window = view is not None and view.window_semantics == "per_query"  # the engines' sliding window
+    last_layer_post_norm = view is not None and engines.ENGINES_BY_KEY[view.engine].last_layer == "post_norm"
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
     # end to end needs the target; fail on unusable prompts before any slow work
     prompt_ids = None
@@ -732,7 +736,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
                                         min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed,
                                         draft_sampling=draft_sampling, device_map=device_map, max_memory=max_memory,
                                         min_speedup=min_speedup, timing_rounds=timing_rounds, progress=progress,
-                                        window_per_query=per_query_window,
+                                        window_per_query=per_query_window, last_layer_post_norm=last_layer_post_norm,
                                         compile=compile)
                 checks += e2e
                 run.append("end_to_end")

@@ -402,3 +402,21 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     assert fidelity["sglang"].status == "fail" and "layer_causal" in fidelity["sglang"].message
     assert runs["sglang"].acceptance.outputs_equal == runs["sglang"].acceptance.prompts  # lossless either way
     assert runs["sglang"].acceptance.acceptance_length != runs["vllm"].acceptance.acceptance_length
+
+
+def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_path):
+    """The trained pair re-wired to read the target's last layer (ids [1, 7] of 8): vLLM feeds that layer's raw
+    output, z-lab its output after the final norm (output_hidden_states[-1]). Everything else the two apply to
+    this draft is the same, so the acceptance each measures differs only through that feature."""
+    from dflash_convert.validate import validate
+    from test_checks import copy_draft
+
+    pair = ROOT / "examples" / "pair"
+    draft = copy_draft(pair / "draft", tmp_path / "draft", spec_update={"target_layer_ids": [1, 7]})
+    runs = {e: validate(draft, target=pair / "target", prompts=pair / "prompts.txt", max_new_tokens=32,
+                        levels=["static", "end_to_end"], timing_rounds=1, engine=e) for e in ("vllm", "zlab")}
+    fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
+    assert fidelity["vllm"].status != "fail"
+    assert fidelity["zlab"].status == "fail" and "AFTER the final norm" in fidelity["zlab"].message
+    assert all(r.acceptance.outputs_equal == r.acceptance.prompts for r in runs.values())
+    assert runs["zlab"].acceptance.acceptance_length != runs["vllm"].acceptance.acceptance_length

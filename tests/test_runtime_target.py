@@ -32,6 +32,22 @@ def test_features_are_layer_outputs_and_the_last_is_pre_norm(target):
     assert torch.allclose(final_norm(last), hs[8][0], atol=1e-5)  # ... of exactly this layer output
 
 
+def test_post_norm_capture_is_what_output_hidden_states_returns(target):
+    """post_norm_ids (z-lab's reading of a last-layer id): the feature is transformers' hidden_states[-1]."""
+    ids = torch.randint(0, 500, (9,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hs = target.model(input_ids=ids[None], output_hidden_states=True).hidden_states
+    target.set_capture([3, 7])
+    target.post_norm_ids = frozenset({7})
+    try:
+        target.reset()
+        _, features = target.forward(ids, 0)
+    finally:
+        target.post_norm_ids = frozenset()
+    mid, last = features.split(target.hidden_size, dim=-1)
+    assert torch.equal(mid, hs[4][0]) and torch.equal(last, hs[8][0])
+
+
 def test_capture_follows_id_order_and_repeats(target):
     ids = torch.arange(6)
     target.set_capture([5, 2, 5])

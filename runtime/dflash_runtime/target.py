@@ -38,13 +38,14 @@ from dflash_convert.mapping import TargetInfo
 from dflash_convert.safetensors_io import read_header
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The decoder layer stack of a transformers causal LM (model.model.layers for Llama/Qwen)."""
+def decoder_part(model, name: str) -> torch.nn.Module:
+    """A part of a transformers causal LM's decoder: `layers` (model.model.layers for Llama/Qwen) or `norm`
+    (the norm after the last layer)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(decoder, "layers", None)
-    if layers is None:
-        raise DFlashError(f"{type(model).__name__}: cannot find its decoder layers (expected .model.layers)")
-    return layers
+    part = getattr(decoder, name, None)
+    if part is None:
+        raise DFlashError(f"{type(model).__name__}: cannot find its decoder {name} (expected .model.{name})")
+    return part
 
 
 CACHE_ROUND = 256  # static cache rows are allocated in multiples of this
@@ -75,7 +76,7 @@ class Target:
     def __init__(self, model, *, compile: bool = False):
         self.model = model.eval().requires_grad_(False)
         self.config = model.config
-        self.layers = decoder_layers(model)
+        self.layers = decoder_part(model, "layers")
         self.num_layers = len(self.layers)
         self.embed_tokens = model.get_input_embeddings()  # [V, Ht]
         self.lm_head = model.get_output_embeddings()  # Ht -> V
@@ -88,6 +89,9 @@ class Target:
         self.draft_device = _execution_device(model, self.layers[-1])
         self.offloaded = _offloaded(model)
         self.capture_ids: list[int] = []
+        # layers whose captured output goes through the final norm first: z-lab takes the last layer's
+        # feature from output_hidden_states[-1], which is after the norm (validate --engine zlab)
+        self.post_norm_ids: frozenset[int] = frozenset()
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = []
         self.cache = None
@@ -115,6 +119,8 @@ class Target:
     def _hook(self, layer_id: int):
         def store(module, args, output):  # noqa: ARG001
             out = output[0] if isinstance(output, tuple) else output  # [1, n, Ht]
+            if layer_id in self.post_norm_ids:
+                out = decoder_part(self.model, "norm")(out)
             self._captured[layer_id] = out[0]
         return store
 
