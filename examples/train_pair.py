@@ -443,7 +443,7 @@ def measure_miswired(draft_dir: Path, target_dir: Path, ids: list[int], num_laye
 
 # ----------------------------------------------------------------------------- main
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "pair")
     ap.add_argument("--seed", type=int, default=0)
@@ -481,6 +481,11 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-prompts", type=int, default=16)
     ap.add_argument("--eval-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="dtype of the saved pair")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.gamma is None:
         args.gamma = 7.0 if args.block_size >= 16 else 5.0 if args.block_size >= 10 else 4.0
@@ -511,7 +516,7 @@ def main(argv=None) -> int:
     grammar = (PhraseGrammar(args.seed, args.words) if args.corpus == "phrases"
                else Repeats(args.seed, args.span_words, args.period))
     record: dict = {"seed": args.seed, "command": "python " + " ".join([_rel(sys.argv[0])] + sys.argv[1:]),
-                    "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+                    "args": {k: (_rel(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
 
     # 1-2. target
     target = make_target_model(args.target_layers, args.hidden, args.heads, args.kv_heads, args.intermediate,

@@ -134,6 +134,19 @@ def test_repeats_continuations_are_in_the_context_only():
     assert len({tuple(toks[:8]) for toks, _ in docs}) == len(docs)
 
 
+def test_train_pair_defaults_are_the_shipped_pairs_recipe():
+    """`python examples/train_pair.py` with no arguments remakes the shipped pair: its defaults are the arguments
+    the pair's record says it was made with (gamma: the default rule's value for its block size)."""
+    import json
+
+    tp = _train_pair_module()
+    record = json.loads((PAIR / "training_record.json").read_text())
+    assert record["command"] == "python examples/train_pair.py"
+    defaults = {k: (tp._rel(v) if isinstance(v, Path) else v) for k, v in vars(tp.parser().parse_args([])).items()}
+    assert defaults.pop("gamma") is None and record["args"].pop("gamma") == 7.0
+    assert defaults == record["args"]
+
+
 def test_miswirings_are_the_common_wiring_bugs():
     tp = _train_pair_module()
     assert tp.miswirings([1, 5], 8) == {"every id one layer up": [2, 6], "every id one layer down": [0, 4],
