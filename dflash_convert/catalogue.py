@@ -139,6 +139,15 @@ CATALOGUE: tuple[Tensor, ...] = (
            needed=_never, to_hf=DROP, to_speculators=DROP, drop_reason="training-only verifier copy, never shipped"),
 )
 BY_KEY = {t.key: t for t in CATALOGUE}
+
+# Files beside the weights that engines read, carried by conversion byte for byte (never opened here:
+# mask_embedding.pt is a pickle). name -> what it is.
+MASK_EMBEDDING_FILE = "mask_embedding.pt"
+COMPANION_FILES: dict[str, str] = {
+    MASK_EMBEDDING_FILE: "a trained embedding for the block's mask slots; vLLM and SGLang load it (weights_only) "
+                         "in place of the target's embedding of mask_token_id, z-lab ignores it",
+}
+MAX_COMPANION_BYTES = 16 << 20  # a mask embedding is hidden x 4 bytes (x block size when per position): KB to a few MB
 LAYER_KEYS = tuple(t.key for t in CATALOGUE if t.per_layer and t.variants == BOTH)
 _PATTERNS = [(re.compile(re.escape(t.name).replace(r"\{i\}", r"(\d+)")), t) for t in CATALOGUE]
 # Exports that wrap the body in a module prefix; names are normalised before the catalogue applies.

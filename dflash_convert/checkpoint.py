@@ -39,11 +39,8 @@ MAX_JSON_DEPTH = 32  # real configs nest 3-4 levels
 MAX_JSON_INT = 1 << 64  # no config value needs more; bigger is hostile or corrupt
 
 
-def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
-    """A JSON object from a file, bounded before it is parsed and checked after: size, nesting depth,
-    duplicate keys, integers of absurd size and NaN/Infinity (not JSON; Python's parser accepts them)
-    are each one error naming the file (and the key, where there is one)."""
-    path = Path(path)
+def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `max_bytes` (symlinks followed), else one error naming it."""
     try:
         # O_NONBLOCK: a FIFO planted as config.json must not hang the run waiting for a writer
         with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
@@ -55,7 +52,16 @@ def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any
     except OSError as exc:
         raise DFlashError(f"cannot read: {exc.strerror or exc}", file=path) from None
     if len(data) > max_bytes:
-        raise DFlashError(f"file is larger than {max_bytes >> 20} MB: not a config this tool reads", file=path)
+        raise DFlashError(f"file is larger than {max_bytes >> 20} MB: not {what}", file=path)
+    return data
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A JSON object from a file, bounded before it is parsed and checked after: size, nesting depth,
+    duplicate keys, integers of absurd size and NaN/Infinity (not JSON; Python's parser accepts them)
+    are each one error naming the file (and the key, where there is one)."""
+    path = Path(path)
+    data = read_bounded(path, max_bytes, "a config this tool reads")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -138,6 +144,7 @@ class Checkpoint:
     index_file: Path | None
     metadata: dict[str, str]  # safetensors __metadata__ (of the first shard)
     pickled: dict[str, Any] = field(default_factory=dict)  # name -> torch.Tensor, only with allow_pickle
+    companion_files: list[Path] = field(default_factory=list)  # catalogue.COMPANION_FILES present beside the weights
 
     @property
     def format(self) -> str:
@@ -149,7 +156,8 @@ class Checkpoint:
 
     @property
     def input_files(self) -> list[Path]:
-        return [self.config_file, *([self.index_file] if self.index_file else []), *self.weight_files]
+        return [self.config_file, *([self.index_file] if self.index_file else []), *self.weight_files,
+                *self.companion_files]
 
     def check_tensors(self, spec: DraftSpec | None = None) -> None:
         """Every tensor the spec implies is present with its shape, and nothing unknown is (raises the first
@@ -244,7 +252,8 @@ def find_weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path 
     others = sorted(p for p in path.glob("*.safetensors"))
     if others:
         return others, None, []
-    pickles = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt")) + sorted(path.glob("*.pth"))
+    pickles = [p for p in sorted(path.glob("*.bin")) + sorted(path.glob("*.pt")) + sorted(path.glob("*.pth"))
+               if p.name not in catalogue.COMPANION_FILES]  # a mask embedding is not a state dict
     if pickles:
         if not allow_pickle:
             raise DFlashError("only pickle weights found (.bin/.pt); they can run code when loaded. "
@@ -307,7 +316,29 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
                                         tuple(tensor.shape), f, 0, tensor.numel() * tensor.element_size())
     _check_config_against_tensors(spec, tensors, path / CONFIG_NAME)
     return Checkpoint(path=path, raw_config=raw, spec=spec, tensors=tensors, source_names=source_names,
-                      weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled)
+                      weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled,
+                      companion_files=find_companion_files(path))
+
+
+def find_companion_files(path: Path) -> list[Path]:
+    """The catalogue's companion files present in a checkpoint directory, each a regular file (links followed,
+    as in the Hub cache) within MAX_COMPANION_BYTES."""
+    found = []
+    for name in catalogue.COMPANION_FILES:
+        f = path / name
+        if not (f.exists() or f.is_symlink()):
+            continue
+        try:
+            st = f.stat()
+        except OSError as exc:
+            raise DFlashError(f"cannot read: {exc.strerror or exc}", file=f) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise DFlashError("not a regular file", file=f)
+        if st.st_size > catalogue.MAX_COMPANION_BYTES:
+            raise DFlashError(f"file is larger than {catalogue.MAX_COMPANION_BYTES >> 20} MB: not a "
+                              f"{name} an engine reads", file=f)
+        found.append(f)
+    return found
 
 
 def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo], config_file: Path) -> None:

@@ -266,6 +266,8 @@ class ConversionRecord(_Open):
     tensors_dropped: dict[str, str] = Field(description="tensor name -> reason")
     tensors_renamed: dict[str, str] = Field(default_factory=dict, description="source name -> destination name")
     tensors_added: dict[str, str] = Field(default_factory=dict, description="tensor name -> how it was derived")
+    files_carried: list[str] = Field(default_factory=list, description="files beside the weights that engines read "
+                                     "(mask_embedding.pt), copied byte for byte without being opened")
     config_changes: list[ConfigChange] = Field(default_factory=list, description="config keys added, dropped "
                                                "or rewritten (keys that only moved between layouts are not listed)")
     warnings: list[str] = Field(default_factory=list)

@@ -23,6 +23,7 @@ from .checkpoint import (
     Checkpoint,
     check_destination,
     open_checkpoint,
+    read_bounded,
     read_json,
     staged_directory,
 )
@@ -331,6 +332,8 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             for h in handles.values():
                 h.close()
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2, allow_nan=False) + "\n")
+        for f in ckpt.companion_files:  # engines read them beside the weights; bounded, never unpickled
+            (tmp / f.name).write_bytes(read_bounded(f, catalogue.MAX_COMPANION_BYTES, f"a {f.name} an engine reads"))
         reader.join()
         if failure:
             raise failure[0]
@@ -352,6 +355,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             tensors_renamed={ckpt.source_names[s.source]: s.dest for s in kept
                              if s.source and ckpt.source_names[s.source] != s.dest},
             tensors_added={s.dest: s.reason for s in kept if s.action == "derive"},
+            files_carried=[f.name for f in ckpt.companion_files],
             config_changes=mapping.config_changes(ckpt.raw_config, ckpt.format, plan.config, plan.dest_format),
             warnings=record_warnings,
         )

@@ -5,7 +5,8 @@ and `dflash_config.causal`, compare by meaning), through `engines.trained_view`.
 no engine reads (`auto_map`, version stamps, ...) and engines that would serve one side unlike its
 training but not the other are reported as informational: they do not make two drafts different. Tensors are compared by canonical name; byte-equal
 tensors are settled without torch, others get a max absolute difference. Tensors that a conversion
-drops by design (verifier copies, t2d) are listed but do not make two drafts different.
+drops by design (verifier copies, t2d) are listed but do not make two drafts different. Files beside
+the weights that engines read (mask_embedding.pt) are compared byte for byte, and count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, computed_field
 
 from . import catalogue, engines, mapping
-from .checkpoint import Checkpoint, open_checkpoint
+from .checkpoint import Checkpoint, open_checkpoint, read_bounded
 from .configs import ConfigChange, Format
 from .errors import UsageError
 
@@ -27,6 +28,7 @@ OPTIONAL_FIELDS = ("num_target_layers", "verifier")
 
 
 TensorStatus = Literal["equal", "differs", "shape_differs", "only_in_a", "only_in_b"]
+FileStatus = Literal["equal", "differs", "only_in_a", "only_in_b"]
 
 
 class ConfigDifference(BaseModel):
@@ -74,11 +76,15 @@ class DiffReport(BaseModel):
                                               "engine reads (A -> B); they do not count")
     engines: dict[str, EngineServing] = Field(default_factory=dict, description="engine -> whether it serves A and "
                                               "B as trained, where that differs (informational)")
+    files: dict[str, FileStatus] = Field(default_factory=dict, description="files beside the weights that engines "
+                                         "read (mask_embedding.pt), compared byte for byte")
 
-    @computed_field(description="no config difference and every tensor equal (within tolerance)")
+    @computed_field(description="no config difference, every tensor equal (within tolerance), every engine-read "
+                                "file beside the weights equal")
     @property
     def equivalent(self) -> bool:
-        return not self.config_differences and all(t.status == "equal" for t in self.tensors.values())
+        return (not self.config_differences and all(t.status == "equal" for t in self.tensors.values())
+                and all(f == "equal" for f in self.files.values()))
 
     def render(self, console) -> None:
         """Differences, then a one-line verdict, on `console` (stderr)."""
@@ -91,6 +97,9 @@ class DiffReport(BaseModel):
             if t.status != "equal":
                 extra = f" (max abs diff {t.max_abs_diff})" if t.max_abs_diff is not None else ""
                 console.print(escape(f"  tensor {name}: {t.status}{extra}"))
+        for name, f in self.files.items():
+            if f != "equal":
+                console.print(escape(f"  file {name}: {f}"))
         for c in self.informational:
             console.print(escape(f"  info: config key {c.key} {c.change} (no engine reads it)"))
         for name, e in self.engines.items():
@@ -98,7 +107,9 @@ class DiffReport(BaseModel):
                                  f"{'as trained' if e.b else 'unlike its training'}: " + "; ".join(e.divergences)))
         equal = sum(t.status == "equal" for t in self.tensors.values())
         console.print(f"{equal}/{len(self.tensors)} tensors equal, {len(self.config_differences)} config differences, "
-                      f"{len(self.ignored_tensors)} tensors ignored (dropped by design): "
+                      f"{len(self.ignored_tensors)} tensors ignored (dropped by design)"
+                      + (f", {sum(f == 'equal' for f in self.files.values())}/{len(self.files)} files equal"
+                         if self.files else "") + ": "
                       + ("[green]equivalent[/green]" if self.equivalent else "[red]different[/red]"))
 
 
@@ -182,4 +193,13 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
             entry.update(max_abs_diff=d if finite else str(d),
                          status="equal" if finite and d <= tolerance else "differs")
         result.tensors[name] = TensorDifference(**entry)
+    files_a, files_b = ({f.name: f for f in c.companion_files} for c in (ca, cb))
+    for name in sorted(files_a.keys() | files_b.keys()):
+        fa, fb = files_a.get(name), files_b.get(name)
+        result.files[name] = ("only_in_a" if fb is None else "only_in_b" if fa is None else
+                              "equal" if _file_bytes(fa) == _file_bytes(fb) else "differs")
     return result
+
+
+def _file_bytes(f: Path) -> bytes:
+    return read_bounded(f, catalogue.MAX_COMPANION_BYTES, f"a {f.name} an engine reads")

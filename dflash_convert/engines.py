@@ -174,7 +174,7 @@ FIELD_TITLES = {
     "mixed": "mixed sliding + full layers", "mask": "mask token", "mask_embedding": "trained mask embedding",
     "verifier": "target model",
 }
-MASK_EMBEDDING_FILE = "mask_embedding.pt"  # vLLM and SGLang read it from the draft's directory
+MASK_EMBEDDING_FILE = catalogue.MASK_EMBEDDING_FILE  # vLLM and SGLang read it from the draft's directory
 TRAINED_WINDOW = "anchor"  # what speculators trains and the runtime implements
 
 # Config keys at least one engine reads (paths in either layout). Anything else in a config changes
@@ -531,13 +531,8 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                                                                   if fallback else "the engine cannot fill the block"),
                               fix="convert --mask-token-id ID"))
     # --- a trained mask embedding beside the weights
-    if MASK_EMBEDDING_FILE in set(files):
-        if view.via_conversion:
-            div.append(Divergence(field="mask_embedding", severity="error", trained=MASK_EMBEDDING_FILE,
-                                  applied=None, consequence=f"convert does not carry {MASK_EMBEDDING_FILE} (a pickle "
-                                  "file): the converted draft's mask slots lose their trained embedding",
-                                  fix=f"copy {MASK_EMBEDDING_FILE} next to the converted weights"))
-        elif rules.mask_embedding == "ignored":
+    if MASK_EMBEDDING_FILE in set(files):  # convert carries the file, so a converted view has it too
+        if rules.mask_embedding == "ignored":
             div.append(Divergence(field="mask_embedding", severity="error", trained=MASK_EMBEDDING_FILE,
                                   applied="target embedding", consequence=RULE_TEXT["mask_embedding"]["ignored"],
                                   fix="serve it with vLLM or SGLang"))

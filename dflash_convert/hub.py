@@ -25,13 +25,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import card
+from . import card, catalogue
 from .checkpoint import CONFIG_NAME, staged_directory
 from .errors import DFlashError, UsageError
 from .safetensors_io import INDEX_NAME
 from .tokens import end_open_line, hub_token, redact
 
-DRAFT_PATTERNS = [CONFIG_NAME, "*.safetensors", INDEX_NAME, card.README_NAME, card.RECORD_NAME]
+# companion files (mask_embedding.pt) are fetched as bytes for convert to carry: nothing here unpickles them
+DRAFT_PATTERNS = [CONFIG_NAME, "*.safetensors", INDEX_NAME, card.README_NAME, card.RECORD_NAME,
+                  *catalogue.COMPANION_FILES]
 TARGET_PATTERNS = ["generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja"]
 PICKLE_PATTERNS = ["*.bin", "pytorch_model.bin.index.json", "*.pt", "*.pth"]

@@ -375,7 +375,7 @@ def test_mask_embedding_file_is_used_by_vllm_and_sglang_only(cli, speculators_dr
     by = {v.engine: v for v in engines.checkpoint_views(open_checkpoint(hf))}
     assert "mask_embedding" in errors(by["zlab"])
     assert "mask_embedding" not in errors(by["sglang"]) | errors(by["vllm-hf"])
-    assert "mask_embedding" in errors(by["vllm-speculators"])  # via conversion: convert does not carry the file
+    assert "mask_embedding" not in errors(by["vllm-speculators"])  # via conversion: convert carries the file
     shutil.rmtree(hf)
 
 

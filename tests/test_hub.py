@@ -693,3 +693,15 @@ def test_a_token_is_cleaned_or_refused_without_being_quoted(text):
         tokens._forms.clear()
         tokens._forms.update(saved)
     assert cleaned == text.strip(" \t\r\n") and all("\x21" <= c <= "\x7e" for c in cleaned)
+
+
+def test_convert_from_hub_id_carries_the_mask_embedding(cli, hub, draft, tmp_path):
+    """mask_embedding.pt is fetched with a Hub draft (as bytes: nothing unpickles it) and carried by convert."""
+    from dflash_convert.catalogue import MASK_EMBEDDING_FILE
+
+    (draft / MASK_EMBEDDING_FILE).write_bytes(b"a torch.save of the trained mask embedding")
+    hub.seed_repo("org/draft-me", local_files(draft))
+    out = tmp_path / "hf"
+    r = cli("convert", "org/draft-me", "-o", out)
+    assert r.code == 0, r.err
+    assert (out / MASK_EMBEDDING_FILE).read_bytes() == (draft / MASK_EMBEDDING_FILE).read_bytes()

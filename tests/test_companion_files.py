@@ -1,0 +1,115 @@
+"""Files beside the weights that engines read (catalogue.COMPANION_FILES: mask_embedding.pt, which vLLM and
+SGLang load in place of the target's embedding of the mask token).
+
+What a user relies on: conversion carries them byte for byte in both directions and records their hash,
+nothing here ever unpickles them, diff counts them, and a hostile one (a FIFO, a dangling link, an absurd
+size) is one error naming the file with nothing left at DST. (A Hub draft brings them along: test_hub.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+
+from dflash_convert import catalogue
+
+MASK_EMBEDDING = catalogue.MASK_EMBEDDING_FILE
+
+
+def with_mask_embedding(src, dest, data: bytes | None = None):
+    """A copy of a draft with a mask_embedding.pt saved the way vLLM and SGLang read it (a torch.save dict)."""
+    import io
+
+    import torch
+
+    shutil.copytree(src, dest)
+    if data is None:
+        buf = io.BytesIO()
+        hidden = json.loads((src / "config.json").read_text())["transformer_layer_config"]["hidden_size"]
+        torch.save({"embedding": torch.randn(hidden, generator=torch.Generator().manual_seed(0)),
+                    "mask_token_id": 511}, buf)
+        data = buf.getvalue()
+    (dest / MASK_EMBEDDING).write_bytes(data)
+    return dest
+
+
+def test_carried_byte_for_byte_both_ways_and_recorded(cli, speculators_drafts, tmp_path):
+    import hashlib
+
+    src = with_mask_embedding(speculators_drafts["full"], tmp_path / "src")
+    data = (src / MASK_EMBEDDING).read_bytes()
+    hf, back = tmp_path / "hf", tmp_path / "back"
+    assert cli("convert", src, "-o", hf).code == 0
+    assert cli("convert", hf, "-o", back, "--no-verifier").code == 0
+    for out in (hf, back):
+        assert (out / MASK_EMBEDDING).read_bytes() == data
+        record = json.loads((out / "conversion.json").read_text())
+        assert record["files_carried"] == [MASK_EMBEDDING]
+        assert record["input_files"][MASK_EMBEDDING] == hashlib.sha256(data).hexdigest()
+    r = cli("diff", src, back, "--json")
+    assert r.code == 0 and r.json()["files"] == {MASK_EMBEDDING: "equal"} and r.json()["equivalent"]
+
+
+def test_diff_counts_a_missing_or_changed_mask_embedding(cli, speculators_drafts, tmp_path):
+    a = with_mask_embedding(speculators_drafts["full"], tmp_path / "a")
+    b = with_mask_embedding(speculators_drafts["full"], tmp_path / "b", data=b"other bytes")
+    r = cli("diff", a, speculators_drafts["full"], "--json")
+    assert r.code == 3 and r.json()["files"] == {MASK_EMBEDDING: "only_in_a"} and not r.json()["equivalent"]
+    r = cli("diff", a, b, "--json")
+    assert r.code == 3 and r.json()["files"] == {MASK_EMBEDDING: "differs"}
+
+
+def test_never_unpickled(cli, speculators_drafts, tmp_path):
+    """A mask_embedding.pt that runs code when unpickled: convert, inspect and diff copy and hash it, never load it."""
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    src = with_mask_embedding(speculators_drafts["full"], tmp_path / "src", data=pickle.dumps(Evil()))
+    out = tmp_path / "out"
+    assert cli("convert", src, "-o", out).code == 0
+    assert cli("inspect", out).code == 0
+    assert cli("diff", src, out).code == 0
+    assert not marker.exists()
+    assert (out / MASK_EMBEDDING).read_bytes() == (src / MASK_EMBEDDING).read_bytes()
+
+
+def test_not_taken_for_pickle_weights(cli, speculators_drafts, tmp_path):
+    """A pickle checkpoint (--allow-pickle) with a mask embedding beside it: the embedding is not a state dict."""
+    import torch
+    from safetensors.torch import load_file
+
+    src = with_mask_embedding(speculators_drafts["full"], tmp_path / "src")
+    torch.save(load_file(src / "model.safetensors"), src / "pytorch_model.bin")
+    (src / "model.safetensors").unlink()
+    out = tmp_path / "out"
+    r = cli("convert", src, "-o", out, "--allow-pickle")
+    assert r.code == 0, r.err
+    assert (out / MASK_EMBEDDING).read_bytes() == (src / MASK_EMBEDDING).read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling_link", "directory", "too_large"])
+def test_hostile_mask_embedding_is_one_error_and_nothing_written(cli, speculators_drafts, tmp_path, kind):
+    src = tmp_path / "src"
+    shutil.copytree(speculators_drafts["full"], src)
+    f = src / MASK_EMBEDDING
+    if kind == "fifo":
+        os.mkfifo(f)
+    elif kind == "dangling_link":
+        f.symlink_to(tmp_path / "nowhere")
+    elif kind == "directory":
+        f.mkdir()
+    else:
+        with open(f, "wb") as fh:  # sparse: the size is what counts
+            fh.truncate(catalogue.MAX_COMPANION_BYTES + 1)
+    out = tmp_path / "out"
+    r = cli("convert", src, "-o", out)
+    assert r.code == 1 and r.err.startswith("Error:") and MASK_EMBEDDING in r.err, r.err
+    assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
