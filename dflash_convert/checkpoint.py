@@ -198,6 +198,45 @@ class Checkpoint:
             raise DFlashError(f"tensor `{d2t}` maps two draft ids to the same target id", file=file)
         return ids
 
+    def load_mask_embedding(self, *, allow_pickle: bool):
+        """The trained mask embedding [hidden] in mask_embedding.pt, as vLLM and SGLang read it (a tensor, or a dict
+        with `embedding` and a `mask_token_id` that must be the draft's), or None when there is none.
+
+        The file is a pickle: without `allow_pickle` this raises instead of opening it; with it, torch.load
+        runs with weights_only=True on bytes read bounded.
+        """
+        f = next((p for p in self.companion_files if p.name == catalogue.MASK_EMBEDDING_FILE), None)
+        if f is None:
+            return None
+        if not allow_pickle:
+            raise DFlashError("a pickle; pass --allow-pickle to load it with torch.load(weights_only=True)", file=f)
+        import io
+
+        import torch
+
+        data = read_bounded(f, catalogue.MAX_COMPANION_BYTES, f"a {f.name} an engine reads")
+        try:
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - torch raises many types for corrupt/unsafe pickles
+            raise DFlashError(f"cannot load with weights_only=True: {str(exc).splitlines()[0][:200]}", file=f) from None
+        if isinstance(state, dict):
+            if state.get("per_position"):
+                raise DFlashError("per-position mask embeddings are served by no engine (SGLang refuses them)", file=f)
+            saved_id = state.get("mask_token_id", self.spec.mask_token_id)
+            if type(saved_id) is not int or saved_id != self.spec.mask_token_id:
+                shown = saved_id if type(saved_id) is int else repr(saved_id)[:40]
+                raise DFlashError(f"field `mask_token_id` is {shown}, the draft's is "
+                                  f"{self.spec.mask_token_id}: engines refuse the pair", file=f)
+            state = state.get("embedding")
+        if not isinstance(state, torch.Tensor) or not state.is_floating_point():
+            raise DFlashError("holds no float tensor (expected a tensor or a dict with `embedding`)", file=f)
+        if state.numel() != self.spec.hidden_size:
+            raise DFlashError(f"embedding of shape {list(state.shape)}: {state.numel()} values, the draft's hidden "
+                              f"size is {self.spec.hidden_size}", file=f)
+        if not bool(state.isfinite().all()):
+            raise DFlashError("embedding contains NaN or Inf values", file=f)
+        return state.reshape(-1)
+
     def load_tensor(self, name: str, device: str = "cpu"):
         """One tensor as torch.Tensor, read from its byte range (never the whole file)."""
         import torch

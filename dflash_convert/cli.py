@@ -110,7 +110,8 @@ Token = Annotated[Optional[str], typer.Option("--token", help="Hub token (defaul
 Json = Annotated[bool, _flag("--json", help="Print one JSON object on stdout (errors too).")]
 Quiet = Annotated[bool, _flag("-q", "--quiet", help="No progress and no info lines (results, warnings and "
                               "errors still print).")]
-AllowPickle = Annotated[bool, _flag("--allow-pickle", help="Accept .bin/.pt pickle weights (loaded with "
+AllowPickle = Annotated[bool, _flag("--allow-pickle", help="Accept pickle files: .bin/.pt weights, and for validate "
+                                    "a mask_embedding.pt (loaded with "
                                     "weights_only=True).")]
 Causal = Annotated[Optional[bool], _flag("--causal/--non-causal", help="Force every draft layer causal / "
                                          "non-causal (default: as the checkpoint declares).")]
@@ -538,6 +539,7 @@ def validate(
     engine: EngineOpt = None,
     compile: Annotated[bool, _flag("--compile", help="End to end with static caches and torch.compile'd draft and "
                                    "verify steps (CUDA graphs on a GPU); compiling takes a while.")] = False,
+    allow_pickle: AllowPickle = False,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -547,7 +549,7 @@ def validate(
     from .validate import validate as run_validation
 
     out = Output(as_json, quiet)
-    ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token)
+    ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token, allow_pickle=allow_pickle)
     target_path, target_sha = (None, None) if target is None else \
         out.local(target, token=token, for_target=True)
     report = run_validation(ckpt_path, target=target_path, prompts=prompts, max_new_tokens=max_new_tokens,
@@ -558,7 +560,7 @@ def validate(
                             target_name=target, seed=seed, threads=threads,
                             draft_sampling=_value(draft_sampling), device_map=_value(device_map), max_memory=max_memory,
                             min_speedup=min_speedup, keep_going=keep_going, progress=None if quiet else out.status,
-                            engine=_value(engine), compile=compile)
+                            engine=_value(engine), compile=compile, allow_pickle=allow_pickle)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))

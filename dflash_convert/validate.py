@@ -221,8 +221,9 @@ def _single_layer(draft, i: int):
 
 def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
                    block_size: int | None = None, seed: int = 0, progress: Callable[[str], None] | None = None,
-                   window_per_query: bool = False) -> tuple[list[Check], dict[str, bool], Any]:
-    """(checks, backend -> serves this draft here, the loaded draft set to the decoding backend or None)."""
+                   draft_options: dict[str, Any] | None = None) -> tuple[list[Check], dict[str, bool], Any]:
+    """(checks, backend -> serves this draft here, the loaded draft set to the decoding backend or None).
+    `draft_options`: what load_draft is given to run the draft as served (per-query window, mask embedding)."""
     import torch
 
     from dflash_runtime.attention import BACKENDS, select_backend
@@ -242,8 +243,7 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     say = progress or (lambda message: None)
     say(f"numeric: loading the draft ({dtype_name}, {device})")
     try:
-        draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal,
-                           window_per_query=window_per_query)
+        draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal, **(draft_options or {}))
     except DFlashError as exc:
         return [_check("draft_loads", False, str(exc), level="numeric")], capable, None
     checks.append(_check("draft_loads", True, f"draft loaded ({dtype_name}, {device}); backend for decoding: "
@@ -319,7 +319,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                draft_sampling: str = "greedy", device_map: str | None = None, max_memory: dict | None = None,
                min_speedup: float | None = None, timing_rounds: int = TIMING_ROUNDS,
                progress: Callable[[str], None] | None = None, compile: bool = False,
-               window_per_query: bool = False, last_layer_post_norm: bool = False
+               draft_options: dict[str, Any] | None = None, last_layer_post_norm: bool = False
                ) -> tuple[list[Check], AcceptanceStats | None]:
     from dflash_runtime import check_pair, load_draft, load_target, speculative_generate, target_generate
 
@@ -340,10 +340,10 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         if draft is None:  # not loaded by the numeric level
             say(f"end to end: loading the draft ({str(dtype).removeprefix('torch.')}, {target.draft_device})")
             draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=backend, causal=causal,
-                               window_per_query=window_per_query)
+                               **(draft_options or {}))
         elif draft.device != target.draft_device:
             draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=draft.backend, causal=causal,
-                               window_per_query=window_per_query)
+                               **(draft_options or {}))
         if compile:  # static caches and compiled steps; the warm-up below compiles them
             draft = draft.with_backend(draft.backend, compile=True)
         check_pair(draft, target)
@@ -622,7 +622,11 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
         view = engines.serving_view(ckpt, engine, num_target_layers=info.num_layers if info else None)
         trained, ckpt = ckpt, engines.applied_checkpoint(ckpt, view)
-    per_query_window = view is not None and view.window_semantics == "per_query"  # the engines' sliding window
+    draft_options = {"window_per_query": view is not None and view.window_semantics == "per_query"}  # engines' window
+    mask_check = _mask_embedding_check(ckpt, allow_pickle=allow_pickle,
+                                       ignored=view is not None and engines.ENGINES_BY_KEY[view.engine].mask_embedding
+                                       == "ignored")
+    draft_options["mask_embedding"] = mask_check is not None and mask_check.status == "pass"
     last_layer_post_norm = view is not None and engines.ENGINES_BY_KEY[view.engine].last_layer == "post_norm"
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
     # end to end needs the target; fail on unusable prompts before any slow work
@@ -649,9 +653,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
             answered = {"target_layer_ids_range", "mask_token_id_special"}
             checks = [c for c in checks if not (c.status == "skip" and c.name in answered)]
             checks += target_checks(ckpt.spec, info, ckpt=ckpt)
-        override = _causal_override_check(ckpt, causal)
-        if override:
-            checks.append(override)
+        checks += [c for c in (_causal_override_check(ckpt, causal), mask_check) if c is not None]
         run.append("static")
         static_failed = [c.name for c in checks if c.status == "fail"]
         say(f"static: {len(checks)} checks, " + (f"failed: {', '.join(static_failed)}" if static_failed else
@@ -713,7 +715,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
             checks += scan_checks(ckpt)
             numeric, backends, loaded = numeric_checks(ckpt, device=dev_name, dtype=torch_dtype, backend=backend,
                                                        causal=causal, block_size=block_size, seed=seed, progress=say,
-                                                       window_per_query=per_query_window)
+                                                       draft_options=draft_options)
             draft_backend = loaded.backend if loaded is not None else None
             checks += numeric
             run.append("numeric")
@@ -736,7 +738,7 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
                                         min_position_rates=min_position_rates, stop_token_ids=stop, seed=seed,
                                         draft_sampling=draft_sampling, device_map=device_map, max_memory=max_memory,
                                         min_speedup=min_speedup, timing_rounds=timing_rounds, progress=progress,
-                                        window_per_query=per_query_window, last_layer_post_norm=last_layer_post_norm,
+                                        draft_options=draft_options, last_layer_post_norm=last_layer_post_norm,
                                         compile=compile)
                 checks += e2e
                 run.append("end_to_end")
@@ -763,6 +765,26 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
 def _own_dtype(raw_config: dict, tensors) -> str:
     """A checkpoint's own dtype: its config's, else the one its floating weights are stored in, else float32."""
     return memory.config_dtype(raw_config) or memory.stored_dtype(tensors) or "float32"
+
+
+def _mask_embedding_check(ckpt: Checkpoint, *, allow_pickle: bool, ignored: bool) -> Check | None:
+    """A mask_embedding.pt beside the weights: loaded (pass; the runtime levels then embed the mask slots with it,
+    as vLLM and SGLang do), unusable (fail), or present but a pickle not allowed (warn). None: no file, or an
+    engine that ignores it (--engine zlab: engine_fidelity says so)."""
+    name = catalogue.MASK_EMBEDDING_FILE
+    if ignored or not any(f.name == name for f in ckpt.companion_files):
+        return None
+    if not allow_pickle:
+        return Check(name="mask_embedding", status="warn", value="not loaded", message=f"{name} is a pickle and "
+                     "was not loaded: the runtime levels embed the mask slots with the target's row of mask_token_id "
+                     "(as z-lab does), vLLM and SGLang with this file; --allow-pickle loads it (weights_only)")
+    try:
+        vector = ckpt.load_mask_embedding(allow_pickle=True)
+    except DFlashError as exc:
+        return Check(name="mask_embedding", status="fail", value=name, message=str(exc))
+    return Check(name="mask_embedding", status="pass", value=list(vector.shape),
+                 message=f"{name} loaded (weights_only): the runtime levels embed the mask slots with it, as vLLM "
+                         "and SGLang do")
 
 
 def _engine_fidelity_check(view) -> Check:

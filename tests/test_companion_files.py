@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,99 @@ def test_hostile_mask_embedding_is_one_error_and_nothing_written(cli, speculator
     assert r.code == 1 and r.err.startswith("Error:") and MASK_EMBEDDING in r.err, r.err
     assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+# ----------------------------------------------------------------------------- validate runs it as vLLM and SGLang do
+
+PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+
+
+@pytest.fixture(scope="module")
+def pair_prompts(tmp_path_factory) -> Path:
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts.write_text("\n".join((PAIR / "prompts.txt").read_text().splitlines()[:3]) + "\n")
+    return prompts
+
+
+def pair_with(tmp_path, state) -> Path:
+    import torch
+
+    draft = Path(shutil.copytree(PAIR / "draft", tmp_path / "draft"))
+    torch.save(state, draft / MASK_EMBEDDING)
+    return draft
+
+
+def run_pair(cli, draft, prompts, *extra):
+    r = cli("validate", draft, "--target", PAIR / "target", "--prompts", prompts, "--max-new-tokens", "32",
+            "--threads", "1", "--levels", "static,end_to_end", "--json", *extra)
+    report = r.json()
+    return r.code, {c["name"]: c for c in report["checks"]}, report.get("acceptance")
+
+
+def target_mask_row():
+    from safetensors.torch import load_file
+
+    return load_file(PAIR / "target" / "model.safetensors")["model.embed_tokens.weight"][511].float()
+
+
+def test_validate_embeds_the_mask_slots_with_it_only_when_allowed(cli, pair_prompts, tmp_path):
+    """The target's own mask row saved as the mask embedding changes nothing; a random one, loaded with
+    --allow-pickle, wrecks acceptance (so it is really used); without --allow-pickle it is a warning, unused."""
+    import torch
+
+    code, checks, same = run_pair(cli, pair_with(tmp_path / "same", {"embedding": target_mask_row(),
+                                                                     "mask_token_id": 511}), pair_prompts,
+                                  "--allow-pickle")
+    assert code == 0 and checks["mask_embedding"]["status"] == "pass"
+    noise = {"embedding": 10 * torch.randn(64, generator=torch.Generator().manual_seed(0)), "mask_token_id": 511}
+    code, checks, wrecked = run_pair(cli, pair_with(tmp_path / "noise", noise), pair_prompts, "--allow-pickle")
+    assert code == 0 and checks["mask_embedding"]["status"] == "pass"
+    assert wrecked["acceptance_length"] < 0.5 * same["acceptance_length"]
+    assert wrecked["outputs_equal"] == wrecked["prompts"]  # lossless still
+    code, checks, unused = run_pair(cli, tmp_path / "noise" / "draft", pair_prompts)
+    assert code == 0 and checks["mask_embedding"]["status"] == "warn" and "--allow-pickle" in \
+        checks["mask_embedding"]["message"]
+    assert unused["acceptance_length"] == same["acceptance_length"]
+
+
+@pytest.mark.parametrize("state, needle", [
+    ({"embedding": "tensor", "mask_token_id": 7}, "`mask_token_id` is 7"),
+    ({"embedding": "tensor", "mask_token_id": 511, "per_position": True}, "per-position"),
+    ({"embedding": "short"}, "hidden size is 64"),
+    ({"embedding": "nan"}, "NaN"),
+    ([1, 2, 3], "no float tensor"),
+])
+def test_validate_fails_a_mask_embedding_engines_refuse(cli, pair_prompts, tmp_path, state, needle):
+    import torch
+
+    if isinstance(state, dict):
+        e = {"tensor": torch.zeros(64), "short": torch.zeros(32), "nan": torch.full((64,), float("nan"))}
+        state = {**state, "embedding": e[state["embedding"]]}
+    code, checks, _ = run_pair(cli, pair_with(tmp_path, state), pair_prompts, "--allow-pickle")
+    assert code == 3 and checks["mask_embedding"]["status"] == "fail"
+    assert needle in checks["mask_embedding"]["message"] and MASK_EMBEDDING in checks["mask_embedding"]["message"]
+
+
+def test_validate_engine_zlab_ignores_it(cli, pair_prompts, tmp_path):
+    draft = pair_with(tmp_path, {"embedding": target_mask_row(), "mask_token_id": 511})
+    code, checks, _ = run_pair(cli, draft, pair_prompts, "--allow-pickle", "--engine", "zlab")
+    assert "mask_embedding" not in checks and "mask_embedding" in checks["engine_fidelity"]["message"]
+    code, checks, _ = run_pair(cli, draft, pair_prompts, "--allow-pickle", "--engine", "vllm")
+    assert code == 0 and checks["mask_embedding"]["status"] == "pass"
+
+
+def test_the_compiled_step_embeds_mask_slots_with_it_too(tmp_path):
+    import torch
+
+    from dflash_runtime import load_draft, load_target, speculative_generate
+
+    noise = {"embedding": 10 * torch.randn(64, generator=torch.Generator().manual_seed(0)), "mask_token_id": 511}
+    draft_dir = pair_with(tmp_path, noise)
+    target = load_target(PAIR / "target")
+    prompt = [int(t) for t in (PAIR / "prompts.txt").read_text().split("\n")[0].split()]
+    accepted = {}
+    for name, kw in {"plain": {}, "eager": {"mask_embedding": True},
+                     "compiled": {"mask_embedding": True, "compile": True, "backend": "sdpa"}}.items():
+        out = speculative_generate(load_draft(draft_dir, **kw), target, prompt, max_new_tokens=32)
+        accepted[name] = out.stats.accepted
+    assert accepted["compiled"] == accepted["eager"] < accepted["plain"] / 2

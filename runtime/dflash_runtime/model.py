@@ -101,8 +101,12 @@ class DFlashDraft:
     size, so one graph serves every step; on CUDA with mode "reduce-overhead" (CUDA graphs)."""
 
     def __init__(self, spec: DraftSpec, tensors: dict[str, torch.Tensor], *, layer_causal: list[bool], backend: str,
-                 device, dtype: torch.dtype, compile: bool = False, window_per_query: bool = False):
+                 device, dtype: torch.dtype, compile: bool = False, window_per_query: bool = False,
+                 mask_embedding: torch.Tensor | None = None):
         self.spec = spec
+        # a trained mask embedding [H] (mask_embedding.pt): mask slots get it instead of the target's row of
+        # mask_token_id, as vLLM and SGLang serve such a draft
+        self.mask_embedding = None if mask_embedding is None else mask_embedding.to(device=device, dtype=dtype)
         # Sliding layers: the trained window is anchor-relative (every slot sees positions >= anchor - W);
         # serving engines give each query the W keys ending at it (validate --engine runs that).
         self.window_per_query = window_per_query
@@ -175,7 +179,8 @@ class DFlashDraft:
             raise DFlashError("the compiled draft step cannot use FlexAttention on CPU; use --backend sdpa or eager "
                               "with --compile (compiled flex runs on CUDA)")
         self.compile = True
-        weights = [self.fc, self.hidden_norm, self.norm, self.inv_freq, self.lm_head, self.draft_to_target]
+        weights = [self.fc, self.hidden_norm, self.norm, self.inv_freq, self.lm_head, self.draft_to_target,
+                   self.mask_embedding]
         for layer in self.layers:
             weights += [getattr(layer, f.name) for f in fields(DraftLayer) if f.type.startswith("torch.Tensor")]
         for t in [*weights, *self.cache_k, *self.cache_v]:
@@ -409,7 +414,10 @@ def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi
                embed: Callable[[torch.Tensor], torch.Tensor], lm_head: Callable[[torch.Tensor], torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B] (anchor, then mask ids) -> (greedy ids [B-1], float32 logits [B-1, V]); slot 0's output is discarded."""
-    hidden = block_forward(d, embed(ids), start, ctx_first, kv_lo, kv_hi)  # [B, H]
+    x = embed(ids)  # [B, H]
+    if d.mask_embedding is not None:
+        x = torch.where((ids == d.mask_token_id)[:, None], d.mask_embedding.to(x.dtype), x)
+    hidden = block_forward(d, x, start, ctx_first, kv_lo, kv_hi)  # [B, H]
     logits = block_logits(d, hidden[1:], lm_head)  # [B-1, V]
     return logits.argmax(dim=-1), logits
 
@@ -445,13 +453,15 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
 
 def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dtype = torch.float32,
                backend: str = "auto", causal: bool | None = None, compile: bool = False,
-               window_per_query: bool = False) -> DFlashDraft:
+               window_per_query: bool = False, mask_embedding: bool = False) -> DFlashDraft:
     """Load a draft from a checkpoint directory (either format) or an opened Checkpoint.
 
     Tensors are read one at a time from their byte ranges and cast to `dtype` on `device`.
     `causal` overrides every layer's causality; `compile` runs the decode step through torch.compile
     (CUDA graphs on CUDA; the first step of each shape compiles, which takes seconds to minutes).
     `window_per_query` gives sliding layers the serving engines' per-query window instead of training's.
+    `mask_embedding` embeds the mask slots with the draft's mask_embedding.pt, as vLLM and SGLang do (a pickle:
+    True is the caller's consent to torch.load it with weights_only=True; without the file it changes nothing).
     """
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -471,7 +481,8 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     if spec.is_pruned_vocab:
         ckpt.d2t_target_ids()  # raises on ids outside the target vocab or repeated
     return DFlashDraft(spec, tensors, layer_causal=layer_causal, backend=name, device=device, dtype=dtype,
-                       compile=compile, window_per_query=window_per_query)
+                       compile=compile, window_per_query=window_per_query,
+                       mask_embedding=ckpt.load_mask_embedding(allow_pickle=True) if mask_embedding else None)
 
 
 def warn_block_size(draft: DFlashDraft, block_size: int) -> None:
