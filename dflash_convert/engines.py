@@ -401,9 +401,26 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                                   fix="serve it with an engine that reads the other format"))
             return view
     r = _read(rules, raw)
-    names = set(tensors)
-    n = spec.num_layers
-    # --- target layer ids
+    _view_target_layer_ids(view, rules, spec, r, num_target_layers)
+    _view_fc_width(view, rules, spec, r, fc_shape)
+    _view_attention(view, rules, spec, r)
+    _view_block_size(view, rules, spec, r)
+    _view_vocab(view, rules, spec, r, set(tensors))
+    _view_mask_token(view, rules, spec, r)
+    _view_mask_embedding(view, rules, spec, r, set(files))
+    _view_verifier(view, rules, spec, r)
+    if view.via_conversion:
+        div.insert(0, Divergence(field="format", severity="warning", trained=spec.source_format, applied=rules.reads,
+                                 consequence=f"{rules.title} reads only the {rules.reads} format; shown: what it "
+                                             f"reads from the output of `{_fix_format(rules)}`",
+                                 fix=_fix_format(rules)))
+    return view
+
+
+def _view_target_layer_ids(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any],
+                           num_target_layers: int | None) -> None:
+    """The target layer ids and their feature order; an id naming the target's last layer."""
+    div = view.divergences
     ids = r["ids"]
     view.target_layer_ids_source = r["ids_source"]
     if ids is None:
@@ -430,7 +447,12 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                                   consequence=f"id {last - 1} is the target's last layer: "
                                               + RULE_TEXT["last_layer"][rules.last_layer],
                                   fix="serve it with vLLM, which captures the last layer's raw output"))
-    # --- fc width
+
+
+def _view_fc_width(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any],
+                   fc_shape: tuple[int, ...] | None) -> None:
+    """The fc input width the engine builds against the checkpoint's fc.weight."""
+    div = view.divergences
     if fc_shape is not None and r["fc_width"] is not None and len(fc_shape) == 2 and fc_shape[1] != r["fc_width"]:
         view.loads = False
         div.append(Divergence(field="fc_width", severity="error", trained=fc_shape[1], applied=r["fc_width"],
@@ -440,7 +462,12 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                               fix="serve it with vLLM (reads target_hidden_size)" if rules.fc_width == "hidden_size"
                               else "fix target_hidden_size / the layer ids"))
     view.fc_input_width = r["fc_width"]
-    # --- layer types, window, causality
+
+
+def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+    """Per-layer attention type, sliding window (size and semantics) and block causality."""
+    div = view.divergences
+    n = spec.num_layers
     types, window, causal = r["layer_types"], r["window"], r["causal"]
     view.layer_types, view.layer_causal, view.causal_source = types, causal, r["causal_source"]
     sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
@@ -490,7 +517,11 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                               applied="V2 model runner only",
                               consequence="vLLM's V1 model runner refuses drafts mixing sliding and full layers",
                               fix="run vLLM with VLLM_USE_V2_MODEL_RUNNER=1 (the default where Triton is present)"))
-    # --- block size
+
+
+def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+    """The block size and where it comes from."""
+    div = view.divergences
     view.block_size, view.block_size_source = r["block"], r["block_source"]
     if r["block"] is None and rules.block_size == "serving_flag":
         div.append(Divergence(field="block_size", severity="warning", trained=spec.block_size, applied=None,
@@ -502,7 +533,11 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                               consequence=f"drafts blocks of {r['block']} ({r['block_source']}) instead of "
                                           f"{spec.block_size}",
                               fix="write block_size (convert writes it in every place engines read)"))
-    # --- vocabulary
+
+
+def _view_vocab(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any], names: set[str]) -> None:
+    """What a pruned vocabulary (own lm_head + d2t) gets."""
+    div = view.divergences
     if r["pruned"]:
         if rules.vocab == "target_lm_head":
             view.vocab = "target lm_head (the draft's own lm_head and d2t are ignored)"
@@ -522,7 +557,11 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
             view.vocab = "own lm_head + d2t"
     else:
         view.vocab = "target lm_head"
-    # --- mask token
+
+
+def _view_mask_token(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+    """The mask token id."""
+    div = view.divergences
     if r["mask"] is None:
         fallback = rules.mask == "token_fallback"
         view.loads = view.loads and fallback
@@ -530,13 +569,22 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                               consequence="no mask_token_id: " + ("falls back to the tokenizer's <|MASK|> token"
                                                                   if fallback else "the engine cannot fill the block"),
                               fix="convert --mask-token-id ID"))
-    # --- a trained mask embedding beside the weights
-    if MASK_EMBEDDING_FILE in set(files):  # convert carries the file, so a converted view has it too
+
+
+def _view_mask_embedding(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any],
+                         files: set[str]) -> None:
+    """A mask_embedding.pt beside the weights."""
+    div = view.divergences
+    if MASK_EMBEDDING_FILE in files:  # convert carries the file, so a converted view has it too
         if rules.mask_embedding == "ignored":
             div.append(Divergence(field="mask_embedding", severity="error", trained=MASK_EMBEDDING_FILE,
                                   applied="target embedding", consequence=RULE_TEXT["mask_embedding"]["ignored"],
                                   fix="serve it with vLLM or SGLang"))
-    # --- target model
+
+
+def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+    """How the engine finds the target model."""
+    div = view.divergences
     if rules.verifier == "hub_repo_id":
         name = r.get("verifier")
         if not name:
@@ -550,12 +598,6 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                                               "(vLLM wants a Hub repo id)",
                                   fix="convert --verifier ORG/NAME (or serve with --model TARGET "
                                       "--speculative-config)"))
-    if view.via_conversion:
-        div.insert(0, Divergence(field="format", severity="warning", trained=spec.source_format, applied=rules.reads,
-                                 consequence=f"{rules.title} reads only the {rules.reads} format; shown: what it "
-                                             f"reads from the output of `{_fix_format(rules)}`",
-                                 fix=_fix_format(rules)))
-    return view
 
 
 def _looks_like_repo_id(name: str) -> bool:
