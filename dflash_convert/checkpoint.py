@@ -214,7 +214,7 @@ class Checkpoint:
 
         import torch
 
-        data = read_bounded(f, catalogue.MAX_COMPANION_BYTES, f"a {f.name} an engine reads")
+        data = read_companion(f)
         try:
             state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - torch raises many types for corrupt/unsafe pickles
@@ -357,6 +357,11 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
     return Checkpoint(path=path, raw_config=raw, spec=spec, tensors=tensors, source_names=source_names,
                       weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled,
                       companion_files=find_companion_files(path))
+
+
+def read_companion(f: Path) -> bytes:
+    """The bytes of a companion file (catalogue.COMPANION_FILES), bounded; never unpickled here."""
+    return read_bounded(f, catalogue.MAX_COMPANION_BYTES, f"a {f.name} an engine reads")
 
 
 def find_companion_files(path: Path) -> list[Path]:

@@ -23,7 +23,7 @@ from .checkpoint import (
     Checkpoint,
     check_destination,
     open_checkpoint,
-    read_bounded,
+    read_companion,
     read_json,
     staged_directory,
 )
@@ -333,7 +333,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
                 h.close()
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2, allow_nan=False) + "\n")
         for f in ckpt.companion_files:  # engines read them beside the weights; bounded, never unpickled
-            (tmp / f.name).write_bytes(read_bounded(f, catalogue.MAX_COMPANION_BYTES, f"a {f.name} an engine reads"))
+            (tmp / f.name).write_bytes(read_companion(f))
         reader.join()
         if failure:
             raise failure[0]

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, computed_field
 
 from . import catalogue, engines, mapping
-from .checkpoint import Checkpoint, open_checkpoint, read_bounded
+from .checkpoint import Checkpoint, open_checkpoint, read_companion
 from .configs import ConfigChange, Format
 from .errors import UsageError
 
@@ -197,9 +197,5 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
     for name in sorted(files_a.keys() | files_b.keys()):
         fa, fb = files_a.get(name), files_b.get(name)
         result.files[name] = ("only_in_a" if fb is None else "only_in_b" if fa is None else
-                              "equal" if _file_bytes(fa) == _file_bytes(fb) else "differs")
+                              "equal" if read_companion(fa) == read_companion(fb) else "differs")
     return result
-
-
-def _file_bytes(f: Path) -> bytes:
-    return read_bounded(f, catalogue.MAX_COMPANION_BYTES, f"a {f.name} an engine reads")

@@ -332,7 +332,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         target = load_target(target_dir, device=device, dtype=target_dtype, attn_implementation=target_backend,
                              trust_remote_code=False, device_map=device_map, max_memory=max_memory, compile=compile)
     if last_layer_post_norm:  # the engine feeds the draft the last layer's output after the final norm
-        target.post_norm_ids = frozenset({target.num_layers - 1})
+        target.feed_after_final_norm({target.num_layers - 1})
     if target.offloaded:
         say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
             + f"; the draft runs on {target.draft_device}")

@@ -33,17 +33,17 @@ def test_features_are_layer_outputs_and_the_last_is_pre_norm(target):
 
 
 def test_post_norm_capture_is_what_output_hidden_states_returns(target):
-    """post_norm_ids (z-lab's reading of a last-layer id): the feature is transformers' hidden_states[-1]."""
+    """feed_after_final_norm (z-lab's reading of a last-layer id): the feature is transformers' hidden_states[-1]."""
     ids = torch.randint(0, 500, (9,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         hs = target.model(input_ids=ids[None], output_hidden_states=True).hidden_states
     target.set_capture([3, 7])
-    target.post_norm_ids = frozenset({7})
+    target.feed_after_final_norm({7})
     try:
         target.reset()
         _, features = target.forward(ids, 0)
     finally:
-        target.post_norm_ids = frozenset()
+        target.feed_after_final_norm(())
     mid, last = features.split(target.hidden_size, dim=-1)
     assert torch.equal(mid, hs[4][0]) and torch.equal(last, hs[8][0])
 

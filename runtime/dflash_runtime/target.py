@@ -89,9 +89,8 @@ class Target:
         self.draft_device = _execution_device(model, self.layers[-1])
         self.offloaded = _offloaded(model)
         self.capture_ids: list[int] = []
-        # layers whose captured output goes through the final norm first: z-lab takes the last layer's
-        # feature from output_hidden_states[-1], which is after the norm (validate --engine zlab)
-        self.post_norm_ids: frozenset[int] = frozenset()
+        self.post_norm_ids: frozenset[int] = frozenset()  # see feed_after_final_norm
+        self.final_norm = None
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = []
         self.cache = None
@@ -116,11 +115,17 @@ class Target:
         self._hooks = [self.layers[i].register_forward_hook(self._hook(i)) for i in dict.fromkeys(layer_ids)]
         self.capture_ids = list(layer_ids)
 
+    def feed_after_final_norm(self, layer_ids) -> None:
+        """Capture these layers' outputs after the final norm: z-lab takes the last layer's feature from
+        output_hidden_states[-1], which is after the norm (validate --engine zlab)."""
+        self.final_norm = decoder_part(self.model, "norm")
+        self.post_norm_ids = frozenset(layer_ids)
+
     def _hook(self, layer_id: int):
         def store(module, args, output):  # noqa: ARG001
             out = output[0] if isinstance(output, tuple) else output  # [1, n, Ht]
             if layer_id in self.post_norm_ids:
-                out = decoder_part(self.model, "norm")(out)
+                out = self.final_norm(out)
             self._captured[layer_id] = out[0]
         return store
 
