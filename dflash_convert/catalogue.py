@@ -38,10 +38,6 @@ def _bias(spec: DraftSpec) -> bool:
     return spec.attention_bias
 
 
-def _draft_vocab(spec: DraftSpec) -> int:
-    return spec.draft_vocab_size or spec.vocab_size
-
-
 @dataclass(frozen=True)
 class Tensor:
     key: str  # short identifier (the runtime's field name)
@@ -73,7 +69,7 @@ class Tensor:
 
 def _fc_hint(s: DraftSpec) -> str:
     return (f"fc input width must be len(target_layer_ids)={len(s.target_layer_ids or [])} x "
-            f"target hidden {s.target_hidden_size or s.hidden_size}")
+            f"target hidden {s.target_hidden}")
 
 
 _DFLASH2 = "dflash2 extra (not sized: its shapes are not specified)"
@@ -116,13 +112,13 @@ CATALOGUE: tuple[Tensor, ...] = (
              lambda s: None, needed=_never, variants=("dflash2",))
       for leaf in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")),
     Tensor("lm_head", "lm_head.weight", "draft lm_head [draft_vocab, H]",
-           lambda s: (_draft_vocab(s), s.hidden_size), needed=_pruned, to_hf=KEEP_IF_PRUNED,
+           lambda s: (s.draft_vocab, s.hidden_size), needed=_pruned, to_hf=KEEP_IF_PRUNED,
            to_speculators=KEEP_IF_PRUNED, drop_reason="full-vocab copy of the verifier lm_head; engines use the target's",
            check="vocab_map"),
-    Tensor("d2t", "d2t", "draft->target id offsets (int64 [draft_vocab])", lambda s: (_draft_vocab(s),),
+    Tensor("d2t", "d2t", "draft->target id offsets (int64 [draft_vocab])", lambda s: (s.draft_vocab,),
            needed=_pruned, to_hf=KEEP_IF_PRUNED, to_speculators=KEEP_IF_PRUNED,
            drop_reason="identity vocab map of a full-vocab draft", check="vocab_map",
-           hint=lambda s: f"the pruned lm_head [{_draft_vocab(s)}, {s.hidden_size}] names target ids only through "
+           hint=lambda s: f"the pruned lm_head [{s.draft_vocab}, {s.hidden_size}] names target ids only through "
                           "d2t (without it acceptance collapses)",
            kinds=("int",)),
     Tensor("t2d", "t2d", "target->draft membership (bool [vocab])", lambda s: (s.vocab_size,), needed=_never,
@@ -133,7 +129,7 @@ CATALOGUE: tuple[Tensor, ...] = (
            lambda s: (s.vocab_size, s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
            drop_reason="copy of the verifier embedding; engines use the target's"),
     Tensor("verifier_lm_head", "verifier_lm_head.weight", "training-only verifier copy",
-           lambda s: (_draft_vocab(s), s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
+           lambda s: (s.draft_vocab, s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
            drop_reason="training-only verifier copy, never shipped"),
     Tensor("verifier_norm", "verifier_norm.weight", "training-only verifier copy", lambda s: (s.hidden_size,),
            needed=_never, to_hf=DROP, to_speculators=DROP, drop_reason="training-only verifier copy, never shipped"),

@@ -99,7 +99,7 @@ def _fc_width(ckpt: Checkpoint) -> Check:
     if spec.context_width is None:
         return _check("fc_width", None, f"no target layer ids: the width of `{FC}` cannot be checked",
                       value=list(fc.shape))
-    target_h = spec.target_hidden_size or spec.hidden_size
+    target_h = spec.target_hidden
     want = (spec.hidden_size, spec.context_width)
     n_ids = len(spec.target_layer_ids)
     ok = tuple(fc.shape) == want
@@ -158,7 +158,7 @@ def _vocab_map(ckpt: Checkpoint) -> list[Check]:
             problems.append(f"tensor `{LM_HEAD}` missing for draft_vocab_size {vd}")
         elif rows != vd:
             problems.append(f"tensor `{LM_HEAD}` has {rows} rows, config draft_vocab_size is "
-                            f"{spec.draft_vocab_size or vocab}")
+                            f"{spec.draft_vocab}")
         if D2T not in have:
             problems.append(f"tensor `{D2T}` missing while lm_head is pruned: draft ids would be read as target ids "
                             "and acceptance collapses (vllm-ascend #9795)")
@@ -215,7 +215,7 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
         problems = []
         if tuple(info.shape) != (vocab,):
             problems.append(f"tensor `{T2D}` is {list(info.shape)}, expected [{vocab}]")
-        vd = ckpt.spec.draft_vocab_size or vocab
+        vd = ckpt.spec.draft_vocab
         if int(t2d.sum()) != vd:
             problems.append(f"tensor `{T2D}` marks {int(t2d.sum())} ids, draft vocab is {vd}")
         if target_ids is not None and len(t2d) == vocab and target_ids.min(initial=0) >= 0 \

@@ -96,7 +96,7 @@ def layer_ids_check(ids: list[int], num_layers: int, source: str, name: str = "t
 def compatibility_checks(spec: DraftSpec, target: TargetInfo) -> list[Check]:
     """The draft against its target's config (shapes only, no weights), one check per rule."""
     source = f"target {target.name_or_path}"
-    draft_th = spec.target_hidden_size or spec.hidden_size
+    draft_th = spec.target_hidden
     n_ids = len(spec.target_layer_ids or [])
     problems = []
     if draft_th != target.hidden_size:

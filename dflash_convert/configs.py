@@ -368,8 +368,18 @@ class DraftSpec(BaseModel):
         return self.draft_vocab_size is not None and self.draft_vocab_size != self.vocab_size
 
     @property
+    def draft_vocab(self) -> int:
+        """Rows of the draft's vocabulary: its own pruned lm_head's, else the target's."""
+        return self.draft_vocab_size or self.vocab_size
+
+    @property
+    def target_hidden(self) -> int:
+        """Width of one target hidden state (the draft's own hidden size unless stated)."""
+        return self.target_hidden_size or self.hidden_size
+
+    @property
     def context_width(self) -> int | None:
         """Input width of `fc`: one target hidden state per target layer id."""
         if self.target_layer_ids is None:
             return None
-        return len(self.target_layer_ids) * (self.target_hidden_size or self.hidden_size)
+        return len(self.target_layer_ids) * self.target_hidden

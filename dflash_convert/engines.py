@@ -47,6 +47,7 @@ class EngineRules:
     layer_types: str  # where the per-layer attention type comes from
     window: str  # where the sliding window size comes from
     window_semantics: str  # which context positions a sliding layer's query sees
+    window_missing: str  # what sliding layers get when the config yields no window size
     block_size: str  # where the block size comes from
     vocab: str  # what a pruned draft vocabulary (own lm_head + d2t) gets
     fc_width: str  # fc input width the engine builds
@@ -61,28 +62,28 @@ ENGINES: tuple[EngineRules, ...] = (
         key="vllm-speculators", engine="vllm", title="vLLM (speculators format)", version="0.33.0",
         reads="speculators", layer_ids="aux_minus_one", ids_missing="refuse", ids_order="sorted_unique",
         last_layer="pre_norm", causality="speculators_global", layer_types="explicit", window="raw",
-        window_semantics="per_query", block_size="speculative_tokens", vocab="own_lm_head_d2t",
+        window_semantics="per_query", window_missing="refuse", block_size="speculative_tokens", vocab="own_lm_head_d2t",
         fc_width="target_hidden_size", mixed="inexpressible", mask="required", mask_embedding="used",
         verifier="hub_repo_id"),
     EngineRules(
         key="vllm-hf", engine="vllm", title="vLLM (HF format)", version="0.33.0",
         reads="hf", layer_ids="eagle_aux_then_dflash_config_or_top", ids_missing="model_default",
         ids_order="sorted_unique", last_layer="pre_norm", causality="is_causal_then_dflash_causal_then_sliding",
-        layer_types="qwen3", window="swa_window_size_or_qwen3", window_semantics="per_query",
+        layer_types="qwen3", window="swa_window_size_or_qwen3", window_semantics="per_query", window_missing="refuse",
         block_size="serving_flag", vocab="own_lm_head_d2t", fc_width="target_hidden_size", mixed="v2_runner",
         mask="required", mask_embedding="used", verifier="serving_flag"),
     EngineRules(
         key="sglang", engine="sglang", title="SGLang", version="0.5.23",
         reads="hf", layer_ids="dflash_config_or_top", ids_missing="derive", ids_order="sorted_unique",
         last_layer="not_captured", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
-        window_semantics="per_query", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
+        window_semantics="per_query", window_missing="refuse", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
         fc_width="hidden_size", mixed="supported", mask="token_fallback", mask_embedding="used",
         verifier="serving_flag"),
     EngineRules(
         key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
         reads="hf", layer_ids="dflash_config_or_top", ids_missing="refuse", ids_order="as_listed",
         last_layer="post_norm", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
-        window_semantics="per_query", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
+        window_semantics="per_query", window_missing="full_context", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
         fc_width="hidden_size", mixed="supported", mask="required", mask_embedding="ignored", verifier="caller"),
 )
 ENGINES_BY_KEY = {e.key: e for e in ENGINES}
@@ -132,6 +133,10 @@ RULE_TEXT: dict[str, dict[str, str]] = {
         "per_query": "W keys ending at each query (slot j sees j+1 fewer context positions than trained)",
         "anchor": "context positions >= anchor - W, for every slot of the block",
     },
+    "window_missing": {
+        "refuse": "the load fails",
+        "full_context": "they attend the whole context",
+    },
     "block_size": {
         "speculative_tokens": "`proposal_methods[0].speculative_tokens` + 1 (`vllm serve DRAFT`), or "
                               "`num_speculative_tokens` + 1 from `--speculative-config`",
@@ -170,6 +175,7 @@ FIELD_TITLES = {
     "reads": "format read", "layer_ids": "target layer ids", "ids_missing": "no ids in the config",
     "ids_order": "feature order", "last_layer": "id of the target's last layer", "causality": "block causality",
     "layer_types": "layer types", "window": "sliding window size", "window_semantics": "sliding window semantics",
+    "window_missing": "sliding layers without a window size",
     "block_size": "block size", "vocab": "pruned vocab", "fc_width": "fc input width",
     "mixed": "mixed sliding + full layers", "mask": "mask token", "mask_embedding": "trained mask embedding",
     "verifier": "target model",
@@ -182,7 +188,8 @@ TRAINED_WINDOW = "anchor"  # what speculators trains and the runtime implements
 TOP_LEVEL_READ = frozenset({
     "architectures", "block_size", "is_causal", "target_hidden_size", "draft_vocab_size", "num_target_layers",
     "target_layer_ids", "mask_token_id", "mask_token", "aux_hidden_state_layer_ids", "sliding_window_non_causal",
-    "sample_from_anchor", "speculators_model_type", "dtype", "torch_dtype", *mapping.DFLASH2_FIELDS,
+    "sample_from_anchor", "speculators_model_type", "dtype", "torch_dtype", "eagle_aux_hidden_state_layer_ids",
+    *mapping.DFLASH2_FIELDS,
 })
 DECODER_READ = frozenset({
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -268,9 +275,9 @@ def trained_view(spec: DraftSpec) -> dict[str, Any]:
         "layer_types": spec.layer_types,
         "layer_causal": spec.layer_causal,
         "sliding_window": spec.sliding_window if any_sliding else None,
-        "draft_vocab_size": spec.draft_vocab_size or spec.vocab_size,
+        "draft_vocab_size": spec.draft_vocab,
         "vocab_size": spec.vocab_size,
-        "target_hidden_size": spec.target_hidden_size or spec.hidden_size,
+        "target_hidden_size": spec.target_hidden,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_layers,
@@ -292,8 +299,7 @@ def trained_view(spec: DraftSpec) -> dict[str, Any]:
 
 def _qwen3_layer_types(flat: dict[str, Any]) -> tuple[list[str], int | None]:
     """transformers' Qwen3Config: `sliding_window` is null unless `use_sliding_window`; `layer_types` default."""
-    window = flat.get("sliding_window") if flat.get("use_sliding_window") else None
-    return mapping.resolve_layer_types(flat), window
+    return mapping.resolve_layer_types(flat), mapping.qwen3_window(flat)
 
 
 def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
@@ -310,10 +316,10 @@ def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
     eagle_aux = raw.get("eagle_aux_hidden_state_layer_ids") if rules.layer_ids.startswith("eagle_aux") else None
     if rules.layer_ids == "aux_minus_one":
         aux = raw.get("aux_hidden_state_layer_ids")
-        ids = None if aux is None else [a - mapping.AUX_ID_OFFSET for a in aux]
+        ids = None if aux is None else mapping.target_ids_from_aux(aux)
         out["ids_source"] = "aux_hidden_state_layer_ids - 1"
     elif eagle_aux:
-        ids = [a - mapping.AUX_ID_OFFSET for a in eagle_aux]
+        ids = mapping.target_ids_from_aux(eagle_aux)
         out["ids_source"] = "eagle_aux_hidden_state_layer_ids - 1"
     else:
         ids = dc.get("target_layer_ids", raw.get("target_layer_ids"))
@@ -338,13 +344,9 @@ def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
     else:
         is_causal = raw.get("is_causal")
         dc_causal = dc.get("causal") if rules.causality == "is_causal_then_dflash_causal_then_sliding" else None
-        if is_causal is not None:
-            out["causal"], out["causal_source"] = [bool(is_causal)] * n, "is_causal"
-        elif dc_causal is not None:
-            out["causal"], out["causal_source"] = [bool(dc_causal)] * n, "dflash_config.causal"
-        else:
-            out["causal"] = [t == "sliding_attention" for t in types]
-            out["causal_source"] = "layer_types (sliding layers causal)"
+        out["causal"] = mapping.hf_layer_causal(types, is_causal, dc_causal)
+        out["causal_source"] = ("is_causal" if is_causal is not None else "dflash_config.causal"
+                                if dc_causal is not None else "layer_types (sliding layers causal)")
     # block size
     if rules.block_size == "speculative_tokens":
         try:
@@ -479,11 +481,10 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: di
                               consequence="layers attend with another attention type (sliding vs full) than trained",
                               fix="write layer_types explicitly (convert writes them)"))
     if sliding and window is None:
-        refuses = rules.engine in ("vllm", "sglang")
-        view.loads = view.loads and not refuses
+        view.loads = view.loads and rules.window_missing != "refuse"
         div.append(Divergence(field="sliding_window", severity="error", trained=spec.sliding_window, applied=None,
-                              consequence="sliding layers have no window size: " + (
-                                  "the load fails" if refuses else "they attend the whole context"),
+                              consequence="sliding layers have no window size: "
+                                          + RULE_TEXT["window_missing"][rules.window_missing],
                               fix="set use_sliding_window: true with sliding_window (convert writes both)"))
     elif sliding and spec.sliding_window is not None and window != spec.sliding_window:
         div.append(Divergence(field="sliding_window", severity="error", trained=spec.sliding_window, applied=window,
@@ -617,16 +618,19 @@ def rules_for(engine: str | None, source_format: str | None = None) -> list[Engi
 
 def checkpoint_views(ckpt, engine: str | None = None, *, num_target_layers: int | None = None) -> list[EngineView]:
     """Every engine's view of an opened Checkpoint (or those `engine` names)."""
+    return [_checkpoint_view(ckpt, rules, num_target_layers) for rules in rules_for(engine, ckpt.format)]
+
+
+def _checkpoint_view(ckpt, rules: EngineRules, num_target_layers: int | None) -> EngineView:
     fc = ckpt.tensors.get(catalogue.name("fc"))
-    files = [MASK_EMBEDDING_FILE] if (ckpt.path / MASK_EMBEDDING_FILE).is_file() else []
-    return [engine_view(rules, ckpt.spec, ckpt.raw_config, tensors=ckpt.tensors, files=files,
-                        fc_shape=tuple(fc.shape) if fc is not None else None, num_target_layers=num_target_layers)
-            for rules in rules_for(engine, ckpt.format)]
+    return engine_view(rules, ckpt.spec, ckpt.raw_config, tensors=ckpt.tensors,
+                       files=[f.name for f in ckpt.companion_files],
+                       fc_shape=tuple(fc.shape) if fc is not None else None, num_target_layers=num_target_layers)
 
 
 def serving_view(ckpt, engine: str, *, num_target_layers: int | None = None) -> EngineView:
     """The view of the one path `engine` would serve this checkpoint through (vLLM: the path for its format)."""
-    return checkpoint_views(ckpt, engine, num_target_layers=num_target_layers)[0]
+    return _checkpoint_view(ckpt, rules_for(engine, ckpt.format)[0], num_target_layers)
 
 
 def applied_spec(spec: DraftSpec, view: EngineView) -> DraftSpec:
@@ -643,7 +647,7 @@ def applied_spec(spec: DraftSpec, view: EngineView) -> DraftSpec:
         upd["decoder"] = {**spec.decoder, "layer_types": list(view.layer_types), "sliding_window": view.sliding_window}
     if view.block_size is not None:
         upd["block_size"] = view.block_size
-    if spec.is_pruned_vocab and view.vocab.startswith("target"):
+    if spec.is_pruned_vocab and ENGINES_BY_KEY[view.engine].vocab == "target_lm_head":
         upd["draft_vocab_size"] = None
     return spec.model_copy(update=upd)
 

@@ -124,10 +124,15 @@ def resolve_layer_types(decoder: dict[str, Any]) -> list[str]:
         if len(types) != n:
             raise DFlashError(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
         return list(types)
-    window = decoder.get("sliding_window") if decoder.get("use_sliding_window") else None
+    window = qwen3_window(decoder)
     start = decoder.get("max_window_layers")
     start = QWEN3_MAX_WINDOW_LAYERS if start is None else start
     return ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
+
+
+def qwen3_window(decoder: dict[str, Any]) -> int | None:
+    """transformers' Qwen3Config: `sliding_window` is null unless `use_sliding_window`."""
+    return decoder.get("sliding_window") if decoder.get("use_sliding_window") else None
 
 
 def hf_layer_causal(layer_types: list[str], is_causal: bool | None, causal: bool | None) -> list[bool]:
@@ -155,11 +160,8 @@ def aux_ids_from_target(target_layer_ids: list[int]) -> list[int]:
     return [i + AUX_ID_OFFSET for i in target_layer_ids]
 
 
-def target_ids_from_aux(aux_ids: list[int], file: str = "config.json") -> list[int]:
-    bad = [a for a in aux_ids if a - AUX_ID_OFFSET < 0]
-    if bad:
-        raise DFlashError(f"field `aux_hidden_state_layer_ids` has {bad}: id 0 is the embedding output, "
-                          "not a decoder layer output", file=file)
+def target_ids_from_aux(aux_ids: list[int]) -> list[int]:
+    """z-lab ids from speculators aux ids (configs refuse aux id 0, the embedding output, when parsing)."""
     return [a - AUX_ID_OFFSET for a in aux_ids]
 
 
@@ -189,7 +191,7 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         block_size=cfg.block_size,
         mask_token_id=cfg.mask_token_id,
         target_layer_ids=None if cfg.aux_hidden_state_layer_ids is None
-        else target_ids_from_aux(cfg.aux_hidden_state_layer_ids, file),
+        else target_ids_from_aux(cfg.aux_hidden_state_layer_ids),
         layer_types=layer_types,
         layer_causal=speculators_layer_causal(layer_types, non_causal),
         causal_flag=None,
@@ -328,7 +330,7 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     verifier = spec.verifier or VerifierRef()
     if not verifier.name_or_path:
         warnings.append("speculators_config.verifier.name_or_path is unknown (vLLM requires it): pass --verifier")
-    draft_vocab = spec.draft_vocab_size or spec.vocab_size
+    draft_vocab = spec.draft_vocab
     out: dict[str, Any] = {
         "architectures": [SPECULATORS_ARCHITECTURE[spec.variant]],
         "speculators_model_type": spec.variant,
