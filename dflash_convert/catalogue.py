@@ -145,7 +145,9 @@ COMPANION_FILES: dict[str, str] = {
 }
 MAX_COMPANION_BYTES = 16 << 20  # a mask embedding is hidden x 4 bytes (x block size when per position): KB to a few MB
 LAYER_KEYS = tuple(t.key for t in CATALOGUE if t.per_layer and t.variants == BOTH)
-_PATTERNS = [(re.compile(re.escape(t.name).replace(r"\{i\}", r"(\d+)")), t) for t in CATALOGUE]
+# a layer index of at most 6 digits (MAX_LAYERS is 1024): a longer one is an unknown tensor, never an int() of
+# thousands of digits
+_PATTERNS = [(re.compile(re.escape(t.name).replace(r"\{i\}", r"(\d{1,6})")), t) for t in CATALOGUE]
 # Exports that wrap the body in a module prefix; names are normalised before the catalogue applies.
 RENAMES: tuple[tuple[str, str], ...] = ((r"model\.(.+)", r"\1"),)
 
@@ -156,7 +158,7 @@ def name(key: str, layer: int | None = None) -> str:
     return t.name.format(i=layer) if t.per_layer else t.name
 
 
-def _match(tensor: str, variant: str | None) -> tuple[Tensor | None, int | None]:
+def match(tensor: str, variant: str | None) -> tuple[Tensor | None, int | None]:
     """(catalogue entry, draft layer index or None) of a tensor name."""
     for pattern, t in _PATTERNS:
         m = pattern.fullmatch(tensor)
@@ -166,7 +168,7 @@ def _match(tensor: str, variant: str | None) -> tuple[Tensor | None, int | None]
 
 
 def rule_for(tensor: str, variant: str | None = None) -> Tensor | None:
-    return _match(tensor, variant)[0]
+    return match(tensor, variant)[0]
 
 
 def canonical_name(tensor: str) -> str:
@@ -223,12 +225,13 @@ def tensor_problems(spec: DraftSpec, have: dict[str, Shape]) -> list[TensorProbl
     tensors of any known entry are sized), each with the check that reports it."""
     problems = []
     for tensor in have:
-        rule, layer = _match(tensor, spec.variant)
+        rule, layer = match(tensor, spec.variant)
+        shown = tensor if len(tensor) <= 100 else tensor[:97] + "..."  # a hostile name can be megabytes long
         if rule is None:
             problems.append(TensorProblem("unexpected", tensor, "unexpected_tensors",
-                                          f"unexpected tensor `{tensor}` (not part of a {spec.variant} draft)"))
+                                          f"unexpected tensor `{shown}` (not part of a {spec.variant} draft)"))
         elif layer is not None and layer >= spec.num_layers:
-            problems.append(TensorProblem("unexpected", tensor, "unexpected_tensors", f"unexpected tensor `{tensor}` "
+            problems.append(TensorProblem("unexpected", tensor, "unexpected_tensors", f"unexpected tensor `{shown}` "
                                           f"(the config has num_hidden_layers={spec.num_layers})"))
     for tensor, shape in expected_shapes(spec).items():
         if tensor not in have:

@@ -390,7 +390,7 @@ def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo
     config does not have, and every tensor in a dtype kind its catalogue entry allows (an int
     `fc.weight` is not a draft any engine can run; only the vocab maps hold integers)."""
     for name, info in tensors.items():
-        rule = catalogue.rule_for(name, spec.variant)
+        rule, layer = catalogue.match(name, spec.variant)
         if rule is None:
             continue  # unknown tensors: the tensor-set checks name them
         kind = DTYPES[info.dtype].kind if info.dtype in DTYPES else None
@@ -398,12 +398,10 @@ def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo
             allowed = sorted(c for c, d in DTYPES.items() if d.kind in rule.kinds)
             raise DFlashError(f"tensor `{name}` is {info.dtype}; it must be {' or '.join(rule.kinds)} "
                               f"({', '.join(allowed)}): only the vocab maps hold integers", file=info.file)
-        if rule.per_layer:
-            index = name[len(rule.name.split("{i}")[0]):].split(".")[0]
-            if len(index) > 6 or int(index) >= spec.num_layers:
-                raise DFlashError(f"field `num_hidden_layers` is {spec.num_layers} but the weights hold tensor "
-                                  f"`{name[:80]}` (layer {index[:12]}): the config and the weights describe different "
-                                  "drafts", file=config_file)
+        if layer is not None and layer >= spec.num_layers:
+            raise DFlashError(f"field `num_hidden_layers` is {spec.num_layers} but the weights hold tensor "
+                              f"`{name[:80]}` (layer {layer}): the config and the weights describe different "
+                              "drafts", file=config_file)
 
 
 # ----------------------------------------------------------------------------- staging

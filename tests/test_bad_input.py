@@ -133,6 +133,23 @@ def test_missing_and_unexpected_tensors(cli, full, tmp_path):
     assert_clean_failure(cli("convert", full, "-o", out), out, 1, "markov_head.weight", "unexpected")
 
 
+@pytest.mark.parametrize("index", ["9" * 5000, "1" + "0" * 6, "00000000000000000000003"])
+def test_layer_index_of_absurd_length_is_an_unexpected_tensor(cli, full, tmp_path, index):
+    """A layer index is at most 6 digits: longer is an unknown tensor, never an int() of thousands of digits
+    (Python refuses past 4300 with a bare ValueError); the error line names the file and stays short."""
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(full / "model.safetensors")
+    t[f"layers.{index}.input_layernorm.weight"] = t["hidden_norm.weight"].clone()
+    save_file(t, full / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    r = cli("convert", full, "-o", out)
+    assert_clean_failure(r, out, 1, "model.safetensors", "unexpected tensor")
+    assert len(r.err) < 400
+    r = cli("inspect", full, "--json")
+    assert r.code == 3 and "unexpected_tensors" in {c["name"] for c in r.json()["checks"] if c["status"] == "fail"}
+
+
 def test_pruned_lm_head_without_d2t(cli, speculators_drafts, tmp_path):
     from safetensors.torch import load_file, save_file
 
