@@ -30,7 +30,12 @@ from .errors import DFlashError, Interrupted
 from .safetensors_io import INDEX_NAME, SINGLE_NAME, TensorInfo, read_header
 
 CONFIG_NAME = "config.json"
-PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")  # torch.save files: they can run code when unpickled
+
+
+def is_pickle_weight_file(name: str) -> bool:
+    """A pickle weight file by its name (a companion such as mask_embedding.pt is not weights)."""
+    return name.endswith(PICKLE_SUFFIXES) and Path(name).name not in catalogue.COMPANION_FILES
 
 
 MAX_CONFIG_BYTES = 8 << 20  # config.json, conversion.json: real ones are a few KB
@@ -291,8 +296,8 @@ def find_weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path 
     others = sorted(p for p in path.glob("*.safetensors"))
     if others:
         return others, None, []
-    pickles = [p for p in sorted(path.glob("*.bin")) + sorted(path.glob("*.pt")) + sorted(path.glob("*.pth"))
-               if p.name not in catalogue.COMPANION_FILES]  # a mask embedding is not a state dict
+    pickles = [p for suffix in PICKLE_SUFFIXES for p in sorted(path.glob("*" + suffix))
+               if is_pickle_weight_file(p.name)]
     if pickles:
         if not allow_pickle:
             raise DFlashError("only pickle weights found (.bin/.pt); they can run code when loaded. "

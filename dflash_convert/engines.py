@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, computed_field
 from . import catalogue, mapping
 from .configs import DraftSpec, Format
 from .errors import DFlashError, UsageError
+from .hub import is_hub_id
 
 EngineName = Literal["vllm", "sglang", "zlab"]
 ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab")
@@ -593,18 +594,12 @@ def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dic
                                   consequence="no speculators_config.verifier.name_or_path: `vllm serve DRAFT` "
                                               "rejects the config",
                                   fix="convert --verifier ORG/NAME"))
-        elif not _looks_like_repo_id(name):
+        elif not is_hub_id(name):
             div.append(Divergence(field="verifier", severity="warning", trained=name, applied=None,
                                   consequence=f"verifier {name!r} is a local path: `vllm serve DRAFT` refuses it "
                                               "(vLLM wants a Hub repo id)",
                                   fix="convert --verifier ORG/NAME (or serve with --model TARGET "
                                       "--speculative-config)"))
-
-
-def _looks_like_repo_id(name: str) -> bool:
-    parts = name.split("/")
-    return (len(parts) <= 2 and all(parts) and not name.startswith((".", "~"))
-            and all(c.isalnum() or c in "-_." for p in parts for c in p))
 
 
 def rules_for(engine: str | None, source_format: str | None = None) -> list[EngineRules]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import card, catalogue
-from .checkpoint import CONFIG_NAME, staged_directory
+from .checkpoint import CONFIG_NAME, check_destination, is_pickle_weight_file, staged_directory
 from .errors import DFlashError, UsageError
 from .safetensors_io import INDEX_NAME
 from .tokens import end_open_line, hub_token, redact
@@ -225,7 +225,7 @@ def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: st
         if CONFIG_NAME not in wanted:
             raise DFlashError(f"Hub repo {where} ({sha[:12]}) has no {CONFIG_NAME}: not a model checkpoint")
         if need_weights and not any(n.endswith(".safetensors") for n in wanted) and not allow_pickle \
-                and any(n.endswith((".bin", ".pt", ".pth")) for n in listing):
+                and any(is_pickle_weight_file(n) for n in listing):
             raise DFlashError(f"Hub repo {where} has only pickle weights (.bin/.pt); they can run code when loaded. "
                               "Pass --allow-pickle to fetch them and load with torch.load(weights_only=True)")
         _say(f"fetching {len(wanted)} files of {where} ({sha[:12]}) from {api.endpoint}")
@@ -275,11 +275,8 @@ def pull(repo_id: str, out_dir: str | Path | None = None, *, revision: str | Non
     if not is_hub_id(repo_id):
         raise UsageError(f"not a Hub repo id (org/name): {repo_id!r}")
     dest = Path(out_dir).expanduser() if out_dir is not None else None
-    if dest is not None:
-        if dest.exists() and not dest.is_dir():
-            raise DFlashError("output exists and is not a directory", file=dest)
-        if dest.is_dir() and any(dest.iterdir()) and not overwrite:
-            raise DFlashError("output directory is not empty (--overwrite replaces it)", file=dest)
+    if dest is not None:  # before any download: a symlink or non-empty destination is refused up front
+        check_destination(dest, overwrite)
     snap = _plan(repo_id, revision=revision, token=token, endpoint=endpoint,
                  patterns=_patterns(for_target=False, allow_pickle=allow_pickle, config_only=False),
                  need_weights=True, allow_pickle=allow_pickle)

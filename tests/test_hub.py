@@ -454,6 +454,18 @@ def test_pull_to_dir_that_fails_half_way_leaves_nothing(cli, hub, draft, tmp_pat
     assert local_files(out) == {k: v for k, v in local_files(draft).items() if k in ("config.json", "model.safetensors")}
 
 
+def test_pull_to_a_symlink_is_refused_before_any_download(cli, hub, draft, tmp_path):
+    """The same destination rules as convert, checked before the weights are fetched (not at commit)."""
+    hub.seed_repo("org/draft", local_files(draft))
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    one_error_line(cli("pull", "org/draft", "-o", link), "symbolic link")
+    assert not any(m == "GET" and path.endswith("/model.safetensors") for m, path in hub.requests)
+    assert list(real.iterdir()) == []
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_pull_to_dir_stopped_by_a_signal_leaves_nothing(hub, draft, tmp_path, sig):
     import signal
