@@ -287,7 +287,7 @@ def _write_tensor(plan: ConversionPlan, step: TensorStep, src_handles: dict, dst
     import torch  # only casts and pickle sources get here
 
     tensor = ckpt.load_tensor(step.source).to(torch_dtype(step.dtype, tensor=step.dest)).contiguous()
-    dst.write(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    dst.write(tensor.view(torch.uint8).numpy())  # the buffer itself: no second copy of a cast tensor
 
 
 def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,

@@ -623,10 +623,9 @@ def validate(checkpoint_path: str | Path, *, target: str | Path | None = None,
         view = engines.serving_view(ckpt, engine, num_target_layers=info.num_layers if info else None)
         trained, ckpt = ckpt, engines.applied_checkpoint(ckpt, view)
     draft_options = {"window_per_query": view is not None and view.window_semantics == "per_query"}  # engines' window
-    mask_check = _mask_embedding_check(ckpt, allow_pickle=allow_pickle,
-                                       ignored=view is not None and engines.ENGINES_BY_KEY[view.engine].mask_embedding
-                                       == "ignored")
-    draft_options["mask_embedding"] = mask_check is not None and mask_check.status == "pass"
+    mask_check, draft_options["mask_embedding"] = _mask_embedding(
+        ckpt, allow_pickle=allow_pickle,
+        ignored=view is not None and engines.ENGINES_BY_KEY[view.engine].mask_embedding == "ignored")
     last_layer_post_norm = view is not None and engines.ENGINES_BY_KEY[view.engine].last_layer == "post_norm"
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
     # end to end needs the target; fail on unusable prompts before any slow work
@@ -767,24 +766,24 @@ def _own_dtype(raw_config: dict, tensors) -> str:
     return memory.config_dtype(raw_config) or memory.stored_dtype(tensors) or "float32"
 
 
-def _mask_embedding_check(ckpt: Checkpoint, *, allow_pickle: bool, ignored: bool) -> Check | None:
-    """A mask_embedding.pt beside the weights: loaded (pass; the runtime levels then embed the mask slots with it,
-    as vLLM and SGLang do), unusable (fail), or present but a pickle not allowed (warn). None: no file, or an
-    engine that ignores it (--engine zlab: engine_fidelity says so)."""
+def _mask_embedding(ckpt: Checkpoint, *, allow_pickle: bool, ignored: bool) -> tuple[Check | None, Any]:
+    """(check, the vector the runtime levels embed the mask slots with, or None) for a mask_embedding.pt beside
+    the weights: loaded once (pass; as vLLM and SGLang use it), unusable (fail), or present but a pickle not
+    allowed (warn). No check: no file, or an engine that ignores it (--engine zlab: engine_fidelity says so)."""
     name = catalogue.MASK_EMBEDDING_FILE
     if ignored or not any(f.name == name for f in ckpt.companion_files):
-        return None
+        return None, None
     if not allow_pickle:
         return Check(name="mask_embedding", status="warn", value="not loaded", message=f"{name} is a pickle and "
                      "was not loaded: the runtime levels embed the mask slots with the target's row of mask_token_id "
-                     "(as z-lab does), vLLM and SGLang with this file; --allow-pickle loads it (weights_only)")
+                     "(as z-lab does), vLLM and SGLang with this file; --allow-pickle loads it (weights_only)"), None
     try:
         vector = ckpt.load_mask_embedding(allow_pickle=True)
     except DFlashError as exc:
-        return Check(name="mask_embedding", status="fail", value=name, message=str(exc))
+        return Check(name="mask_embedding", status="fail", value=name, message=str(exc)), None
     return Check(name="mask_embedding", status="pass", value=list(vector.shape),
                  message=f"{name} loaded (weights_only): the runtime levels embed the mask slots with it, as vLLM "
-                         "and SGLang do")
+                         "and SGLang do"), vector
 
 
 def _engine_fidelity_check(view) -> Check:

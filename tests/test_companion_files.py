@@ -205,8 +205,11 @@ def test_the_compiled_step_embeds_mask_slots_with_it_too(tmp_path):
     target = load_target(PAIR / "target")
     prompt = [int(t) for t in (PAIR / "prompts.txt").read_text().split("\n")[0].split()]
     accepted = {}
-    for name, kw in {"plain": {}, "eager": {"mask_embedding": True},
-                     "compiled": {"mask_embedding": True, "compile": True, "backend": "sdpa"}}.items():
+    from dflash_convert.checkpoint import open_checkpoint
+
+    vector = open_checkpoint(draft_dir).load_mask_embedding(allow_pickle=True)
+    for name, kw in {"plain": {}, "eager": {"mask_embedding": vector},
+                     "compiled": {"mask_embedding": vector, "compile": True, "backend": "sdpa"}}.items():
         out = speculative_generate(load_draft(draft_dir, **kw), target, prompt, max_new_tokens=32)
         accepted[name] = out.stats.accepted
     assert accepted["compiled"] == accepted["eager"] < accepted["plain"] / 2

@@ -318,7 +318,7 @@ def test_speculative_sampling_keeps_the_target_distribution_end_to_end(tmp_path,
     tv = _tv(counts, exact, runs)
     assert tv < bound, tv
 
-    def always_accept(block, target_logits, draft_logits, **kw):
+    def always_accept(block, target_logits, draft_probs, **kw):
         return block.numel() - 1, block[1:].tolist() + [int(torch.multinomial(target_logits[-1].exp(), 1,
                                                                               generator=kw["generator"]))]
 

@@ -54,12 +54,12 @@ def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator |
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
-def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_logits: torch.Tensor | None, *,
+def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_probs: torch.Tensor | None, *,
                  temperature: float, generator: torch.Generator | None, sampling: str = "greedy"
                  ) -> tuple[int, list[int]]:
     """The verify decision for one block. block [S] = anchor + S-1 proposals, target_logits [S, V]
-    (the target's logits after each slot), draft_logits [S-1, V] (the draft's, used by
-    "probabilistic" at temperature > 0) -> (accepted proposals a, committed tokens: the a accepted
+    (the target's logits after each slot), draft_probs [S-1, V] (the draft's distribution at the
+    temperature its proposals were sampled from, on the target logits' device; "probabilistic" only) -> (accepted proposals a, committed tokens: the a accepted
     proposals and one token of the target's)."""
     proposals = block[1:]  # [S-1]
     if temperature <= 0 or sampling == "greedy":
@@ -69,7 +69,7 @@ def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_logits:
         return accepted, proposals[:accepted].tolist() + [int(chosen[accepted])]
     device = target_logits.device
     p = torch.softmax(target_logits / temperature, dim=-1)  # [S, V]
-    q = torch.softmax(draft_logits.to(device).float() / temperature, dim=-1)  # [S-1, V]
+    q = draft_probs  # [S-1, V]
     x = proposals.to(device)[:, None]
     ratio = p[:-1].gather(1, x)[:, 0] / q.gather(1, x)[:, 0]  # p_k(x_k) / q_k(x_k), q_k(x_k) > 0: x_k ~ q_k
     keep = torch.rand(ratio.shape, generator=generator, device=device) < ratio  # P = min(1, ratio)
@@ -140,19 +140,19 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         remaining = max_new_tokens - len(tokens)
         size = min(block_size, remaining + 1)  # no point verifying more than can be emitted
         block = torch.tensor([anchor], dtype=torch.long, device=device)
-        draft_logits = None
+        draft_probs = None
         if draft is not None and size > 1:
             t = _now(device)
             proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
                                                     block_size=size, draft_window=draft_window)  # [size-1]
-            if probabilistic:  # the block sampled at the request's temperature
-                probs = torch.softmax(draft_logits.float() / temperature, dim=-1)  # [size-1, V]
-                proposals = torch.multinomial(probs.to(logits.device), 1, generator=generator)[:, 0]
+            if probabilistic:  # the block sampled at the request's temperature; accept_block reuses the probs
+                draft_probs = torch.softmax(draft_logits / temperature, dim=-1).to(logits.device)  # [size-1, V]
+                proposals = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
             block = torch.cat([block, proposals.to(device)])
             draft_time += _now(device) - t
         t = _now(device)
         logits, features = target.forward(block, start)  # [size, V], [size, A*Ht]
-        accepted, new = accept_block(block, logits, draft_logits, temperature=temperature, generator=generator,
+        accepted, new = accept_block(block, logits, draft_probs, temperature=temperature, generator=generator,
                                      sampling=draft_sampling)
         verify_time += _now(device) - t
         if size > 1:

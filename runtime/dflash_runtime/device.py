@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_convert.dtypes import CAST_TARGETS, DTYPES, code_for_name
+from dflash_convert.dtypes import CAST_TARGETS, code_for_name, torch_dtype
 from dflash_convert.errors import UsageError
 
 
@@ -27,4 +27,4 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
     if code is None:
         *rest, last = CAST_TARGETS
         raise UsageError(f"--dtype {name!r}: choose {', '.join(rest)} or {last}")
-    return getattr(torch, DTYPES[code].torch)
+    return torch_dtype(code)

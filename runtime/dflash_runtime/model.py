@@ -453,15 +453,15 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
 
 def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dtype = torch.float32,
                backend: str = "auto", causal: bool | None = None, compile: bool = False,
-               window_per_query: bool = False, mask_embedding: bool = False) -> DFlashDraft:
+               window_per_query: bool = False, mask_embedding: torch.Tensor | None = None) -> DFlashDraft:
     """Load a draft from a checkpoint directory (either format) or an opened Checkpoint.
 
     Tensors are read one at a time from their byte ranges and cast to `dtype` on `device`.
     `causal` overrides every layer's causality; `compile` runs the decode step through torch.compile
     (CUDA graphs on CUDA; the first step of each shape compiles, which takes seconds to minutes).
     `window_per_query` gives sliding layers the serving engines' per-query window instead of training's.
-    `mask_embedding` embeds the mask slots with the draft's mask_embedding.pt, as vLLM and SGLang do (a pickle:
-    True is the caller's consent to torch.load it with weights_only=True; without the file it changes nothing).
+    `mask_embedding` [H] embeds the mask slots, as vLLM and SGLang do with a draft's mask_embedding.pt (loaded by
+    the caller, who consents to unpickling it: Checkpoint.load_mask_embedding).
     """
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -482,7 +482,7 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
         ckpt.d2t_target_ids()  # raises on ids outside the target vocab or repeated
     return DFlashDraft(spec, tensors, layer_causal=layer_causal, backend=name, device=device, dtype=dtype,
                        compile=compile, window_per_query=window_per_query,
-                       mask_embedding=ckpt.load_mask_embedding(allow_pickle=True) if mask_embedding else None)
+                       mask_embedding=mask_embedding)
 
 
 def warn_block_size(draft: DFlashDraft, block_size: int) -> None:
