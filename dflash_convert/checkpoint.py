@@ -280,8 +280,19 @@ def _shard_path(path: Path, name: object, index: Path) -> Path:
     return f
 
 
-def find_weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path | None, list[Path]]:
-    """(safetensors files, index file, pickle files) of a checkpoint directory."""
+@dataclass
+class WeightFiles:
+    """Where a checkpoint directory's weights are: safetensors files (with the index and its checked
+    weight_map when sharded), or pickle files."""
+
+    files: list[Path]
+    index: Path | None = None
+    weight_map: dict[str, str] = field(default_factory=dict)
+    pickles: list[Path] = field(default_factory=list)
+
+
+def find_weight_files(path: Path, allow_pickle: bool) -> WeightFiles:
+    """The weight files of a checkpoint directory (the index is read once, here)."""
     index = path / INDEX_NAME
     if index.exists():
         data = read_json(index, max_bytes=MAX_INDEX_BYTES)
@@ -289,20 +300,19 @@ def find_weight_files(path: Path, allow_pickle: bool) -> tuple[list[Path], Path 
         if not isinstance(weight_map, dict) or not weight_map:
             raise DFlashError("field `weight_map` missing or empty", file=index)
         files = [_shard_path(path, name, index) for name in weight_map.values()]
-        files = list(dict.fromkeys(files))
-        return files, index, []
+        return WeightFiles(list(dict.fromkeys(files)), index, weight_map)
     if (path / SINGLE_NAME).exists():
-        return [path / SINGLE_NAME], None, []
+        return WeightFiles([path / SINGLE_NAME])
     others = sorted(p for p in path.glob("*.safetensors"))
     if others:
-        return others, None, []
+        return WeightFiles(others)
     pickles = [p for suffix in PICKLE_SUFFIXES for p in sorted(path.glob("*" + suffix))
                if is_pickle_weight_file(p.name)]
     if pickles:
         if not allow_pickle:
             raise DFlashError("only pickle weights found (.bin/.pt); they can run code when loaded. "
                               "Pass --allow-pickle to load them with torch.load(weights_only=True)", file=pickles[0])
-        return [], None, pickles
+        return WeightFiles([], pickles=pickles)
     raise DFlashError("no model.safetensors, shards or index found", file=path)
 
 
@@ -315,7 +325,8 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
         raise DFlashError("not a checkpoint directory (does not exist or is a file)", file=path)
     raw = read_json(path / CONFIG_NAME)
     spec = mapping.spec_from_config(raw, file=str(path / CONFIG_NAME))
-    files, index, pickles = find_weight_files(path, allow_pickle)
+    found_files = find_weight_files(path, allow_pickle)
+    files, index, pickles = found_files.files, found_files.index, found_files.pickles
     tensors: dict[str, TensorInfo] = {}
     source_names: dict[str, str] = {}
     metadata: dict[str, str] = {}
@@ -331,7 +342,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
             tensors[canon] = info
             source_names[canon] = name
     if index is not None:
-        weight_map = read_json(index, max_bytes=MAX_INDEX_BYTES)["weight_map"]
+        weight_map = found_files.weight_map
         for name, info in tensors.items():
             listed = weight_map.get(source_names[name])
             if listed is not None and listed != info.file.name:

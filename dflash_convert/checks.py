@@ -370,7 +370,7 @@ def duplicate_tensors_check(path) -> Check:
         path = path.parent
     if not path.is_dir():
         return _check("duplicate_tensors", None, f"{path} is not a directory")
-    files, _, _ = find_weight_files(path, allow_pickle=True)
+    files = find_weight_files(path, allow_pickle=True).files
     seen: dict[str, str] = {}
     dups = []
     for f in files:

@@ -38,7 +38,7 @@ def _fmt(n: int) -> str:
 
 def weight_headers(model_dir: Path) -> dict[str, TensorInfo]:
     """Every tensor of a model directory's safetensors files (headers only), by its stored name."""
-    files, _, _ = find_weight_files(Path(model_dir), allow_pickle=False)
+    files = find_weight_files(Path(model_dir), allow_pickle=False).files
     tensors: dict[str, TensorInfo] = {}
     for f in files:
         found, _ = read_header(f)

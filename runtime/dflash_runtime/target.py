@@ -250,7 +250,7 @@ def _offloaded(model) -> dict[str, int]:
 
 def stored_weight_names(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape over a model directory's safetensors files (headers only)."""
-    files, _, _ = find_weight_files(Path(path), allow_pickle=False)
+    files = find_weight_files(Path(path), allow_pickle=False).files
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
         found, _ = read_header(f)
