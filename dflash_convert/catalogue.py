@@ -179,6 +179,12 @@ def canonical_name(tensor: str) -> str:
     return tensor
 
 
+def loaded_by_engines(rule: Tensor, spec: DraftSpec) -> bool:
+    """Whether engines load this tensor: what a conversion to the HF format keeps (the rest are training-only
+    or copies of the target's)."""
+    return tensor_action(rule, "hf", spec.is_pruned_vocab) == KEEP
+
+
 def tensor_action(rule: Tensor, dest_format: str, pruned: bool) -> str:
     """keep / drop / derive for one tensor going to `dest_format`."""
     action = rule.to_hf if dest_format == "hf" else rule.to_speculators

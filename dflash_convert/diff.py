@@ -140,8 +140,7 @@ def _engine_tensors(ckpt: Checkpoint) -> tuple[set[str], dict[str, str]]:
         if rule is None:
             used.add(name)  # unknown tensors count: they make a difference
             continue
-        action = catalogue.tensor_action(rule, "hf", ckpt.spec.is_pruned_vocab)
-        if action == "keep":
+        if catalogue.loaded_by_engines(rule, ckpt.spec):
             used.add(name)
         else:
             ignored[name] = rule.drop_reason

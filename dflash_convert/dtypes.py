@@ -60,7 +60,6 @@ DTYPES: dict[str, DType] = {d.code: d for d in (
     DType("U8", 1, "uint8", "int", "u1"),
     DType("BOOL", 1, "bool", "bool", "?"),
 )}
-FLOAT_CODES = tuple(c for c, d in DTYPES.items() if d.is_float)
 # --dtype choices, by torch name: float32, bfloat16, float16.
 CAST_TARGETS: dict[str, str] = {d.torch: c for c, d in DTYPES.items() if d.cast_target}
 _BY_TORCH = {d.torch: c for c, d in DTYPES.items() if d.torch}

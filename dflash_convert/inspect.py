@@ -102,7 +102,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         rule = catalogue.rule_for(name, spec.variant)
         tensors.append(TensorRow(name=name, dtype=info.dtype, shape=list(info.shape), file=info.file.name,
                                  role=rule.role if rule else "unknown"))
-        if rule and catalogue.tensor_action(rule, "hf", spec.is_pruned_vocab) == "keep":
+        if rule and catalogue.loaded_by_engines(rule, spec):
             params += math.prod(info.shape)
     float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
     checks = checkpoint_checks(ckpt, scan=scan)

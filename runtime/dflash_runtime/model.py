@@ -242,14 +242,6 @@ class DFlashDraft:
                 else:
                     cache.append(t)
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return rope(x, positions, self.inv_freq, self.rope_scale)
-
-    @torch.inference_mode()
-    def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
-        """features [T, A*Ht] (target states at target_layer_ids, in id order) -> ctx [T, H]."""
-        return rms_norm(F.linear(features.to(self.device, self.dtype), self.fc), self.hidden_norm, self.eps)
-
     @torch.inference_mode()
     def add_context(self, features: torch.Tensor, start: int | None = None) -> None:
         """Append committed tokens' features [T, A*Ht] at positions start.. (default: right after the cache)."""

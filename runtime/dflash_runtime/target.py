@@ -37,6 +37,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.mapping import TargetInfo
 from dflash_convert.safetensors_io import read_header
 
+from .model import CACHE_ROUND
 
 def decoder_part(model, name: str) -> torch.nn.Module:
     """A part of a transformers causal LM's decoder: `layers` (model.model.layers for Llama/Qwen) or `norm`
@@ -48,7 +49,6 @@ def decoder_part(model, name: str) -> torch.nn.Module:
     return part
 
 
-CACHE_ROUND = 256  # static cache rows are allocated in multiples of this
 
 
 def target_verify(target: "Target", ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
