@@ -39,6 +39,7 @@ from dflash_convert.safetensors_io import read_header
 
 from .model import CACHE_ROUND
 
+
 def decoder_part(model, name: str) -> torch.nn.Module:
     """A part of a transformers causal LM's decoder: `layers` (model.model.layers for Llama/Qwen) or `norm`
     (the norm after the last layer)."""
