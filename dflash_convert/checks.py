@@ -13,7 +13,7 @@ from .catalogue import TensorProblem
 from .checkpoint import Checkpoint
 from .compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
 from .compat import make_check as _check
-from .configs import DraftSpec
+from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftSpec
 from .dtypes import DTYPES
 
 
@@ -48,12 +48,12 @@ def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
 
 
 def _block_size(spec: DraftSpec) -> Check:
-    b = spec.block_size
+    """Present (its range, MIN_BLOCK_SIZE..MAX_BLOCK_SIZE, is enforced when the config is parsed)."""
+    b, bounds = spec.block_size, f"[{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]"
     if b is None:
         return _check("block_size", False, "config has no block_size: engines fall back to their own default (16 in "
-                      "SGLang), which may not be what the draft was trained for", threshold=">= 2")
-    return _check("block_size", b >= 2, f"field `block_size` = {b}" + ("" if b >= 2 else
-                  ": a block needs the anchor plus at least one mask slot"), value=b, threshold=">= 2")
+                      "SGLang), which may not be what the draft was trained for", threshold=bounds)
+    return _check("block_size", True, f"field `block_size` = {b}", value=b, threshold=bounds)
 
 
 def _mask_token(spec: DraftSpec) -> list[Check]:
