@@ -316,6 +316,14 @@ def find_weight_files(path: Path, allow_pickle: bool) -> WeightFiles:
     raise DFlashError("no model.safetensors, shards or index found", file=path)
 
 
+def weight_headers(model_dir: Path) -> dict[str, TensorInfo]:
+    """Every tensor of a model directory's safetensors files (headers only), by its stored name."""
+    tensors: dict[str, TensorInfo] = {}
+    for f in find_weight_files(Path(model_dir), allow_pickle=False).files:
+        tensors.update(read_header(f)[0])
+    return tensors
+
+
 def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoint:
     """Read config and tensor headers of a checkpoint directory (no tensor data, no torch)."""
     path = Path(path)

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import find_weight_files, read_json
+from .checkpoint import read_json, weight_headers
 from .dtypes import DTYPES, code_for_name, compute_name
-from .errors import DFlashError
 from .mapping import TargetInfo, target_info
-from .safetensors_io import TensorInfo, read_header
+from .safetensors_io import TensorInfo
 
 LIBRARY_ALLOWANCE = 384 << 20  # torch/transformers allocations beyond tensors (allocator slack, kernels)
 GB = 1e9
@@ -35,16 +34,6 @@ def _fmt(n: int) -> str:
 
 
 # ----------------------------------------------------------------------------- what is there
-
-def weight_headers(model_dir: Path) -> dict[str, TensorInfo]:
-    """Every tensor of a model directory's safetensors files (headers only), by its stored name."""
-    files = find_weight_files(Path(model_dir), allow_pickle=False).files
-    tensors: dict[str, TensorInfo] = {}
-    for f in files:
-        found, _ = read_header(f)
-        tensors.update(found)
-    return tensors
-
 
 def itemsize(dtype: str) -> int:
     """Bytes per element of a --dtype name (float32, bfloat16, ...)."""

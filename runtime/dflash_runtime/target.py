@@ -31,11 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from dflash_convert import compat, mapping
-from dflash_convert.checkpoint import find_weight_files
+from dflash_convert.checkpoint import weight_headers
 from dflash_convert.configs import DraftSpec
 from dflash_convert.errors import DFlashError
 from dflash_convert.mapping import TargetInfo
-from dflash_convert.safetensors_io import read_header
 
 from .model import CACHE_ROUND
 
@@ -249,16 +248,6 @@ def _offloaded(model) -> dict[str, int]:
     return counts
 
 
-def stored_weight_names(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape over a model directory's safetensors files (headers only)."""
-    files = find_weight_files(Path(path), allow_pickle=False).files
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        found, _ = read_header(f)
-        shapes.update({name: info.shape for name, info in found.items()})
-    return shapes
-
-
 def _model_names(model, stored: list[str]) -> dict[str, str] | None:
     """Stored name -> the model's parameter name, renamed as transformers renames on load; None when
     a weight converter (fused or split tensors) applies, so names cannot be compared one to one."""
@@ -293,7 +282,7 @@ def check_target_weights(model, path: Path) -> None:
     """Refuse weight files that do not hold exactly the model's parameters and persistent buffers
     (`model` built on the meta device from the config; nothing is loaded). Tied parameters count as
     present when any of their group is stored; the model's own ignore patterns are respected."""
-    stored = stored_weight_names(path)
+    stored = {name: info.shape for name, info in weight_headers(path).items()}
     names = _model_names(model, list(stored))
     if names is None:
         return  # fused/split conversions: transformers' loading report is checked after loading instead
