@@ -313,7 +313,9 @@ class DFlashDraft:
             # the whole cache is attended (masked): a fixed shape, so no recompiles as context grows
             out, logits = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.capacity,
                                                  embed, lm_head)
-            return out.clone(), logits.clone()  # CUDA graph outputs are overwritten by the next replay
+            if self.device.type == "cuda":  # CUDA graph outputs are overwritten by the next replay
+                return out.clone(), logits.clone()
+            return out, logits
         return draft_step(self, ids, start, first, first, start + block_size, embed, lm_head)
 
 

@@ -201,8 +201,9 @@ class Target:
                 self._compiled_verify = torch.compile(target_verify, dynamic=False, fullgraph=True, mode=mode)
             logits, features = self._compiled_verify(self, ids, positions)
             self._length = start + n
-            # CUDA graph outputs are overwritten by the next replay
-            return logits.clone(), None if features is None else features.clone()
+            if self.device.type == "cuda":  # CUDA graph outputs are overwritten by the next replay
+                return logits.clone(), None if features is None else features.clone()
+            return logits, features
         out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1 if last_logits_only else 0)
         self.cache = out.past_key_values
