@@ -260,3 +260,12 @@ def d2t_target_ids(d2t):
 
     d2t = np.asarray(d2t).astype(np.int64).reshape(-1)
     return np.arange(len(d2t), dtype=np.int64) + d2t
+
+
+def target_id_span(target_ids) -> tuple[int, int, int]:
+    """(lowest, highest, how many repeated) of the target ids d2t maps to; (0, 0, 0) for none."""
+    import numpy as np
+
+    if not len(target_ids):
+        return 0, 0, 0
+    return int(target_ids.min()), int(target_ids.max()), len(target_ids) - len(np.unique(target_ids))

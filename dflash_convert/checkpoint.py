@@ -192,14 +192,13 @@ class Checkpoint:
 
     def d2t_target_ids(self):
         """Target id of every draft id of a pruned draft (catalogue.d2t_target_ids), checked."""
-        import numpy as np
-
         d2t = catalogue.name("d2t")
         ids = catalogue.d2t_target_ids(self.int_values(d2t))
         vocab, file = self.spec.vocab_size, self.tensors[d2t].file
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        lo, hi, dup = catalogue.target_id_span(ids)
+        if lo < 0 or hi >= vocab:
             raise DFlashError(f"tensor `{d2t}` maps draft ids outside the target vocab [0, {vocab})", file=file)
-        if len(np.unique(ids)) != len(ids):
+        if dup:
             raise DFlashError(f"tensor `{d2t}` maps two draft ids to the same target id", file=file)
         return ids
 

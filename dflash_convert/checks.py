@@ -185,8 +185,7 @@ def _int_tensor(ckpt: Checkpoint, name: str) -> str | None:
 def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
     have = ckpt.tensors
     if D2T not in have and T2D not in have:
-        return []  # full-vocab draft: nothing to read, and no numpy import (inspect stays fast)
-    import numpy as np
+        return []  # full-vocab draft: nothing to read
 
     checks: list[Check] = []
     target_ids = None
@@ -197,8 +196,7 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
             checks.append(_check("d2t_range", False, bad, value=have[D2T].dtype))
         else:
             target_ids = catalogue.d2t_target_ids(ckpt.int_values(D2T))
-            lo, hi = (int(target_ids.min()), int(target_ids.max())) if len(target_ids) else (0, 0)
-            dup = len(target_ids) - len(np.unique(target_ids))
+            lo, hi, dup = catalogue.target_id_span(target_ids)
             ok = lo >= 0 and hi < vocab
             msg = (f"tensor `{D2T}` maps draft ids to target ids [{lo}, {hi}]" +
                    ("" if ok else f", outside the target vocab [0, {vocab})") +
@@ -349,8 +347,7 @@ def target_checks(spec: DraftSpec, target: mapping.TargetInfo, *, ckpt: Checkpoi
     """The draft against its target's config.json (compat.compatibility_checks). With `ckpt`, d2t values too."""
     checks = compat.compatibility_checks(spec, target)
     if ckpt is not None and D2T in ckpt.tensors and not _int_tensor(ckpt, D2T):
-        ids_t = catalogue.d2t_target_ids(ckpt.int_values(D2T))
-        lo, hi = (int(ids_t.min()), int(ids_t.max())) if len(ids_t) else (0, 0)
+        lo, hi, _ = catalogue.target_id_span(catalogue.d2t_target_ids(ckpt.int_values(D2T)))
         checks.append(_check("target_d2t_range", lo >= 0 and hi < target.vocab_size,
                              f"tensor `{D2T}` maps into target ids [{lo}, {hi}]; target {target.name_or_path} vocab "
                              f"{target.vocab_size}", value=[lo, hi], threshold=f"[0, {target.vocab_size})"))
