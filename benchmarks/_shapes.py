@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_convert.catalogue import expected_shapes
-from dflash_convert.mapping import spec_from_config
-from dflash_convert.safetensors_io import header_bytes
+from dflash_convert.format.catalogue import expected_shapes
+from dflash_convert.format.mapping import spec_from_config
+from dflash_convert.io.safetensors import header_bytes
 
 H, HEADS, KV, HEAD_DIM, INTER, VOCAB, N_TARGET = 4096, 32, 8, 128, 12288, 151936, 36
 TARGET_IDS = [1, 9, 17, 25, 33]

@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _shapes  # noqa: E402
 
-from dflash_convert.catalogue import expected_shapes  # noqa: E402
-from dflash_convert.mapping import spec_from_config  # noqa: E402
+from dflash_convert.format.catalogue import expected_shapes  # noqa: E402
+from dflash_convert.format.mapping import spec_from_config  # noqa: E402
 from dflash_runtime.model import DFlashDraft  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

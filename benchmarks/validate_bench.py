@@ -32,10 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import _shapes  # noqa: E402
 
-from dflash_convert import memory  # noqa: E402
-from dflash_convert.catalogue import expected_shapes  # noqa: E402
-from dflash_convert.mapping import build_target_layer_ids, spec_from_config  # noqa: E402
-from dflash_convert.safetensors_io import header_bytes  # noqa: E402
+from dflash_convert.validate import memory  # noqa: E402
+from dflash_convert.format.catalogue import expected_shapes  # noqa: E402
+from dflash_convert.format.mapping import build_target_layer_ids, spec_from_config  # noqa: E402
+from dflash_convert.io.safetensors import header_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"

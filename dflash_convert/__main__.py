@@ -1,3 +1,3 @@
-from .cli import main
+from dflash_convert.cli import main
 
 main()

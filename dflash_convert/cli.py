@@ -21,12 +21,12 @@ from rich.console import Console
 
 from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
 
-from . import schemas
-from .configs import Format
-from .dtypes import CAST_TARGETS, DTYPES, code_for_name
-from .engines import ENGINE_NAMES
-from .errors import DFlashError, Interrupted
-from .checks import Level
+from dflash_convert import schemas
+from dflash_convert.format.configs import Format, is_hub_id
+from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, code_for_name
+from dflash_convert.format.engines import ENGINE_NAMES
+from dflash_convert.errors import DFlashError, Interrupted
+from dflash_convert.validate.checks import Level
 
 app = typer.Typer(
     name="dflash-convert",
@@ -88,7 +88,7 @@ def _flag(*names: str, help: str, **kw: Any):
 
 
 def _max_memory(text: Optional[str]) -> Optional[dict[str, int]]:
-    from .memory import parse_max_memory
+    from dflash_convert.validate.memory import parse_max_memory
 
     try:
         return None if text is None else parse_max_memory(text)
@@ -136,7 +136,7 @@ class Output:
 
         Asked for only where the Hub is used: local work never imports huggingface_hub.
         """
-        from . import hub
+        from dflash_convert.hub import client as hub
 
         hub.say_info = not self.quiet
         if self.json or self.quiet:
@@ -155,7 +155,7 @@ class Output:
             resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
                                           for_target=for_target, config_only=config_only)
         except DFlashError as exc:
-            if revision is None and hub.is_hub_id(source):  # say both readings of an ambiguous argument
+            if revision is None and is_hub_id(source):  # say both readings of an ambiguous argument
                 raise type(exc)(f"{source} is not a local directory, and as a Hub repo id: {exc}") from None
             raise
         return resolved.path, resolved.commit_sha
@@ -222,7 +222,7 @@ def _escape(text: str) -> str:
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from dflash_convert import __version__
 
         typer.echo(__version__)
         raise typer.Exit(0)
@@ -253,7 +253,7 @@ def _fail(message: str, *, exit_code: int, file: Optional[str], as_json: bool, d
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point: run the app, turn every error into one line (and JSON) and an exit code."""
-    from .tokens import redact_output
+    from dflash_convert.hub.tokens import redact_output
 
     args = list(sys.argv[1:] if argv is None else argv)
     redact_output(args)  # before anything can print: no token in any stream, traceback or warning
@@ -327,7 +327,8 @@ def convert(
     quiet: Quiet = False,
 ) -> None:
     """Convert a DFlash checkpoint between the speculators and HF / z-lab formats."""
-    from .convert import ConvertOptions, convert as run_convert
+    from dflash_convert.convert.conversion import ConvertOptions
+    from dflash_convert.publish import convert_and_publish
 
     out = Output(as_json, quiet)
     src_path, src_sha = out.local(src, revision=revision, token=token, allow_pickle=allow_pickle)
@@ -342,8 +343,8 @@ def convert(
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,
                         commit_description=commit_description, create_pr=create_pr, token=token)
     with out.progress("converting") as update:
-        done = run_convert(src_path, output, opts, validate=validate, push=push, push_options=push_options,
-                           on_progress=update, on_warning=out.warn, on_status=out.status)
+        done = convert_and_publish(src_path, output, opts, validate=validate, push=push, push_options=push_options,
+                                   on_progress=update, on_warning=out.warn, on_status=out.status)
     record = done.record
     out.info(f"converted {record.source_format} -> {record.destination_format}: {output} "
              f"({len(record.tensors_kept)} tensors kept, {len(record.tensors_dropped)} dropped)")
@@ -373,8 +374,8 @@ def inspect(
     quiet: Quiet = False,
 ) -> None:
     """Show the format, what each engine will apply, the tensors, and every problem found (exit 3 if any fails)."""
-    from .errors import ValidationFailed
-    from .inspect import inspect_checkpoint
+    from dflash_convert.errors import ValidationFailed
+    from dflash_convert.validate.inspect import inspect_checkpoint
 
     out = Output(as_json, quiet)
     local, sha = out.local(path, revision=revision, token=token, allow_pickle=allow_pickle)
@@ -403,8 +404,8 @@ def diff(
     quiet: Quiet = False,
 ) -> None:
     """Compare two checkpoints (also across formats): exit 0 when equivalent, 3 when not."""
-    from .diff import diff_checkpoints
-    from .errors import ValidationFailed
+    from dflash_convert.convert.diff import diff_checkpoints
+    from dflash_convert.errors import ValidationFailed
 
     out = Output(as_json, quiet)
     pa, _ = out.local(a, revision=revision_a or revision, token=token)
@@ -468,7 +469,7 @@ def push(
 ) -> None:
     """Upload a checkpoint directory in one commit to a branch (--revision, created from main if missing), with a
     README model card; prints the commit (or PR) URL."""
-    from .publish import push_checkpoint
+    from dflash_convert.publish import push_checkpoint
 
     out = Output(as_json, quiet)
     out.hub()
@@ -544,9 +545,9 @@ def validate(
     quiet: Quiet = False,
 ) -> None:
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
-    from .errors import ValidationFailed
-    from .report import render_table, to_json, to_junit
-    from .validate import validate as run_validation
+    from dflash_convert.errors import ValidationFailed
+    from dflash_convert.validate.report import render_table, to_json, to_junit
+    from dflash_convert.validate.run import validate as run_validation
 
     out = Output(as_json, quiet)
     ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token, allow_pickle=allow_pickle)

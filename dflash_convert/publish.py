@@ -1,29 +1,29 @@
-"""Push a checkpoint directory to the Hub behind validation, with the summary on its model card.
-
-Both `push` and `convert --push` come through here: a draft is validated (static level, unless the
-caller already holds a report, as `convert` does) and nothing is pushed when a check fails.
+"""Layer 4, the pipelines over convert, validate and the Hub: validate-then-push, and
+convert-validate-push. `push` and `convert --validate/--push` come through here; nothing is pushed,
+and nothing is written at a conversion's destination, when a check fails.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .errors import ValidationFailed
-from .report import ValidationReport
+from dflash_convert.convert.conversion import ConvertOptions, Converted, convert
+from dflash_convert.errors import ValidationFailed
+from dflash_convert.validate.report import ValidationReport
 
 
 def push_checkpoint(directory: str | Path, repo_id: str, *, validate: bool = True,
                     report: ValidationReport | None = None, **push_options: Any):
-    """hub.push(directory, repo_id, **push_options) after validation; returns hub.PushResult.
+    """hub.client.push(directory, repo_id, **push_options) after validation; returns hub.client.PushResult.
 
-    `report` (e.g. the static + numeric report of `convert --validate`) stands in for the static
-    run; validate=False pushes without one and the card has no validation section.
+    `report` (e.g. the static + numeric report of `convert --validate`, or an end-to-end run) stands in
+    for the static run; validate=False pushes without one and the card has no validation section.
     """
-    from . import hub
+    from dflash_convert.hub import client as hub
 
     if report is None and validate:
-        from .validate import validate as run_validation
+        from dflash_convert.validate.run import validate as run_validation
 
         report = run_validation(directory, levels=("static",))
     if report is not None and report.failed:
@@ -32,3 +32,37 @@ def push_checkpoint(directory: str | Path, repo_id: str, *, validate: bool = Tru
                                file=str(directory))
     summary = report.summary().model_dump(mode="json") if report is not None else None
     return hub.push(directory, repo_id, validation=summary, **push_options)
+
+
+def convert_and_publish(src: str | Path, dest: str | Path, opts: ConvertOptions | None = None, *,
+                        validate: bool = False, push: str | None = None, push_options: dict[str, Any] | None = None,
+                        on_progress: Callable[[int, int], None] | None = None,
+                        on_warning: Callable[[str], None] | None = None,
+                        on_status: Callable[[str], None] | None = None) -> Converted:
+    """convert(src, dest, opts); validate=True (implied by push) runs static + numeric validation on the
+    staged output before it is renamed into place (a failing check raises ValidationFailed and nothing
+    is written); push=REPO then uploads `dest` (push_options go to hub.client.push: revision, private,
+    commit_message, commit_description, create_pr, token). on_status gets the validation's progress lines.
+    """
+    report = None
+    say = on_status or (lambda message: None)
+
+    def validate_staged(tmp: Path) -> None:
+        nonlocal report
+        from dflash_convert.validate.run import validate_output_dir
+
+        say("validating the converted checkpoint (static, numeric)")
+        report = validate_output_dir(tmp, progress=on_status)
+        n = report.counts()
+        say(f"validation {'passed' if report.passed else 'FAILED'}: {n['pass']} passed, {n['fail']} failed, "
+            f"{n['warn']} warnings ({', '.join(report.levels_run)})")
+        if report.failed:
+            names = ", ".join(c.name for c in report.failed_checks)
+            raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
+
+    done = convert(src, dest, opts, on_progress=on_progress, on_warning=on_warning,
+                   before_commit=validate_staged if validate or push else None)
+    done.validation = report
+    if push:
+        done.push = push_checkpoint(dest, push, report=report, **(push_options or {}))
+    return done

@@ -13,13 +13,13 @@ from typing import Any, Callable
 
 
 def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
-    from .configs import ConversionRecord, HFDFlashConfig, SpeculatorsDFlashConfig
+    from dflash_convert.format.configs import ConversionRecord, HFDFlashConfig, SpeculatorsDFlashConfig
 
-    from .diff import diff_report_schema
-    from .report import validation_report_schema
+    from dflash_convert.convert.diff import diff_report_schema
+    from dflash_convert.validate.report import validation_report_schema
 
     def inspect_report() -> dict[str, Any]:
-        from .inspect import inspect_report_schema
+        from dflash_convert.validate.inspect import inspect_report_schema
 
         return inspect_report_schema()
 

@@ -505,7 +505,7 @@ def main(argv=None) -> int:
     from loguru import logger
     from transformers import Qwen3ForCausalLM
 
-    from dflash_convert.mapping import aux_ids_from_target, build_target_layer_ids
+    from dflash_convert.format.mapping import aux_ids_from_target, build_target_layer_ids
 
     transformers.utils.logging.disable_progress_bar()
     logger.disable("speculators")  # per-file INFO lines about where it loads the verifier from

@@ -274,7 +274,7 @@ def test_kill_leaves_destination_absent_or_complete(speculators_drafts, tmp_path
     import torch
     from safetensors.torch import save_file
 
-    from dflash_convert.diff import diff_checkpoints
+    from dflash_convert.convert.diff import diff_checkpoints
 
     big = broken_copy(speculators_drafts["full"], tmp_path / "big")
     t = {k: v for k, v in __import__("safetensors.torch", fromlist=["load_file"]).load_file(big / "model.safetensors").items()}

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_convert import catalogue
-from dflash_convert.checkpoint import open_checkpoint
-from dflash_convert.dtypes import CAST_TARGETS, DTYPES, torch_dtype
+from dflash_convert.format import catalogue
+from dflash_convert.io.checkpoint import open_checkpoint
+from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, torch_dtype
 from dflash_convert.errors import DFlashError
 
 KINDS = ["full", "pruned", "legacy", "legacy_pruned", "mixed", "non_causal", "all_full", "last_layer", "dflash2"]
@@ -88,7 +88,7 @@ def test_benchmark_shapes_come_from_the_catalogue():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import _shapes
 
-    from dflash_convert.mapping import spec_from_config
+    from dflash_convert.format.mapping import spec_from_config
 
     shapes = dict(_shapes.draft_shapes(2))
     spec = spec_from_config(_shapes.config("speculators", 2))
@@ -183,9 +183,9 @@ def test_hidden_size_mismatch_fails_static_convert_and_runtime_alike(tiny_target
     --verifier and the runtime refuse it with the one rule (compat's target_hidden_size)."""
     from safetensors.torch import load_file, save_file
 
-    from dflash_convert.checkpoint import read_json
-    from dflash_convert.checks import target_checks
-    from dflash_convert.mapping import target_info
+    from dflash_convert.io.reading import read_json
+    from dflash_convert.validate.checks import target_checks
+    from dflash_convert.format.mapping import target_info
     from dflash_runtime import check_pair, load_draft, load_target
     from runtime_helpers import write_hf_draft
 
@@ -212,7 +212,7 @@ def test_hidden_size_mismatch_fails_static_convert_and_runtime_alike(tiny_target
 
 
 def test_convert_with_verifier_checks_the_mask_against_eos_and_pad(speculators_drafts, tiny_target, tmp_path, cli):
-    from dflash_convert.checkpoint import read_json
+    from dflash_convert.io.reading import read_json
 
     raw = read_json(tiny_target / "config.json")
     out = tmp_path / "eos"

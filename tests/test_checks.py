@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_convert import mapping
-from dflash_convert.checkpoint import open_checkpoint, read_json
-from dflash_convert.checks import checkpoint_checks, target_checks
+from dflash_convert.format import mapping
+from dflash_convert.io.checkpoint import open_checkpoint
+from dflash_convert.io.reading import read_json
+from dflash_convert.validate.checks import checkpoint_checks, target_checks
 
 
 def by_name(checks):
@@ -187,8 +188,8 @@ def test_target_with_a_different_hidden_size(speculators_drafts, tiny_target):
 def test_checks_without_scan_do_not_import_torch(speculators_drafts):
     import subprocess
 
-    code = ("import sys; from dflash_convert.checkpoint import open_checkpoint; "
-            "from dflash_convert.checks import checkpoint_checks; "
+    code = ("import sys; from dflash_convert.io.checkpoint import open_checkpoint; "
+            "from dflash_convert.validate.checks import checkpoint_checks; "
             f"checkpoint_checks(open_checkpoint({str(speculators_drafts['legacy_pruned'])!r})); "
             "assert 'torch' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -198,7 +199,7 @@ def test_checks_without_scan_do_not_import_torch(speculators_drafts):
 def test_tensor_stored_in_two_shards(speculators_drafts, tmp_path, cli):
     from safetensors.torch import load_file, save_file
 
-    from dflash_convert.checks import duplicate_tensors_check
+    from dflash_convert.validate.checks import duplicate_tensors_check
 
     d = tmp_path / "sharded"
     shutil.copytree(speculators_drafts["full"], d)

@@ -49,8 +49,8 @@ def test_choices_come_from_the_library(cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")  # one option per line in --help
     import torch  # noqa: F401 - attention.BACKENDS needs it
 
-    from dflash_convert.dtypes import CAST_TARGETS
-    from dflash_convert.report import LEVELS
+    from dflash_convert.format.dtypes import CAST_TARGETS
+    from dflash_convert.validate.report import LEVELS
     from dflash_runtime import BACKEND_NAMES
     from dflash_runtime.attention import BACKENDS
 
@@ -129,8 +129,8 @@ def test_quiet_silences_progress_and_info(cli, speculators_drafts, tmp_path, mon
 
 def test_progress_counts_output_bytes(speculators_drafts, tmp_path):
     """The bar's total and its advances are both output bytes: with --dtype they differ from the input's."""
-    from dflash_convert.convert import ConvertOptions, convert
-    from dflash_convert.safetensors_io import read_header
+    from dflash_convert.convert.conversion import ConvertOptions, convert
+    from dflash_convert.io.safetensors import read_header
 
     calls: list[tuple[int, int]] = []
     out = tmp_path / "bf16"
@@ -173,7 +173,7 @@ def test_diff_report_validates_against_its_schema(cli, speculators_drafts, tmp_p
 
 
 def test_convert_validate_reports_the_shared_summary(cli, speculators_drafts, tmp_path):
-    from dflash_convert.report import ValidationSummary
+    from dflash_convert.validate.report import ValidationSummary
 
     r = cli("convert", speculators_drafts["full"], "-o", tmp_path / "out", "--validate", "--json")
     assert r.code == 0, r.err

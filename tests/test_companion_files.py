@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_convert import catalogue
+from dflash_convert.format import catalogue
 
 MASK_EMBEDDING = catalogue.MASK_EMBEDDING_FILE
 
@@ -205,7 +205,7 @@ def test_the_compiled_step_embeds_mask_slots_with_it_too(tmp_path):
     target = load_target(PAIR / "target")
     prompt = [int(t) for t in (PAIR / "prompts.txt").read_text().split("\n")[0].split()]
     accepted = {}
-    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.io.checkpoint import open_checkpoint
 
     vector = open_checkpoint(draft_dir).load_mask_embedding(allow_pickle=True)
     for name, kw in {"plain": {}, "eager": {"mask_embedding": vector},

@@ -251,7 +251,7 @@ def test_missing_target_ids_refused_or_derived_loudly(cli, speculators_drafts, t
 
 
 def test_derived_ids_are_announced(cli, speculators_drafts, tiny_target, tmp_path):
-    from dflash_convert.mapping import build_target_layer_ids
+    from dflash_convert.format.mapping import build_target_layer_ids
 
     assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert build_target_layer_ids(64, 5) == [1, 16, 31, 46, 61]

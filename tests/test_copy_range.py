@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-import dflash_convert.safetensors_io as sio
+import dflash_convert.io.safetensors as sio
 
 RANGES = [(0, 1), (3, 4097), (5000, 0), (77, 123_457), (200_001, 31), (1, 199_999)]
 
@@ -118,7 +118,7 @@ def test_conversion_without_copy_file_range_is_bit_exact(cli, speculators_drafts
     for name in shards:
         assert (tmp_path / "kernel" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
     # and each tensor holds its source bytes
-    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.io.checkpoint import open_checkpoint
 
     before, after = open_checkpoint(src), open_checkpoint(tmp_path / "plain")
     for name, info in after.tensors.items():

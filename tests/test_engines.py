@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from factories import read_config
 
-from dflash_convert import engines, mapping
-from dflash_convert.engines import ENGINES_BY_KEY, engine_view
+from dflash_convert.format import engines, mapping
+from dflash_convert.format.engines import ENGINES_BY_KEY, engine_view
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = json.loads((ROOT / "tests" / "fixtures" / "speculators-0.9.0-tiny-config.json").read_text())
@@ -237,7 +237,7 @@ INHERENT = {
 @pytest.mark.parametrize("name", ["full", "pruned", "mixed", "non_causal", "all_full", "last_layer",
                                   "bias_last_layer"])
 def test_outputs_are_read_as_trained_in_both_directions(cli, speculators_drafts, tiny_target, tmp_path, name):
-    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.io.checkpoint import open_checkpoint
 
     hf, back = tmp_path / "hf", tmp_path / "back"
     assert cli("convert", speculators_drafts[name], "-o", hf, "--verifier", tiny_target).code == 0
@@ -346,9 +346,9 @@ def test_validate_engine_that_cannot_load_skips_the_runtime_levels(cli, speculat
 def test_readme_engine_section_is_generated_from_the_table():
     readme = (ROOT / "README.md").read_text()
     m = re.search(r"<!-- engines-table:start -->\n(.*?)<!-- engines-table:end -->", readme, re.S)
-    assert m, "README lacks the generated engine table (python -m dflash_convert.engines --write-readme)"
+    assert m, "README lacks the generated engine table (python -m dflash_convert.format.engines --write-readme)"
     assert m.group(1) == engines.render_markdown(), "README engine table is stale: run " \
-                                                      "python -m dflash_convert.engines --write-readme"
+                                                      "python -m dflash_convert.format.engines --write-readme"
 
 
 def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
@@ -367,7 +367,7 @@ def test_vllm_hf_reads_eagle_aux_ids_first():
 def test_mask_embedding_file_is_used_by_vllm_and_sglang_only(cli, speculators_drafts, tmp_path):
     import shutil
 
-    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.io.checkpoint import open_checkpoint
 
     hf = tmp_path / "hf"
     assert cli("convert", speculators_drafts["full"], "-o", hf).code == 0
@@ -385,8 +385,8 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     full layers non-causal. validate --engine sglang fails engine_fidelity and measures that deployment's
     acceptance (on this draft, which copies from its context, non-causal is no worse: 15.04 vs 14.61 causal on
     the pair's 16 prompts; what shows the run is the engine's is that it differs)."""
-    from dflash_convert.convert import convert
-    from dflash_convert.validate import validate
+    from dflash_convert.convert.conversion import convert
+    from dflash_convert.validate.run import validate
 
     hf = tmp_path / "pair-hf"
     convert(ROOT / "examples" / "pair" / "draft", hf)
@@ -408,7 +408,7 @@ def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_pat
     """The trained pair re-wired to read the target's last layer (ids [1, 7] of 8): vLLM feeds that layer's raw
     output, z-lab its output after the final norm (output_hidden_states[-1]). Everything else the two apply to
     this draft is the same, so the acceptance each measures differs only through that feature."""
-    from dflash_convert.validate import validate
+    from dflash_convert.validate.run import validate
     from test_checks import copy_draft
 
     pair = ROOT / "examples" / "pair"

@@ -115,7 +115,7 @@ def check_contract(r, out: Path | None, src: Path) -> None:
     assert "Traceback" not in r.err, r.err
     if r.code == 0:
         if out is not None:
-            from dflash_convert.checkpoint import open_checkpoint
+            from dflash_convert.io.checkpoint import open_checkpoint
 
             json.loads((out / "config.json").read_text(), parse_constant=lambda c: 1 / 0)  # strict JSON
             open_checkpoint(out)  # what we wrote passes the validation we apply on reading
@@ -176,7 +176,7 @@ TENSOR_NAMES = ["fc.weight", "norm.weight", "hidden_norm.weight", "d2t", "t2d", 
 
 
 def header_values():
-    from dflash_convert.dtypes import DTYPES
+    from dflash_convert.format.dtypes import DTYPES
 
     return st.one_of(hostile_values, st.sampled_from([*DTYPES, "F4", "C64", "f32"]), st.sampled_from(TENSOR_NAMES),
                      st.lists(st.integers(-2, 70000), max_size=4))

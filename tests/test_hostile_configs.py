@@ -335,7 +335,7 @@ def strict_json(text: str):
 
 @pytest.mark.parametrize("kind", ["full", "pruned", "mixed", "dflash2"])
 def test_written_configs_are_strict_json_and_read_back(cli, speculators_drafts, tiny_target, tmp_path, kind):
-    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.io.checkpoint import open_checkpoint
 
     hf, back = tmp_path / "hf", tmp_path / "back"
     assert cli("convert", speculators_drafts[kind], "-o", hf).code == 0
@@ -445,7 +445,7 @@ def test_the_same_names_are_refused_by_the_model_itself():
     """Configs built in code (not read from a file) get the same check from the pydantic models."""
     from pydantic import ValidationError
 
-    from dflash_convert.configs import VerifierRef
+    from dflash_convert.format.configs import VerifierRef
 
     with pytest.raises(ValidationError, match="U\\+001B"):
         VerifierRef(name_or_path="a\x1b[2J")

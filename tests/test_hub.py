@@ -38,7 +38,7 @@ def hub():
 def forget_tokens():
     """The tokens a test made the process remember (for redaction) are forgotten after it: other
     tests' output must not lose text that happened to match a generated token."""
-    from dflash_convert import tokens
+    from dflash_convert.hub import tokens
 
     saved = set(tokens._forms)
     yield
@@ -223,8 +223,8 @@ def test_offline_uses_the_cache(cli, hub, draft, monkeypatch, hub_env):
         assert r.code == 0, r.err
         got = r.json()
         assert (got["path"], got["commit_sha"], got["revision"]) == (first["path"], sha, rev or "main")
-    from dflash_convert.checkpoint import open_checkpoint
-    from dflash_convert.hub import resolve_source
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.hub.client import resolve_source
 
     resolved = resolve_source("org/draft")
     assert resolved.commit_sha == sha and open_checkpoint(resolved.path).spec.block_size == 8
@@ -319,7 +319,8 @@ def test_remote_file_name_escaping_the_directory(cli, hub, draft, tmp_path, hub_
 
 def test_not_a_hub_id_or_local_path(cli, tmp_path):
     from dflash_convert.errors import DFlashError, UsageError
-    from dflash_convert.hub import is_hub_id, resolve_source
+    from dflash_convert.format.configs import is_hub_id
+    from dflash_convert.hub.client import resolve_source
 
     assert is_hub_id("org/name") and is_hub_id("z-lab/Qwen3-8B-DFlash-b16")
     assert not any(map(is_hub_id, ["./x", "/abs/x", "a/b/c", "org/..", "~/x", "org/name.git", "name"]))
@@ -334,8 +335,8 @@ def test_not_a_hub_id_or_local_path(cli, tmp_path):
 # ----------------------------------------------------------------------------- model card
 
 def test_model_card_update_is_idempotent_and_keeps_user_text(hub_draft):
-    from dflash_convert.checkpoint import open_checkpoint
-    from dflash_convert.card import CARD_BEGIN, CARD_END, model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.hub.card import CARD_BEGIN, CARD_END, model_card
 
     spec = open_checkpoint(hub_draft).spec
     user = "---\nlicense: mit\n---\n\nIntro by the author.\n\n"
@@ -350,8 +351,8 @@ def test_model_card_update_is_idempotent_and_keeps_user_text(hub_draft):
 
 
 def test_model_card_non_causal_and_pruned_notes(hub_draft):
-    from dflash_convert.checkpoint import open_checkpoint
-    from dflash_convert.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.hub.card import model_card
 
     spec = open_checkpoint(hub_draft).spec
     causal = model_card(spec, repo_id="org/d", validation=None)
@@ -368,7 +369,7 @@ def test_model_card_non_causal_and_pruned_notes(hub_draft):
 # ----------------------------------------------------------------------------- convert straight from the Hub
 
 def test_convert_from_hub_id_and_push(cli, hub, draft, tmp_path):
-    pytest.importorskip("dflash_convert.validate")
+    pytest.importorskip("dflash_convert.validate.run")
     hub.seed_repo("org/spec-draft", local_files(draft))
     src_sha = hub.commit_at("org/spec-draft").sha
     out = tmp_path / "hf"
@@ -387,7 +388,7 @@ def test_convert_from_hub_id_and_push(cli, hub, draft, tmp_path):
 
 def test_download_fetches_only_what_is_needed(hub, draft):
     from dflash_convert.errors import DFlashError
-    from dflash_convert.hub import resolve_source
+    from dflash_convert.hub.client import resolve_source
 
     config = (draft / "config.json").read_bytes()
     hub.seed_repo("org/target", {"config.json": config, "model.safetensors": b"w" * 100, "tokenizer.json": b"{}",
@@ -593,7 +594,7 @@ import logging, sys, warnings
 import huggingface_hub
 from huggingface_hub.utils import logging as hf_logging
 hf_logging.set_verbosity_info()
-from dflash_convert.tokens import redact_output
+from dflash_convert.hub.tokens import redact_output
 redact_output()
 warnings.warn("Illegal header value b'Bearer {TOKEN}\\\\r\\\\n'")
 logging.getLogger("huggingface_hub.file_download").warning("hf says {TOKEN}")
@@ -668,9 +669,9 @@ TOKEN_CHARS = st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_char
        after=st.text(max_size=20))
 def test_redact_removes_a_remembered_token_in_every_quoted_form(core, pad, quote, before, after):
     """However a message quotes it (raw, with its CR/LF, as repr / JSON / bytes repr, after `Bearer `)."""
-    from dflash_convert.tokens import redact, remember
+    from dflash_convert.hub.tokens import redact, remember
 
-    from dflash_convert import tokens
+    from dflash_convert.hub import tokens
 
     token = core + pad
     saved = set(tokens._forms)
@@ -689,9 +690,9 @@ def test_redact_removes_a_remembered_token_in_every_quoted_form(core, pad, quote
 @given(st.text(max_size=40))
 def test_a_token_is_cleaned_or_refused_without_being_quoted(text):
     from dflash_convert.errors import UsageError
-    from dflash_convert.tokens import clean_token
+    from dflash_convert.hub.tokens import clean_token
 
-    from dflash_convert import tokens
+    from dflash_convert.hub import tokens
 
     saved = set(tokens._forms)
     try:
@@ -709,7 +710,7 @@ def test_a_token_is_cleaned_or_refused_without_being_quoted(text):
 
 def test_convert_from_hub_id_carries_the_mask_embedding(cli, hub, draft, tmp_path):
     """mask_embedding.pt is fetched with a Hub draft (as bytes: nothing unpickles it) and carried by convert."""
-    from dflash_convert.catalogue import MASK_EMBEDDING_FILE
+    from dflash_convert.format.catalogue import MASK_EMBEDDING_FILE
 
     (draft / MASK_EMBEDDING_FILE).write_bytes(b"a torch.save of the trained mask embedding")
     hub.seed_repo("org/draft-me", local_files(draft))

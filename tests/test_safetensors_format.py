@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash_convert.errors import DFlashError
-from dflash_convert.dtypes import DTYPES
-from dflash_convert.safetensors_io import read_header
+from dflash_convert.format.dtypes import DTYPES
+from dflash_convert.io.safetensors import read_header
 
 T = '{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
 T2 = '{"dtype":"F32","shape":[2],"data_offsets":[8,16]}'
@@ -169,7 +169,7 @@ def test_short_file_and_non_regular_file(tmp_path):
 
 
 def test_header_value_count_is_bounded_before_parsing(tmp_path, monkeypatch):
-    import dflash_convert.safetensors_io as sio
+    import dflash_convert.io.safetensors as sio
 
     monkeypatch.setattr(sio, "MAX_HEADER_VALUES", 1000)  # the rule, at a size a test builds quickly
     shape = ",".join(["1"] * 997)  # 996 commas in the shape, 3 more in the entry: 999

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_convert.checkpoint import staging_leftovers
+from dflash_convert.io.staging import staging_leftovers
 
 CHILD = r'''
 import os, signal, sys, time
@@ -31,7 +31,7 @@ if mode == "ignored":  # as under nohup
 elif sig:  # as in a terminal session, whatever the test runner's own dispositions are
     signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
-import dflash_convert.convert as convert
+import dflash_convert.convert.conversion as convert
 
 real_copy = convert.copy_range
 calls = [0]
@@ -123,7 +123,7 @@ def test_signal_ignored_at_start_stays_ignored(tmp_path, src):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_during_commit_never_loses_the_destination(cli, tmp_path, src, sig):
     """A signal while renaming into place (here: replacing an old output) is held until DST is whole."""
-    from dflash_convert.diff import diff_checkpoints
+    from dflash_convert.convert.diff import diff_checkpoints
 
     out = tmp_path / "work" / "out"
     out.parent.mkdir()
@@ -207,7 +207,7 @@ def test_longest_legal_destination_names(cli, tmp_path, src, length):
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
 def test_out_of_space_names_the_destination(cli, tmp_path, src, monkeypatch, code):
-    import dflash_convert.convert as convert
+    import dflash_convert.convert.conversion as convert
 
     calls = []
 

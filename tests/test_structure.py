@@ -1,5 +1,7 @@
-"""The layering the project promises: bottom (format models + checkpoint I/O) -> runtime -> convert /
-validate / hub -> CLI; format knowledge only in configs.py and mapping.py; schemas/ current."""
+"""The layering the project promises, checked against the folders: errors, format/, io/ (bottom) ->
+dflash_runtime -> convert/, validate/, hub/ -> publish, schemas -> cli; no import runs up a layer or
+across the middle one; format knowledge only in the config models and the mapping table; schemas/
+current."""
 
 from __future__ import annotations
 
@@ -12,54 +14,106 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BOTTOM = {"errors", "configs", "dtypes", "catalogue", "mapping", "compat", "safetensors_io", "checkpoint"}
-TOP = {"cli", "__main__"}
+PKG = ROOT / "dflash_convert"
+RUNTIME = ROOT / "runtime" / "dflash_runtime"
+# Each unit (a folder, or a top-level module) and its layer; a unit may import its own layer's
+# layer and any lower one, except that the middle layer's three folders stay apart.
+LAYERS = {
+    "dflash_convert.errors": 1, "dflash_convert.format": 1, "dflash_convert.io": 1,
+    "dflash_runtime": 2,
+    "dflash_convert.convert": 3, "dflash_convert.validate": 3, "dflash_convert.hub": 3,
+    "dflash_convert.publish": 4, "dflash_convert.schemas": 4,
+    "dflash_convert.cli": 5, "dflash_convert.__main__": 5, "dflash_convert": 0,  # the root: __version__ only
+}
+MIDDLE = 3  # convert/, validate/ and hub/ do not import each other: what two of them need lives below
+
+
+def unit_of(module: str) -> str:
+    """The layer unit a dotted module belongs to: its sub-package folder, else itself."""
+    parts = module.split(".")
+    if parts[0] == "dflash_runtime":
+        return "dflash_runtime"
+    return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(RUNTIME.parent if RUNTIME in path.parents else ROOT).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of(path: Path) -> set[str]:
-    """dflash_convert / dflash_runtime modules a file imports (absolute or relative)."""
-    pkg = path.parent.name
+    """dflash_convert / dflash_runtime modules a file imports (absolute or relative), as dotted names."""
+    pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
             if node.level:
-                base = pkg if not node.module else f"{pkg}.{node.module}"
-                if node.module:
-                    found.add(base)
-                else:
-                    found.update(f"{pkg}.{a.name}" for a in node.names)
-            elif node.module:
-                found.add(node.module)
-                found.update(f"{node.module}.{a.name}" for a in node.names)
+                anchor = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
     return {m for m in found if m.split(".")[0] in ("dflash_convert", "dflash_runtime")}
 
 
+def all_modules() -> list[Path]:
+    return sorted(p for p in [*PKG.rglob("*.py"), *RUNTIME.rglob("*.py")] if "__pycache__" not in p.parts)
+
+
+def known_unit(module: str) -> str | None:
+    """The unit of an imported name; names below a module (functions, classes) map to that module's unit."""
+    unit = unit_of(module)
+    if unit in LAYERS:
+        return unit
+    if module.count(".") == 1 and module.startswith("dflash_convert."):  # `from dflash_convert import __version__`
+        return "dflash_convert"
+    return None
+
+
+def test_every_module_has_a_layer():
+    for path in all_modules():
+        assert unit_of(module_name(path)) in LAYERS, f"{path.relative_to(ROOT)} is in no layer: add it to LAYERS"
+
+
+def test_no_import_runs_up_or_across_a_layer():
+    for path in all_modules():
+        own = unit_of(module_name(path))
+        for imported in imports_of(path):
+            unit = known_unit(imported)
+            assert unit is not None, f"{path.relative_to(ROOT)} imports {imported}, which is in no layer"
+            if unit == own or unit == "dflash_convert":
+                continue
+            assert LAYERS[unit] < LAYERS[own] or (LAYERS[unit] == LAYERS[own] != MIDDLE), \
+                f"{path.relative_to(ROOT)} (layer {LAYERS[own]}, {own}) imports {imported} (layer {LAYERS[unit]})"
+
+
+@pytest.mark.parametrize("line", ["from dflash_convert.validate.report import ValidationReport",
+                                  "from ..validate import report", "import dflash_runtime.model"])
+def test_the_layer_check_sees_an_upward_import(line):
+    probe = PKG / "format" / "_probe_upward.py"
+    try:
+        probe.write_text(line + "\n")
+        with pytest.raises(AssertionError, match="_probe_upward.py .layer 1"):
+            test_no_import_runs_up_or_across_a_layer()
+    finally:
+        probe.unlink()
+
+
+def test_the_bottom_layer_needs_no_torch():
+    code = ("import sys, importlib, pkgutil, dflash_convert.format as f, dflash_convert.io as i\n"
+            "for pkg in (f, i):\n"
+            "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+            "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 def modules(pkg_dir: Path):
-    return sorted(p for p in pkg_dir.glob("*.py"))
-
-
-def test_bottom_layer_imports_only_itself():
-    for path in modules(ROOT / "dflash_convert"):
-        if path.stem in BOTTOM:
-            bad = {m for m in imports_of(path) if m.split(".")[1:2] and m.split(".")[1] not in BOTTOM}
-            bad |= {m for m in imports_of(path) if m.startswith("dflash_runtime")}
-            assert not bad, f"{path.name} (bottom layer) imports {bad}"
-
-
-def test_runtime_imports_only_the_bottom_layer():
-    for path in modules(ROOT / "runtime" / "dflash_runtime"):
-        for m in imports_of(path):
-            parts = m.split(".")
-            if parts[0] == "dflash_convert" and len(parts) > 1:
-                assert parts[1] in BOTTOM, f"runtime/{path.name} imports {m}"
-
-
-def test_nothing_imports_the_cli():
-    for path in modules(ROOT / "dflash_convert") + modules(ROOT / "runtime" / "dflash_runtime"):
-        if path.stem not in TOP:
-            assert not any(m.endswith(".cli") for m in imports_of(path)), path.name
+    return sorted(p for p in pkg_dir.rglob("*.py") if "__pycache__" not in p.parts)
 
 
 FORMAT_KEYS = ("dflash_config", "speculators_model_type", "transformer_layer_config", "sliding_window_non_causal",
@@ -69,7 +123,7 @@ FORMAT_KEYS = ("dflash_config", "speculators_model_type", "transformer_layer_con
 def test_format_keys_live_in_the_config_models_and_mapping_table():
     # inspect reports aux ids under their speculators name; engines.py is the table of how engines read the keys
     allowed = {"configs.py", "mapping.py", "inspect.py", "engines.py"}
-    for path in modules(ROOT / "dflash_convert") + modules(ROOT / "runtime" / "dflash_runtime"):
+    for path in modules(PKG) + modules(RUNTIME):
         if path.name in allowed:
             continue
         strings = [n.value for n in ast.walk(ast.parse(path.read_text()))
@@ -109,7 +163,7 @@ def test_reference_config_validates_against_schema():
 
 
 def test_inspect_does_not_import_torch(speculators_drafts):
-    code = ("import sys; from dflash_convert.inspect import inspect_checkpoint; "
+    code = ("import sys; from dflash_convert.validate.inspect import inspect_checkpoint; "
             f"inspect_checkpoint({str(speculators_drafts['pruned'])!r}); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -46,8 +46,9 @@ def baselines(pair, prompts) -> list[list[int]]:
 
 def test_shipped_pair_is_shaped_like_a_real_one():
     """Speculators-format draft, block >= 8, target with several times the draft's layers, <= 10 MB."""
-    from dflash_convert.checkpoint import open_checkpoint, read_json
-    from dflash_convert.mapping import target_info
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.io.reading import read_json
+    from dflash_convert.format.mapping import target_info
 
     ckpt = open_checkpoint(PAIR / "draft")
     assert ckpt.format == "speculators"
@@ -63,7 +64,7 @@ def test_shipped_pair_is_shaped_like_a_real_one():
 
 
 def test_prompts_are_token_ids_of_the_target_vocab(prompts):
-    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.io.checkpoint import open_checkpoint
 
     spec = open_checkpoint(PAIR / "draft").spec
     assert len(prompts) >= 8

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_convert.checkpoint import open_checkpoint, read_json
+from dflash_convert.io.checkpoint import open_checkpoint
+
+from dflash_convert.io.reading import read_json
 from test_checks import copy_draft
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,7 +325,7 @@ def test_exit_codes_and_prompt_errors(speculators_drafts, tiny_target, tmp_path,
 
 
 def test_read_prompts_formats(tmp_path):
-    from dflash_convert.validate import read_prompts
+    from dflash_convert.validate.run import read_prompts
 
     p = tmp_path / "p.txt"
     p.write_text('1 2 3\n\n[4, 5]\n{"prompt": "Hi there"}\n{"prompt": [6]}\nplain text 7\n')
@@ -340,7 +342,7 @@ def test_numeric_level_catches_a_backend_that_ignores_causality(speculators_draf
 
     from dflash_runtime import attention
 
-    from dflash_convert.validate import validate
+    from dflash_convert.validate.run import validate
 
     def top_left_causal(q, k, v, *, scale, causal, ctx_first, block_at=None):  # a classic bug: the block mask dropped
         return attention.sdpa_attention(q, k, v, scale=scale, causal=False, ctx_first=ctx_first, block_at=block_at)
@@ -364,7 +366,7 @@ def test_text_prompts_go_through_the_target_tokenizer(speculators_drafts, tiny_t
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(target)
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello world the cat\n3 4 0\n")
-    from dflash_convert.validate import read_prompts, tokenize_prompts
+    from dflash_convert.validate.run import read_prompts, tokenize_prompts
 
     ids, _ = tokenize_prompts(read_prompts(prompts), target, 512, set())
     assert ids == [[0, 1, 2, 3], [3, 4, 0]]

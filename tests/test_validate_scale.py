@@ -35,7 +35,7 @@ def _header_only_target(path: Path, source: Path, total_bytes: int) -> Path:
     safetensors file (a valid header; the data region is a hole): nothing real to load."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dflash_convert.safetensors_io import header_bytes
+    from dflash_convert.io.safetensors import header_bytes
 
     raw = json.loads((source / "config.json").read_text())
     raw["num_hidden_layers"] = 512  # deep rather than absurdly wide: every size stays within the config bounds
@@ -76,7 +76,7 @@ def no_loading(monkeypatch):
 
 def test_memory_plan_refuses_a_target_too_large_before_loading(speculators_drafts, tiny_target, tmp_path, cli,
                                                                no_loading):
-    from dflash_convert import memory
+    from dflash_convert.validate import memory
 
     free = memory.cpu_available()
     assert free and free > 0
@@ -97,8 +97,8 @@ def test_memory_plan_refuses_a_target_too_large_before_loading(speculators_draft
 
 
 def test_memory_plan_figures(speculators_drafts, tiny_target, tmp_path):
-    from dflash_convert import memory
-    from dflash_convert.checkpoint import open_checkpoint
+    from dflash_convert.validate import memory
+    from dflash_convert.io.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(speculators_drafts["full"])
     tensors = list(ckpt.tensors.values())
@@ -171,7 +171,7 @@ def test_tied_embeddings_are_complete_without_lm_head(tmp_path):
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
     Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "tied")
-    from dflash_convert.memory import weight_headers
+    from dflash_convert.validate.memory import weight_headers
 
     assert "lm_head.weight" not in weight_headers(tmp_path / "tied")
     target = load_target(tmp_path / "tied")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_convert.dtypes import CAST_TARGETS, code_for_name, torch_dtype
+from dflash_convert.format.dtypes import CAST_TARGETS, code_for_name, torch_dtype
 from dflash_convert.errors import UsageError
 
 

@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from dflash_convert import catalogue, compat, mapping
-from dflash_convert.checkpoint import Checkpoint, open_checkpoint
-from dflash_convert.configs import DraftSpec
+from dflash_convert.format import catalogue, compat, mapping
+from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
+from dflash_convert.format.configs import DraftSpec
 from dflash_convert.errors import DFlashError
 
 from .attention import BACKENDS, select_backend

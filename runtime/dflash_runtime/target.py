@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dflash_convert import compat, mapping
-from dflash_convert.checkpoint import weight_headers
-from dflash_convert.configs import DraftSpec
+from dflash_convert.format import compat, mapping
+from dflash_convert.io.checkpoint import weight_headers
+from dflash_convert.format.configs import DraftSpec
 from dflash_convert.errors import DFlashError
-from dflash_convert.mapping import TargetInfo
+from dflash_convert.format.mapping import TargetInfo
 
 from .model import CACHE_ROUND
 

@@ -13,15 +13,15 @@ import json
 import math
 import os
 import re
-import stat
 import struct
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Iterable
 
-from .dtypes import DTYPES
-from .errors import DFlashError
+from dflash_convert.format.dtypes import DTYPES
+from dflash_convert.errors import DFlashError
+from dflash_convert.io.reading import open_regular, unique_keys
 
 # Valid dtypes of the format; those missing from DTYPES (sub-byte floats, complex) are refused by name.
 ALL_DTYPES = {*DTYPES, "F4", "F6_E2M3", "F6_E3M2", "C64"}
@@ -60,13 +60,13 @@ class _Unsupported(_Malformed):
     """Valid safetensors that dflash-convert does not handle."""
 
 
+class _DuplicateKey(_Malformed):
+    def __str__(self) -> str:
+        return f"key `{self.args[0]}` appears twice in one JSON object (the format allows one entry per name)"
+
+
 def _json_object(pairs: list[tuple[str, object]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _Malformed(f"key `{dup}` appears twice in one JSON object (the format allows one entry per name)")
-    return out
+    return unique_keys(pairs, _DuplicateKey)
 
 
 def _json_int(text: str) -> int | float:
@@ -140,12 +140,8 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """
     path = Path(path)
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer (it has no effect on regular files)
-        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
-                raise DFlashError("not a regular file", file=path)
-            size = st.st_size
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise DFlashError(f"truncated safetensors file ({size} bytes, no header length)", file=path)

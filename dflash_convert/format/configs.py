@@ -15,6 +15,7 @@ gigabytes or dividing by zero later.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -138,6 +139,15 @@ class GreedyProposal(_Open):
     speculative_tokens: int = _size(MIN_BLOCK_SIZE - 1, MAX_BLOCK_SIZE - 1)
     verifier_accept_k: int = _size(1, MAX_BLOCK_SIZE, default=1)
     accept_tolerance: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+def is_hub_id(source: str) -> bool:
+    """`org/name` as the Hub spells repo ids (no local-path look: no leading ./, /, ~, no '..').
+    Configs name verifiers this way, engines check it, the Hub client resolves it."""
+    return bool(HUB_ID.match(source)) and ".." not in source and "--" not in source and not source.endswith(".git")
 
 
 class VerifierRef(_Open):

@@ -18,19 +18,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import __version__, catalogue, compat, mapping
-from .checkpoint import (
-    Checkpoint,
-    check_destination,
-    open_checkpoint,
-    read_companion,
-    read_json,
-    staged_directory,
-)
-from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConversionRecord, DraftSpec, VerifierRef
-from .dtypes import CAST_TARGETS, DTYPES, torch_dtype
-from .errors import DFlashError, UsageError, ValidationFailed
-from .safetensors_io import (
+from dflash_convert import __version__
+from dflash_convert.format import catalogue, compat, mapping
+from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint, read_companion
+from dflash_convert.io.staging import check_destination, staged_directory
+from dflash_convert.io.reading import read_json
+from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConversionRecord, DraftSpec, VerifierRef
+from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, torch_dtype
+from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.io.safetensors import (
     TensorInfo,
     copy_range,
     header_bytes,
@@ -367,12 +363,13 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
 
 @dataclass
 class Converted:
-    """What `convert` did: the record written, the validation report (if run) and the push (if any)."""
+    """What a conversion did: the record written, and (publish.convert_and_publish) the validation
+    report and the push."""
 
     output: Path
     record: ConversionRecord
-    validation: Any = None  # report.ValidationReport
-    push: Any = None  # hub.PushResult
+    validation: Any = None  # validate.report.ValidationReport
+    push: Any = None  # hub.client.PushResult
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
@@ -387,19 +384,16 @@ class Converted:
         return out
 
 
-def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = None, *, validate: bool = False,
-            push: str | None = None, push_options: dict[str, Any] | None = None,
+def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = None, *,
             on_progress: Callable[[int, int], None] | None = None,
             on_warning: Callable[[str], None] | None = None,
-            on_status: Callable[[str], None] | None = None) -> Converted:
+            before_commit: Callable[[Path], None] | None = None) -> Converted:
     """Library entry point: convert the checkpoint at `src` into `dest` (see ConvertOptions).
 
-    validate=True (implied by push) runs static + numeric validation on the staged output before it
-    is renamed into place: a failing check raises ValidationFailed and nothing is written. push=REPO
-    then uploads `dest` (publish.push_checkpoint; push_options go to hub.push: revision, private,
-    commit_message, commit_description, create_pr, token). on_progress(bytes_written, total_bytes)
-    counts output bytes; on_warning gets each planning warning before any byte is written; on_status
-    gets progress lines of the validation.
+    on_progress(bytes_written, total_bytes) counts output bytes; on_warning gets each planning warning
+    before any byte is written; before_commit(staged_dir) runs on the complete staged output before it
+    is renamed into place (an exception there leaves nothing at `dest`): publish.convert_and_publish
+    validates there.
     """
     opts = opts or ConvertOptions()
     dest = Path(dest)
@@ -408,22 +402,6 @@ def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = Non
     plan = plan_conversion(ckpt, opts)
     for w in plan.warnings if on_warning else ():
         on_warning(w)
-    report = None
-
-    def validate_staged(tmp: Path) -> None:
-        nonlocal report
-        from .validate import validate_output_dir
-
-        say = on_status or (lambda message: None)
-        say("validating the converted checkpoint (static, numeric)")
-        report = validate_output_dir(tmp, progress=on_status)
-        n = report.counts()
-        say(f"validation {'passed' if report.passed else 'FAILED'}: {n['pass']} passed, {n['fail']} failed, "
-            f"{n['warn']} warnings ({', '.join(report.levels_run)})")
-        if report.failed:
-            names = ", ".join(c.name for c in report.failed_checks)
-            raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
-
     total, done = plan.output_bytes, 0
 
     def advance(n: int) -> None:
@@ -431,11 +409,5 @@ def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = Non
         done += n
         on_progress(done, total)
 
-    record = execute(plan, dest, opts, on_progress=advance if on_progress else None,
-                     before_commit=validate_staged if validate or push else None)
-    pushed = None
-    if push:
-        from .publish import push_checkpoint
-
-        pushed = push_checkpoint(dest, push, report=report, **(push_options or {}))
-    return Converted(dest, record, report, pushed)
+    record = execute(plan, dest, opts, on_progress=advance if on_progress else None, before_commit=before_commit)
+    return Converted(dest, record)

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import read_json, weight_headers
-from .dtypes import DTYPES, code_for_name, compute_name
-from .mapping import TargetInfo, target_info
-from .safetensors_io import TensorInfo
+from dflash_convert.io.reading import read_json
+
+from dflash_convert.io.checkpoint import weight_headers
+from dflash_convert.format.dtypes import DTYPES, code_for_name, compute_name
+from dflash_convert.format.mapping import TargetInfo, target_info
+from dflash_convert.io.safetensors import TensorInfo
 
 LIBRARY_ALLOWANCE = 384 << 20  # torch/transformers allocations beyond tensors (allocator slack, kernels)
 GB = 1e9
@@ -235,7 +237,7 @@ def plan(draft_tensors: list[TensorInfo], draft_dtype: str, *, device: str, targ
 
 def parse_max_memory(text: str) -> dict[str, int]:
     """`0=20GiB,cpu=30GiB` or `cpu=200MB` -> {'0': bytes, 'cpu': bytes} (GPU indices, cpu)."""
-    from .safetensors_io import parse_size
+    from dflash_convert.io.safetensors import parse_size
 
     out: dict[str, int] = {}
     for item in (x.strip() for x in text.split(",")):

@@ -8,13 +8,13 @@ Qwen3-8B-sized pair is checked in milliseconds. Every check names the tensor or 
 
 from __future__ import annotations
 
-from . import catalogue, compat, mapping
-from .catalogue import TensorProblem
-from .checkpoint import Checkpoint
-from .compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
-from .compat import make_check as _check
-from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftSpec
-from .dtypes import DTYPES
+from dflash_convert.format import catalogue, compat, mapping
+from dflash_convert.format.catalogue import TensorProblem
+from dflash_convert.io.checkpoint import Checkpoint
+from dflash_convert.format.compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
+from dflash_convert.format.compat import make_check as _check
+from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftSpec
+from dflash_convert.format.dtypes import DTYPES
 
 
 def _first(items: list[str], n: int = 3) -> str:
@@ -359,8 +359,8 @@ def duplicate_tensors_check(path) -> Check:
     open_checkpoint refuses such a checkpoint, so this reads the headers itself and names the duplicates."""
     from pathlib import Path
 
-    from .checkpoint import find_weight_files
-    from .safetensors_io import read_header
+    from dflash_convert.io.checkpoint import find_weight_files
+    from dflash_convert.io.safetensors import read_header
 
     path = Path(path)
     if path.is_file():

@@ -31,14 +31,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from . import __version__, catalogue, engines, mapping, memory
-from .checkpoint import Checkpoint, open_checkpoint, read_json
-from .configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from dflash_convert import __version__
+from dflash_convert.format import catalogue, engines, mapping
+from dflash_convert.validate import memory
+from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
+from dflash_convert.io.reading import read_json, read_text
+from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from dflash_runtime import DEVICE_MAPS, DRAFT_SAMPLING
 
-from .checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
-from .errors import DFlashError, UsageError
-from .report import LEVELS, AcceptanceStats, Environment, ValidationReport
+from dflash_convert.validate.checks import Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks, target_checks
+from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.validate.report import LEVELS, AcceptanceStats, Environment, ValidationReport
 
 # Relative tolerance (max |a - b| / max |eager|) for backends vs eager, per dtype name.
 # bfloat16 keeps 8 significant bits (eps 2**-8): backends that sum in another order differ by several
@@ -82,18 +85,8 @@ def read_prompts(path: str | Path) -> list[str | list[int]]:
     (space-separated ints or a JSON list = token ids, anything else = text). Bounded and typed:
     a file that is not UTF-8 text, too big, or holds an oversized prompt is one error naming it."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PROMPTS_BYTES + 1)
-    except OSError as exc:
-        raise DFlashError(f"cannot read prompts: {exc.strerror or exc}", file=path) from None
-    if len(data) > MAX_PROMPTS_BYTES:
-        raise DFlashError(f"prompts file is larger than {MAX_PROMPTS_BYTES >> 20} MB", file=path)
-    try:
-        lines = data.decode("utf-8-sig").splitlines()
-    except UnicodeDecodeError as exc:
-        raise DFlashError(f"not UTF-8 text (byte {exc.start}): give one prompt per line, as text or token ids",
-                          file=path) from None
+    lines = read_text(path, "a prompts file (one prompt per line, as text or token ids)",
+                      max_bytes=MAX_PROMPTS_BYTES).splitlines()
     prompts: list[str | list[int]] = []
     for n, line in enumerate(lines, 1):
         stripped = line.strip()

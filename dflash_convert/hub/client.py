@@ -25,11 +25,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import card, catalogue
-from .checkpoint import CONFIG_NAME, check_destination, is_pickle_weight_file, staged_directory
-from .errors import DFlashError, UsageError
-from .safetensors_io import INDEX_NAME
-from .tokens import end_open_line, hub_token, redact
+from dflash_convert.hub import card
+from dflash_convert.format import catalogue
+from dflash_convert.format.configs import is_hub_id
+from dflash_convert.io.checkpoint import CONFIG_NAME, is_pickle_weight_file
+from dflash_convert.io.staging import check_destination, staged_directory
+from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.io.safetensors import INDEX_NAME
+from dflash_convert.hub.tokens import end_open_line, hub_token, redact
 
 # companion files (mask_embedding.pt) are fetched as bytes for convert to carry: nothing here unpickles them
 DRAFT_PATTERNS = [CONFIG_NAME, "*.safetensors", INDEX_NAME, card.README_NAME, card.RECORD_NAME,
@@ -39,7 +42,6 @@ TARGET_PATTERNS = ["generation_config.json", "tokenizer.json", "tokenizer_config
 PICKLE_PATTERNS = ["*.bin", "pytorch_model.bin.index.json", "*.pt", "*.pth"]
 # Remote files a push replaces as a set: a stale shard or index left beside new weights would be loaded.
 WEIGHT_PATTERNS = ["*.safetensors", INDEX_NAME, *PICKLE_PATTERNS, card.RECORD_NAME]
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -84,7 +86,7 @@ def _warn(message: str) -> None:
 def _api(token: str | None, endpoint: str | None):
     from huggingface_hub import HfApi
 
-    from . import __version__
+    from dflash_convert import __version__
 
     return HfApi(endpoint=endpoint, token=token, library_name="dflash-convert", library_version=__version__)
 
@@ -168,11 +170,6 @@ def _hub_call(fn, *, where: str, endpoint: str, action: str):
 
 
 # ----------------------------------------------------------------------------- resolve / pull
-
-def is_hub_id(source: str) -> bool:
-    """`org/name` as the Hub spells repo ids (no local-path look: no leading ./, /, ~, no '..')."""
-    return bool(HUB_ID.match(source)) and ".." not in source and "--" not in source and not source.endswith(".git")
-
 
 def unsafe_repo_path(name: str) -> bool:
     """A remote file name that would land outside the directory it is written into (or carries control
@@ -308,7 +305,7 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
     """
     from huggingface_hub import is_offline_mode
 
-    from . import __version__
+    from dflash_convert import __version__
 
     directory = Path(directory)
     if not directory.is_dir():

@@ -20,7 +20,7 @@ import re
 import sys
 import warnings
 
-from .errors import DFlashError, UsageError
+from dflash_convert.errors import DFlashError, UsageError
 
 REDACTED = "***"
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from dflash_runtime import DRAFT_SAMPLING
 
-from .checks import Check, Level, Status
+from dflash_convert.validate.checks import Check, Level, Status
 
 LEVELS: tuple[Level, ...] = ("static", "numeric", "end_to_end")
 
@@ -202,7 +202,7 @@ def to_junit(report: ValidationReport) -> str:
         if report.target:
             ET.SubElement(props, "property", name="target", value=report.target)
         for c in checks:
-            case = ET.SubElement(suite, "testcase", classname=f"dflash_convert.validate.{level}", name=c.name)
+            case = ET.SubElement(suite, "testcase", classname=f"dflash_convert.validate.run.{level}", name=c.name)
             detail = f"value: {c.value!r}\nthreshold: {c.threshold!r}\n{c.message}"
             if c.status == "fail":
                 ET.SubElement(case, "failure", message=c.message[:500], type="ValidationFailed").text = detail

@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from . import catalogue, engines, mapping
-from .checkpoint import open_checkpoint
-from .checks import Check
-from .configs import Format, LayerType, Variant
-from .dtypes import DTYPES
-from .engines import EngineView
+from dflash_convert.format import catalogue, engines, mapping
+from dflash_convert.io.checkpoint import open_checkpoint
+from dflash_convert.validate.checks import Check
+from dflash_convert.format.configs import Format, LayerType, Variant
+from dflash_convert.format.dtypes import DTYPES
+from dflash_convert.format.engines import EngineView
 
 
 class TensorRow(BaseModel):
@@ -91,7 +91,7 @@ class InspectReport(BaseModel):
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
                        engine: str | None = None) -> InspectReport:
     """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine."""
-    from .checks import checkpoint_checks
+    from dflash_convert.validate.checks import checkpoint_checks
 
     ckpt = open_checkpoint(path, allow_pickle=allow_pickle)
     spec = ckpt.spec

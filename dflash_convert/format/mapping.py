@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .configs import (
+from dflash_convert.format.configs import (
     MAX_HEAD_DIM,
     MAX_HEADS,
     MAX_HIDDEN,
@@ -31,7 +31,7 @@ from .configs import (
     SpeculatorsDFlashConfig,
     VerifierRef,
 )
-from .errors import DFlashError
+from dflash_convert.errors import DFlashError
 
 AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
 QWEN3_MAX_WINDOW_LAYERS = 28  # transformers' Qwen3Config default: layers below it are full attention

@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from .configs import DraftSpec
-from .errors import DFlashError
-from .mapping import TargetInfo
+from dflash_convert.format.configs import DraftSpec
+from dflash_convert.errors import DFlashError
+from dflash_convert.format.mapping import TargetInfo
 
 Status = Literal["pass", "fail", "warn", "skip"]
 Level = Literal["static", "numeric", "end_to_end"]

@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from . import catalogue, engines, mapping
-from .checkpoint import Checkpoint, open_checkpoint, read_companion
-from .configs import ConfigChange, Format
-from .errors import UsageError
+from dflash_convert.format import catalogue, engines, mapping
+from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint, read_companion
+from dflash_convert.format.configs import ConfigChange, Format
+from dflash_convert.errors import UsageError
 
 
 # Fields one side may simply not know (z-lab configs name no verifier): differ only when both are known.

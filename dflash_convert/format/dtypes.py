@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import DFlashError
+from dflash_convert.errors import DFlashError
 
 
 @dataclass(frozen=True)

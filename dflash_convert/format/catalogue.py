@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .configs import DraftSpec
+from dflash_convert.format.configs import DraftSpec
 
 KEEP, DROP, KEEP_IF_PRUNED, DERIVE_IF_PRUNED = "keep", "drop", "keep-if-pruned", "derive-if-pruned"
 BOTH = ("dflash", "dflash2")

@@ -21,10 +21,10 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from . import catalogue, mapping
-from .configs import DraftSpec, Format
-from .errors import DFlashError, UsageError
-from .hub import is_hub_id
+from dflash_convert.format import catalogue, mapping
+from dflash_convert.format.configs import DraftSpec, Format
+from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.format.configs import is_hub_id
 
 EngineName = Literal["vllm", "sglang", "zlab"]
 ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab")

@@ -12,9 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import open_checkpoint, read_json
-from .configs import ConversionRecord, DraftSpec
-from .errors import DFlashError
+from dflash_convert.io.checkpoint import open_checkpoint
+
+from dflash_convert.io.reading import read_json
+from dflash_convert.format.configs import ConversionRecord, DraftSpec
+from dflash_convert.errors import DFlashError
 
 README_NAME = "README.md"
 RECORD_NAME = "conversion.json"
@@ -24,7 +26,7 @@ CARD_TAGS = ("dflash", "speculative-decoding")
 
 
 def _verifier_id(spec: DraftSpec) -> str | None:
-    from .hub import is_hub_id
+    from dflash_convert.format.configs import is_hub_id
 
     name = spec.verifier.name_or_path if spec.verifier else None
     return name if name and is_hub_id(name) and not Path(name).exists() else None
