@@ -14,7 +14,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import AcceptanceStats
+from dflash_convert.validate.report import AcceptanceStats, PromptStats
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -55,7 +55,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                 f"tau {runs[-1].stats.tau:.2f}")
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
-    equal = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], opts.temperature)
+    same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], opts.temperature)
+    equal = None if same is None else sum(same)
     _acceptance_checks(checks, whole, block, opts)
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
     base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
@@ -75,7 +76,11 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         timing_rounds=opts.timing_rounds, speculative_tokens_per_s=spec.tokens_per_s,
         target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
-        target_tokens_per_s_range=_tps_range([br for br, _ in rounds]))
+        target_tokens_per_s_range=_tps_range([br for br, _ in rounds]),
+        per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
+                                steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
+                                output_equal=None if same is None else same[i])
+                    for i, (p, r) in enumerate(zip(prompt_ids, runs))])
     return checks, stats
 
 
@@ -153,8 +158,9 @@ def _timing_rounds(decode: Decode, prompts: list[list[int]], n: int, say) -> lis
     return rounds
 
 
-def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temperature: float) -> int | None:
-    """Appends greedy_output_equal; returns how many prompts' outputs are the target's greedy output."""
+def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temperature: float
+                  ) -> list[bool] | None:
+    """Appends greedy_output_equal; returns, per prompt, whether its output is the target's greedy output."""
     if temperature != 0:
         checks.append(_check("greedy_output_equal", None, f"temperature {temperature}: outputs are samples; "
                              "equality with target-only decoding is only defined for greedy decoding",
@@ -174,7 +180,8 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temp
            f"output is not the target's greedy choice ({equal}/{len(runs)} prompts equal)")
     checks.append(_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
                          threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
-    return equal
+    wrong = {i for i, _ in bad}
+    return [i not in wrong for i in range(len(runs))]
 
 
 def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions) -> None:
