@@ -44,7 +44,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-out_console = Console(highlight=False)  # results; sys.stdout looked up at each print (tests redirect it)
+out_console = Console(highlight=False, soft_wrap=True)  # results: lines kept whole for grep; tables fit the width
 
 
 def _choices(name: str, values) -> type[enum.Enum]:

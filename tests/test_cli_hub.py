@@ -24,7 +24,9 @@ def test_convert_push_revision_is_the_target_branch(cli, hub, draft, tmp_path):
     card = hub.files_at("org/hf", "dev")["README.md"].decode()
     summary = result["validation"]
     assert summary["passed"] and summary["levels_run"] == ["static", "numeric"]
-    assert "### Validation" in card and "- passed: True" in card
+    assert "### Validation" in card and ": **passed** (" in card and "levels: static, numeric" in card
+    section = card.split("### Validation")[1]
+    assert "True" not in section and "None" not in card  # people's words, no Python values
 
 
 def test_diff_revision_per_side(cli, hub, draft, tmp_path):
