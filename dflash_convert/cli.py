@@ -59,7 +59,6 @@ DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
 DeviceMap = _choices("DeviceMap", DEVICE_MAPS)
 Engine = _choices("Engine", ENGINE_NAMES)
 LEVELS = get_args(Level)
-SchemaName = _choices("SchemaName", schemas.NAMES)
 
 
 def _value(choice: enum.Enum | None) -> str | None:
@@ -87,6 +86,17 @@ def _csv(kind: Callable[[str], Any], choices: tuple[str, ...] | None = None):
         return items
 
     return parse
+
+
+def _one_of(choices: tuple[str, ...]):
+    """Check a value against `choices` (for lists too long for a metavar: the help names them, wrapped)."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{value!r} is not one of the choices: {', '.join(choices)}")
+        return value
+
+    return check
 
 
 def _flag(*names: str, help: str, **kw: Any):
@@ -139,14 +149,14 @@ class Output:
         self.json, self.quiet = as_json, quiet
 
     def hub(self):
-        """The hub module, the Hub client's own tqdm bars off under --json / -q (its public switch).
+        """The hub module, the Hub client's own tqdm bars off under --json / -q / not a terminal (its switch).
 
         Asked for only where the Hub is used: local work never imports huggingface_hub.
         """
         from dflash_convert.hub import client as hub
 
         hub.say_info = not self.quiet
-        if self.json or self.quiet:
+        if self.json or self.quiet or not err.is_terminal:  # as `hf`: bars only where someone watches
             from huggingface_hub.utils import disable_progress_bars
 
             disable_progress_bars()
@@ -172,9 +182,18 @@ class Output:
             err.print(text, markup=markup)
 
     def status(self, text: str) -> None:
-        """A progress line of a long step (also under --json: stdout holds only the JSON)."""
-        if not self.quiet:
+        """A progress line of a long step (also under --json: stdout holds only the JSON). On a terminal the
+        step being run stays on a live line with its elapsed time, and a counted step (io.progress.Step)
+        is a bar with an ETA instead of one line per count."""
+        if self.quiet:
+            return
+        counted = getattr(text, "total", None) is not None
+        if not err.is_terminal or self.json:
             err.print(text, style="dim", markup=False)
+            return
+        if not counted or text.done >= text.total:
+            err.print(text, style="dim", markup=False)
+        _live.show(text)
 
     def warn(self, text: str) -> None:
         err.print(f"[yellow]warning:[/yellow] {_escape(text)}")
@@ -183,6 +202,7 @@ class Output:
                render: Optional[Callable[[Console, bool], None]] = None) -> None:
         """The command's answer on stdout: `obj` as JSON under --json; else `render(console, quiet)` (under -q
         only its verdict line, failures and warnings) and/or `text`."""
+        _live.stop()
         if self.json:
             emit_json(obj)
             return
@@ -200,6 +220,7 @@ class Output:
                        TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
                        disable=self.json or self.quiet or not err.is_terminal)
         task = bar.add_task(description, total=None, start=False)
+        _live.stop()
 
         def update(done: int, total: int) -> None:
             if not bar.live.is_started:
@@ -213,6 +234,44 @@ class Output:
             yield update
         finally:
             bar.stop()
+
+
+class _LiveStep:
+    """The one live line on a terminal (stderr): the current step, its elapsed time, and for a counted step
+    its count and ETA; removed before anything else prints its result."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def show(self, text: str) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        counted = getattr(text, "total", None) is not None
+        if self.bar is not None and self.counted != counted:
+            self.stop()
+        if self.bar is None:
+            self.counted = counted
+            columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+            if counted:
+                columns[2:2] = [BarColumn(bar_width=24)]
+                columns += [TextColumn("ETA"), TimeRemainingColumn()]
+            self.bar = Progress(*columns, console=err, transient=True)
+            self.task = self.bar.add_task(str(text), total=text.total if counted else None,
+                                          completed=text.done if counted else 0)
+            self.bar.start()
+        elif counted:
+            self.bar.update(self.task, description=str(text), total=text.total, completed=text.done)
+        else:
+            self.bar.reset(self.task, description=str(text), total=None)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+_live = _LiveStep()
 
 
 def emit_json(obj: Any) -> None:
@@ -253,6 +312,7 @@ def _env_flag(name: str) -> bool:
 
 def _fail(message: str, *, exit_code: int, file: Optional[str], as_json: bool, debug: bool) -> None:
     _quiet_interrupts()
+    _live.stop()
     if debug:
         traceback.print_exc()
     err.print(f"Error: {message}", markup=False, soft_wrap=True)
@@ -296,6 +356,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         redact_output(args)  # before anything can print: no token in any stream, traceback or warning
         rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
         _quiet_interrupts()
+        _live.stop()
+        if rc == INTERRUPTED_EXIT:  # typer turns a KeyboardInterrupt into this code, silently
+            _fail(INTERRUPTED, exit_code=INTERRUPTED_EXIT, file=None, as_json=as_json, debug=False)
         sys.exit(rc if isinstance(rc, int) else 0)
     except (DFlashError, Interrupted) as exc:  # Interrupted: a stop signal during a write (staging already gone)
         _fail(str(exc), exit_code=exc.exit_code, file=exc.file, as_json=as_json, debug=debug)
@@ -307,6 +370,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             _fail(str(missing), exit_code=missing.exit_code, file=None, as_json=as_json, debug=debug)
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's usage errors
             _quiet_interrupts()
+            _live.stop()
             message = _usage_message(exc)
             if as_json:
                 emit_json({"error": {"message": message, "file": None, "exit_code": exc.exit_code}})
@@ -461,15 +525,16 @@ def diff(
                               "dflash-convert schema validation-report > validation-report.schema.json",
                               "dflash-convert schema --all > schemas.json"))
 def schema(
-    name: Annotated[Optional[SchemaName], typer.Argument(metavar="NAME", help="The schema to print (without "
-                                                         "NAME: the list of names).")] = None,
+    name: Annotated[Optional[str], typer.Argument(
+        metavar="NAME", callback=_one_of(schemas.NAMES),
+        help=f"The schema to print: {', '.join(schemas.NAMES)} (without NAME: the list of names).")] = None,
     all_: Annotated[bool, _flag("--all", help="Print every schema, as one JSON object keyed by name.")] = False,
 ) -> None:
     """Print the JSON Schemas of the files and reports dflash-convert reads and writes."""
     if all_:
         emit_json({n: schemas.schema(n) for n in schemas.NAMES})
     elif name is not None:
-        sys.stdout.write(schemas.render(name.value))
+        sys.stdout.write(schemas.render(name))
     else:
         typer.echo("\n".join(schemas.NAMES))
         err.print("dflash-convert schema NAME prints one (JSON Schema); --all prints every one", markup=False)
@@ -638,6 +703,9 @@ def validate(
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))
     _markdown_reports(report, report_md, out)
+    if as_json and not quiet:  # stdout holds the JSON: the log still shows the report and its verdict
+        _live.stop()
+        render_table(report, err)
     out.result(to_json(report), render=lambda console, q: render_table(report, console, q))
     if not report.passed:
         raise typer.Exit(ValidationFailed.exit_code)

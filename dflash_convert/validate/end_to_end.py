@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 from dflash_convert.errors import DFlashError
 from dflash_convert.io.checkpoint import Checkpoint
+from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import AcceptanceStats, PromptStats
@@ -51,8 +52,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         runs = []
         for i, p in enumerate(prompt_ids, 1):
             runs.append(decode.speculative(p))
-            say(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
-                f"tau {runs[-1].stats.tau:.2f}")
+            say(Step(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
+                     f"tau {runs[-1].stats.tau:.2f}", done=i, total=len(prompt_ids)))
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
     same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], opts.temperature)
@@ -109,9 +110,11 @@ def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype,
     from dflash_runtime import load_target
 
     device_map = opts.placed_by_device_map
-    say(f"end to end: loading the target {target_dir} ({str(dtype).removeprefix('torch.')}, "
-        + (f"device map {device_map}" if device_map else device) + ")")
-    with _loading_bar(not quiet):
+    stored = sum(p.stat().st_size for p in Path(target_dir).glob("*.safetensors"))
+    size = f"{stored / 1e9:.1f} GB" if stored >= 1e9 else f"{stored / 1e6:.1f} MB"
+    say(f"end to end: loading the target {target_dir} ({size} of weights; "
+        f"{str(dtype).removeprefix('torch.')}, " + (f"device map {device_map}" if device_map else device) + ")")
+    with _no_library_bar():  # our own status line (with its elapsed time) says what is loading
         target = load_target(target_dir, device=device, dtype=dtype, attn_implementation=opts.target_backend,
                              trust_remote_code=False, device_map=device_map, max_memory=opts.max_memory,
                              compile=opts.compile)
@@ -154,7 +157,8 @@ def _timing_rounds(decode: Decode, prompts: list[list[int]], n: int, say) -> lis
                 spec_round.append(decode.speculative(p))
                 base_round.append(decode.target_only(p))
         rounds.append((base_round, spec_round))
-        say(f"end to end: timing round {r + 1}/{n}: speedup {_round_speedup(base_round, spec_round):.2f}x")
+        say(Step(f"end to end: timing round {r + 1}/{n}: speedup {_round_speedup(base_round, spec_round):.2f}x",
+                 done=r + 1, total=n))
     return rounds
 
 
@@ -282,15 +286,15 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 
 
 @contextlib.contextmanager
-def _loading_bar(shown: bool):
-    """transformers' own weight-loading bar, off when no progress is wanted (-q): its public switch, restored after."""
+def _no_library_bar():
+    """transformers' own weight-loading bar off (its public switch, restored after): it would draw a second
+    bar inside the command's progress line, and print its frames into logs."""
     from transformers.utils import logging as transformers_logging
 
     was = transformers_logging.is_progress_bar_enabled()
-    if not shown:
-        transformers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
-        if was and not shown:
+        if was:
             transformers_logging.enable_progress_bar()
