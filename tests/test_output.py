@@ -278,3 +278,64 @@ def test_ci_workflow_commands_exist_and_their_installs_suffice():
         installed = {e for group_ in installed for e in group_.split(",")}
         assert installed <= declared, (job, install)
         assert _extras_needed(argv) <= installed, f"{job}: `{install}` lacks what `{' '.join(argv)}` needs"
+
+
+# ----------------------------------------------------------------------------- the acceptance chart, Markdown
+
+def test_text_chart_bars_are_proportional_and_mark_low_positions():
+    from dflash_convert.chart import bar, text_chart
+
+    assert bar(1.0, 8) == "█" * 8 and bar(0.0, 8) == " " * 8 and bar(0.5, 8) == "████    "
+    assert bar(1 / 16, 8) == "▌       "  # half a cell: eighths, not rounding to whole cells
+    lines = text_chart([0.9, 0.5, 0.25], [0.8, 0.6], width=40)
+    assert [line.split()[0] for line in lines[1:]] == ["1", "2", "3"]
+    assert [len(line.split()[2].rstrip()) for line in lines[1:]] == [36, 20, 10]
+    assert lines[1].endswith("min 0.80 ok") and lines[2].endswith("min 0.60 LOW") and "min" not in lines[3]
+
+
+def test_svg_chart_is_well_formed_with_one_bar_per_position():
+    import xml.etree.ElementTree as ET
+
+    from dflash_convert.chart import svg_chart
+
+    svg = ET.fromstring(svg_chart([1.0, 0.5, 0.0, 0.25], [0.9], title="t <&>"))
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = [r for r in svg.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+    heights = [float(r.get("height")) for r in bars]
+    assert len(bars) == 4 and heights[0] == 2 * heights[1] == 4 * heights[3] and heights[2] == 0
+    assert len([ln for ln in svg.iter(f"{ns}line") if ln.get("stroke") == "#d62728"]) == 1  # one minimum
+    assert svg.find(f"{ns}text").text == "t <&>"
+
+
+def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path, monkeypatch):
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    md = tmp_path / "reports" / "e2e.md"
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "24", "--min-position-rates", "0.2,0.99", "--report-md", md, "--json")
+    assert r.code == 3, r.err[-2000:]  # position 2 cannot reach 0.99
+    report = json.loads(r.out)
+    a = report["acceptance"]
+    # per-prompt figures add up to the run's
+    per = a["per_prompt"]
+    assert [p["prompt"] for p in per] == list(range(1, a["prompts"] + 1))
+    assert sum(p["new_tokens"] for p in per) == a["new_tokens"]
+    assert sum(p["steps"] for p in per) == a["num_drafts"]
+    assert all(p["output_equal"] is True for p in per) and a["outputs_equal"] == a["prompts"]
+    text = md.read_text()
+    assert text.startswith("## dflash-convert validate: FAILED")
+    assert f"| {a['acceptance_length']:.2f} | {a['speedup']:.2f}x | {a['prompts']}/{a['prompts']} |" in text
+    assert "![acceptance per draft position](e2e.svg)" in text and (md.parent / "e2e.svg").read_text().startswith(
+        "<svg")
+    rates = a["per_position_rates"]
+    assert f"   2  {rates[1]:.2f}  " in text and "min 0.99 LOW" in text and "| position_rates | end_to_end | fail |" \
+        in text
+    assert text.count("| 1 | ") == 1 and "<summary>Per prompt</summary>" in text
+    step = summary.read_text()
+    assert step.startswith("earlier step\n## dflash-convert validate: FAILED") and "![" not in step  # no image there
+    # the terminal report draws the same chart, on stdout
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "24")
+    assert r.code == 0 and re.search(r"^\s+1\s+\d\.\d\d\s+█", r.out, re.M), r.out
+    assert len(summary.read_text()) > len(step)  # appended, not replaced
