@@ -339,3 +339,23 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
             "--max-new-tokens", "24")
     assert r.code == 0 and re.search(r"^\s+1\s+\d\.\d\d\s+█", r.out, re.M), r.out
     assert len(summary.read_text()) > len(step)  # appended, not replaced
+
+
+def test_progress_on_a_terminal_counts_prompts_with_an_eta(cli, monkeypatch):
+    from rich.console import Console
+
+    from dflash_convert import cli as cli_module
+
+    args = ["validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "16"]
+    monkeypatch.setattr(cli_module, "err", Console(stderr=True, force_terminal=True, force_interactive=True,
+                                                   width=120))
+    r = cli(*args)
+    assert r.code == 0, r.err[-2000:]
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", r.err)
+    assert re.search(r"end to end: prompt \d+/\d+.*ETA", shown), shown[-3000:]  # a counted step: bar and ETA
+    assert "end to end: loading the target" in shown and "Loading weights" not in shown  # one bar, ours
+    assert r.out.splitlines()[-1].startswith("PASSED")  # the live line is gone before the result prints
+    quiet = cli(*args, "-q")
+    assert quiet.code == 0 and quiet.err == "" and quiet.out.splitlines()[-1].startswith("PASSED"), quiet.err
+    assert " pass " not in quiet.out  # -q: warnings (none of the passing checks) and the verdict
