@@ -340,11 +340,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
-    """x [1, heads, n, d] rotated by positions [n]."""
-    return apply_rope(x, *rope_tables(positions, inv_freq, scale, x.dtype))
-
-
 def _later(a, b):
     return torch.maximum(a, b) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else max(a, b)
 
