@@ -132,17 +132,15 @@ class ContextCache:
         """Reallocate to at least `needed` rows (rounded up, at least doubling), keeping the context when `keep`."""
         size = -(-max(needed, 2 * self.capacity) // CACHE_ROUND) * CACHE_ROUND
         old = self.capacity
-        for cache in (self.k, self.v):
-            for i in range(self.num_layers):
-                t = torch.zeros(1, self.n_kv, size, self.head_dim, device=self.device, dtype=self.dtype)
-                if keep and old:
-                    t[:, :, :old] = cache[i]
-                if self.static:
-                    torch._dynamo.mark_static_address(t)
-                if i < len(cache):
-                    cache[i] = t
-                else:
-                    cache.append(t)
+        new = []
+        for t_old in (*self.k, *self.v) if old else [None] * (2 * self.num_layers):
+            t = torch.zeros(1, self.n_kv, size, self.head_dim, device=self.device, dtype=self.dtype)
+            if keep and old:
+                t[:, :, :old] = t_old
+            if self.static:
+                torch._dynamo.mark_static_address(t)
+            new.append(t)
+        self.k, self.v = new[:self.num_layers], new[self.num_layers:]
 
     def mark_static(self) -> None:
         """Compiled steps read and write the cache in place (CUDA graphs need fixed addresses)."""
