@@ -18,7 +18,7 @@ Bottom layer: imports only format/ modules and errors.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from enum import StrEnum, auto
+from enum import Enum, auto
 from typing import Any, Callable, Iterable, Literal, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, Field, computed_field
@@ -33,91 +33,103 @@ Severity = Literal["error", "warning"]
 
 
 # ----------------------------------------------------------------------------- rule kinds, one enum per field
-# A member's value is the kind's name in the table; RULE_TEXT says what each one means.
+# RULE_TEXT says what each kind means.
 
-class LayerIds(StrEnum):
+class RuleKind(str, Enum):
+    """A kind of rule: equal to, hashed and printed as its value, the member's name in lower case
+    (enum.StrEnum, which does this, needs Python 3.11)."""
+
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name.lower()
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class LayerIds(RuleKind):
     AUX_MINUS_ONE = auto()
     DFLASH_CONFIG_OR_TOP = auto()
     EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP = auto()
 
 
-class IdsMissing(StrEnum):
+class IdsMissing(RuleKind):
     REFUSE = auto()
     MODEL_DEFAULT = auto()
     DERIVE = auto()
 
 
-class IdsOrder(StrEnum):
+class IdsOrder(RuleKind):
     SORTED_UNIQUE = auto()
     AS_LISTED = auto()
 
 
-class LastLayer(StrEnum):
+class LastLayer(RuleKind):
     PRE_NORM = auto()
     NOT_CAPTURED = auto()
     POST_NORM = auto()
 
 
-class Causality(StrEnum):
+class Causality(RuleKind):
     SPECULATORS_GLOBAL = auto()
     IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING = auto()
     IS_CAUSAL_THEN_SLIDING = auto()
 
 
-class LayerTypes(StrEnum):
+class LayerTypes(RuleKind):
     EXPLICIT = auto()
     QWEN3 = auto()
 
 
-class Window(StrEnum):
+class Window(RuleKind):
     RAW = auto()
     SWA_WINDOW_SIZE_OR_QWEN3 = auto()
     QWEN3 = auto()
 
 
-class WindowSemantics(StrEnum):
+class WindowSemantics(RuleKind):
     PER_QUERY = auto()
     ANCHOR = auto()
 
 
-class WindowMissing(StrEnum):
+class WindowMissing(RuleKind):
     REFUSE = auto()
     FULL_CONTEXT = auto()
 
 
-class BlockSize(StrEnum):
+class BlockSize(RuleKind):
     SPECULATIVE_TOKENS = auto()
     SERVING_FLAG = auto()
     DFLASH_CONFIG_OR_TOP_DEFAULT_16 = auto()
 
 
-class Vocab(StrEnum):
+class Vocab(RuleKind):
     OWN_LM_HEAD_D2T = auto()
     TARGET_LM_HEAD = auto()
 
 
-class FcWidth(StrEnum):
+class FcWidth(RuleKind):
     TARGET_HIDDEN_SIZE = auto()
     HIDDEN_SIZE = auto()
 
 
-class Mixed(StrEnum):
+class Mixed(RuleKind):
     INEXPRESSIBLE = auto()
     V2_RUNNER = auto()
     SUPPORTED = auto()
 
 
-class Mask(StrEnum):
+class Mask(RuleKind):
     REQUIRED = auto()
     TOKEN_FALLBACK = auto()
 
 
-class MaskEmbedding(StrEnum):
+class MaskEmbedding(RuleKind):
     USED = auto()
     IGNORED = auto()
 
 
-class Verifier(StrEnum):
+class Verifier(RuleKind):
     HUB_REPO_ID = auto()
     SERVING_FLAG = auto()
     CALLER = auto()
@@ -158,7 +170,7 @@ class EngineRules:
         for name, kind in RULE_KINDS.items():
             value = getattr(self, name)
             allowed = get_args(kind) if get_origin(kind) is Literal else tuple(kind)
-            if value not in allowed:  # a StrEnum member equals its name
+            if value not in allowed:  # a RuleKind equals its name
                 raise ValueError(f"engine row {self.key!r}: {name} {value!r} is not a rule kind "
                                  f"({', '.join(allowed)})")
             if get_origin(kind) is not Literal:
@@ -168,7 +180,7 @@ class EngineRules:
 # rule field -> the type of its kinds: its enum, or the Format literal for `reads`
 RULE_KINDS: dict[str, Any] = {
     name: kind for name, kind in get_type_hints(EngineRules).items()
-    if get_origin(kind) is Literal or (isinstance(kind, type) and issubclass(kind, StrEnum))}
+    if get_origin(kind) is Literal or (isinstance(kind, type) and issubclass(kind, RuleKind))}
 
 ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
