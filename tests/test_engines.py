@@ -358,6 +358,22 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
     assert set(ENGINES_BY_KEY) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
 
 
+def test_a_mistyped_rule_kind_is_refused():
+    """A rule kind outside its field's enum fails when the row is built (the table at import), instead of
+    reading configs through whatever branch a misspelled string would have fallen into."""
+    import dataclasses
+
+    row = ENGINES_BY_KEY["sglang"]
+    with pytest.raises(ValueError, match="'sglang': causality 'is_causal_then_slidnig' is not a rule kind"):
+        dataclasses.replace(row, causality="is_causal_then_slidnig")
+    with pytest.raises(ValueError, match="reads 'HF' is not a rule kind"):
+        dataclasses.replace(row, reads="HF")
+    assert dataclasses.replace(row, causality="is_causal_then_sliding") == row  # a name is taken as its kind
+    text = {**engines.RULE_TEXT, "mixed": {k: v for k, v in engines.RULE_TEXT["mixed"].items() if k != "supported"}}
+    with pytest.raises(ValueError, match="RULE_TEXT\\['mixed'\\] and the kinds of mixed differ: \\['supported'\\]"):
+        engines._check_tables(text)
+
+
 def test_vllm_hf_reads_eagle_aux_ids_first():
     v = views(hf_config(eagle_aux_hidden_state_layer_ids=[2, 5, 7]))
     assert v["vllm-hf"].target_layer_ids == [1, 4, 6] and "target_layer_ids" in errors(v["vllm-hf"])
