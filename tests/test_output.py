@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import stop_signals_at_default
+
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
 
@@ -140,7 +142,8 @@ main()
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(module, as_json):
     args = ["validate", str(PAIR / "draft"), "--levels", "static", *(["--json"] if as_json else [])]
     r = subprocess.run([sys.executable, "-c", INTERRUPT_DURING.format(module=module, args=args)],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"})
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"},
+                       preexec_fn=stop_signals_at_default)
     assert r.returncode == 130, (r.returncode, r.stderr)
     assert r.stderr.strip().splitlines() == ["Error: interrupted (Ctrl-C); nothing was written at the destination"]
     if as_json:
@@ -154,7 +157,8 @@ def test_ctrl_c_during_end_to_end_validation(as_json):
     p = subprocess.Popen([sys.executable, "-m", "dflash_convert", "validate", str(PAIR / "draft"), "--target",
                           str(PAIR / "target"), "--levels", "end_to_end", "--threads", "1",
                           *(["--json"] if as_json else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"})
+                         text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"},
+                         preexec_fn=stop_signals_at_default)
     seen = []
     for line in p.stderr:  # status lines (not a terminal: one per step)
         seen.append(line)
@@ -259,8 +263,9 @@ def _extras_needed(argv: list[str]) -> set[str]:
 
 def test_ci_workflow_commands_exist_and_their_installs_suffice():
     import click
-    import tomllib
     import typer
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     from dflash_convert.cli import app
 
