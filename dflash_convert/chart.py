@@ -37,13 +37,13 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
     """A bar chart of `rates` (0..1) per draft position, minimums as red ticks; about 2 KB of SVG."""
     minimums = list(minimums or [])
     n = max(len(rates), 1)
-    left, top, plot_w, plot_h = 44, 34, max(24 * n, 240), 180
+    left, top, plot_w, plot_h = 44, 34, max(24 * n, 380), 180
     width, height = left + plot_w + 16, top + plot_h + 40
     step = plot_w / n
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
              f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="{left}" y="18" font-size="13">{escape(title)}</text>']
+             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
     for tick in (0, 0.25, 0.5, 0.75, 1.0):
         y = top + plot_h * (1 - tick)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
@@ -59,6 +59,6 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
                          'stroke="#d62728" stroke-width="2"/>')
         parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{k + 1}</text>')
     parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">draft position '
-                 '(block slot); bar: fraction of steps accepted' + ('; red: minimum' if minimums else '') + '</text>')
+                 '(block slot); bar: share of steps accepted' + (', red: minimum' if minimums else '') + '</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
