@@ -212,23 +212,25 @@ class Output:
             typer.echo(text)
 
     @contextmanager
-    def progress(self, description: str) -> Iterator[Callable[[int, int], None]]:
-        """A byte-progress bar on a terminal (none under --json / -q); yields update(done, total)."""
+    def progress(self, description: str, then: Optional[str] = None) -> Iterator[Callable[[int, int], None]]:
+        """A byte-progress bar (size, rate, ETA) on a terminal (none under --json / -q); yields update(done,
+        total). `then`: what runs after the last byte, shown as a live step until the next line prints."""
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+        shown = not (self.json or self.quiet or not err.is_terminal)
         bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                       TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
-                       disable=self.json or self.quiet or not err.is_terminal)
-        task = bar.add_task(description, total=None, start=False)
+                       TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True, disable=not shown)
+        task = bar.add_task(description, total=None)
         _live.stop()
+        bar.start()  # at once: planning and the first large tensor are not silent
 
         def update(done: int, total: int) -> None:
-            if not bar.live.is_started:
-                bar.start()
-                bar.start_task(task)
-            bar.update(task, completed=done, total=total, refresh=True)
-            if done >= total:  # stop before whatever follows (validation, push) prints
-                bar.stop()
+            if bar.live.is_started:
+                bar.update(task, completed=done, total=total, refresh=True)
+                if done >= total:  # stop before whatever follows (validation, push) prints
+                    bar.stop()
+                    if shown and then:
+                        _live.show(then)
 
         try:
             yield update
@@ -447,7 +449,7 @@ def convert(
         out.hub()
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,
                         commit_description=commit_description, create_pr=create_pr, token=token)
-    with out.progress("converting") as update:
+    with out.progress("converting", then="checking the inputs: sha256 of each file, NaN/Inf") as update:
         done = convert_and_publish(src_path, output, opts, validate=validate, push=push, push_options=push_options,
                                    on_progress=update, on_warning=out.warn, on_status=out.status, strict=strict)
     record = done.record
