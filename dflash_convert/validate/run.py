@@ -154,10 +154,12 @@ def _prepare(run: Run) -> None:
         run.view = engines.serving_view(run.ckpt, opts.engine, num_target_layers=run.info.num_layers if run.info else None)
         run.ckpt = engines.applied_checkpoint(run.ckpt, run.view)
     rule = engines.ENGINES_BY_KEY[run.view.engine] if run.view is not None else None
-    run.draft_options = {"window_per_query": run.view is not None and run.view.window_semantics == "per_query"}
+    per_query = run.view is not None and run.view.window_semantics == engines.WindowSemantics.PER_QUERY
+    run.draft_options = {"window_per_query": per_query}
     run.mask_check, run.draft_options["mask_embedding"] = _mask_embedding(
-        run.ckpt, allow_pickle=opts.allow_pickle, ignored=rule is not None and rule.mask_embedding == "ignored")
-    run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == "post_norm"
+        run.ckpt, allow_pickle=opts.allow_pickle,
+        ignored=rule is not None and rule.mask_embedding == engines.MaskEmbedding.IGNORED)
+    run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
     if run.end_to_end_runs:
