@@ -4,7 +4,7 @@ remote names checked before anything is written, each downloaded file checked ag
 lists for it (sha256 for LFS files, the git blob id otherwise), the client's errors as one line.
 
 The table is data: which repo, which file(s) of the split, which field holds the prompt and how the
-prompt is worded around it (as z-lab's DFlash benchmark words GSM8K, MATH-500 and HumanEval). Each
+prompt is worded around it (as z-lab's DFlash benchmark words each set; MT-Bench: its first turn). Each
 entry pins `main` unless a commit is given (`--dataset NAME@REVISION`): the report records the commit
 the revision resolved to, so a run can be repeated exactly.
 """
@@ -36,7 +36,7 @@ class PromptDataset:
     field: str  # the column holding the prompt (a list: its first turn)
     template: str = "{prompt}"  # the prompt's wording around the field's text
     revision: str = "main"
-    extra: str | None = None  # a second column appended after a blank line when not empty (Alpaca's `input`)
+    extra: str | None = None  # a second column, appended as "\n\nInput:\n<it>" when not empty (Alpaca's `input`)
 
 
 DATASETS: dict[str, PromptDataset] = {
@@ -161,5 +161,5 @@ def _worded(entry: PromptDataset, row: Any, where: str, n: int) -> str:
         raise DFlashError(f"row {n}: field `{entry.field}` is not text", file=where)
     extra = row.get(entry.extra) if entry.extra else None
     if isinstance(extra, str) and extra.strip():
-        value = f"{value}\n\n{extra}"
+        value = f"{value}\n\nInput:\n{extra}"
     return entry.template.replace("{prompt}", value, 1)
