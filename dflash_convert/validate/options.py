@@ -16,7 +16,8 @@ from dflash_runtime import DEVICE_MAPS, DRAFT_SAMPLING
 LEVELS: tuple[str, ...] = get_args(Level)  # in the order they run
 MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized; also the cap on --max-new-tokens
 TIMING_ROUNDS = 3  # interleaved target-only / speculative rounds over the baseline prompts
-SAMPLING_MODES = ("auto", "greedy")
+SamplingMode = Literal["auto", "greedy"]
+SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
 # a prompt: text, token ids, or OpenAI-style chat messages ({"role", "content"} turns)
 Prompt = str | list[int] | list[dict[str, Any]]
 
@@ -54,7 +55,7 @@ class ValidateOptions(BaseModel):
     levels: list[str] = Field(default_factory=lambda: list(LEVELS), description=f"of {', '.join(LEVELS)}")
     max_new_tokens: int = 64
     block_size: int | None = Field(None, description="run-time block size (default: the draft's)")
-    sampling: Literal["auto", "greedy"] = Field("auto", description="auto: temperature, top_k, top_p, min_p from "
+    sampling: SamplingMode = Field("auto", description="auto: temperature, top_k, top_p, min_p from "
                                                 "the target's generation_config.json as vLLM does; greedy: "
                                                 "temperature 0; a value given below overrides either")
     temperature: float | None = None
@@ -98,6 +99,9 @@ class ValidateOptions(BaseModel):
         if self.chat_template_kwargs and reserved & set(self.chat_template_kwargs):
             raise UsageError(f"--chat-template-kwargs may not set {sorted(reserved & set(self.chat_template_kwargs))}"
                              ": the run sets them as vLLM's chat endpoint does")
+        names = [s.name for s in self.prompt_sets]
+        if len(set(names)) != len(names):
+            raise UsageError(f"prompt set names must be distinct (a --dataset given twice?), got {names}")
         tau = self.min_acceptance_length
         if tau is not None and not (math.isfinite(tau) and tau >= 0):
             raise UsageError(f"--min-acceptance-length must be a finite number >= 0, got {tau}")

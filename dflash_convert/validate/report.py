@@ -15,13 +15,13 @@ from pydantic import BaseModel, Field
 from dflash_runtime import DRAFT_SAMPLING
 
 from dflash_convert.validate.checks import Check, Level, Status
-from dflash_convert.validate.options import LEVELS
+from dflash_convert.validate.options import LEVELS, SamplingMode
 
 
 class SamplingUsed(BaseModel):
     """How the end-to-end level sampled, resolved as vLLM resolves a chat request's parameters."""
 
-    mode: Literal["auto", "greedy"] = Field(description="auto: the model's generation_config.json, as vLLM's "
+    mode: SamplingMode = Field(description="auto: the model's generation_config.json, as vLLM's "
                                             "default --generation-config auto; greedy: temperature 0")
     temperature: float = Field(description="0: greedy")
     top_k: int = Field(description="0: off")
