@@ -146,7 +146,7 @@ def test_sampling_resolves_as_vllm_does():
     with pytest.raises(DFlashError, match="g.json.*top_p|top_p.*g.json"):
         resolve_sampling(ValidateOptions(), {"top_p": 0}, "g.json")
     with pytest.raises(UsageError, match="greedy"):
-        resolve_sampling(ValidateOptions(sampling="greedy", temperature=0.7), {}, None)
+        ValidateOptions(sampling="greedy", temperature=0.7).check()
 
 
 @pytest.mark.parametrize("bad", [dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=-0.1),

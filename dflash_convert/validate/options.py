@@ -95,6 +95,9 @@ class ValidateOptions(BaseModel):
         for name in FIELDS:
             if getattr(self, name) is not None:
                 check_value(name, getattr(self, name))
+        if self.sampling == "greedy" and self.temperature not in (None, 0):
+            raise UsageError(f"--sampling greedy decodes at temperature 0; drop --temperature {self.temperature} "
+                             "or use --sampling auto")
         reserved = {"chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "conversation"}
         if self.chat_template_kwargs and reserved & set(self.chat_template_kwargs):
             raise UsageError(f"--chat-template-kwargs may not set {sorted(reserved & set(self.chat_template_kwargs))}"

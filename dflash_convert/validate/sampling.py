@@ -51,9 +51,6 @@ def generation_config(target_dir: Path | None) -> tuple[dict[str, Any], str | No
 def resolve_sampling(opts: ValidateOptions, gen: dict[str, Any], gen_path: str | None) -> SamplingUsed:
     """The sampling parameters of the run and where each came from."""
     given = {name: getattr(opts, name) for name in FIELDS}
-    if opts.sampling == "greedy" and given["temperature"] not in (None, 0):
-        raise UsageError(f"--sampling greedy decodes at temperature 0; drop --temperature {given['temperature']} "
-                         "or use --sampling auto")
     values: dict[str, float | int] = {}
     sources: dict[str, str] = {}
     for name in FIELDS:
