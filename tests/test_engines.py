@@ -413,7 +413,7 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     prompts = ROOT / "examples" / "pair" / "prompts.txt"
     runs = {e: validate(hf, ValidateOptions(target=ROOT / "examples" / "pair" / "target", prompts=prompts,
                                             max_new_tokens=64, levels=["static", "end_to_end"], timing_rounds=1,
-                                            engine=e)) for e in ("vllm", "sglang")}
+                                            engine=e, sampling="greedy")) for e in ("vllm", "sglang")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail" and runs["vllm"].passed
     assert fidelity["sglang"].status == "fail" and "layer_causal" in fidelity["sglang"].message
@@ -431,7 +431,8 @@ def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_pat
     pair = ROOT / "examples" / "pair"
     draft = copy_draft(pair / "draft", tmp_path / "draft", spec_update={"target_layer_ids": [1, 7]})
     runs = {e: validate(draft, ValidateOptions(target=pair / "target", prompts=pair / "prompts.txt", max_new_tokens=32,
-                                               levels=["static", "end_to_end"], timing_rounds=1, engine=e))
+                                               levels=["static", "end_to_end"], timing_rounds=1, engine=e,
+                                               sampling="greedy"))
             for e in ("vllm", "zlab")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail"

@@ -318,7 +318,8 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     md = tmp_path / "reports" / "e2e.md"
     r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
-            "--max-new-tokens", "24", "--min-position-rates", "0.2,0.99", "--report-md", md, "--json")
+            "--max-new-tokens", "24", "--sampling", "greedy", "--min-position-rates", "0.2,0.99", "--report-md", md,
+            "--json")
     assert r.code == 3, r.err[-2000:]  # position 2 cannot reach 0.99
     report = json.loads(r.out)
     a = report["acceptance"]
@@ -341,7 +342,7 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
     assert step.startswith("earlier step\n## dflash-convert validate: FAILED") and "![" not in step  # no image there
     # the terminal report draws the same chart, on stdout
     r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
-            "--max-new-tokens", "24")
+            "--max-new-tokens", "24", "--sampling", "greedy")
     assert r.code == 0 and re.search(r"^\s+1\s+\d\.\d\d\s+█", r.out, re.M), r.out
     assert len(summary.read_text()) > len(step)  # appended, not replaced
 
@@ -352,7 +353,7 @@ def test_progress_on_a_terminal_counts_prompts_with_an_eta(cli, monkeypatch):
     from dflash_convert import cli as cli_module
 
     args = ["validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
-            "--max-new-tokens", "16"]
+            "--max-new-tokens", "16", "--sampling", "greedy"]
     monkeypatch.setattr(cli_module, "err", Console(stderr=True, force_terminal=True, force_interactive=True,
                                                    width=120))
     r = cli(*args)

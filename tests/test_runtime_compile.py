@@ -184,7 +184,8 @@ def test_validate_compile_flag_runs_end_to_end_compiled(cli, tmp_path):
     prompts.write_text("3 17 250 9\n40 41 42 43 44 45 46\n")
     before = counters["stats"]["unique_graphs"]
     result = cli("validate", draft, "--target", target_dir("layers2", layers=2), "--prompts", prompts,
-                 "--levels", "end_to_end", "--max-new-tokens", "8", "--device", "cpu", "--compile", "--json")
+                 "--levels", "end_to_end", "--max-new-tokens", "8", "--device", "cpu", "--compile", "--sampling",
+                 "greedy", "--json")
     assert result.code == 0, result.err
     checks = {c["name"]: c for c in result.json()["checks"]}
     assert checks["greedy_output_equal"]["status"] == "pass"
