@@ -338,12 +338,20 @@ def _fail(message: str, *, exit_code: int, file: Optional[str], as_json: bool, d
     sys.exit(exit_code)
 
 
+def _on_sigint(handler) -> None:
+    """Install a SIGINT handler unless SIGINT is ignored (nohup, `&`), or this is not the main thread."""
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, handler)
+    except (ValueError, TypeError):  # not the main thread; a handler Python did not install
+        pass
+
+
 def _quiet_interrupts() -> None:
     """From here to the exit a Ctrl-C still ends the process with its one line, never a traceback."""
     from dflash_convert.__main__ import interrupted_now
 
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, interrupted_now)
+    _on_sigint(interrupted_now)
 
 
 def _usage_message(exc: Exception) -> str:
@@ -357,7 +365,19 @@ def _usage_message(exc: Exception) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Console-script entry point: run the app, turn every error into one line (and JSON) and an exit code."""
+    """Console-script entry point: run the app, turn every error into one line (and JSON) and an exit code.
+
+    The SIGINT handler it found is put back when it returns (the console script's says `interrupted` until
+    the process ends; an in-process caller, e.g. a test, gets its own back)."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        _main(argv)
+    finally:
+        if previous is not None:
+            _on_sigint(previous)
+
+
+def _main(argv: Optional[list[str]]) -> None:
     from dflash_convert.__main__ import INTERRUPTED, INTERRUPTED_EXIT
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -366,8 +386,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     as_json = "--json" in args[:end]
     args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
     try:
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # from here a Ctrl-C is a KeyboardInterrupt
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        _on_sigint(signal.default_int_handler)  # from here a Ctrl-C is a KeyboardInterrupt
         from dflash_convert.hub.tokens import redact_output
 
         redact_output(args)  # before anything can print: no token in any stream, traceback or warning
