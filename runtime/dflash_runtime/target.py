@@ -3,7 +3,13 @@
 1. Context features: the outputs of decoder layers `target_layer_ids` (z-lab ids), captured by
    forward hooks on the layers themselves. transformers' `output_hidden_states[-1]` is the
    final-NORMED state, so a hook is the only correct way to get the last layer's output.
-2. A KV cache that can be cropped back to the committed length after a verify step.
+2. A cache that can be rolled back to the committed length after a verify step: attention K/V is
+   cropped; the recurrent and conv state of linear-attention layers (Gated DeltaNet in Qwen3-Next /
+   Qwen3.5, Mamba-style layers: transformers' LinearAttention cache layers, `is_croppable == False`)
+   cannot be cropped, so a verify step that may be rejected first copies that state, and a partial
+   acceptance restores the copy and re-runs the committed tokens through the decoder (no lm_head)
+   from it. The state after the accepted prefix is then exactly what target-only decoding reaches.
+   A cache layer the runtime cannot roll back either way refuses speculative decoding up front.
 3. The embedding table and lm_head the draft borrows.
 Its attention implementation is its own setting, independent of the draft's backend.
 
@@ -104,6 +110,12 @@ class Target:
         self.compile = self.static
         self.step_tokens = 1  # the verify size the compiled forward serves
         self._compiled_verify = None
+        self.unrollable = rollback_refusal(self.config)  # why rejected proposals could not be undone, or None
+        # linear-attention rollback (see the module docstring): the cache layers holding state, a copy of
+        # their state taken before the last verify block, and that block (ids, start)
+        self._state_layers: list = []
+        self._saved: list[list[torch.Tensor]] = []
+        self._pending: tuple[torch.Tensor, int] | None = None
 
     # ------------------------------------------------------------------ feature capture
 
@@ -141,16 +153,23 @@ class Target:
             from transformers import DynamicCache
 
             self.cache = DynamicCache(config=self.config)
-            if hasattr(self.cache, "activate_past_recording"):  # sliding-window layers can then be rolled back
-                self.cache.activate_past_recording()
-            return
-        from transformers import StaticCache
+            for layer in self.cache.layers:  # sliding-window layers can then be rolled back
+                if hasattr(layer, "activate_past_recording") and not _holds_state(layer):
+                    layer.activate_past_recording()
+        else:
+            from transformers import StaticCache
 
-        needed = max(max_len or 0, 1)
-        if self.cache is None or self.cache_rows < needed:
-            self.cache_rows = -(-needed // CACHE_ROUND) * CACHE_ROUND
-            self.cache = StaticCache(config=self.config, max_cache_len=self.cache_rows)
-        self._set_length(0)
+            needed = max(max_len or 0, 1)
+            if self.cache is None or self.cache_rows < needed:
+                self.cache_rows = -(-needed // CACHE_ROUND) * CACHE_ROUND
+                self.cache = StaticCache(config=self.config, max_cache_len=self.cache_rows)
+            self._set_length(0)
+        # every layer's state starts from zero: a reused static cache keeps the last prompt's otherwise
+        self._state_layers = [layer for layer in self.cache.layers if _holds_state(layer)]
+        for layer in self._state_layers:
+            _reset_state(layer)
+        self._saved = []
+        self._pending = None
 
     @torch.inference_mode()
     def _set_length(self, length: int) -> None:
@@ -167,13 +186,63 @@ class Target:
         return self._length if self.static else self.cache.get_seq_length()
 
     def crop(self, length: int) -> None:
-        """Keep the first `length` positions of the KV cache (drop rejected drafts)."""
+        """Keep the first `length` positions (drop rejected drafts). Linear-attention state goes back to
+        its copy from before the last verify block, which is re-run up to `length` from it."""
         remove = self.cache_len - length
-        if remove > 0:
-            if self.static:
-                self._set_length(length)
-            else:
-                self.cache.crop(-remove)
+        if remove <= 0:
+            return
+        if not self._state_layers:
+            self._crop_attention(length)
+            return
+        ids, start = self._pending or (None, -1)
+        if not (self._saved and start <= length and start + ids.shape[0] == self.cache_len):
+            raise DFlashError(f"cannot roll the target's linear-attention state back to {length} positions: only "
+                              "the last verify block can be undone")
+        self._restore_state()
+        self._crop_attention(start)
+        if length > start:
+            self._rerun(ids[:length - start], start)
+        self._pending = None
+
+    def _crop_attention(self, length: int) -> None:
+        """Attention K/V back to `length` positions; linear-attention state is left as it is."""
+        if self.static:
+            self._set_length(length)
+            return
+        remove = self.cache.get_seq_length() - length
+        if remove <= 0:
+            return
+        for layer in self.cache.layers:
+            if not _holds_state(layer):
+                layer.crop(-remove)
+            elif not _state_only(layer):  # state + K/V in one layer: crop its attention part
+                _attention_class(layer).crop(layer, -remove)
+
+    @torch.inference_mode()
+    def _save_state(self) -> None:
+        """Copy every linear-attention layer's conv and recurrent state (buffers allocated once per sequence)."""
+        live = [t for layer in self._state_layers for t in _state_tensors(layer)]
+        if len(self._saved) != len(live) or any(a.shape != b.shape for a, b in zip(self._saved, live)):
+            self._saved = [t.clone() for t in live]
+        else:
+            for saved, t in zip(self._saved, live):
+                saved.copy_(t)
+
+    @torch.inference_mode()
+    def _restore_state(self) -> None:
+        live = [t for layer in self._state_layers for t in _state_tensors(layer)]
+        for saved, t in zip(self._saved, live):
+            t.copy_(saved)  # in place: a compiled step reads these tensors at fixed addresses
+
+    @torch.inference_mode()
+    def _rerun(self, ids: torch.Tensor, start: int) -> None:
+        """The committed tokens ids [k] at start.. through the decoder into the cache (state and K/V);
+        no lm_head, the logits are known already."""
+        positions = torch.arange(start, start + ids.shape[0], device=self.device)[None]
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        decoder(input_ids=ids[None], position_ids=positions, past_key_values=self.cache, use_cache=True)
+        if self.static:
+            self._length = start + ids.shape[0]
 
     # ------------------------------------------------------------------ forward
 
@@ -195,6 +264,10 @@ class Target:
                               f"{start + n} (reset(max_len) sizes it)")
         positions = torch.arange(start, start + n, device=self.device)[None]
         ids = ids[None].to(self.device)
+        self._pending = None
+        if self._state_layers and n > 1 and start > 0:  # a verify block: its state may have to be undone
+            self._save_state()
+            self._pending = (ids[0], start)
         if self.compile and n == self.step_tokens:
             if self._compiled_verify is None:
                 mode = "reduce-overhead" if self.device.type == "cuda" else None
@@ -220,6 +293,85 @@ class Target:
             with torch.inference_mode():
                 return self.embed_tokens(ids.to(self.device))
         return F.embedding(ids.to(self.device), self.embed_tokens.weight)
+
+
+def _holds_state(layer) -> bool:
+    """A transformers cache layer holding linear-attention (recurrent / conv) state."""
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:
+        return False
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def _state_only(layer) -> bool:
+    from transformers.cache_utils import CacheLayerMixin
+
+    return not isinstance(layer, CacheLayerMixin)
+
+
+def _attention_class(layer):
+    """The attention cache class of a layer holding state and K/V (transformers' "hybrid" layers)."""
+    from transformers.cache_utils import CacheLayerMixin
+
+    return next(c for c in type(layer).__mro__ if issubclass(c, CacheLayerMixin) and not _holds_state_class(c)
+                and "crop" in vars(c))
+
+
+def _holds_state_class(cls) -> bool:
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return issubclass(cls, LinearAttentionCacheLayerMixin)
+
+
+def _state_tensors(layer) -> list[torch.Tensor]:
+    """A linear-attention layer's live state tensors, conv then recurrent, per state index."""
+    out = []
+    for i in range(layer.number_of_states):
+        for held in (layer.conv_states, layer.recurrent_states):
+            if held.get(i) is not None:
+                out.append(held[i])
+    return out
+
+
+def _reset_state(layer) -> None:
+    for t in _state_tensors(layer):
+        t.zero_()
+    for i in layer.has_previous_state:
+        layer.has_previous_state[i] = False
+
+
+def rollback_refusal(config) -> str | None:
+    """Why the runtime cannot undo rejected proposals in this target's cache, or None when it can: every
+    cache layer transformers builds for the config either crops (attention K/V) or holds linear-attention
+    state (copied and re-run, see Target.crop)."""
+    from transformers import DynamicCache
+
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin  # noqa: F401
+    except ImportError:  # an older transformers: linear-attention state is kept outside the cache API
+        types = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or ())
+        stateful = types & {"linear_attention", "mamba", "conv"}
+        if stateful:
+            return (f"its {sorted(stateful)[0]} layers keep recurrent state this transformers version does not expose "
+                    "through its cache API (upgrade transformers)")
+        return None
+    try:
+        layers = DynamicCache(config=config).layers
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None  # transformers builds this cache lazily; the target path self-check covers it
+    types = list(getattr(config.get_text_config(decoder=True), "layer_types", None) or ())
+    for i, layer in enumerate(layers):
+        what = f"{types[i]} " if i < len(types) else ""
+        if _holds_state(layer):
+            if not _state_only(layer) and getattr(layer, "is_sliding", False):
+                return (f"its layer {i} ({what}cache {type(layer).__name__}) keeps linear-attention state and a "
+                        "sliding window in one layer, which the runtime cannot roll back after rejected proposals")
+            continue
+        if not callable(getattr(layer, "crop", None)) or not getattr(type(layer), "is_croppable", True):
+            return (f"its layer {i} ({what}cache {type(layer).__name__}) cannot be rolled back after rejected "
+                    "proposals")
+    return None
 
 
 def _execution_device(model, module: torch.nn.Module) -> torch.device:
@@ -398,3 +550,6 @@ def check_pair(draft, target: Target) -> None:
     spec: DraftSpec = draft if isinstance(draft, DraftSpec) else draft.spec
     checks = compat.compatibility_checks(spec, target_info(target))
     compat.raise_first_failure(checks, names=compat.RUN_BLOCKING)
+    if getattr(target, "unrollable", None):
+        raise DFlashError(f"the runtime cannot verify drafts against this target ({type(target.model).__name__}): "
+                          f"{target.unrollable}")
