@@ -547,21 +547,22 @@ def validate(
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
     from dflash_convert.errors import ValidationFailed
     from dflash_convert.validate.report import render_table, to_json, to_junit
+    from dflash_convert.validate.options import ValidateOptions
     from dflash_convert.validate.run import validate as run_validation
 
     out = Output(as_json, quiet)
     ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token, allow_pickle=allow_pickle)
     target_path, target_sha = (None, None) if target is None else \
         out.local(target, token=token, for_target=True)
-    report = run_validation(ckpt_path, target=target_path, prompts=prompts, max_new_tokens=max_new_tokens,
-                            block_size=block_size, temperature=temperature, device=device, dtype=_value(dtype),
-                            backend=_value(backend), target_backend=target_backend, causal=causal,
-                            min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates,
-                            levels=levels, checkpoint_revision=ckpt_sha, target_revision=target_sha,
-                            target_name=target, seed=seed, threads=threads,
-                            draft_sampling=_value(draft_sampling), device_map=_value(device_map), max_memory=max_memory,
-                            min_speedup=min_speedup, keep_going=keep_going, progress=None if quiet else out.status,
-                            engine=_value(engine), compile=compile, allow_pickle=allow_pickle)
+    opts = ValidateOptions(
+        target=target_path, target_name=target, target_revision=target_sha, checkpoint_revision=ckpt_sha,
+        prompts=prompts, levels=levels or list(LEVELS), max_new_tokens=max_new_tokens, block_size=block_size,
+        temperature=temperature, draft_sampling=_value(draft_sampling), seed=seed, device=device, dtype=_value(dtype),
+        backend=_value(backend), target_backend=target_backend, causal=causal, engine=_value(engine), compile=compile,
+        device_map=_value(device_map), max_memory=max_memory, threads=threads,
+        min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates, min_speedup=min_speedup,
+        keep_going=keep_going, allow_pickle=allow_pickle)
+    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))

@@ -386,7 +386,7 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     acceptance (on this draft, which copies from its context, non-causal is no worse: 15.04 vs 14.61 causal on
     the pair's 16 prompts; what shows the run is the engine's is that it differs)."""
     from dflash_convert.convert.conversion import convert
-    from dflash_convert.validate.run import validate
+    from dflash_convert.validate import ValidateOptions, validate
 
     hf = tmp_path / "pair-hf"
     convert(ROOT / "examples" / "pair" / "draft", hf)
@@ -395,8 +395,9 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     cfg.update(layer_types=["full_attention"] * cfg["num_hidden_layers"], use_sliding_window=False)
     (hf / "config.json").write_text(json.dumps(cfg))
     prompts = ROOT / "examples" / "pair" / "prompts.txt"
-    runs = {e: validate(hf, target=ROOT / "examples" / "pair" / "target", prompts=prompts, max_new_tokens=64,
-                        levels=["static", "end_to_end"], timing_rounds=1, engine=e) for e in ("vllm", "sglang")}
+    runs = {e: validate(hf, ValidateOptions(target=ROOT / "examples" / "pair" / "target", prompts=prompts,
+                                            max_new_tokens=64, levels=["static", "end_to_end"], timing_rounds=1,
+                                            engine=e)) for e in ("vllm", "sglang")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail" and runs["vllm"].passed
     assert fidelity["sglang"].status == "fail" and "layer_causal" in fidelity["sglang"].message
@@ -408,13 +409,14 @@ def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_pat
     """The trained pair re-wired to read the target's last layer (ids [1, 7] of 8): vLLM feeds that layer's raw
     output, z-lab its output after the final norm (output_hidden_states[-1]). Everything else the two apply to
     this draft is the same, so the acceptance each measures differs only through that feature."""
-    from dflash_convert.validate.run import validate
+    from dflash_convert.validate import ValidateOptions, validate
     from test_checks import copy_draft
 
     pair = ROOT / "examples" / "pair"
     draft = copy_draft(pair / "draft", tmp_path / "draft", spec_update={"target_layer_ids": [1, 7]})
-    runs = {e: validate(draft, target=pair / "target", prompts=pair / "prompts.txt", max_new_tokens=32,
-                        levels=["static", "end_to_end"], timing_rounds=1, engine=e) for e in ("vllm", "zlab")}
+    runs = {e: validate(draft, ValidateOptions(target=pair / "target", prompts=pair / "prompts.txt", max_new_tokens=32,
+                                               levels=["static", "end_to_end"], timing_rounds=1, engine=e))
+            for e in ("vllm", "zlab")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail"
     assert fidelity["zlab"].status == "fail" and "AFTER the final norm" in fidelity["zlab"].message

@@ -15,8 +15,7 @@ from pydantic import BaseModel, Field
 from dflash_runtime import DRAFT_SAMPLING
 
 from dflash_convert.validate.checks import Check, Level, Status
-
-LEVELS: tuple[Level, ...] = ("static", "numeric", "end_to_end")
+from dflash_convert.validate.options import LEVELS
 
 
 class AcceptanceStats(BaseModel):
@@ -93,6 +92,7 @@ class ValidationReport(BaseModel):
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
     environment: Environment
+    options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
     passed: bool = Field(description="no check failed")
 
