@@ -104,9 +104,15 @@ class Target:
         self._length = 0  # positions held by a static cache
         self.cache_rows = 0  # its allocated size
         layer_types = getattr(self.config, "layer_types", None) or []
-        attn = getattr(self.config, "_attn_implementation", None)
-        self.static = (compile and "sliding_attention" not in layer_types and attn in ("sdpa", "eager")
-                       and not self.offloaded)
+        self.attention = getattr(self.config, "_attn_implementation", None)  # transformers' attn_implementation
+        self.eager_reason = None  # why compile=True still runs the target eagerly
+        if compile and "sliding_attention" in layer_types:
+            self.eager_reason = "its sliding-window layers need the dynamic cache (a rolling static one cannot be cropped)"
+        elif compile and self.attention not in ("sdpa", "eager"):
+            self.eager_reason = f"its attention implementation {self.attention!r} is not compiled (sdpa or eager are)"
+        elif compile and self.offloaded:
+            self.eager_reason = "parts of it are offloaded by its device map"
+        self.static = compile and self.eager_reason is None
         self.compile = self.static
         self.step_tokens = 1  # the verify size the compiled forward serves
         self._compiled_verify = None
@@ -481,7 +487,13 @@ def meta_model(path: Path, trust_remote_code: bool = False):
                           file=path) from None
 
 
-def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+def default_attention(model) -> str:
+    """The attention implementation a target runs with unless told: sdpa where its class supports it,
+    else eager (gpt-oss: its attention sinks have no sdpa path in transformers)."""
+    return "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+
+
+def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, attn_implementation: str | None = None,
                 trust_remote_code: bool = False, device_map: str | dict | None = None,
                 max_memory: dict | None = None, compile: bool = False) -> Target:
     """A Target from a local model directory (safetensors only) or a transformers PreTrainedModel.
@@ -489,12 +501,14 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     `device_map` ("auto", "balanced", "sequential" or an explicit map) and `max_memory` ({0: bytes,
     "cpu": bytes}) hand placement to transformers + accelerate; what fits nowhere is offloaded to a
     temporary folder kept as long as the Target lives. Without them the whole target goes to `device`.
-    `compile`: static cache and compiled verify step (see the module docstring).
+    `compile`: static cache and compiled verify step (see the module docstring); `attn_implementation`:
+    transformers' name, None for default_attention.
     """
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
     if isinstance(source, PreTrainedModel):
         model = source
+        attn_implementation = attn_implementation or default_attention(model)
         if getattr(model.config, "_attn_implementation", None) != attn_implementation:
             model.set_attn_implementation(attn_implementation)
         model = model.to(device=device, dtype=dtype)
@@ -502,7 +516,10 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     path = Path(source)
     if not (path / "config.json").exists():
         raise DFlashError("not a model directory (no config.json)", file=path)
-    check_target_weights(meta_model(path, trust_remote_code), path)
+    meta = meta_model(path, trust_remote_code)
+    check_target_weights(meta, path)
+    attn_implementation = attn_implementation or default_attention(meta)
+    del meta
     offload = None
     kwargs = {}
     if max_memory is not None and device_map is None:

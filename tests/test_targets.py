@@ -1,0 +1,151 @@
+"""Targets of every architecture DFlash drafts are made for: speculative greedy output is transformers'
+own `generate` of the same target, token for token, including hybrid linear-attention targets whose
+recurrent state must be rolled back after rejected proposals (eager and compiled); published
+ForConditionalGeneration layouts load their text model; a cache the runtime cannot roll back is refused
+before decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import target_zoo
+from dflash_convert.errors import DFlashError
+from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
+from runtime_helpers import _ROOT, one_torch_thread, write_hf_draft  # noqa: F401 (autouse fixture)
+
+PROMPTS = ([3, 17, 250, 9], list(range(40, 61)))
+N = 16
+BLOCK = 4
+
+
+def zoo(kind: str):
+    return target_zoo.make(kind, _ROOT / "zoo" / kind)
+
+
+def draft_for(tmp_path, block=BLOCK):
+    return load_draft(write_hf_draft(tmp_path / "draft", layers=1, target_ids=(0, 2), n_target=target_zoo.LAYERS,
+                                     block_size=block, bias=False), backend="sdpa")
+
+
+def reference(model, prompt, n=N):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=n, do_sample=False,
+                             pad_token_id=target_zoo.VOCAB - 3)
+    return out[0, len(prompt):].tolist()
+
+
+def scripted(draft, script):
+    """Let `draft` propose `script`'s tokens (the right continuation) with a wrong token at a slot that
+    moves every step: every verify block has accepted and rejected proposals. Returns the draft."""
+    real = draft.propose
+    step = [0]
+
+    def propose(anchor, start, **kw):
+        ids, logits = real(anchor, start, **kw)
+        k = ids.numel()
+        ahead = script["prompt_len"]
+        right = (script["tokens"] + [0] * k * 2)[start - ahead + 1:start - ahead + 1 + k]
+        ids = torch.tensor(right, dtype=ids.dtype, device=ids.device)
+        wrong = step[0] % (k + 1)  # k: all right
+        if wrong < k:
+            ids[wrong] = (ids[wrong] + 1) % (target_zoo.VOCAB - 4)
+        step[0] += 1
+        return ids, logits
+
+    draft.propose = propose
+    return draft
+
+
+@pytest.mark.parametrize("kind", target_zoo.KINDS)
+def test_speculative_greedy_equals_transformers_generate(kind, tmp_path):
+    """A real random draft (mostly rejected) and a scripted one (accepted up to a moving slot, then
+    rejected) against each architecture: both emit exactly transformers' greedy generate."""
+    target = load_target(zoo(kind))
+    assert target.unrollable is None
+    draft = draft_for(tmp_path)
+    for prompt in PROMPTS:
+        ref = reference(target.model, prompt)
+        assert speculative_generate(draft, target, prompt, max_new_tokens=N).tokens == ref, prompt
+    for prompt in PROMPTS:
+        ref = reference(target.model, prompt)
+        gen = speculative_generate(scripted(draft_for(tmp_path), {"prompt_len": len(prompt), "tokens": ref}),
+                                   target, prompt, max_new_tokens=N)
+        assert gen.tokens == ref, prompt
+        assert 0 < gen.stats.accepted < gen.stats.drafted  # partial blocks really happened
+
+
+def test_attention_is_chosen_from_what_the_model_supports():
+    """gpt-oss (attention sinks) has no sdpa path in transformers: it runs eager unless told; others sdpa."""
+    assert load_target(zoo("gpt_oss")).attention == "eager"
+    assert load_target(zoo("qwen3")).attention == "sdpa"
+    assert load_target(zoo("qwen3"), attn_implementation="eager").attention == "eager"
+
+
+def test_compile_says_when_the_target_runs_eagerly():
+    gpt_oss = load_target(zoo("gpt_oss"), compile=True)
+    assert not gpt_oss.compile and "sliding-window" in gpt_oss.eager_reason
+    qwen = load_target(zoo("qwen3_5"), compile=True)
+    assert qwen.compile and qwen.eager_reason is None
+
+
+@pytest.mark.parametrize("kind,compile", [("qwen3_next", False), ("qwen3_5", False), ("qwen3_5", True)],
+                         ids=["qwen3_next", "qwen3_5", "qwen3_5-compiled"])
+def test_rollback_leaves_the_state_of_the_accepted_prefix(kind, compile):
+    """Verify a block, keep part of it, continue: the logits equal one forward over the committed
+    sequence (the state holds nothing of the rejected tokens), on a second prompt too (a reused static
+    cache starts from zero state)."""
+    target = load_target(zoo(kind), compile=compile)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        prompt, block, more = (torch.randint(0, 500, (n,), generator=g) for n in (7, BLOCK, BLOCK))
+        target.reset(32, BLOCK)
+        target.forward(prompt, 0, last_logits_only=True)
+        target.forward(block, 7)  # anchor + 3 proposals
+        target.crop(9)  # 1 proposal accepted, 2 rejected
+        logits, _ = target.forward(more, 9)
+        target.crop(9 + BLOCK)  # all accepted: nothing to undo
+        last, _ = target.forward(more[:1], 9 + BLOCK)
+        seq = torch.cat([prompt, block[:2], more, more[:1]])
+        with torch.no_grad():
+            ref = target.model(input_ids=seq[None]).logits[0].float()
+        assert torch.allclose(logits, ref[9:9 + BLOCK], atol=1e-5, rtol=0), (logits - ref[9:9 + BLOCK]).abs().max()
+        assert torch.allclose(last[-1], ref[-1], atol=1e-5, rtol=0)
+
+
+def test_compiled_hybrid_equals_transformers_generate(tmp_path):
+    """Static cache reused across prompts + compiled verify on a hybrid target, scripted partial blocks."""
+    target = load_target(zoo("qwen3_5"), compile=True)
+    eager = load_target(zoo("qwen3_5"))
+    for prompt in PROMPTS:
+        ref = reference(eager.model, prompt)
+        draft = scripted(draft_for(tmp_path), {"prompt_len": len(prompt), "tokens": ref})
+        assert speculative_generate(draft, target, prompt, max_new_tokens=N).tokens == ref, prompt
+        assert target_generate(target, prompt, max_new_tokens=N).tokens == ref, prompt
+
+
+def test_published_conditional_generation_layout_loads_its_text_model():
+    """Qwen3.5 as published (vision tower + MTP heads beside the text model): the causal LM loads with
+    nothing missing, the tensors transformers ignores are ignored, output equals the full model's."""
+    from transformers import AutoModelForCausalLM
+
+    path = zoo("qwen3_5_conditional")
+    target = load_target(path)
+    assert type(target.model).__name__ == "Qwen3_5ForCausalLM"
+    _, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"]
+
+
+def test_target_that_cannot_be_rolled_back_is_refused(monkeypatch):
+    """A cache layer holding linear-attention state and a sliding window at once (transformers'
+    "hybrid_sliding") cannot be restored: refused in one line naming the layer, before any decoding."""
+    from dflash_runtime import target as target_mod
+
+    try:
+        from transformers.models.zaya.configuration_zaya import ZayaConfig
+    except ImportError:
+        pytest.skip("this transformers has no hybrid_sliding cache layers")
+    config = ZayaConfig(num_hidden_layers=2, layer_types=["hybrid", "hybrid_sliding"], sliding_window=8)
+    why = target_mod.rollback_refusal(config)
+    assert why is not None and "layer 1 (hybrid_sliding" in why and "\n" not in why
+    assert target_mod.rollback_refusal(target_zoo._classes("qwen3_5")[0](**target_zoo._classes("qwen3_5")[2])) is None
