@@ -149,3 +149,43 @@ def test_target_that_cannot_be_rolled_back_is_refused(monkeypatch):
     why = target_mod.rollback_refusal(config)
     assert why is not None and "layer 1 (hybrid_sliding" in why and "\n" not in why
     assert target_mod.rollback_refusal(target_zoo._classes("qwen3_5")[0](**target_zoo._classes("qwen3_5")[2])) is None
+
+
+# ----------------------------------------------------------------------------- validate
+
+def _prompts(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("3 17 250 9\n40 41 42 43 44 45 46\n")
+    return path
+
+
+def _draft_dir(tmp_path):
+    return write_hf_draft(tmp_path / "draft", layers=1, target_ids=(0, 2), n_target=target_zoo.LAYERS,
+                          block_size=BLOCK, bias=False)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5_conditional", "gpt_oss"])
+def test_validate_runs_published_hybrid_and_sink_targets(kind, cli, tmp_path):
+    """validate on Qwen3.5 as published and on gpt-oss: passes, and says which attention the target ran."""
+    r = cli("validate", _draft_dir(tmp_path), "--target", zoo(kind), "--prompts", _prompts(tmp_path),
+            "--levels", "end_to_end", "--max-new-tokens", "12", "--device", "cpu", "--json")
+    assert r.code == 0, r.err
+    report = r.json()
+    assert {c["name"]: c["status"] for c in report["checks"]}["greedy_output_equal"] == "pass"
+    assert report["acceptance"]["target_attention"] == ("eager" if kind == "gpt_oss" else "sdpa")
+    assert report["acceptance"]["target_compiled"] is None
+
+
+def test_validate_refuses_a_target_path_that_differs_from_transformers(cli, tmp_path, monkeypatch):
+    """A runtime bug on the target side (here: linear-attention state not zeroed between prompts of a
+    reused static cache, as it once was) ends the run "cannot run this target" (exit 1), not with the
+    draft failing greedy_output_equal (exit 3)."""
+    from dflash_runtime import target as target_mod
+
+    monkeypatch.setattr(target_mod, "_reset_state", lambda layer: None)
+    r = cli("validate", _draft_dir(tmp_path), "--target", zoo("qwen3_5"), "--prompts", _prompts(tmp_path),
+            "--levels", "end_to_end", "--max-new-tokens", "12", "--device", "cpu", "--compile", "--json")
+    assert r.code == 1, r.err
+    message = r.json()["error"]["message"]
+    assert message.startswith("the runtime cannot run this target (Qwen3_5ForCausalLM): its target-only greedy "
+                              "decoding of prompt 1 differs from transformers' generate") and "\n" not in message

@@ -569,6 +569,10 @@ def check_pair(draft, target: Target) -> None:
     spec: DraftSpec = draft if isinstance(draft, DraftSpec) else draft.spec
     checks = compat.compatibility_checks(spec, target_info(target))
     compat.raise_first_failure(checks, names=compat.RUN_BLOCKING)
+    check_target(target)
+
+
+def check_target(target: Target) -> None:
+    """Refuse a target whose cache the runtime cannot roll back after rejected proposals (one line)."""
     if getattr(target, "unrollable", None):
-        raise DFlashError(f"the runtime cannot verify drafts against this target ({type(target.model).__name__}): "
-                          f"{target.unrollable}")
+        raise DFlashError(f"the runtime cannot run this target ({type(target.model).__name__}): {target.unrollable}")
