@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dflash_convert.errors import DFlashError
+from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
@@ -35,6 +35,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(stop_token_ids), say)
     try:
         draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
+    except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
+        raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
         return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
     checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
