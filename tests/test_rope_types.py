@@ -93,3 +93,11 @@ def test_unknown_rope_type_is_could_not_run(tmp_path, cli, tiny_target):
     r = cli("validate", path, "--levels", "static,numeric", "--device", "cpu", "--json")
     assert r.code == 1, r.out
     assert r.json()["error"]["message"].startswith("could not run the draft: ")
+
+
+def test_inspect_shows_the_rope_type_and_scaling(tmp_path, cli):
+    path, _ = _draft(tmp_path, ROPES["yarn"])
+    r = cli("inspect", path, "--json")
+    report = r.json()
+    assert (report["rope_type"], report["rope_theta"]) == ("yarn", 10000.0)
+    assert report["rope_scaling"] == {"factor": 4.0, "original_max_position_embeddings": 64}
