@@ -89,13 +89,18 @@ def test_compile_says_when_the_target_runs_eagerly():
     assert qwen.compile and qwen.eager_reason is None
 
 
-@pytest.mark.parametrize("kind,compile", [("qwen3_next", False), ("qwen3_5", False), ("qwen3_5", True)],
-                         ids=["qwen3_next", "qwen3_5", "qwen3_5-compiled"])
-def test_rollback_leaves_the_state_of_the_accepted_prefix(kind, compile):
+@pytest.mark.parametrize("kind,compile,mixers", [("qwen3_next", False, True), ("qwen3_5", False, True),
+                                                 ("qwen3_5", True, True), ("qwen3_5", False, False)],
+                         ids=["qwen3_next", "qwen3_5", "qwen3_5-compiled", "qwen3_5-decoder-rerun"])
+def test_rollback_leaves_the_state_of_the_accepted_prefix(kind, compile, mixers):
     """Verify a block, keep part of it, continue: the logits equal one forward over the committed
     sequence (the state holds nothing of the rejected tokens), on a second prompt too (a reused static
-    cache starts from zero state)."""
+    cache starts from zero state). Replaying the linear-attention mixers, and (a model whose mixers are
+    not found) re-running the whole decoder."""
     target = load_target(zoo(kind), compile=compile)
+    assert set(target._mixers) == {0, 2}  # the Gated DeltaNet layers
+    if not mixers:
+        target._mixers = {}
     g = torch.Generator().manual_seed(0)
     for _ in range(2):
         prompt, block, more = (torch.randint(0, 500, (n,), generator=g) for n in (7, BLOCK, BLOCK))

@@ -7,8 +7,10 @@
    cropped; the recurrent and conv state of linear-attention layers (Gated DeltaNet in Qwen3-Next /
    Qwen3.5, Mamba-style layers: transformers' LinearAttention cache layers, `is_croppable == False`)
    cannot be cropped, so a verify step that may be rejected first copies that state, and a partial
-   acceptance restores the copy and re-runs the committed tokens through the decoder (no lm_head)
-   from it. The state after the accepted prefix is then exactly what target-only decoding reaches.
+   acceptance restores the copy and replays the committed tokens from it: through each linear-attention
+   mixer alone (its inputs from the verify pass are kept by a hook: no MLP, no attention layer, no
+   lm_head), or, for a model whose mixers are not found, through the whole decoder. The state after
+   the accepted prefix is then exactly what target-only decoding reaches.
    A cache layer the runtime cannot roll back either way refuses speculative decoding up front.
 3. The embedding table and lm_head the draft borrows.
 Its attention implementation is its own setting, independent of the draft's backend.
@@ -122,6 +124,10 @@ class Target:
         self._state_layers: list = []
         self._saved: list[list[torch.Tensor]] = []
         self._pending: tuple[torch.Tensor, int] | None = None
+        self._mixers = _state_mixers(self.layers, self.unrollable)  # layer id -> its linear-attention module
+        self._mixer_inputs: dict[int, torch.Tensor] = {}  # layer id -> its input [1, n, Ht] in the last pass
+        for i, mixer in self._mixers.items():
+            mixer.register_forward_pre_hook(self._keep_mixer_input(i), with_kwargs=True)
 
     # ------------------------------------------------------------------ feature capture
 
@@ -205,10 +211,14 @@ class Target:
             raise DFlashError(f"cannot roll the target's linear-attention state back to {length} positions: only "
                               "the last verify block can be undone")
         self._restore_state()
+        self._pending = None
+        if self._mixers and set(self._mixers) == {i for i, layer in enumerate(self.cache.layers) if _holds_state(layer)}:
+            self._crop_attention(length)  # attention K/V of the accepted positions stays
+            self._replay_mixers(length - start)
+            return
         self._crop_attention(start)
         if length > start:
             self._rerun(ids[:length - start], start)
-        self._pending = None
 
     def _crop_attention(self, length: int) -> None:
         """Attention K/V back to `length` positions; linear-attention state is left as it is."""
@@ -239,6 +249,19 @@ class Target:
         live = [t for layer in self._state_layers for t in _state_tensors(layer)]
         for saved, t in zip(self._saved, live):
             t.copy_(saved)  # in place: a compiled step reads these tensors at fixed addresses
+
+    def _keep_mixer_input(self, layer_id: int):
+        def keep(module, args, kwargs):  # noqa: ARG001
+            self._mixer_inputs[layer_id] = args[0] if args else kwargs["hidden_states"]
+        return keep
+
+    @torch.inference_mode()
+    def _replay_mixers(self, k: int) -> None:
+        """The first k inputs of the last pass through each linear-attention mixer, from its restored state."""
+        if k <= 0:
+            return
+        for i, mixer in self._mixers.items():
+            mixer(self._mixer_inputs[i][:, :k], cache_params=self.cache)
 
     @torch.inference_mode()
     def _rerun(self, ids: torch.Tensor, start: int) -> None:
@@ -345,6 +368,23 @@ def _reset_state(layer) -> None:
         t.zero_()
     for i in layer.has_previous_state:
         layer.has_previous_state[i] = False
+
+
+def _state_mixers(layers, refused) -> dict[int, torch.nn.Module]:
+    """Decoder layer id -> the module of that layer that reads and writes linear-attention state: the
+    one whose forward takes `cache_params` (transformers' Gated DeltaNet and Mamba mixers). Empty when
+    the runtime refuses the target or a layer has no such module (the whole decoder is re-run then)."""
+    import inspect
+
+    if refused:
+        return {}
+    found = {}
+    for i, layer in enumerate(layers):
+        for module in layer.modules():
+            if module is not layer and "cache_params" in inspect.signature(module.forward).parameters:
+                found[i] = module
+                break
+    return found
 
 
 def rollback_refusal(config) -> str | None:
