@@ -194,3 +194,63 @@ def test_validate_refuses_a_target_path_that_differs_from_transformers(cli, tmp_
     message = r.json()["error"]["message"]
     assert message.startswith("the runtime cannot run this target (Qwen3_5ForCausalLM): its target-only greedy "
                               "decoding of prompt 1 differs from transformers' generate") and "\n" not in message
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def test_probabilistic_drafting_on_a_hybrid_keeps_the_target_distribution(tmp_path, monkeypatch):
+    """The statistical test of the Markov stand-in (test_validate_scale), on a real hybrid target with
+    a 5-token vocabulary: tokens 2 and 3 of many seeded speculative runs (probabilistic drafting, rollback
+    after each rejection) are distributed as the target's own, computed exactly from its logits."""
+    import itertools
+
+    from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from dflash_runtime import decode
+
+    vocab, runs, prompt = 5, 500, [2, 3, 1]
+    torch.manual_seed(0)
+    config = Qwen3_5TextConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=16, intermediate_size=48, linear_num_key_heads=1,
+                               linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                               linear_conv_kernel_dim=4, full_attention_interval=2, eos_token_id=None,
+                               pad_token_id=None, bos_token_id=None, tie_word_embeddings=False)
+    model = Qwen3_5ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)  # a peaked but not one-hot next-token distribution
+        model.model.layers[0].linear_attn.out_proj.weight.mul_(8)
+    target = load_target(model)
+    draft = load_draft(write_hf_draft(tmp_path / "draft", hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16,
+                                      inter=64, vocab=vocab, target_ids=(0, 1), n_target=2, block_size=4,
+                                      mask=vocab - 1, bias=False), backend="eager")
+    exact: dict = {}  # P(t2, t3) from the target's own logits at temperature 1
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=3):
+            logits = model(input_ids=torch.tensor([prompt + list(seq[:2])])).logits[0, len(prompt) - 1:]
+            prob = float(torch.softmax(logits.float(), -1)[torch.arange(3), torch.tensor(seq)].prod())
+            exact[seq[1:]] = exact.get(seq[1:], 0.0) + prob
+
+    def sample(n):
+        counts, accepted, drafted = {}, 0, 0
+        for seed in range(n):
+            out = speculative_generate(draft, target, prompt, max_new_tokens=3, temperature=1.0, seed=seed,
+                                       draft_sampling="probabilistic")
+            counts[tuple(out.tokens[1:3])] = counts.get(tuple(out.tokens[1:3]), 0) + 1
+            accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
+        return counts, accepted, drafted
+
+    def tv(counts, n):
+        return 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in set(counts) | set(exact))
+
+    counts, accepted, drafted = sample(runs)
+    assert 0.15 * runs < accepted < drafted, (accepted, drafted)  # acceptance and rejection (rollback) both happen
+    bound = 0.15  # sampling noise of 500 runs over 25 outcomes: ~0.06
+    assert tv(counts, runs) < bound, tv(counts, runs)
+
+    def always_accept(block, target_logits, draft_probs, **kw):
+        return block.numel() - 1, block[1:].tolist() + [int(torch.multinomial(
+            torch.softmax(target_logits[-1], -1), 1, generator=kw["generator"]))]
+
+    monkeypatch.setattr(decode, "accept_block", always_accept)
+    counts, _, _ = sample(150)
+    assert tv(counts, 150) > 2 * bound
