@@ -22,7 +22,7 @@ LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_
 MOE = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 
 KINDS = ("llama", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_next", "qwen3_5", "qwen3_5_conditional",
-         "qwen3_5_moe")
+         "qwen3_5_moe", "kimi_k25")
 HYBRID = ("qwen3_next", "qwen3_5", "qwen3_5_conditional", "qwen3_5_moe")
 
 
@@ -49,12 +49,18 @@ def _classes(kind: str):
         return *get("gpt_oss", "GptOssConfig", "GptOssForCausalLM"), dict(
             base, **dict(ATTENTION, max_position_embeddings=131072), intermediate_size=32, num_local_experts=4,
             num_experts_per_tok=2, sliding_window=8)
+    deepseek = dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
+                    intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                    n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=32,
+                    kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=256)
     if kind == "deepseek_v3":  # MLA + MoE (first layer dense)
-        return *get("deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM"), dict(
-            base, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
-            intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-            first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
-            qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=256)
+        return *get("deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM"), dict(base, **deepseek)
+    if kind == "kimi_k25":  # a multimodal wrapper around a DeepSeek-V3 text model, no causal-LM class
+        vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, patch_size=4,
+                      mm_hidden_size=32, text_hidden_size=HIDDEN)
+        config_cls, model_cls = get("kimi_k25", "Kimi_K25Config", "Kimi_K25ForConditionalGeneration")
+        return config_cls, model_cls, dict(text_config=dict(SPECIAL, **deepseek, model_type="deepseek_v3"),
+                                           vision_config=vision, tie_word_embeddings=False)
     if kind == "qwen3_next":
         return *get("qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM"), dict(
             base, **ATTENTION, **LINEAR, **MOE, intermediate_size=96, shared_expert_intermediate_size=32)

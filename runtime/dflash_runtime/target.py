@@ -513,15 +513,30 @@ def check_target_weights(model, path: Path) -> None:
                               file=path)
 
 
+def auto_class(config, path=None):
+    """transformers' Auto class that builds this target: its causal LM, else (a multimodal wrapper with
+    no causal-LM class, like Kimi-K2.5) its image-text-to-text model, which generates text the same way."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        if type(config) in auto._model_mapping:
+            return auto
+    if getattr(config, "auto_map", None):  # remote code: transformers itself decides (trust_remote_code)
+        return AutoModelForCausalLM
+    raise DFlashError(f"transformers {transformers.__version__} has no causal-LM (or image-text-to-text) class for "
+                      f"model_type {getattr(config, 'model_type', '?')!r}", file=path)
+
+
 def meta_model(path: Path, trust_remote_code: bool = False):
     """The target's model class built from its config on the meta device (no memory, no weights)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            return auto_class(config, path).from_config(config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
         raise DFlashError(f"cannot build the target model from its config: {str(exc).splitlines()[0]}",
                           file=path) from None
@@ -544,7 +559,7 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     `compile`: static cache and compiled verify step (see the module docstring); `attn_implementation`:
     transformers' name, None for default_attention.
     """
-    from transformers import AutoModelForCausalLM, PreTrainedModel
+    from transformers import PreTrainedModel
 
     if isinstance(source, PreTrainedModel):
         model = source
@@ -559,6 +574,7 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     meta = meta_model(path, trust_remote_code)
     check_target_weights(meta, path)
     attn_implementation = attn_implementation or default_attention(meta)
+    auto = auto_class(meta.config, path)
     del meta
     offload = None
     kwargs = {}
@@ -575,7 +591,7 @@ def load_target(source, *, device="cpu", dtype: torch.dtype = torch.float32, att
     level = placement_log.level
     placement_log.setLevel(logging.ERROR)  # the placement is reported by the caller (Target.offloaded)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = auto.from_pretrained(
             str(path), dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
             use_safetensors=True, output_loading_info=True, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
