@@ -5,7 +5,6 @@ slot: earlier slots must not move in a causal layer, must move in a non-causal o
 
 from __future__ import annotations
 
-import copy
 import warnings
 from typing import Any, Callable
 
@@ -24,22 +23,9 @@ CONTEXT_TOKENS = 24  # synthetic context length of the numeric level
 CAUSAL_PROBE_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
-def _with_backend(draft, name: str):
-    """The same loaded draft (weights and context cache shared) attending with another backend."""
-    return draft.with_backend(name)
-
-
 def _earlier_slots_change(a, b) -> float:
     """max |a - b| over block slots 0..B-2, relative to max |a| there (a, b: [B, H])."""
     return float((a[:-1] - b[:-1]).abs().max() / a[:-1].abs().max().clamp_min(1e-6))
-
-
-def _single_layer(draft, i: int):
-    """Draft layer i alone (final norm kept): to probe that layer's causality."""
-    one = copy.copy(draft)
-    one.layers = [draft.layers[i]]
-    one.cache_k, one.cache_v = [draft.cache_k[i]], [draft.cache_v[i]]
-    return one
 
 
 def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
@@ -80,7 +66,7 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     checks += _agreement_checks(outputs, dtype_name)
     checks += _causality_checks(probes, layer_causal, CAUSAL_PROBE_TOLERANCE[dtype_name])
     draft.reset()
-    return checks, capable, _with_backend(draft, chosen)
+    return checks, capable, draft.with_backend(chosen)
 
 
 def _synthetic_inputs(width: int, hidden: int, block: int, seed: int, device: str):
@@ -113,16 +99,17 @@ def _run_backends(draft, names: list[str], layer_causal: list[bool], inputs, say
         draft.add_context(features, 0)
         for name in names:
             say(f"numeric: backend {name}")
-            d = _with_backend(draft, name)
+            d = draft.with_backend(name)  # the same weights and context cache
             out = d.block_hidden(x, CONTEXT_TOKENS).float()  # [B, H]
             outputs[name] = out
             bad = int((~torch.isfinite(out)).sum())
             checks.append(_check(f"finite_output.{name}", bad == 0, f"{name}: {bad} of {out.numel()} block outputs "
                                  "are NaN/Inf" if bad else f"{name}: all block outputs finite", value=bad,
                                  threshold=0, level="numeric"))
-            units = [d] if uniform else [_single_layer(d, i) for i in range(len(layer_causal))]
-            probes[name] = [_earlier_slots_change(u.block_hidden(x, CONTEXT_TOKENS).float(),
-                                                  u.block_hidden(x_moved, CONTEXT_TOKENS).float()) for u in units]
+            units = [None] if uniform else [[i] for i in range(len(layer_causal))]  # all layers, or each alone
+            probes[name] = [_earlier_slots_change(d.block_hidden(x, CONTEXT_TOKENS, layers=u).float(),
+                                                  d.block_hidden(x_moved, CONTEXT_TOKENS, layers=u).float())
+                            for u in units]
     return outputs, probes
 
 
