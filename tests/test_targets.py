@@ -173,7 +173,7 @@ def _draft_dir(tmp_path):
 def test_validate_runs_published_hybrid_and_sink_targets(kind, cli, tmp_path):
     """validate on Qwen3.5 as published and on gpt-oss: passes, and says which attention the target ran."""
     r = cli("validate", _draft_dir(tmp_path), "--target", zoo(kind), "--prompts", _prompts(tmp_path),
-            "--levels", "end_to_end", "--max-new-tokens", "12", "--device", "cpu", "--json")
+            "--levels", "end_to_end", "--max-new-tokens", "12", "--device", "cpu", "--sampling", "greedy", "--json")
     assert r.code == 0, r.err
     report = r.json()
     assert {c["name"]: c["status"] for c in report["checks"]}["greedy_output_equal"] == "pass"
@@ -189,7 +189,8 @@ def test_validate_refuses_a_target_path_that_differs_from_transformers(cli, tmp_
 
     monkeypatch.setattr(target_mod, "_reset_state", lambda layer: None)
     r = cli("validate", _draft_dir(tmp_path), "--target", zoo("qwen3_5"), "--prompts", _prompts(tmp_path),
-            "--levels", "end_to_end", "--max-new-tokens", "12", "--device", "cpu", "--compile", "--json")
+            "--levels", "end_to_end", "--max-new-tokens", "12", "--device", "cpu", "--compile", "--sampling", "greedy",
+            "--json")
     assert r.code == 1, r.err
     message = r.json()["error"]["message"]
     assert message.startswith("the runtime cannot run this target (Qwen3_5ForCausalLM): its target-only greedy "

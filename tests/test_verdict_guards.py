@@ -56,7 +56,7 @@ def test_greedy_output_equal_checks_every_prompt_past_the_baselines(cli, tmp_pat
     monkeypatch.setattr(end_to_end.Decode, "speculative", speculative)
     draft = write_hf_draft(tmp_path / "d", layers=1, target_ids=(0, 1), n_target=8, block_size=4)
     r = cli("validate", draft, "--target", tiny_target, "--prompts", path, "--levels", "end_to_end",
-            "--max-new-tokens", "6", "--device", "cpu", "--json")
+            "--max-new-tokens", "6", "--device", "cpu", "--sampling", "greedy", "--json")
     assert r.code == 3, r.err
     check = {c["name"]: c for c in r.json()["checks"]}["greedy_output_equal"]
     assert check["status"] == "fail" and check["message"].startswith("prompt 5: token 5 ") and check["value"] == "5/6"

@@ -34,7 +34,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     say = progress or (lambda message: None)
     target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
                           last_layer_post_norm=last_layer_post_norm)
-    _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(stop_token_ids), say)
+    _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(sampling.stop_token_ids), say)
     try:
         draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
     except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
