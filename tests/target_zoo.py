@@ -52,7 +52,8 @@ def _classes(kind: str):
     deepseek = dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
                     intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
                     n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=32,
-                    kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=256)
+                    kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    max_position_embeddings=256)
     if kind == "deepseek_v3":  # MLA + MoE (first layer dense)
         return *get("deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM"), dict(base, **deepseek)
     if kind == "kimi_k25":  # a multimodal wrapper around a DeepSeek-V3 text model, no causal-LM class

@@ -109,7 +109,8 @@ class Target:
         self.attention = getattr(self.config, "_attn_implementation", None)  # transformers' attn_implementation
         self.eager_reason = None  # why compile=True still runs the target eagerly
         if compile and "sliding_attention" in layer_types:
-            self.eager_reason = "its sliding-window layers need the dynamic cache (a rolling static one cannot be cropped)"
+            self.eager_reason = ("its sliding-window layers need the dynamic cache (a rolling static one cannot be "
+                                 "cropped)")
         elif compile and self.attention not in ("sdpa", "eager"):
             self.eager_reason = f"its attention implementation {self.attention!r} is not compiled (sdpa or eager are)"
         elif compile and self.offloaded:
@@ -212,7 +213,8 @@ class Target:
                               "the last verify block can be undone")
         self._restore_state()
         self._pending = None
-        if self._mixers and set(self._mixers) == {i for i, layer in enumerate(self.cache.layers) if _holds_state(layer)}:
+        stateful = {i for i, layer in enumerate(self.cache.layers) if _holds_state(layer)}
+        if self._mixers and set(self._mixers) == stateful:
             self._crop_attention(length)  # attention K/V of the accepted positions stays
             self._replay_mixers(length - start)
             return
