@@ -692,8 +692,9 @@ def validate(
                                          "its config or weights).")] = DType.auto,
     backend: Annotated[Backend, typer.Option("--backend", help="Draft attention backend (auto: the numeric level "
                                              "tries every available one).")] = Backend.auto,
-    target_backend: Annotated[str, typer.Option("--target-backend", help="The target's attn_implementation (eager, "
-                                                "sdpa, flex_attention, ...).")] = "sdpa",
+    target_backend: Annotated[Optional[str], typer.Option(
+        "--target-backend", help="The target's attn_implementation (eager, sdpa, flex_attention, ...); default: sdpa "
+        "where its model supports it, else eager.")] = None,
     causal: Causal = None,
     min_acceptance_length: Annotated[Optional[float], typer.Option(
         "--min-acceptance-length", help="Fail when tau (mean tokens per step) is lower.")] = None,

@@ -16,6 +16,11 @@ class DFlashError(Exception):
         super().__init__(f"{self.file}: {message}" if self.file else message)
 
 
+class NotRunnable(DFlashError):
+    """A well-formed input the bundled runtime cannot run exactly (a draft variant or RoPE type it does
+    not implement): validate says it could not run (exit 1) instead of failing the draft (exit 3)."""
+
+
 class UsageError(DFlashError):
     """Wrong or contradictory command-line options."""
 

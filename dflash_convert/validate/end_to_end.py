@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dflash_convert.errors import DFlashError
+from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, _check
@@ -35,8 +35,11 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     say = progress or (lambda message: None)
     target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
                           last_layer_post_norm=last_layer_post_norm)
+    _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(sampling.stop_token_ids), say)
     try:
         draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
+    except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
+        raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
         return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
     checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
@@ -76,7 +79,9 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
         per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
         num_drafts=whole.num_drafts, accepted=whole.accepted, outputs_equal=equal, baseline_prompts=base_n,
-        timing_rounds=opts.timing_rounds, speculative_tokens_per_s=spec.tokens_per_s,
+        timing_rounds=opts.timing_rounds, target_attention=target.attention,
+        target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
+        speculative_tokens_per_s=spec.tokens_per_s,
         target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
         target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
@@ -137,6 +142,36 @@ def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype,
         say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
             + f"; the draft runs on {target.draft_device}")
     return target
+
+
+def _check_target_path(target, prompt_ids: list[list[int]], max_new_tokens: int, stop: tuple[int, ...],
+                       say) -> None:
+    """Before any verdict: the runtime can undo rejected proposals in this target's cache, and its
+    target-only greedy decoding of the first prompt (after another one, so that a reused cache must
+    start clean) is transformers' own `generate`. Otherwise a wrong output would be blamed on the draft;
+    raises DFlashError ("the runtime cannot run this target")."""
+    import torch
+    from dflash_runtime import check_target, target_generate
+
+    check_target(target)
+    say("end to end: checking the runtime's target path against transformers' generate")
+    prompt = prompt_ids[0]
+    target_generate(target, prompt_ids[-1] + prompt_ids[0], max_new_tokens=4, stop_token_ids=stop)
+    ours = target_generate(target, prompt, max_new_tokens=max_new_tokens, stop_token_ids=stop).tokens
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ids = torch.tensor([prompt], device=target.device)
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                    do_sample=False, eos_token_id=list(stop) or None,
+                                    pad_token_id=(list(stop) or [0])[0])
+    theirs = out[0, len(prompt):].tolist()
+    n = min(len(ours), len(theirs))  # one may stop at an eos the other's generation config does not name
+    at = next((i for i in range(n) if ours[i] != theirs[i]), None)
+    if at is not None or n == 0:
+        where = (f"token {at + 1} is {ours[at]} where transformers' generate gives {theirs[at]}" if at is not None
+                 else "no token was generated")
+        raise DFlashError(f"the runtime cannot run this target ({type(target.model).__name__}): its target-only "
+                          f"greedy decoding of prompt 1 differs from transformers' generate ({where})")
 
 
 def _ready_draft(ckpt: Checkpoint, draft, target, opts: ValidateOptions, *, dtype, say, draft_options: dict):

@@ -48,6 +48,10 @@ class InspectReport(BaseModel):
     layer_causal: list[bool] = Field(description="per-layer block causality the draft was trained with")
     causal_flag: bool | None
     sliding_window: int | None
+    rope_type: str = Field("default", description="transformers' RoPE type (default, linear, dynamic, yarn, "
+                           "longrope, llama3, ...)")
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = Field(None, description="the scaling parameters of a non-default RoPE")
     vocab_size: int
     draft_vocab_size: int
     hidden_size: int
@@ -176,6 +180,10 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         layer_causal=spec.layer_causal,
         causal_flag=spec.causal_flag,
         sliding_window=spec.sliding_window if "sliding_attention" in spec.layer_types else None,
+        rope_type=(spec.rope_scaling or {}).get("rope_type") or (spec.rope_scaling or {}).get("type") or "default",
+        rope_theta=spec.rope_theta,
+        rope_scaling={k: v for k, v in spec.rope_scaling.items() if k not in ("rope_type", "type", "rope_theta")}
+        if spec.rope_scaling else None,
         vocab_size=spec.vocab_size,
         draft_vocab_size=spec.draft_vocab,
         hidden_size=spec.hidden_size,

@@ -81,6 +81,10 @@ class AcceptanceStats(BaseModel):
     outputs_equal: int | None = Field(description="prompts whose speculative output is the target's greedy output "
                                       "(None when sampling)")
     baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
+    target_attention: str | None = Field(None, description="the attn_implementation the target ran with")
+    target_compiled: bool | None = Field(None, description="--compile: whether the target's verify step was "
+                                         "compiled (None without --compile)")
+    target_eager_reason: str | None = Field(None, description="--compile: why the target still ran eagerly")
     timing_rounds: int = Field(1, description="interleaved rounds of target-only and speculative decoding of the "
                                "baseline prompts that the tokens/s and the speedup are measured on")
     speculative_tokens_per_s: float = Field(description="speculative decoding over all timed runs")
@@ -242,6 +246,10 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
         for name, s in a.per_prompt_set.items():
             console.print(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} draft "
                           f"steps), per-position {_short(s.per_position_rates, 200)}; {s.source}", markup=False)
+        if a.target_attention:
+            compiled = {None: "", True: ", verify step compiled",
+                        False: f", not compiled: {a.target_eager_reason}"}[a.target_compiled]
+            console.print(f"target attention {a.target_attention}{compiled}", markup=False)
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     console.print(f"{verdict}: {escape(verdict_text(report))}")
 
