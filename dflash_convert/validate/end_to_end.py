@@ -61,8 +61,13 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                      f"tau {runs[-1].stats.tau:.2f}", done=i, total=len(prompt_ids)))
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
-    same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], sampling.temperature)
-    equal = None if same is None else sum(same)
+    if sampling.temperature == 0:
+        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0])
+        equal = sum(same)
+    else:  # samples cannot be compared token by token: the decode loop's exactness is checked greedily
+        same = equal = None
+        _greedy_check(checks, target, prompt_ids[:base_n], *_greedy_pass(decode, prompt_ids[:base_n], say),
+                      sampled_at=sampling.temperature)
     _acceptance_checks(checks, whole, block, opts)
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
     base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
@@ -210,14 +215,19 @@ def _timing_rounds(decode: Decode, prompts: list[list[int]], n: int, say) -> lis
     return rounds
 
 
-def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temperature: float
-                  ) -> list[bool] | None:
-    """Appends greedy_output_equal; returns, per prompt, whether its output is the target's greedy output."""
-    if temperature != 0:
-        checks.append(_check("greedy_output_equal", None, f"temperature {temperature}: outputs are samples; "
-                             "equality with target-only decoding is only defined for greedy decoding",
-                             level="end_to_end"))
-        return None
+def _greedy_pass(decode: Decode, prompts: list[list[int]], say) -> tuple[list, list]:
+    """(speculative, target-only) greedy generations of `prompts`, whatever the run samples with."""
+    greedy = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+    say(f"end to end: greedy pass over {len(prompts)} prompt(s) (the run samples; exactness is checked greedily)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ([decode.speculative(p, **greedy) for p in prompts], [decode.target_only(p, **greedy) for p in prompts])
+
+
+def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, sampled_at: float | None = None
+                  ) -> list[bool]:
+    """Appends greedy_output_equal; returns, per prompt, whether its output is the target's greedy output.
+    `sampled_at`: the run samples at this temperature and `runs` are a greedy pass made for this check."""
     bad = []  # (prompt, first token that is not the target's greedy choice)
     for i, (p, r) in enumerate(zip(prompt_ids, runs)):
         at = _first_non_greedy(target, p, r.tokens)
@@ -230,6 +240,9 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temp
            f"target's argmax after the tokens before it; identical to target-only decoding on the first "
            f"{len(baselines)})" if not bad else f"prompt {bad[0][0] + 1}: token {bad[0][1]} of the speculative "
            f"output is not the target's greedy choice ({equal}/{len(runs)} prompts equal)")
+    if sampled_at is not None:
+        msg += (f" (a greedy pass made for this check: the run itself samples at temperature {sampled_at}, whose "
+                "outputs cannot be compared token by token)")
     checks.append(_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
                          threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
     wrong = {i for i, _ in bad}
