@@ -14,28 +14,38 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import AcceptanceStats
+from dflash_convert.validate.report import AcceptanceCounts, AcceptanceStats
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
 BUSY_LOAD = 0.75  # 1-minute load average per usable core above which timings are reported unreliable
-AUTO_TOKENS_WARN = 1.2  # without --min-acceptance-length, tau below this is reported as a warning
+# Without --min-acceptance-length, tau below 1 + this share of the block's draft slots is a loud warning:
+# at block 16 a draft wired to the wrong target layers accepts ~1.6 (a working one 6 and more).
+AUTO_ACCEPTED_SHARE_WARN = 0.1
+MISWIRING_CAUSES = ("target layer ids (a lost +1 between the formats' ids, a reordered list), the mask token id, "
+                    "causality (a causal draft served non-causally or the reverse)")
+
+
+def auto_tau_floor(block: int) -> float:
+    """The tau below which a draft is reported as accepting almost nothing at this block size."""
+    return round(1 + AUTO_ACCEPTED_SHARE_WARN * (block - 1), 4)
 
 
 def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], opts: ValidateOptions, *,
                draft=None, device: str, dtype, target_dtype=None, stop_token_ids: Iterable[int] = (),
                progress: Callable[[str], None] | None = None, quiet: bool = False,
                draft_options: dict[str, Any] | None = None, last_layer_post_norm: bool = False
-               ) -> tuple[list[Check], AcceptanceStats | None]:
-    """(checks, acceptance statistics) of speculative decoding of `prompt_ids` against the target at
-    `target_dir`; `draft` is the numeric level's loaded draft when it ran."""
+               ) -> tuple[list[Check], AcceptanceStats | None, list[list[int]]]:
+    """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompt_ids` against the
+    target at `target_dir`; `draft` is the numeric level's loaded draft when it ran. Each prompt is also
+    decoded with full last blocks, for the figures as vLLM counts them."""
     say = progress or (lambda message: None)
     target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
                           last_layer_post_norm=last_layer_post_norm)
     try:
         draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
     except DFlashError as exc:
-        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
+        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None, []
     checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
     block = opts.block_size or draft.block_size
@@ -53,6 +63,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
             runs.append(decode.speculative(p))
             say(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
                 f"tau {runs[-1].stats.tau:.2f}")
+        say("end to end: the prompts again, counted as vLLM counts (full last blocks)")
+        full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
     equal = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], opts.temperature)
@@ -71,12 +83,18 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
         temperature=opts.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
         per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
-        num_drafts=whole.num_drafts, accepted=whole.accepted, outputs_equal=equal, baseline_prompts=base_n,
+        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block), outputs_equal=equal, baseline_prompts=base_n,
         timing_rounds=opts.timing_rounds, speculative_tokens_per_s=spec.tokens_per_s,
         target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
         target_tokens_per_s_range=_tps_range([br for br, _ in rounds]))
-    return checks, stats
+    return checks, stats, [r.tokens for r in runs]
+
+
+def counts(stats: DecodeStats, block: int) -> AcceptanceCounts:
+    return AcceptanceCounts(num_drafts=stats.num_drafts, drafted=stats.drafted, accepted=stats.accepted,
+                            acceptance_length=round(stats.tau, 4),
+                            per_position_rates=[round(r, 4) for r in _padded(stats.per_position_rates, block - 1)])
 
 
 class Decode:
@@ -188,10 +206,14 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
                              f">= {opts.min_acceptance_length}", value=round(tau, 4),
                              threshold=opts.min_acceptance_length, level="end_to_end"))
     else:
-        checks.append(_check("acceptance_length", tau >= AUTO_TOKENS_WARN,
+        floor = auto_tau_floor(block)
+        checks.append(_check("acceptance_length", tau >= floor,
                              f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
-                             f"given" + ("" if tau >= AUTO_TOKENS_WARN else ": the draft accepts almost nothing"),
-                             value=round(tau, 4), threshold=None, level="end_to_end", bad="warn"))
+                             f"given" if tau >= floor else f"tau {tau:.3f} at block {block} (below {floor}, 1 + "
+                             f"{AUTO_ACCEPTED_SHARE_WARN:.0%} of the {block - 1} draft slots): the draft accepts almost "
+                             f"nothing; likely mis-wired: {MISWIRING_CAUSES}; `inspect` and `validate --engine` show "
+                             "how an engine reads it; --min-acceptance-length makes this a failure",
+                             value=round(tau, 4), threshold=floor, level="end_to_end", bad="warn"))
     wanted = opts.min_position_rates
     if wanted:
         low = [f"position {k + 1}: {rates[k]:.3f} < {m}" for k, m in enumerate(wanted)

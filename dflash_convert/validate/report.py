@@ -18,6 +18,17 @@ from dflash_convert.validate.checks import Check, Level, Status
 from dflash_convert.validate.options import LEVELS
 
 
+class AcceptanceCounts(BaseModel):
+    """Acceptance counted one way: tau = 1 + accepted / num_drafts, rates[k] = share of draft steps whose
+    draft k+1 was accepted."""
+
+    num_drafts: int
+    drafted: int = Field(description="draft tokens proposed")
+    accepted: int
+    acceptance_length: float
+    per_position_rates: list[float]
+
+
 class AcceptanceStats(BaseModel):
     """End-to-end speculative decoding on the prompts (greedy unless temperature > 0)."""
 
@@ -33,6 +44,10 @@ class AcceptanceStats(BaseModel):
     per_position_rates: list[float] = Field(description="fraction of steps whose draft at block slot k+1 was accepted")
     num_drafts: int
     accepted: int
+    vllm_counting: AcceptanceCounts | None = Field(
+        None, description="the same decoding counted as vLLM counts: the last block drafted and verified whole "
+        "(block_size - 1 drafts) and acceptances past max_new_tokens counted; the figures above shorten the last "
+        "block to what can still be emitted")
     outputs_equal: int | None = Field(description="prompts whose speculative output is the target's greedy output "
                                       "(None when sampling)")
     baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
@@ -44,6 +59,19 @@ class AcceptanceStats(BaseModel):
     speedup_range: list[float] = Field(default_factory=list, description="[min, max] speedup of a single round")
     speculative_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
     target_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
+
+
+class EngineStats(BaseModel):
+    """The pair served by the real engine (`--engine-python`): greedy, the same prompts and max tokens."""
+
+    engine: str
+    version: str
+    python: str = Field(description="the interpreter the engine ran under")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="passed to the engine (vLLM's LLM(...))")
+    prompts: int
+    outputs_equal: int = Field(description="prompts whose engine speculative output, engine target-only output "
+                               "and our target's greedy output are all equal")
+    counts: AcceptanceCounts = Field(description="the engine's own spec-decode counters")
 
 
 class Environment(BaseModel):
@@ -91,6 +119,7 @@ class ValidationReport(BaseModel):
     levels_skipped: dict[str, str] = Field(default_factory=dict, description="level -> why it did not run")
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
+    engine_run: EngineStats | None = Field(None, description="the real engine's figures (--engine-python)")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -139,11 +168,11 @@ def _short(value: Any, limit: int = 48) -> str:
 
 def render_table(report: ValidationReport, console) -> None:
     """One row per check on `console` (stderr), then the acceptance figures and the verdict."""
+    from rich.markup import escape
     from rich.table import Table
 
     run = ", ".join(report.levels_run) or "none"
     skipped = "; ".join(f"{k} skipped: {v}" for k, v in report.levels_skipped.items())
-    from rich.markup import escape
     from rich.table import Column
 
     table = Table(Column("check", no_wrap=True), Column("status", no_wrap=True),
@@ -173,12 +202,39 @@ def render_table(report: ValidationReport, console) -> None:
                       + (f", {threads} thread(s)" if threads else "") + "), "
                       + (f"outputs equal on {a.outputs_equal}/{a.prompts} prompts" if a.outputs_equal is not None
                          else f"sampled at temperature {a.temperature} ({a.draft_sampling} drafting)"), markup=False)
+    if a is not None and (a.vllm_counting is not None or report.engine_run is not None):
+        _render_counting(a, report.engine_run, console)
+    low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"
+                and c.threshold is not None), None)
+    if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
+        console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
     n = report.counts()
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     failed = report.failed_checks
     names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
     console.print(f"{verdict}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped "
                   f"in {report.duration_s:.1f} s{escape(names)}")
+
+
+def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) -> None:
+    """Our figures both ways and the engine's own, side by side."""
+    from rich.table import Table
+
+    table = Table("counted", "drafts", "accepted", "tau", "per-position rates", title="acceptance, side by side",
+                  title_justify="left")
+    table.add_row("runtime (last block shortened)", str(a.num_drafts), str(a.accepted), f"{a.acceptance_length:.3f}",
+                  _short(a.per_position_rates, 200))
+    rows = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
+    if engine is not None:
+        rows.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
+    for name, c in rows:
+        if c is not None:
+            table.add_row(name, str(c.num_drafts), str(c.accepted), f"{c.acceptance_length:.3f}",
+                          _short(c.per_position_rates, 200))
+    console.print(table)
+    if engine is not None:
+        console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
+                      "prompts (speculative, target-only, our target's greedy)", markup=False)
 
 
 def to_json(report: ValidationReport) -> dict[str, Any]:
