@@ -147,7 +147,7 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
     run = answer["drafts"][0]
     if "error" in run:
         # the engine refused what the static level let through, or cannot run it here: no verdict on the draft
-        raise DFlashError(f"vLLM {answer['vllm_version']}: {run['error']}")
+        raise DFlashError(f"vLLM {answer.get('vllm_version')}: {run['error']}")
     spec, base = run["outputs"], answer["target_only"]["outputs"]
     counts = engine_counts(run)
     equal = sum(s == b == o for s, b, o in zip(spec, base, ours))
@@ -183,5 +183,5 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
                              "every position of vLLM's figures meets its threshold", value=got,
                              threshold=list(min_position_rates), level="end_to_end"))
     stats = EngineStats(engine="vllm", version=answer["vllm_version"], python=python, engine_args=engine_args,
-                        prompts=n, outputs_equal=equal, counts=counts)
+                        engine_config=run.get("engine_config") or {}, prompts=n, outputs_equal=equal, counts=counts)
     return checks, stats

