@@ -48,7 +48,7 @@ def main() -> int:
         for name, draft in copies(Path(tmp)).items():
             t0 = time.perf_counter()
             r = validate(draft, ValidateOptions(
-                target=PAIR / "target", prompts=PAIR / "prompts.txt", max_new_tokens=64, engine="vllm",
+                target=PAIR / "target", prompts=PAIR / "prompts.txt", max_new_tokens=64, sampling="greedy", engine="vllm",
                 levels=["static", "end_to_end"], keep_going=True, timing_rounds=1,
                 engine_python=args.engine_python, engine_args=json.loads(args.engine_args)),
                 progress=lambda m: print(m, file=sys.stderr))

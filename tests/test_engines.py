@@ -358,6 +358,22 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
     assert set(ENGINES_BY_KEY) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
 
 
+def test_a_mistyped_rule_kind_is_refused():
+    """A rule kind outside its field's enum fails when the row is built (the table at import), instead of
+    reading configs through whatever branch a misspelled string would have fallen into."""
+    import dataclasses
+
+    row = ENGINES_BY_KEY["sglang"]
+    with pytest.raises(ValueError, match="'sglang': causality 'is_causal_then_slidnig' is not a rule kind"):
+        dataclasses.replace(row, causality="is_causal_then_slidnig")
+    with pytest.raises(ValueError, match="reads 'HF' is not a rule kind"):
+        dataclasses.replace(row, reads="HF")
+    assert dataclasses.replace(row, causality="is_causal_then_sliding") == row  # a name is taken as its kind
+    text = {**engines.RULE_TEXT, "mixed": {k: v for k, v in engines.RULE_TEXT["mixed"].items() if k != "supported"}}
+    with pytest.raises(ValueError, match="RULE_TEXT\\['mixed'\\] and the kinds of mixed differ: \\['supported'\\]"):
+        engines._check_tables(text)
+
+
 def test_vllm_hf_reads_eagle_aux_ids_first():
     v = views(hf_config(eagle_aux_hidden_state_layer_ids=[2, 5, 7]))
     assert v["vllm-hf"].target_layer_ids == [1, 4, 6] and "target_layer_ids" in errors(v["vllm-hf"])
@@ -397,7 +413,7 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     prompts = ROOT / "examples" / "pair" / "prompts.txt"
     runs = {e: validate(hf, ValidateOptions(target=ROOT / "examples" / "pair" / "target", prompts=prompts,
                                             max_new_tokens=64, levels=["static", "end_to_end"], timing_rounds=1,
-                                            engine=e)) for e in ("vllm", "sglang")}
+                                            engine=e, sampling="greedy")) for e in ("vllm", "sglang")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail" and runs["vllm"].passed
     assert fidelity["sglang"].status == "fail" and "layer_causal" in fidelity["sglang"].message
@@ -415,7 +431,8 @@ def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_pat
     pair = ROOT / "examples" / "pair"
     draft = copy_draft(pair / "draft", tmp_path / "draft", spec_update={"target_layer_ids": [1, 7]})
     runs = {e: validate(draft, ValidateOptions(target=pair / "target", prompts=pair / "prompts.txt", max_new_tokens=32,
-                                               levels=["static", "end_to_end"], timing_rounds=1, engine=e))
+                                               levels=["static", "end_to_end"], timing_rounds=1, engine=e,
+                                               sampling="greedy"))
             for e in ("vllm", "zlab")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail"

@@ -47,7 +47,7 @@ def pair(tmp_path_factory) -> Pair:
 
 def e2e_args(pair: Pair, draft: Path | None = None, *extra: str) -> list[str]:
     return ["validate", str(draft or pair.draft), "--target", str(pair.target), "--prompts", str(pair.prompts),
-            "--max-new-tokens", PAIR_TOKENS, "--threads", "1", "--json", *extra]
+            "--max-new-tokens", PAIR_TOKENS, "--threads", "1", "--sampling", "greedy", "--json", *extra]
 
 
 @pytest.fixture(autouse=True)
@@ -290,7 +290,7 @@ def test_random_pair_is_lossless_and_reports_low_acceptance(speculators_drafts, 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": [5, 6, 7, 8, 9, 10]}\n{"prompt": [100, 3, 44, 2]}\n')
     r = cli("validate", speculators_drafts["mixed"], "--target", tiny_target, "--prompts", prompts,
-            "--max-new-tokens", "12", "--backend", "sdpa", "--threads", "1", "--json")
+            "--max-new-tokens", "12", "--backend", "sdpa", "--threads", "1", "--sampling", "greedy", "--json")
     assert r.code == 0, r.err[-2000:]
     report = r.json()
     s = statuses(report)

@@ -101,7 +101,8 @@ def _emulate(draft: Path, prompts: list[list[int]], block: int | None):
     from dflash_convert.validate import ValidateOptions, validate
 
     return validate(draft, ValidateOptions(
-        target=PAIR / "target", prompts=prompts, max_new_tokens=TOKENS, engine="vllm", levels=["static", "end_to_end"],
+        target=PAIR / "target", prompts=prompts, max_new_tokens=TOKENS, sampling="greedy", engine="vllm",
+        levels=["static", "end_to_end"],
         keep_going=True, timing_rounds=1, threads=1, block_size=block))
 
 
@@ -186,7 +187,7 @@ def test_cli_serves_the_pair_in_vllm(cli):
     and the --engine-args it was built with (max_model_len, dtype, eager: the plumbing, as vLLM reports it)."""
     args = {"enforce_eager": True, "max_model_len": 384, "dtype": "bfloat16"}
     r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", PAIR / "prompts.txt",
-            "--engine", "vllm", "--engine-python", VLLM_PYTHON, "--engine-args", json.dumps(args),
+            "--sampling", "greedy", "--engine", "vllm", "--engine-python", VLLM_PYTHON, "--engine-args", json.dumps(args),
             "--levels", "static,end_to_end", "--min-acceptance-length", "14", "--json")
     assert r.code == 0, r.err[-3000:]
     report = r.json()
@@ -211,7 +212,8 @@ def test_mixed_draft_cannot_run_on_cpu_vllm(cli, tmp_path):
     draft = _hf(tmp_path / "mixed", layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
                 sliding_window=2048, is_causal=None)
     r = cli("validate", draft, "--target", PAIR / "target", "--prompts", PAIR / "prompts.txt", "--max-new-tokens", "8",
-            "--engine", "vllm", "--engine-python", VLLM_PYTHON, "--levels", "static,end_to_end", "--keep-going",
+            "--sampling", "greedy", "--engine", "vllm", "--engine-python", VLLM_PYTHON, "--levels", "static,end_to_end",
+            "--keep-going",
             "--json")
     assert r.code == 1, r.err[-2000:]
     assert "cannot run here" in r.json()["error"]["message"] and "Triton" in r.json()["error"]["message"]
@@ -226,7 +228,8 @@ def test_mixed_draft_cannot_run_on_cpu_vllm(cli, tmp_path):
     (["--engine", "vllm", "--engine-python", "self", "--engine-args", "{"], "not JSON"),
     (["--engine", "vllm", "--engine-python", "self", "--engine-args", '{"model": "x"}'], "set by validate itself"),
     (["--engine", "vllm", "--engine-args", '{"dtype": "float32"}'], "give --engine-python"),
-    (["--engine", "vllm", "--engine-python", "self", "--temperature", "0.5"], "--temperature 0"),
+    (["--engine", "vllm", "--engine-python", "self", "--temperature", "0.5"], "--sampling greedy"),
+    (["--engine", "vllm", "--engine-python", "self"], "--sampling greedy"),
 ])
 def test_engine_options_are_usage_errors(cli, args, message):
     r = cli("validate", PAIR / "draft", "--target", PAIR / "target", *args)
@@ -248,7 +251,7 @@ def test_engine_timeout_kills_the_whole_process_group(cli, tmp_path):
     lines = "\n".join((PAIR / "prompts.txt").read_text().splitlines()[:1]) + "\n"
     (tmp_path / "p.txt").write_text(lines)
     r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", tmp_path / "p.txt",
-            "--max-new-tokens", "4", "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "4", "--levels", "end_to_end", "--threads", "1", "--sampling", "greedy",
             "--engine", "vllm", "--engine-python", fake, "--engine-timeout", "3", "--json")
     assert r.code == 1 and "no answer within 3 s" in r.json()["error"]["message"], r.err[-2000:]
     for pid in map(int, pids.read_text().split()):
@@ -269,6 +272,6 @@ def test_miswired_draft_warns_loudly_by_default(cli, tmp_path):
     draft = copy_draft(PAIR / "draft", tmp_path / "wrong", spec_update={"target_layer_ids": [2, 6]})
     (tmp_path / "p.txt").write_text("\n".join((PAIR / "prompts.txt").read_text().splitlines()[:3]) + "\n")
     r = cli("validate", draft, "--target", PAIR / "target", "--prompts", tmp_path / "p.txt", "--max-new-tokens", "32",
-            "--levels", "static,end_to_end", "--threads", "1")
+            "--levels", "static,end_to_end", "--threads", "1", "--sampling", "greedy")
     assert r.code == 0, r.err[-2000:]
     assert "WARNING:" in r.err and "target layer ids" in r.err and "mask token" in r.err and "causality" in r.err

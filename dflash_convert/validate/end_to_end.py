@@ -14,7 +14,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import AcceptanceCounts, AcceptanceStats
+from dflash_convert.validate.report import AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, SamplingUsed
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -32,13 +32,15 @@ def auto_tau_floor(block: int) -> float:
 
 
 def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], opts: ValidateOptions, *,
-               draft=None, device: str, dtype, target_dtype=None, stop_token_ids: Iterable[int] = (),
+               sampling: SamplingUsed, draft=None, device: str, dtype, target_dtype=None,
+               prompt_sets: Iterable[tuple[str, str, int, int]] = (), prompt_format: str | None = None,
                progress: Callable[[str], None] | None = None, quiet: bool = False,
                draft_options: dict[str, Any] | None = None, last_layer_post_norm: bool = False
                ) -> tuple[list[Check], AcceptanceStats | None, list[list[int]]]:
     """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompt_ids` against the
-    target at `target_dir`; `draft` is the numeric level's loaded draft when it ran. Each prompt is also
-    decoded with full last blocks, for the figures as vLLM counts them."""
+    target at `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft
+    when it ran; `prompt_sets` (name, source, first, end) slices of `prompt_ids` reported on their own. Each
+    prompt is also decoded with full last blocks, for the figures as vLLM counts them."""
     say = progress or (lambda message: None)
     target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
                           last_layer_post_norm=last_layer_post_norm)
@@ -49,7 +51,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
     block = opts.block_size or draft.block_size
-    decode = Decode(draft, target, opts, tuple(stop_token_ids), block)
+    decode = Decode(draft, target, opts, sampling, block)
     base_n = min(BASELINE_PROMPTS, len(prompt_ids))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the block-size note is reported once, as a check, below
@@ -67,7 +69,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
-    equal = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], opts.temperature)
+    equal = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], sampling.temperature)
     _acceptance_checks(checks, whole, block, opts)
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
     base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
@@ -81,13 +83,16 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                              level="end_to_end", bad="warn"))
     stats = AcceptanceStats(
         prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
-        temperature=opts.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
+        temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
         per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
-        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block), outputs_equal=equal, baseline_prompts=base_n,
+        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block), outputs_equal=equal,
+        baseline_prompts=base_n,
         timing_rounds=opts.timing_rounds, speculative_tokens_per_s=spec.tokens_per_s,
         target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
-        target_tokens_per_s_range=_tps_range([br for br, _ in rounds]))
+        target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
+        prompt_format=prompt_format, per_prompt_set={name: _set_stats(source, runs[first:end], block)
+                                                     for name, source, first, end in prompt_sets})
     return checks, stats, [r.tokens for r in runs]
 
 
@@ -97,13 +102,22 @@ def counts(stats: DecodeStats, block: int) -> AcceptanceCounts:
                             per_position_rates=[round(r, 4) for r in _padded(stats.per_position_rates, block - 1)])
 
 
+def _set_stats(source: str, runs, block: int) -> PromptSetAcceptance:
+    merged = DecodeStats.merge([r.stats for r in runs])
+    return PromptSetAcceptance(source=source, prompts=len(runs), new_tokens=merged.new_tokens,
+                               num_drafts=merged.num_drafts, accepted=merged.accepted,
+                               acceptance_length=round(merged.tau, 4),
+                               per_position_rates=[round(r, 4) for r in _padded(merged.per_position_rates, block - 1)])
+
+
 class Decode:
     """The two decoding paths of one pair, with the run's options."""
 
-    def __init__(self, draft, target, opts: ValidateOptions, stop: tuple[int, ...], block: int):
+    def __init__(self, draft, target, opts: ValidateOptions, sampling: SamplingUsed, block: int):
         self.draft, self.target = draft, target
-        self.kw = dict(max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, stop_token_ids=stop,
-                       seed=opts.seed)
+        self.kw = dict(max_new_tokens=opts.max_new_tokens, temperature=sampling.temperature,
+                       stop_token_ids=tuple(sampling.stop_token_ids), seed=opts.seed, top_k=sampling.top_k,
+                       top_p=sampling.top_p, min_p=sampling.min_p)
         self.spec_kw = dict(self.kw, block_size=block, draft_sampling=opts.draft_sampling)
 
     def speculative(self, prompt: list[int], **over):

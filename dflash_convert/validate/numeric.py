@@ -5,7 +5,6 @@ slot: earlier slots must not move in a causal layer, must move in a non-causal o
 
 from __future__ import annotations
 
-import copy
 import warnings
 from typing import Any, Callable
 
@@ -24,22 +23,9 @@ CONTEXT_TOKENS = 24  # synthetic context length of the numeric level
 CAUSAL_PROBE_TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
-def _with_backend(draft, name: str):
-    """The same loaded draft (weights and context cache shared) attending with another backend."""
-    return draft.with_backend(name)
-
-
 def _earlier_slots_change(a, b) -> float:
     """max |a - b| over block slots 0..B-2, relative to max |a| there (a, b: [B, H])."""
     return float((a[:-1] - b[:-1]).abs().max() / a[:-1].abs().max().clamp_min(1e-6))
-
-
-def _single_layer(draft, i: int):
-    """Draft layer i alone (final norm kept): to probe that layer's causality."""
-    one = copy.copy(draft)
-    one.layers = [draft.layers[i]]
-    one.cache_k, one.cache_v = [draft.cache_k[i]], [draft.cache_v[i]]
-    return one
 
 
 def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
@@ -73,52 +59,83 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
                          f"{chosen}", value=chosen, level="numeric"))
     names = ["eager"] + ([n for n in BACKENDS if n != "eager" and capable[n]] if backend == "auto"
                          else [chosen] if chosen != "eager" else [])
+    inputs = _synthetic_inputs(spec.context_width, spec.hidden_size, block_size or spec.block_size, seed, device)
+    outputs, probes = _run_backends(draft, names, layer_causal, inputs, say, checks)
+    checks += _agreement_checks(outputs, dtype_name)
+    checks += _causality_checks(probes, layer_causal, CAUSAL_PROBE_TOLERANCE[dtype_name])
+    draft.reset()
+    return checks, capable, draft.with_backend(chosen)
+
+
+def _synthetic_inputs(width: int, hidden: int, block: int, seed: int, device: str):
+    """(context features [T, A*Ht] ~ target states, block inputs [B, H] ~ embedding rows, the same with
+    another token in the last slot), seeded."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
-    width, hidden, block = spec.context_width, spec.hidden_size, block_size or spec.block_size
-    features = torch.randn(CONTEXT_TOKENS, width, generator=g).to(device)  # [T, A*Ht] ~ target states
-    x = (torch.randn(block, hidden, generator=g) * 0.02).to(device)  # [B, H] ~ embedding rows
+    features = torch.randn(CONTEXT_TOKENS, width, generator=g).to(device)
+    x = (torch.randn(block, hidden, generator=g) * 0.02).to(device)
     x_moved = x.clone()
-    x_moved[-1] = torch.randn(hidden, generator=g).to(device) * 0.02  # a different token in the last slot
+    x_moved[-1] = torch.randn(hidden, generator=g).to(device) * 0.02
+    return features, x, x_moved
+
+
+def _run_backends(draft, names: list[str], layer_causal: list[bool], inputs, say,
+                  checks: list[Check]) -> tuple[dict, dict]:
+    """Each backend's block output on the same synthetic context ({name: [B, H]}), and how much the earlier
+    slots move when the last slot holds another token ({name: [change per probed unit]}): per layer for a
+    mixed draft; for a uniform one the whole stack answers for every layer at once. Appends finite_output."""
+    import torch
+
+    features, x, x_moved = inputs
     uniform = len(set(layer_causal)) == 1
-    probe_tol = CAUSAL_PROBE_TOLERANCE[dtype_name]
+    outputs, probes = {}, {}
     with torch.inference_mode(), warnings.catch_warnings():
         # eager FlexAttention is what is being checked here; its "compile me" advice is noise
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
         draft.reset()
         draft.add_context(features, 0)
-        outputs, probes = {}, {}
         for name in names:
             say(f"numeric: backend {name}")
-            d = _with_backend(draft, name)
+            d = draft.with_backend(name)  # the same weights and context cache
             out = d.block_hidden(x, CONTEXT_TOKENS).float()  # [B, H]
             outputs[name] = out
             bad = int((~torch.isfinite(out)).sum())
             checks.append(_check(f"finite_output.{name}", bad == 0, f"{name}: {bad} of {out.numel()} block outputs "
                                  "are NaN/Inf" if bad else f"{name}: all block outputs finite", value=bad,
                                  threshold=0, level="numeric"))
-            # How much the earlier slots move when the last slot holds another token: per layer for a
-            # mixed draft; for a uniform one the whole stack answers for every layer at once.
-            if uniform:
-                probes[name] = [_earlier_slots_change(out, d.block_hidden(x_moved, CONTEXT_TOKENS).float())]
-            else:
-                probes[name] = []
-                for i in range(len(layer_causal)):
-                    one = _single_layer(d, i)
-                    probes[name].append(_earlier_slots_change(one.block_hidden(x, CONTEXT_TOKENS).float(),
-                                                              one.block_hidden(x_moved, CONTEXT_TOKENS).float()))
-        ref = outputs["eager"]
-        scale = ref.abs().max().clamp_min(1e-6)
-        tol = TOLERANCE[dtype_name]
-        for name in names[1:]:
-            diff = float((outputs[name] - ref).abs().max() / scale)
-            ok = diff <= tol if diff == diff else False
-            checks.append(_check(f"backend_agreement.{name}", ok, f"{name} vs eager: max relative difference "
-                                 f"{diff:.2e} ({dtype_name} tolerance {tol:g})", value=diff, threshold=tol,
-                                 level="numeric"))
+            units = [None] if uniform else [[i] for i in range(len(layer_causal))]  # all layers, or each alone
+            probes[name] = [_earlier_slots_change(d.block_hidden(x, CONTEXT_TOKENS, layers=u).float(),
+                                                  d.block_hidden(x_moved, CONTEXT_TOKENS, layers=u).float())
+                            for u in units]
+    return outputs, probes
+
+
+def _agreement_checks(outputs: dict, dtype_name: str) -> list[Check]:
+    """backend_agreement.<name>: each backend's output against eager's, relative to eager's largest."""
+    ref = outputs["eager"]
+    scale = ref.abs().max().clamp_min(1e-6)
+    tol = TOLERANCE[dtype_name]
+    checks = []
+    for name, out in outputs.items():
+        if name == "eager":
+            continue
+        diff = float((out - ref).abs().max() / scale)
+        ok = diff <= tol if diff == diff else False
+        checks.append(_check(f"backend_agreement.{name}", ok, f"{name} vs eager: max relative difference "
+                             f"{diff:.2e} ({dtype_name} tolerance {tol:g})", value=diff, threshold=tol,
+                             level="numeric"))
+    return checks
+
+
+def _causality_checks(probes: dict, layer_causal: list[bool], probe_tol: float) -> list[Check]:
+    """causality_behaviour.<name>: a causal layer's earlier slots do not move, a non-causal one's do."""
+    uniform = len(set(layer_causal)) == 1
     mode = ", ".join(f"{i}:{'causal' if c else 'non-causal'}" for i, c in enumerate(layer_causal))
-    for name in names:
+    checks = []
+    for name, changes in probes.items():
         wrong = []
-        for i, change in enumerate(probes[name]):
+        for i, change in enumerate(changes):
             what = "the draft" if uniform else f"layer {i}"
             if layer_causal[i] and not change <= probe_tol:
                 wrong.append(f"{what} is declared causal but earlier block slots changed by {change:.1e} when the "
@@ -127,7 +144,6 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
                 wrong.append(f"{what} is declared non-causal but earlier block slots did not see the last slot "
                              f"(change {change:.1e})")
         checks.append(_check(f"causality_behaviour.{name}", not wrong, f"{name}: " + "; ".join(wrong) if wrong else
-                             f"{name}: block attention behaves as declared ({mode})", value=probes[name],
+                             f"{name}: block attention behaves as declared ({mode})", value=changes,
                              threshold=probe_tol, level="numeric"))
-    draft.reset()
-    return checks, capable, _with_backend(draft, chosen)
+    return checks

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_convert.errors import UsageError
@@ -18,6 +18,20 @@ MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized; also th
 TIMING_ROUNDS = 3  # interleaved target-only / speculative rounds over the baseline prompts
 ENGINE_TIMEOUT_S = 1800.0  # the real engine's run: its start (imports, compilation) is most of it on small pairs
 ENGINE_ARGS_OWNED = ("model", "speculative_config", "skip_tokenizer_init", "disable_log_stats")  # set by the driver
+SamplingMode = Literal["auto", "greedy"]
+SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
+# a prompt: text, token ids, or OpenAI-style chat messages ({"role", "content"} turns)
+Prompt = str | list[int] | list[dict[str, Any]]
+
+
+class PromptSet(BaseModel):
+    """A named set of prompts (a --dataset resolved by the caller), reported on its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    source: str = Field(description="where the prompts came from, as the report shows it")
+    prompts: list[Prompt]
 
 
 class ValidateOptions(BaseModel):
@@ -31,12 +45,25 @@ class ValidateOptions(BaseModel):
     target_name: str | None = Field(None, description="how the report names the target (a Hub id)")
     target_revision: str | None = None
     checkpoint_revision: str | None = None
-    prompts: str | Path | list[str | list[int]] | None = Field(
-        None, description="a prompts file, or the prompts (text or token ids); None: a built-in set")
+    prompts: str | Path | list[Prompt] | None = Field(
+        None, description="a prompts file, or the prompts (text, token ids or chat messages); None: a built-in set "
+        "(unless prompt_sets are given)")
+    prompt_sets: list[PromptSet] = Field(default_factory=list, description="named prompt sets (--dataset), run "
+                                         "after `prompts` and reported per set")
+    chat_template: str = Field("auto", description="auto: the tokenizer's chat template when it has one; none: "
+                               "raw text; else a Jinja template file")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra template variables, as vLLM's "
+                                                        "chat_template_kwargs (e.g. enable_thinking)")
     levels: list[str] = Field(default_factory=lambda: list(LEVELS), description=f"of {', '.join(LEVELS)}")
     max_new_tokens: int = 64
     block_size: int | None = Field(None, description="run-time block size (default: the draft's)")
-    temperature: float = 0.0
+    sampling: SamplingMode = Field("auto", description="auto: temperature, top_k, top_p, min_p from "
+                                                "the target's generation_config.json as vLLM does; greedy: "
+                                                "temperature 0; a value given below overrides either")
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
     draft_sampling: str = Field("greedy", description=f"{' or '.join(DRAFT_SAMPLING)}")
     seed: int = 0
     device: str = "auto"
@@ -72,8 +99,21 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {self.block_size}")
         if not 1 <= self.max_new_tokens <= MAX_PROMPT_TOKENS:
             raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {self.max_new_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise UsageError(f"--temperature must be a finite number >= 0, got {self.temperature}")
+        from dflash_convert.validate.sampling import FIELDS, check_value
+
+        for name in FIELDS:
+            if getattr(self, name) is not None:
+                check_value(name, getattr(self, name))
+        if self.sampling == "greedy" and self.temperature not in (None, 0):
+            raise UsageError(f"--sampling greedy decodes at temperature 0; drop --temperature {self.temperature} "
+                             "or use --sampling auto")
+        reserved = {"chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "conversation"}
+        if self.chat_template_kwargs and reserved & set(self.chat_template_kwargs):
+            raise UsageError(f"--chat-template-kwargs may not set {sorted(reserved & set(self.chat_template_kwargs))}"
+                             ": the run sets them as vLLM's chat endpoint does")
+        names = [s.name for s in self.prompt_sets]
+        if len(set(names)) != len(names):
+            raise UsageError(f"prompt set names must be distinct (a --dataset given twice?), got {names}")
         tau = self.min_acceptance_length
         if tau is not None and not (math.isfinite(tau) and tau >= 0):
             raise UsageError(f"--min-acceptance-length must be a finite number >= 0, got {tau}")
@@ -91,8 +131,8 @@ class ValidateOptions(BaseModel):
         if self.engine_python is not None:
             if self.engine != "vllm":
                 raise UsageError("--engine-python runs the pair in real vLLM: give --engine vllm with it")
-            if self.temperature != 0:
-                raise UsageError("--engine-python compares greedy decoding: use --temperature 0")
+            if not (self.sampling == "greedy" or self.temperature == 0):
+                raise UsageError("--engine-python compares greedy decoding: give --sampling greedy")
         if self.engine_args and self.engine_python is None:
             raise UsageError("--engine-args are for the real engine: give --engine-python with them")
         owned = [k for k in self.engine_args if k in ENGINE_ARGS_OWNED]

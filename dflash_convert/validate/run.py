@@ -23,6 +23,7 @@ found); `validate` calls them in order. The levels' own code is in numeric.py an
 from __future__ import annotations
 
 import contextlib
+import json
 import platform
 import sys
 import time
@@ -41,9 +42,10 @@ from dflash_convert.validate.checks import (Check, _check, checkpoint_checks, du
 from dflash_convert.validate.end_to_end import end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
-from dflash_convert.validate.prompts import read_prompts, tokenize_prompts
 from dflash_convert.validate import served
-from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, ValidationReport
+from dflash_convert.validate.prompts import chat_template, load_tokenizer, read_prompts, tokenize_prompts
+from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
+from dflash_convert.validate.sampling import generation_config, resolve_sampling, stop_token_ids
 
 TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
 EXPENSIVE = ("numeric", "end_to_end")
@@ -68,6 +70,9 @@ class Run:
     draft_options: dict[str, Any] = field(default_factory=dict)  # how load_draft runs the draft as served
     mask_check: Check | None = None
     prompt_ids: list[list[int]] | None = None
+    prompt_sets: list[tuple[str, str, int, int]] = field(default_factory=list)  # (name, source, first, end) of prompt_ids
+    prompt_format: str | None = None
+    sampling: SamplingUsed | None = None
     checks: list[Check] = field(default_factory=list)
     run: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -158,17 +163,47 @@ def _prepare(run: Run) -> None:
         run.view = engines.serving_view(run.ckpt, opts.engine, num_target_layers=run.info.num_layers if run.info else None)
         run.ckpt = engines.applied_checkpoint(run.ckpt, run.view)
     rule = engines.ENGINES_BY_KEY[run.view.engine] if run.view is not None else None
-    run.draft_options = {"window_per_query": run.view is not None and run.view.window_semantics == "per_query"}
+    per_query = run.view is not None and run.view.window_semantics == engines.WindowSemantics.PER_QUERY
+    run.draft_options = {"window_per_query": per_query}
     run.mask_check, run.draft_options["mask_embedding"] = _mask_embedding(
-        run.ckpt, allow_pickle=opts.allow_pickle, ignored=rule is not None and rule.mask_embedding == "ignored")
-    run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == "post_norm"
+        run.ckpt, allow_pickle=opts.allow_pickle,
+        ignored=rule is not None and rule.mask_embedding == engines.MaskEmbedding.IGNORED)
+    run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
     if run.end_to_end_runs:
-        info = run.info
-        avoid = {i for i in (run.ckpt.spec.mask_token_id, info.pad_token_id, *info.eos_token_ids) if i is not None}
-        run.prompt_ids, _ = tokenize_prompts(prompt_list, run.target_dir, info.vocab_size, avoid,
-                                             source=str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
+        _prepare_decoding(run, prompt_list, str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
+
+
+def _prepare_decoding(run: Run, prompt_list, source: str) -> None:
+    """Token ids of the prompts (and of each named prompt set), through the chat template as the engine
+    applies it; the sampling parameters and stop ids, as vLLM resolves them for the target."""
+    opts, info = run.opts, run.info
+    avoid = {i for i in (run.ckpt.spec.mask_token_id, info.pad_token_id, *info.eos_token_ids) if i is not None}
+    tokenizer = load_tokenizer(run.target_dir)
+    template, run.prompt_format = (chat_template(tokenizer, opts.chat_template, run.target_dir) if tokenizer is not None
+                                   else (None, "token ids (the target ships no tokenizer)"))
+    if template is not None and opts.chat_template_kwargs:
+        run.prompt_format += f" with {json.dumps(opts.chat_template_kwargs, sort_keys=True)}"
+    how = dict(tokenizer=tokenizer, template=template, template_kwargs=opts.chat_template_kwargs,
+               template_name=opts.chat_template if opts.chat_template not in ("auto", "none") else str(run.target_dir))
+    groups: list[tuple[str | None, str, list[list[int]]]] = []
+    if prompt_list is not None or not opts.prompt_sets:
+        ids, described = tokenize_prompts(prompt_list, run.target_dir, info.vocab_size, avoid, source=source, **how)
+        groups.append((None, described, ids))
+    for named in opts.prompt_sets:
+        ids, _ = tokenize_prompts(named.prompts, run.target_dir, info.vocab_size, avoid, source=named.source, **how)
+        groups.append((named.name, named.source, ids))
+    run.prompt_ids = []
+    for name, described, ids in groups:
+        if name is not None:
+            run.prompt_sets.append((name, described, len(run.prompt_ids), len(run.prompt_ids) + len(ids)))
+        run.prompt_ids += ids
+    gen, gen_path = generation_config(run.target_dir)
+    run.sampling = resolve_sampling(opts, gen, gen_path)
+    stops = stop_token_ids(info.eos_token_ids, gen, gen_path, tokenizer)
+    run.sampling.stop_token_sources = stops
+    run.sampling.stop_token_ids = sorted({i for ids in stops.values() for i in ids})
 
 
 def _static_level(run: Run, duplicates: Check) -> None:
@@ -268,8 +303,8 @@ def _end_to_end_level(run: Run) -> None:
     else:
         checks, run.stats, run.outputs = end_to_end(
             run.ckpt, run.target_dir, run.prompt_ids, run.opts, draft=run.loaded, device=run.device,
-            dtype=run.torch_dtype, target_dtype=run.target_torch_dtype,
-            stop_token_ids=run.info.eos_token_ids if run.info is not None else (), progress=run.say,
+            dtype=run.torch_dtype, target_dtype=run.target_torch_dtype, sampling=run.sampling,
+            prompt_sets=run.prompt_sets, prompt_format=run.prompt_format, progress=run.say,
             quiet=run.quiet, draft_options=_load_options(run),
             last_layer_post_norm=run.draft_options["last_layer_post_norm"])
         run.checks += checks
@@ -285,7 +320,7 @@ def _served_level(run: Run) -> None:
     python = served.engine_python(opts.engine_python)
     request = served.EngineRequest(
         target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
-        stop_token_ids=list(run.info.eos_token_ids) if run.info is not None else [], engine_args=opts.engine_args,
+        stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
         drafts=[{"draft": str(run.path), "num_speculative_tokens": block - 1,
                  "mixed_layer_types": len(set(spec.layer_types)) > 1}])
     answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,

@@ -53,8 +53,3 @@ class DecodeStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def speedup(speculative: DecodeStats, baseline: DecodeStats) -> float:
-    """Target-only time per output token / speculative time per output token."""
-    return speculative.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
