@@ -223,10 +223,11 @@ def test_mixed_draft_cannot_run_on_cpu_vllm(cli, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--engine-python", "self"], "give --engine vllm"),
-    (["--engine", "vllm", "--engine-python", "/nonexistent/python"], "not an executable file"),
+    (["--engine", "vllm", "--engine-python", "/nonexistent/python", "--sampling", "greedy"], "not an executable file"),
     (["--engine", "vllm", "--engine-python", "self", "--engine-args", "[1]"], "a JSON object is needed"),
     (["--engine", "vllm", "--engine-python", "self", "--engine-args", "{"], "not JSON"),
-    (["--engine", "vllm", "--engine-python", "self", "--engine-args", '{"model": "x"}'], "set by validate itself"),
+    (["--engine", "vllm", "--engine-python", "self", "--sampling", "greedy", "--engine-args", '{"model": "x"}'],
+     "set by validate itself"),
     (["--engine", "vllm", "--engine-args", '{"dtype": "float32"}'], "give --engine-python"),
     (["--engine", "vllm", "--engine-python", "self", "--temperature", "0.5"], "--sampling greedy"),
     (["--engine", "vllm", "--engine-python", "self"], "--sampling greedy"),
@@ -275,3 +276,13 @@ def test_miswired_draft_warns_loudly_by_default(cli, tmp_path):
             "--levels", "static,end_to_end", "--threads", "1", "--sampling", "greedy")
     assert r.code == 0, r.err[-2000:]
     assert "WARNING:" in r.err and "target layer ids" in r.err and "mask token" in r.err and "causality" in r.err
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_engine_python_without_vllm_is_an_error_not_a_verdict(cli, tmp_path):
+    """`--engine-python self` where vLLM is not installed: exit 1 naming the missing module."""
+    (tmp_path / "p.txt").write_text((PAIR / "prompts.txt").read_text().splitlines()[0] + "\n")
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", tmp_path / "p.txt",
+            "--max-new-tokens", "4", "--levels", "end_to_end", "--threads", "1", "--sampling", "greedy",
+            "--engine", "vllm", "--engine-python", "self", "--json")
+    assert r.code == 1 and "No module named 'vllm'" in r.json()["error"]["message"], r.err[-2000:]
