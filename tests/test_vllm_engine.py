@@ -75,6 +75,17 @@ def _pruned(dst: Path) -> Path:
     return copy_draft(PAIR / "draft", dst, spec_update={"draft_vocab_size": 256}, edit_tensors=edit)
 
 
+def _mask_embedding(dst: Path) -> Path:
+    """A copy shipping mask_embedding.pt: the target's embedding of token 0 instead of the mask token's."""
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(PAIR / "draft", dst)
+    row = load_file(PAIR / "target" / "model.safetensors")["model.embed_tokens.weight"][0].clone()
+    torch.save(row, dst / "mask_embedding.pt")
+    return dst
+
+
 # name -> (make the draft in a folder, run-time block size or None, the engine-table rule it exercises). The
 # mis-wired copies accept almost nothing: their draft logits are near-tied, and bf16 kernels (vLLM's, ours)
 # break such ties differently, so they agree within engine_acceptance_agrees' tolerance, not to the count.
@@ -93,6 +104,7 @@ CASES = {
                    "last_layer pre_norm"),
     "pruned": (_pruned, None, "vocab own_lm_head_d2t"),
     "hf_block_8": (lambda d: _hf(d), 8, "block_size serving_flag"),
+    "mask_embedding": (_mask_embedding, None, "mask_embedding used (mask_embedding.pt replaces the mask token's row)"),
     "window_6": (lambda d: _window(d, 6), None, "window_semantics per_query (6 < the block: late slots see no context)"),
 }
 
@@ -103,7 +115,7 @@ def _emulate(draft: Path, prompts: list[list[int]], block: int | None):
     return validate(draft, ValidateOptions(
         target=PAIR / "target", prompts=prompts, max_new_tokens=TOKENS, sampling="greedy", engine="vllm",
         levels=["static", "end_to_end"],
-        keep_going=True, timing_rounds=1, threads=1, block_size=block))
+        keep_going=True, timing_rounds=1, threads=1, block_size=block, allow_pickle=True))
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +189,7 @@ def test_the_cases_measure_what_they_claim(served):
     tau = {n: r.acceptance.vllm_counting.acceptance_length for n, (r, _) in cases.items()}
     assert tau["speculators"] == tau["hf"] == tau["hf_unsorted_ids"] > 10, tau
     assert tau["wrong_ids"] < 3 and tau["last_layer"] < 3, tau
-    assert tau["window_6"] < tau["speculators"], tau
+    assert tau["window_6"] < tau["speculators"] and tau["mask_embedding"] != tau["speculators"], tau
     assert cases["hf_block_8"][0].acceptance.block_size == 8 and tau["hf_block_8"] <= 8, tau
 
 
