@@ -96,7 +96,7 @@ def test_signal_mid_write_leaves_nothing(tmp_path, src, sig):
     assert len(staging) == 1 and any(staging[0].iterdir())  # the signal lands mid-write
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 1, (p.returncode, err)
+    assert p.returncode == 128 + sig, (p.returncode, err)  # the shells' code: 130 for Ctrl-C, 143 for SIGTERM
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "interrupted" in lines[0], err
     assert not out.exists()

@@ -148,6 +148,9 @@ def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str) -> DFl
         return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {where}, and it is not in the local "
                            f"cache {constants.HF_HUB_CACHE}")
     if isinstance(exc, http_error):  # the connection failed: refused, reset, timed out
+        if action == "push to" and type(exc).__name__ == "ConnectError":  # refused, no route, no DNS: nothing sent
+            return DFlashError(f"could not connect to the Hub at {endpoint} to push to {where} ({_one_line(exc)}); "
+                               "nothing was pushed")
         if action == "push to":
             return DFlashError(f"connection to the Hub at {endpoint} lost while pushing to {where} "
                                f"({type(exc).__name__}); a Hub commit is all-or-nothing: rerun the push")

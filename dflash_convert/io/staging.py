@@ -148,7 +148,8 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
         if state["hold"]:
             held.append(signum)
             return
-        raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing was written", file=dest)
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing was written", file=dest,
+                          signum=signum)
 
     previous = {}
     for sig in STOP_SIGNALS:
@@ -197,4 +198,4 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
             signal.signal(sig, handler)
     if held:  # a signal that came during the commit ends the run now that DST is complete
         raise Interrupted(f"interrupted by {signal.Signals(held[0]).name} just after the output was written "
-                          "(it is complete)", file=dest)
+                          "(it is complete)", file=dest, signum=held[0])

@@ -69,7 +69,8 @@ class ValidateOptions(BaseModel):
     device: str = "auto"
     dtype: str = Field("auto", description="auto: each checkpoint in its own dtype")
     backend: str = Field("auto", description="the draft's attention backend")
-    target_backend: str = "sdpa"
+    target_backend: str | None = Field(None, description="the target's attn_implementation; None: sdpa where its "
+                                       "model class supports it, else eager")
     causal: bool | None = Field(None, description="force every draft layer causal (True) or not (False)")
     engine: str | None = Field(None, description="run the draft as this engine serves it (vllm, sglang, zlab)")
     engine_python: str | None = Field(None, description="with engine vllm: also serve the pair in real vLLM with "
