@@ -287,7 +287,8 @@ def test_miswired_draft_warns_loudly_by_default(cli, tmp_path):
     r = cli("validate", draft, "--target", PAIR / "target", "--prompts", tmp_path / "p.txt", "--max-new-tokens", "32",
             "--levels", "static,end_to_end", "--threads", "1", "--sampling", "greedy")
     assert r.code == 0, r.err[-2000:]
-    assert "WARNING:" in r.err and "target layer ids" in r.err and "mask token" in r.err and "causality" in r.err
+    shown = r.out + r.err  # the report goes to stdout without --json
+    assert "WARNING:" in shown and "target layer ids" in shown and "mask token" in shown and "causality" in shown
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is installed here")
