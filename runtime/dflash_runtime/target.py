@@ -70,8 +70,8 @@ def target_verify(target: "Target", ids: torch.Tensor, positions: torch.Tensor) 
     else:  # eager: additive
         mask = torch.zeros(visible.shape, dtype=target.dtype, device=ids.device).masked_fill(
             ~visible, torch.finfo(target.dtype).min)[None, None]
-    out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=target.cache,
-                       use_cache=True)
+    out = target.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                       **{target.cache_keyword: target.cache})
     features = None
     if target.capture_ids:
         features = torch.cat([target._captured[i].to(target.draft_device) for i in target.capture_ids], dim=-1)
@@ -125,7 +125,11 @@ class Target:
         self._state_layers: list = []
         self._saved: list[list[torch.Tensor]] = []
         self._pending: tuple[torch.Tensor, int] | None = None
-        self._mixers = _state_mixers(self.layers, self.unrollable)  # layer id -> its linear-attention module
+        # transformers names the cache argument `cache` from 5.2x on (`past_key_values`, `cache_params` before,
+        # deprecated since): each forward is called with the name it declares, so no release warns
+        self.cache_keyword = _cache_keyword(self.model.forward, "past_key_values")
+        self._mixers = _state_mixers(self.layers, self.config, self.unrollable)  # layer id -> its mixer module
+        self._mixer_keyword = {i: _cache_keyword(m.forward, "cache_params") for i, m in self._mixers.items()}
         self._mixer_inputs: dict[int, torch.Tensor] = {}  # layer id -> its input [1, n, Ht] in the last pass
         for i, mixer in self._mixers.items():
             mixer.register_forward_pre_hook(self._keep_mixer_input(i), with_kwargs=True)
@@ -263,7 +267,7 @@ class Target:
         if k <= 0:
             return
         for i, mixer in self._mixers.items():
-            mixer(self._mixer_inputs[i][:, :k], cache_params=self.cache)
+            mixer(self._mixer_inputs[i][:, :k], **{self._mixer_keyword[i]: self.cache})
 
     @torch.inference_mode()
     def _rerun(self, ids: torch.Tensor, start: int) -> None:
@@ -271,7 +275,8 @@ class Target:
         no lm_head, the logits are known already."""
         positions = torch.arange(start, start + ids.shape[0], device=self.device)[None]
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
-        decoder(input_ids=ids[None], position_ids=positions, past_key_values=self.cache, use_cache=True)
+        decoder(input_ids=ids[None], position_ids=positions, use_cache=True,
+                **{_cache_keyword(decoder.forward, "past_key_values"): self.cache})
         if self.static:
             self._length = start + ids.shape[0]
 
@@ -308,9 +313,8 @@ class Target:
             if self.device.type == "cuda":  # CUDA graph outputs are overwritten by the next replay
                 return logits.clone(), None if features is None else features.clone()
             return logits, features
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1 if last_logits_only else 0)
-        self.cache = out.past_key_values
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=True,
+                         logits_to_keep=1 if last_logits_only else 0, **{self.cache_keyword: self.cache})
         if self.static:
             self._length = start + n
         features = None
@@ -372,20 +376,33 @@ def _reset_state(layer) -> None:
         layer.has_previous_state[i] = False
 
 
-def _state_mixers(layers, refused) -> dict[int, torch.nn.Module]:
-    """Decoder layer id -> the module of that layer that reads and writes linear-attention state: the
-    one whose forward takes `cache_params` (transformers' Gated DeltaNet and Mamba mixers). Empty when
-    the runtime refuses the target or a layer has no such module (the whole decoder is re-run then)."""
+def _cache_keyword(forward, old: str) -> str:
+    """The keyword a transformers forward takes the cache by: `cache` where it declares it, else `old`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(forward).parameters else old
+
+
+def _state_mixers(layers, config, refused) -> dict[int, torch.nn.Module]:
+    """Decoder layer id -> the module of that layer that reads and writes linear-attention state, for each
+    layer whose cache holds state: its one submodule whose forward takes the cache (transformers' Gated
+    DeltaNet and Mamba mixers). Empty when the runtime refuses the target; a layer with no such module, or
+    several, is left out (the whole decoder is re-run then)."""
     import inspect
 
     if refused:
         return {}
+    from transformers import DynamicCache
+
+    stateful = [i for i, layer in enumerate(DynamicCache(config=config).layers) if _holds_state(layer)]
     found = {}
-    for i, layer in enumerate(layers):
-        for module in layer.modules():
-            if module is not layer and "cache_params" in inspect.signature(module.forward).parameters:
-                found[i] = module
-                break
+    for i in stateful:
+        if i >= len(layers):
+            continue
+        takes_cache = [m for m in layers[i].modules() if m is not layers[i]
+                       and {"cache", "cache_params"} & set(inspect.signature(m.forward).parameters)]
+        if len(takes_cache) == 1:
+            found[i] = takes_cache[0]
     return found
 
 
