@@ -32,7 +32,7 @@ from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, code_for_name
 from dflash_convert.format.engines import ENGINE_NAMES
 from dflash_convert.errors import DFlashError, Interrupted, missing_extra
 from dflash_convert.validate.checks import Level
-from dflash_convert.validate.options import SAMPLING_MODES
+from dflash_convert.validate.options import ENGINE_TIMEOUT_S, SAMPLING_MODES
 
 app = typer.Typer(
     name="dflash-convert",
@@ -117,6 +117,18 @@ def _json_object(text: Optional[str]) -> Optional[dict[str, Any]]:
 def _flag(*names: str, help: str, **kw: Any):
     """A boolean switch, shown as a flag (no `<bool>` value column in --help)."""
     return typer.Option(*names, help=help, metavar="", show_default=False, **kw)
+
+
+def _json_object(text: Optional[str]) -> Optional[dict[str, Any]]:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc.msg} at character {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("a JSON object is needed, e.g. '{\"dtype\": \"float32\"}'")
+    return value
 
 
 def _max_memory(text: Optional[str]) -> Optional[dict[str, int]]:
@@ -729,6 +741,16 @@ def validate(
     keep_going: Annotated[bool, _flag("--keep-going", help="Run numeric and end-to-end levels even when static "
                                       "checks failed.")] = False,
     engine: EngineOpt = None,
+    engine_python: Annotated[Optional[str], typer.Option(
+        "--engine-python", metavar="PATH", help="With --engine vllm: also serve the pair in real vLLM, run by the "
+        "Python interpreter at PATH (`self`: this one), and check its outputs and acceptance against ours.")] = None,
+    engine_args: Annotated[Optional[str], typer.Option(
+        "--engine-args", metavar="JSON", callback=_json_object, help="Arguments for vLLM's LLM(...), e.g. "
+        "'{\"dtype\": \"float32\", \"tensor_parallel_size\": 2}'.")] = None,
+    engine_timeout: Annotated[float, typer.Option("--engine-timeout", help="Seconds the engine run may take; "
+                                                  "then it is killed (exit 1).")] = ENGINE_TIMEOUT_S,
+    engine_kv_cache: Annotated[float, typer.Option("--engine-kv-cache", metavar="GIB", help="vLLM's CPU KV cache "
+                                                   "in GiB (VLLM_CPU_KVCACHE_SPACE).")] = 1.0,
     compile: Annotated[bool, _flag("--compile", help="End to end with static caches and torch.compile'd draft and "
                                    "verify steps (CUDA graphs on a GPU); compiling takes a while.")] = False,
     allow_pickle: AllowPickle = False,
@@ -761,6 +783,8 @@ def validate(
         block_size=block_size, sampling=sampling.value, temperature=temperature, top_k=top_k, top_p=top_p,
         min_p=min_p, draft_sampling=_value(draft_sampling), seed=seed, device=device, dtype=_value(dtype),
         backend=_value(backend), target_backend=target_backend, causal=causal, engine=_value(engine), compile=compile,
+        engine_python=engine_python, engine_args=engine_args or {}, engine_timeout=engine_timeout,
+        engine_kv_cache_gib=engine_kv_cache,
         device_map=_value(device_map), max_memory=max_memory, threads=threads,
         min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates, min_speedup=min_speedup,
         keep_going=keep_going, allow_pickle=allow_pickle)

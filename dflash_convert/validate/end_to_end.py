@@ -15,12 +15,22 @@ from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import AcceptanceStats, PromptSetAcceptance, PromptStats, SamplingUsed
+from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
+                                            SamplingUsed)
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
 BUSY_LOAD = 0.75  # 1-minute load average per usable core above which timings are reported unreliable
-AUTO_TOKENS_WARN = 1.2  # without --min-acceptance-length, tau below this is reported as a warning
+# Without --min-acceptance-length, tau below 1 + this share of the block's draft slots is a loud warning:
+# at block 16 a draft wired to the wrong target layers accepts ~1.6 (a working one 6 and more).
+AUTO_ACCEPTED_SHARE_WARN = 0.1
+MISWIRING_CAUSES = ("target layer ids (a lost +1 between the formats' ids, a reordered list), the mask token id, "
+                    "causality (a causal draft served non-causally or the reverse)")
+
+
+def auto_tau_floor(block: int) -> float:
+    """The tau below which a draft is reported as accepting almost nothing at this block size."""
+    return round(1 + AUTO_ACCEPTED_SHARE_WARN * (block - 1), 4)
 
 
 def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], opts: ValidateOptions, *,
@@ -28,10 +38,11 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                prompt_sets: Iterable[tuple[str, str, int, int]] = (), prompt_format: str | None = None,
                progress: Callable[[str], None] | None = None, quiet: bool = False,
                draft_options: dict[str, Any] | None = None, last_layer_post_norm: bool = False
-               ) -> tuple[list[Check], AcceptanceStats | None]:
-    """(checks, acceptance statistics) of speculative decoding of `prompt_ids` against the target at
-    `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft when
-    it ran; `prompt_sets` (name, source, first, end) slices of `prompt_ids` reported on their own."""
+               ) -> tuple[list[Check], AcceptanceStats | None, list[list[int]]]:
+    """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompt_ids` against the
+    target at `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft
+    when it ran; `prompt_sets` (name, source, first, end) slices of `prompt_ids` reported on their own. Each
+    prompt is also decoded with full last blocks, for the figures as vLLM counts them."""
     say = progress or (lambda message: None)
     target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
                           last_layer_post_norm=last_layer_post_norm)
@@ -41,7 +52,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
         raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
-        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
+        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None, []
     checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
     block = opts.block_size or draft.block_size
@@ -59,6 +70,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
             runs.append(decode.speculative(p))
             say(Step(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
                      f"tau {runs[-1].stats.tau:.2f}", done=i, total=len(prompt_ids)))
+        say("end to end: the prompts again, counted as vLLM counts (full last blocks)")
+        full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
     if sampling.temperature == 0:
@@ -83,7 +96,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
         temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
         per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
-        num_drafts=whole.num_drafts, accepted=whole.accepted, outputs_equal=equal, baseline_prompts=base_n,
+        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block), outputs_equal=equal,
+        baseline_prompts=base_n,
         timing_rounds=opts.timing_rounds, target_attention=target.attention,
         target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
         speculative_tokens_per_s=spec.tokens_per_s,
@@ -96,7 +110,13 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                                 steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
                                 output_equal=None if same is None else same[i])
                     for i, (p, r) in enumerate(zip(prompt_ids, runs))])
-    return checks, stats
+    return checks, stats, [r.tokens for r in runs]
+
+
+def counts(stats: DecodeStats, block: int) -> AcceptanceCounts:
+    return AcceptanceCounts(num_drafts=stats.num_drafts, drafted=stats.drafted, accepted=stats.accepted,
+                            acceptance_length=round(stats.tau, 4),
+                            per_position_rates=[round(r, 4) for r in _padded(stats.per_position_rates, block - 1)])
 
 
 def _set_stats(source: str, runs, block: int) -> PromptSetAcceptance:
@@ -260,10 +280,14 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
                              f">= {opts.min_acceptance_length}", value=round(tau, 4),
                              threshold=opts.min_acceptance_length, level="end_to_end"))
     else:
-        checks.append(_check("acceptance_length", tau >= AUTO_TOKENS_WARN,
+        floor = auto_tau_floor(block)
+        checks.append(_check("acceptance_length", tau >= floor,
                              f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
-                             f"given" + ("" if tau >= AUTO_TOKENS_WARN else ": the draft accepts almost nothing"),
-                             value=round(tau, 4), threshold=None, level="end_to_end", bad="warn"))
+                             f"given" if tau >= floor else f"tau {tau:.3f} at block {block} (below {floor}, 1 + "
+                             f"{AUTO_ACCEPTED_SHARE_WARN:.0%} of the {block - 1} draft slots): the draft accepts almost "
+                             f"nothing; likely mis-wired: {MISWIRING_CAUSES}; `inspect` and `validate --engine` show "
+                             "how an engine reads it; --min-acceptance-length makes this a failure",
+                             value=round(tau, 4), threshold=floor, level="end_to_end", bad="warn"))
     wanted = opts.min_position_rates
     if wanted:
         low = [f"position {k + 1}: {rates[k]:.3f} < {m}" for k, m in enumerate(wanted)

@@ -48,6 +48,17 @@ class PromptSetAcceptance(BaseModel):
     per_position_rates: list[float]
 
 
+class AcceptanceCounts(BaseModel):
+    """Acceptance counted one way: tau = 1 + accepted / num_drafts, rates[k] = share of draft steps whose
+    draft k+1 was accepted."""
+
+    num_drafts: int
+    drafted: int = Field(description="draft tokens proposed")
+    accepted: int
+    acceptance_length: float
+    per_position_rates: list[float]
+
+
 THRESHOLDS = ("min_acceptance_length", "min_position_rates", "min_speedup")
 
 
@@ -78,6 +89,10 @@ class AcceptanceStats(BaseModel):
     per_position_rates: list[float] = Field(description="fraction of steps whose draft at block slot k+1 was accepted")
     num_drafts: int
     accepted: int
+    vllm_counting: AcceptanceCounts | None = Field(
+        None, description="the same decoding counted as vLLM counts: the last block drafted and verified whole "
+        "(block_size - 1 drafts) and acceptances past max_new_tokens counted; the figures above shorten the last "
+        "block to what can still be emitted")
     outputs_equal: int | None = Field(description="prompts whose speculative output is the target's greedy output "
                                       "(None when sampling)")
     baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
@@ -99,6 +114,21 @@ class AcceptanceStats(BaseModel):
     prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
+
+
+class EngineStats(BaseModel):
+    """The pair served by the real engine (`--engine-python`): greedy, the same prompts and max tokens."""
+
+    engine: str
+    version: str
+    python: str = Field(description="the interpreter the engine ran under")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="passed to the engine (vLLM's LLM(...))")
+    engine_config: dict[str, Any] = Field(default_factory=dict, description="what the engine was built with: dtype, "
+                                          "max_model_len, parallel sizes, executor backend")
+    prompts: int
+    outputs_equal: int = Field(description="prompts whose engine speculative output, engine target-only output "
+                               "and our target's greedy output are all equal")
+    counts: AcceptanceCounts = Field(description="the engine's own spec-decode counters")
 
 
 class Environment(BaseModel):
@@ -151,6 +181,7 @@ class ValidationReport(BaseModel):
     levels_skipped: dict[str, str] = Field(default_factory=dict, description="level -> why it did not run")
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
+    engine_run: EngineStats | None = Field(None, description="the real engine's figures (--engine-python)")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -250,6 +281,11 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             compiled = {None: "", True: ", verify step compiled",
                         False: f", not compiled: {a.target_eager_reason}"}[a.target_compiled]
             console.print(f"target attention {a.target_attention}{compiled}", markup=False)
+    if a is not None and not quiet and (a.vllm_counting is not None or report.engine_run is not None):
+        _render_counting(a, report.engine_run, console)
+    low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
+    if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
+        console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     console.print(f"{verdict}: {escape(verdict_text(report))}")
 
@@ -337,6 +373,27 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
 
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) -> None:
+    """Our figures both ways and the engine's own, side by side."""
+    from rich.table import Table
+
+    table = Table("counted", "drafts", "accepted", "tau", "per-position rates", title="acceptance, side by side",
+                  title_justify="left")
+    table.add_row("runtime (last block shortened)", str(a.num_drafts), str(a.accepted), f"{a.acceptance_length:.3f}",
+                  _short(a.per_position_rates, 200))
+    rows = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
+    if engine is not None:
+        rows.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
+    for name, c in rows:
+        if c is not None:
+            table.add_row(name, str(c.num_drafts), str(c.accepted), f"{c.acceptance_length:.3f}",
+                          _short(c.per_position_rates, 200))
+    console.print(table)
+    if engine is not None:
+        console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
+                      "prompts (speculative, target-only, our target's greedy)", markup=False)
 
 
 def to_json(report: ValidationReport) -> dict[str, Any]:
