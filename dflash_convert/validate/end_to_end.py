@@ -70,8 +70,10 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
             runs.append(decode.speculative(p))
             say(Step(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
                      f"tau {runs[-1].stats.tau:.2f}", done=i, total=len(prompt_ids)))
-        say("end to end: the prompts again, counted as vLLM counts (full last blocks)")
-        full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
+        full = None
+        if opts.engine == "vllm":  # a second pass: only runs compared with vLLM's counters need it
+            say("end to end: the prompts again, counted as vLLM counts (full last blocks)")
+            full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
     if sampling.temperature == 0:
@@ -96,7 +98,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
         temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
         per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
-        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block), outputs_equal=equal,
+        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block) if full else None, outputs_equal=equal,
         baseline_prompts=base_n,
         timing_rounds=opts.timing_rounds, target_attention=target.attention,
         target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
