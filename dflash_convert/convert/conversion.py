@@ -216,6 +216,14 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
 
 # ----------------------------------------------------------------------------- execution
 
+class CorruptInput(DFlashError):
+    """An input file whose bytes are not those its Hub cache name announces: removed once nothing reads it."""
+
+    def __init__(self, path: Path, message: str):
+        super().__init__(message, file=path)
+        self.path = path
+
+
 def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str], origin: str = "") -> None:
     """sha256 of every input file and the names of float tensors holding NaN/Inf, in one read.
 
@@ -257,11 +265,10 @@ def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str],
         if announced is not None:
             got = (git or h).hexdigest()
             if got != announced[1]:
-                discard(f)
-                raise DFlashError(f"{origin}{f.name}: the bytes do not match the {'sha256' if git is None else 'git blob id'} the "
+                raise CorruptInput(f, f"{origin}{f.name}: the bytes do not match the {'sha256' if git is None else 'git blob id'} the "
                                   f"Hub announced for this file ({announced[1][:16]}..., got {got[:16]}...): the "
                                   "download is corrupt or the cached blob was damaged; it was removed from the "
-                                  "cache (rerun to download it again) and nothing was written", file=f)
+                                  "cache (rerun to download it again) and nothing was written")
 
 
 def _write_tensor(plan: ConversionPlan, step: TensorStep, src_handles: dict, dst) -> None:
@@ -329,6 +336,8 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             (tmp / f.name).write_bytes(read_companion(f))
         reader.join()
         if failure:
+            if isinstance(failure[0], CorruptInput):  # the copy is done with it: out of the cache
+                discard(failure[0].path)
             raise failure[0]
         nonfinite += [n for n, t in ckpt.pickled.items() if t.is_floating_point() and not t.isfinite().all()]
         if nonfinite:
