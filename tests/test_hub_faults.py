@@ -29,7 +29,11 @@ BOUND = 30  # seconds: what each faulty case must end within with FAST (about 4-
 
 class Run:
     def __init__(self, p: subprocess.Popen, started: float):
-        self.out, self.err = p.communicate(timeout=120)
+        try:
+            self.out, self.err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
         self.code, self.seconds = p.returncode, time.monotonic() - started
         assert TOKEN not in self.out + self.err
 
