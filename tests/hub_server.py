@@ -21,7 +21,7 @@ then quote the Authorization header received, as a hostile or buggy server might
 Fault injection, `fault(path_part, kind, n=1, **params)`: the next n requests whose path contains
 path_part misbehave. Kinds: "status" (answer `status` with `headers`, e.g. Retry-After, and X-Error-Message
 `message`), "stall_headers" (accept, then say nothing for `seconds`), and for file downloads (GET
-/resolve/): "truncate" (a short body announced as complete), "corrupt" (one bit flipped), "stall_body"
+/resolve/): "truncate" (a short body, its size announced as the file's by HEAD and GET), "corrupt" (one bit flipped), "stall_body"
 (half the body, then silence), "reset" (half the body, then a TCP reset), "redirect" (HEAD and GET
 answered 302 to `to` + the file name, with the file's metadata headers, as the Hub redirects to its CDN).
 Stalls end early at `stop()`. `BlobServer` is the other end of a redirect: another port, fixed bytes,
@@ -635,6 +635,9 @@ class HubHandler(BaseHTTPRequestHandler):
         else:
             headers["ETag"] = f'"{blob.git_oid}"'
         data, status = blob.data, 200
+        if head and self.state.take_fault(f"{repo_id}/{path}", ("truncate",)):  # the short size announced too
+            headers["X-Linked-Size"] = str(len(data) * 3 // 4)
+            data = data[: len(data) * 3 // 4]
         redirect = self.state.take_fault(f"{repo_id}/{path}", ("redirect",))
         if redirect is not None:
             headers["Location"] = redirect[1]["to"] + "/" + path

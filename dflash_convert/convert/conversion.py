@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,6 +225,41 @@ class CorruptInput(DFlashError):
         self.path = path
 
 
+class _Hashing:
+    """hashlib objects fed on a thread of their own (hashlib lets go of the GIL), so that hashing a chunk
+    and scanning it for NaN/Inf run side by side; a daemon: a stop signal never waits for it."""
+
+    def __init__(self, *hashes):
+        self.hashes, self.chunks, self.done = hashes, queue.Queue(maxsize=4), threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while (chunk := self.chunks.get()) is not None:
+            for h in self.hashes:
+                h.update(chunk)
+        self.done.set()
+
+    def update(self, chunk: bytes) -> None:
+        self.chunks.put(chunk)
+
+    def finish(self) -> None:
+        self.chunks.put(None)
+        self.done.wait()
+
+
+def _has_nonfinite(chunk: bytes, d, scratch: dict) -> bool:
+    """Any NaN/Inf among the chunk's values: `bits & nan_mask == nan_value` for some value. Where the
+    two are equal (IEEE formats), that is `max(bits & nan_mask) == nan_mask`: two passes, no temporaries."""
+    words = np.frombuffer(chunk, dtype=d.bits)
+    if d.nan_mask != d.nan_value:
+        return bool(((words & d.nan_mask) == d.nan_value).any())
+    buf = scratch.get(d.bits)
+    if buf is None or len(buf) < len(words):
+        buf = scratch[d.bits] = np.empty(len(words), dtype=d.bits)
+    masked = np.bitwise_and(words, d.nan_mask, out=buf[:len(words)])
+    return len(words) > 0 and int(masked.max()) == d.nan_mask
+
+
 def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str], origin: str = "") -> None:
     """sha256 of every input file and the names of float tensors holding NaN/Inf, in one read.
 
@@ -234,11 +270,13 @@ def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str],
     by_file: dict[Path, list[TensorInfo]] = {}
     for info in ckpt.tensors.values():
         by_file.setdefault(info.file, []).append(info)
+    scratch: dict = {}
     for f in ckpt.input_files:
         announced = announced_by_cache_name(f)
         h = hashlib.sha256()
         git = hasher("git", f.stat().st_size) if announced and announced[0] == "git" else None
-        update = h.update if git is None else (lambda data: (h.update(data), git.update(data)))
+        hashing = _Hashing(h, *([git] if git else []))
+        update = hashing.update
         with open(f, "rb") as fh:
             pos = 0
             scan = [] if f.suffix != ".safetensors" else sorted(by_file.get(f, []), key=lambda t: t.start)
@@ -253,14 +291,14 @@ def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str],
                         raise DFlashError(f"tensor `{info.name}`: file ended early", file=f)
                     update(chunk)
                     if d.is_float and not bad:
-                        words = np.frombuffer(chunk, dtype=d.bits)
-                        bad = bool(((words & d.nan_mask) == d.nan_value).any())
+                        bad = _has_nonfinite(chunk, d, scratch)
                     left -= len(chunk)
                 if bad:
                     nonfinite.append(info.name)
                 pos = info.end
             while chunk := fh.read(8 << 20):
                 update(chunk)
+        hashing.finish()
         hashes[f.name] = h.hexdigest()
         if announced is not None:
             got = (git or h).hexdigest()
