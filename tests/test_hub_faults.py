@@ -188,25 +188,30 @@ def test_a_reset_mid_file_resumes_from_the_partial_file(hub, draft, tmp_path):
     assert [rng for f, rng in hub.ranges if f == "model.safetensors" and not rng.startswith("bytes=0-")], hub.ranges
 
 
-@pytest.mark.parametrize("served", ["good", "corrupt"])
+@pytest.mark.parametrize("served", ["good", "corrupt", "same host"])
 def test_a_redirect_to_another_port(hub, seeded, tmp_path, served):
-    """The Hub sends the weights' download to a CDN on another port: the token does not follow it, and the
-    bytes from there are checked as any others."""
+    """The Hub sends the weights' download to a CDN on another port (and host name, as a CDN is): the token
+    does not follow it, and the bytes from there are checked as any others. Another port of the Hub's
+    own host name gets no token either (huggingface_hub 1.x sends it there on a HEAD)."""
     data = bytearray(seeded["model.safetensors"])
     if served == "corrupt":
         data[100] ^= 0x01
     cdn = BlobServer({"model.safetensors": bytes(data)}).start()
     try:
-        hub.fault("org/d/model.safetensors", "redirect", n=1000, to=cdn.url)
+        to = cdn.url if served == "same host" else cdn.url.replace("127.0.0.1", "localhost")
+        hub.fault("org/d/model.safetensors", "redirect", n=1000, to=to)
         out = tmp_path / "out"
         r = run("pull", "org/d", "-o", out)
-        if served == "good":
+        if served == "same host":  # 2.x does not follow a HEAD off the origin; 1.x does and finds no metadata
+            assert r.code == 0 or r.error_line("model.safetensors")
+        elif served == "good":
             assert r.code == 0, r.err
             assert (out / "model.safetensors").read_bytes() == seeded["model.safetensors"]
         else:
             r.error_line("org/d@main", "model.safetensors", "sha256")
             assert_nothing_at_or_beside(out)
-        assert cdn.authorization and not any(cdn.authorization)  # reached, without the token
+        assert not any(cdn.authorization)  # never the token
+        assert served == "same host" or cdn.authorization  # reached
     finally:
         cdn.stop()
 
@@ -226,7 +231,9 @@ def test_a_signal_ends_a_stalled_download_at_once(hub, seeded, tmp_path, hub_env
         time.sleep(0.3)  # half the body is in
         p.send_signal(getattr(signal, sig))
         r = Run(p, time.monotonic())
-        r.error_line(f"interrupted by {sig}")
+        line = r.error_line(f"interrupted by {sig}")
+        if args[0] == "inspect":  # into the cache: what is true there
+            assert "while downloading 'model.safetensors' of org/d@main" in line and "partial one was removed" in line
         assert r.seconds < 5  # 2 s asked; generous on a loaded machine
         assert_nothing_at_or_beside(out)
         assert not [q for q in (hub_env / "hub").rglob("*.incomplete")]

@@ -34,7 +34,7 @@ from dflash_convert.format.configs import is_hub_id
 from dflash_convert.io.checkpoint import CONFIG_NAME, is_pickle_weight_file
 from dflash_convert.io.reading import announced_by_cache_name, discard, file_digest
 from dflash_convert.io.staging import check_destination, staged_directory
-from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.safetensors import INDEX_NAME
 from dflash_convert.hub.tokens import end_open_line, hub_token, redact
 
@@ -155,7 +155,11 @@ def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str, file: 
         if is_offline_mode():
             return DFlashError(f"{where} is not (completely) in the local cache {constants.HF_HUB_CACHE} and "
                                "HF_HUB_OFFLINE=1 forbids downloading it")
-        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {where}, and it is not in the local "
+        what = f"{file!r} of {where}" if file else where
+        if isinstance(exc.__cause__, getattr(e, "FileMetadataError", ())):  # an answer, but not the Hub's
+            return DFlashError(f"the Hub at {endpoint} answered for {what} without the file's metadata "
+                               f"({_one_line(exc.__cause__)[:200]})")
+        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {what}, and it is not in the local "
                            f"cache {constants.HF_HUB_CACHE}")
     if isinstance(exc, http_error):  # the connection failed: refused, reset, timed out
         if action == "push to":
@@ -174,7 +178,7 @@ def _hub_call(fn, *, where: str, endpoint: str, action: str, file: str | None = 
     DFlashErrors pass through). retry: fn's requests are not retried by the client itself (its first
     request, the revision), so retry it here as the client retries the others."""
     _guard_session()
-    _watch.start()
+    _watch.start(endpoint)
     try:
         return _retried(fn) if retry else fn()
     except (DFlashError, KeyboardInterrupt):
@@ -211,8 +215,10 @@ class _GaveUp(BaseException):
 class _Watch:
     patience: float = DEFAULT_PATIENCE
     last: float = field(default_factory=time.monotonic)  # the Hub's last answer or byte
+    endpoint: str = ""
 
-    def start(self) -> None:
+    def start(self, endpoint: str = "") -> None:
+        self.endpoint = endpoint
         raw = os.environ.get(PATIENCE_VARIABLE, "").strip()
         try:
             patience = float(raw) if raw else DEFAULT_PATIENCE
@@ -240,10 +246,30 @@ def _on_request(request) -> None:
     left = _watch.left()
     if left <= 0:
         raise _GaveUp(f"the Hub sent nothing for {_watch.patience:g} s")
+    if "authorization" in request.headers and not _token_may_go_to(str(request.url)):
+        del request.headers["authorization"]  # 1.x follows a HEAD redirect to another port of the host with it
     given = dict(request.extensions.get("timeout") or {})
     defaults = {"connect": constants.HF_HUB_ETAG_TIMEOUT, "read": constants.HF_HUB_DOWNLOAD_TIMEOUT,
                 "write": max(constants.HF_HUB_DOWNLOAD_TIMEOUT, 60), "pool": constants.HF_HUB_ETAG_TIMEOUT}
     request.extensions["timeout"] = {k: min(given.get(k) or v, max(left, 0.05)) for k, v in defaults.items()}
+
+
+HUB_HOSTS = ("huggingface.co", "hf.co")  # the Hub's own hosts, which a token is for
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return u.scheme, (u.hostname or "").lower(), u.port or {"http": 80, "https": 443}.get(u.scheme)
+
+
+def _token_may_go_to(url: str) -> bool:
+    """The token goes to the endpoint's origin and the Hub's hosts, never elsewhere (a CDN, another port)."""
+    scheme, host, _ = _origin(url)
+    if _watch.endpoint and _origin(url) == _origin(_watch.endpoint):
+        return True
+    return scheme == "https" and any(host == h or host.endswith("." + h) for h in HUB_HOSTS)
 
 
 def _retry_after(headers) -> float | None:
@@ -476,9 +502,15 @@ def _fetch(snap: _Snapshot, local_dir: Path | None = None, *, hash_later: tuple[
     else:
         folder, names = local_dir, list(snap.files)
         for name in names:
-            path = _hub_call(lambda: hf_hub_download(snap.repo_id, name, revision=snap.sha, local_dir=local_dir,
-                                                     token=snap.token, endpoint=snap.endpoint,
-                                                     library_name="dflash-convert"), file=name, **call)
+            try:
+                path = _hub_call(lambda: hf_hub_download(snap.repo_id, name, revision=snap.sha, local_dir=local_dir,
+                                                         token=snap.token, endpoint=snap.endpoint,
+                                                         library_name="dflash-convert"), file=name, **call)
+            except Interrupted as exc:  # the client removes the partial file on the way out
+                if local_dir is not None:
+                    raise  # the staging directory goes, and says so
+                raise Interrupted(f"{str(exc).split(';')[0]} while downloading {name!r} of {snap.where}; the files "
+                                  "completed before stay in the Hub cache, the partial one was removed") from None
             if folder is None:
                 folder = Path(path).parents[len(Path(name).parts) - 1]
     for name in names:
