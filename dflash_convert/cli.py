@@ -27,6 +27,7 @@ from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, code_for_name
 from dflash_convert.format.engines import ENGINE_NAMES
 from dflash_convert.errors import DFlashError, Interrupted
 from dflash_convert.validate.checks import Level
+from dflash_convert.validate.options import SAMPLING_MODES
 
 app = typer.Typer(
     name="dflash-convert",
@@ -49,6 +50,7 @@ To = _choices("To", get_args(Format))
 DType = _choices("DType", ("auto", *CAST_TARGETS, *(d.short for d in DTYPES.values() if d.cast_target)))
 Backend = _choices("Backend", ("auto", *BACKEND_NAMES))
 DraftSampling = _choices("DraftSampling", DRAFT_SAMPLING)
+SamplingMode = _choices("SamplingMode", SAMPLING_MODES)
 DeviceMap = _choices("DeviceMap", DEVICE_MAPS)
 Engine = _choices("Engine", ENGINE_NAMES)
 LEVELS = get_args(Level)
@@ -80,6 +82,19 @@ def _csv(kind: Callable[[str], Any], choices: tuple[str, ...] | None = None):
         return items
 
     return parse
+
+
+def _json_object(text: Optional[str]) -> Optional[dict[str, Any]]:
+    """Parse a JSON object option ('{"enable_thinking": false}')."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise typer.BadParameter(f"not valid JSON: {text[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"expected a JSON object, got {text[:80]!r}")
+    return value
 
 
 def _flag(*names: str, help: str, **kw: Any):
@@ -500,13 +515,31 @@ def validate(
                                                   "enable end to end.")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="One prompt per line (text, or token ids as "
                                                     "space-separated ints / a JSON list), or JSONL with a `prompt` "
-                                                    "field. Default: a built-in set.")] = None,
+                                                    "field or OpenAI-style `messages`. Default: a built-in set.")] = None,
+    dataset: Annotated[Optional[list[str]], typer.Option(
+        "--dataset", metavar="NAME[@REV]", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
+        "gsm8k, math500, humaneval, mt-bench, alpaca.")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Prompts drawn from each --dataset "
+                                                       "(with --seed; default: all).")] = None,
+    chat_template: Annotated[str, typer.Option("--chat-template", metavar="auto|none|FILE", help="Render text prompts "
+                                               "and messages with the target tokenizer's chat template (auto, when "
+                                               "it has one), none, or a Jinja FILE; as vLLM's chat endpoint.")] = "auto",
+    chat_template_kwargs: Annotated[Optional[str], typer.Option(
+        "--chat-template-kwargs", metavar="JSON", callback=_json_object,
+        help='Template variables, as vLLM\'s chat_template_kwargs, e.g. \'{"enable_thinking": false}\'.')] = None,
+    sampling: Annotated[SamplingMode, typer.Option(
+        "--sampling", help="auto: temperature, top-k, top-p, min-p from the target's generation_config.json, as "
+        "vLLM serves it; greedy: temperature 0. Flags below override.")] = SamplingMode.auto,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt (end to "
                                                 "end).")] = 64,
     block_size: Annotated[Optional[int], typer.Option("--block-size", help="Run-time block size (default: the "
                                                       "draft's).")] = None,
-    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (output must equal the "
-                                               "target's).")] = 0.0,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy (output must equal the "
+                                                         "target's). Default: per --sampling.")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Top-k of the target's distribution (0: off). "
+                                                 "Default: per --sampling.")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Top-p (1: off). Default: per --sampling.")] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", help="Min-p (0: off). Default: per --sampling.")] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
     dtype: Annotated[DType, typer.Option("--dtype", help="Compute dtype (auto: each checkpoint's own, from "
                                          "its config or weights).")] = DType.auto,
@@ -554,21 +587,33 @@ def validate(
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
     from dflash_convert.errors import ValidationFailed
     from dflash_convert.validate.report import render_table, to_json, to_junit
+    from dflash_convert.validate.options import PromptSet, ValidateOptions
     from dflash_convert.validate.run import validate as run_validation
 
     out = Output(as_json, quiet)
     ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token, allow_pickle=allow_pickle)
     target_path, target_sha = (None, None) if target is None else \
         out.local(target, token=token, for_target=True)
-    report = run_validation(ckpt_path, target=target_path, prompts=prompts, max_new_tokens=max_new_tokens,
-                            block_size=block_size, temperature=temperature, device=device, dtype=_value(dtype),
-                            backend=_value(backend), target_backend=target_backend, causal=causal,
-                            min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates,
-                            levels=levels, checkpoint_revision=ckpt_sha, target_revision=target_sha,
-                            target_name=target, seed=seed, threads=threads,
-                            draft_sampling=_value(draft_sampling), device_map=_value(device_map), max_memory=max_memory,
-                            min_speedup=min_speedup, keep_going=keep_going, progress=None if quiet else out.status,
-                            engine=_value(engine), compile=compile, allow_pickle=allow_pickle)
+    if num_prompts is not None and num_prompts < 1:
+        raise typer.BadParameter(f"must be at least 1, got {num_prompts}", param_hint="--num-prompts")
+    prompt_sets = []
+    if dataset:
+        out.hub()  # its info lines and progress bars follow -q / --json
+        from dflash_convert.hub.datasets import dataset_prompts
+    for spec in dataset or []:  # resolved here: validate reads local prompts, never the Hub
+        pulled = dataset_prompts(spec, num_prompts=num_prompts, seed=seed, token=token)
+        prompt_sets.append(PromptSet(name=pulled.name, source=pulled.source, prompts=pulled.prompts))
+    opts = ValidateOptions(
+        target=target_path, target_name=target, target_revision=target_sha, checkpoint_revision=ckpt_sha,
+        prompts=prompts, prompt_sets=prompt_sets, chat_template=chat_template,
+        chat_template_kwargs=chat_template_kwargs, levels=levels or list(LEVELS), max_new_tokens=max_new_tokens,
+        block_size=block_size, sampling=sampling.value, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, draft_sampling=_value(draft_sampling), seed=seed, device=device, dtype=_value(dtype),
+        backend=_value(backend), target_backend=target_backend, causal=causal, engine=_value(engine), compile=compile,
+        device_map=_value(device_map), max_memory=max_memory, threads=threads,
+        min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates, min_speedup=min_speedup,
+        keep_going=keep_going, allow_pickle=allow_pickle)
+    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))

@@ -23,9 +23,10 @@ def push_checkpoint(directory: str | Path, repo_id: str, *, validate: bool = Tru
     from dflash_convert.hub import client as hub
 
     if report is None and validate:
+        from dflash_convert.validate.options import ValidateOptions
         from dflash_convert.validate.run import validate as run_validation
 
-        report = run_validation(directory, levels=("static",))
+        report = run_validation(directory, ValidateOptions(levels=["static"]))
     if report is not None and report.failed:
         names = ", ".join(f"{c.name} ({c.message})" if c.message else c.name for c in report.failed_checks)
         raise ValidationFailed(f"validation failed: {names}; nothing was pushed (--no-validate pushes anyway)",

@@ -402,7 +402,7 @@ class HubHandler(BaseHTTPRequestHandler):
             if method == "GET" and p[1:] == ["whoami-v2"]:
                 self._auth(write=True)
                 return self._json(200, {"type": "user", "name": "tester", "orgs": []})
-            if len(p) >= 4 and p[1] == "models":
+            if len(p) >= 4 and p[1] in ("models", "datasets"):  # one namespace: a test seeds each repo once
                 repo_id, rest = f"{p[2]}/{p[3]}", p[4:]
                 if method == "GET" and not rest:
                     return self._repo_info(repo_id, "main")
@@ -426,6 +426,8 @@ class HubHandler(BaseHTTPRequestHandler):
             return self._lfs_put(p[1])
         if method in ("GET", "HEAD") and len(p) >= 5 and p[2] == "resolve":
             return self._resolve(f"{p[0]}/{p[1]}", p[3], "/".join(p[4:]), head=method == "HEAD")
+        if method in ("GET", "HEAD") and len(p) >= 6 and p[0] == "datasets" and p[3] == "resolve":
+            return self._resolve(f"{p[1]}/{p[2]}", p[4], "/".join(p[5:]), head=method == "HEAD")
         raise HubError(404, f"no such endpoint on the test Hub: {method} {'/'.join(p)}")
 
     def _body(self, drop_kind: str | None = None) -> bytes | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from factories import read_config
+from processes import stop_signals_at_default
 
 
 def broken_copy(src: Path, dst: Path) -> Path:
@@ -321,7 +322,7 @@ def test_kill_leaves_destination_absent_or_complete(speculators_drafts, tmp_path
     # SIGTERM is handled: the staging directory is removed too
     out = tmp_path / "term"
     p = subprocess.Popen([sys.executable, "-m", "dflash_convert", "convert", str(big), "-o", str(out)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=stop_signals_at_default)
     time.sleep(0.5 * full)
     p.terminate()
     p.wait()

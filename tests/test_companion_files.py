@@ -138,7 +138,7 @@ def pair_with(tmp_path, state) -> Path:
 
 def run_pair(cli, draft, prompts, *extra):
     r = cli("validate", draft, "--target", PAIR / "target", "--prompts", prompts, "--max-new-tokens", "32",
-            "--threads", "1", "--levels", "static,end_to_end", "--json", *extra)
+            "--threads", "1", "--levels", "static,end_to_end", "--sampling", "greedy", "--json", *extra)
     report = r.json()
     return r.code, {c["name"]: c for c in report["checks"]}, report.get("acceptance")
 

@@ -358,6 +358,22 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
     assert set(ENGINES_BY_KEY) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
 
 
+def test_a_mistyped_rule_kind_is_refused():
+    """A rule kind outside its field's enum fails when the row is built (the table at import), instead of
+    reading configs through whatever branch a misspelled string would have fallen into."""
+    import dataclasses
+
+    row = ENGINES_BY_KEY["sglang"]
+    with pytest.raises(ValueError, match="'sglang': causality 'is_causal_then_slidnig' is not a rule kind"):
+        dataclasses.replace(row, causality="is_causal_then_slidnig")
+    with pytest.raises(ValueError, match="reads 'HF' is not a rule kind"):
+        dataclasses.replace(row, reads="HF")
+    assert dataclasses.replace(row, causality="is_causal_then_sliding") == row  # a name is taken as its kind
+    text = {**engines.RULE_TEXT, "mixed": {k: v for k, v in engines.RULE_TEXT["mixed"].items() if k != "supported"}}
+    with pytest.raises(ValueError, match="RULE_TEXT\\['mixed'\\] and the kinds of mixed differ: \\['supported'\\]"):
+        engines._check_tables(text)
+
+
 def test_vllm_hf_reads_eagle_aux_ids_first():
     v = views(hf_config(eagle_aux_hidden_state_layer_ids=[2, 5, 7]))
     assert v["vllm-hf"].target_layer_ids == [1, 4, 6] and "target_layer_ids" in errors(v["vllm-hf"])
@@ -386,7 +402,7 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     acceptance (on this draft, which copies from its context, non-causal is no worse: 15.04 vs 14.61 causal on
     the pair's 16 prompts; what shows the run is the engine's is that it differs)."""
     from dflash_convert.convert.conversion import convert
-    from dflash_convert.validate.run import validate
+    from dflash_convert.validate import ValidateOptions, validate
 
     hf = tmp_path / "pair-hf"
     convert(ROOT / "examples" / "pair" / "draft", hf)
@@ -395,8 +411,9 @@ def test_validate_engine_reports_the_acceptance_that_deployment_gets(tmp_path):
     cfg.update(layer_types=["full_attention"] * cfg["num_hidden_layers"], use_sliding_window=False)
     (hf / "config.json").write_text(json.dumps(cfg))
     prompts = ROOT / "examples" / "pair" / "prompts.txt"
-    runs = {e: validate(hf, target=ROOT / "examples" / "pair" / "target", prompts=prompts, max_new_tokens=64,
-                        levels=["static", "end_to_end"], timing_rounds=1, engine=e) for e in ("vllm", "sglang")}
+    runs = {e: validate(hf, ValidateOptions(target=ROOT / "examples" / "pair" / "target", prompts=prompts,
+                                            max_new_tokens=64, levels=["static", "end_to_end"], timing_rounds=1,
+                                            engine=e, sampling="greedy")) for e in ("vllm", "sglang")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail" and runs["vllm"].passed
     assert fidelity["sglang"].status == "fail" and "layer_causal" in fidelity["sglang"].message
@@ -408,13 +425,15 @@ def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_pat
     """The trained pair re-wired to read the target's last layer (ids [1, 7] of 8): vLLM feeds that layer's raw
     output, z-lab its output after the final norm (output_hidden_states[-1]). Everything else the two apply to
     this draft is the same, so the acceptance each measures differs only through that feature."""
-    from dflash_convert.validate.run import validate
+    from dflash_convert.validate import ValidateOptions, validate
     from test_checks import copy_draft
 
     pair = ROOT / "examples" / "pair"
     draft = copy_draft(pair / "draft", tmp_path / "draft", spec_update={"target_layer_ids": [1, 7]})
-    runs = {e: validate(draft, target=pair / "target", prompts=pair / "prompts.txt", max_new_tokens=32,
-                        levels=["static", "end_to_end"], timing_rounds=1, engine=e) for e in ("vllm", "zlab")}
+    runs = {e: validate(draft, ValidateOptions(target=pair / "target", prompts=pair / "prompts.txt", max_new_tokens=32,
+                                               levels=["static", "end_to_end"], timing_rounds=1, engine=e,
+                                               sampling="greedy"))
+            for e in ("vllm", "zlab")}
     fidelity = {e: next(c for c in r.checks if c.name == "engine_fidelity") for e, r in runs.items()}
     assert fidelity["vllm"].status != "fail"
     assert fidelity["zlab"].status == "fail" and "AFTER the final norm" in fidelity["zlab"].message

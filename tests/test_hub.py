@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from hub_server import HubServer
+from processes import stop_signals_at_default
 
 TOKEN = "hf_fakeTokenForTestsOnly0123456789abcdef"
 BAD_TOKEN = "hf_fakeWrongToken9876543210"
@@ -478,11 +479,9 @@ def test_pull_to_dir_stopped_by_a_signal_leaves_nothing(hub, draft, tmp_path, si
     hub.seed_repo("org/draft", local_files(draft))
     hub.hold_downloads()  # the weights are on their way when the signal comes
     out = tmp_path / "pulls" / "out"
-    # the child's SIGHUP at its default, as in a terminal: a suite run under nohup ignores it, and the child
-    # would inherit that and, on purpose, respect it
     p = subprocess.Popen([sys.executable, "-m", "dflash_convert", "pull", "org/draft", "-o", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                         preexec_fn=stop_signals_at_default)
     try:
         deadline = time.monotonic() + 90
         while not any(m == "GET" and path.endswith("/model.safetensors") for m, path in list(hub.requests)):

@@ -171,7 +171,7 @@ def test_draft_window_limits_the_visible_context(attention_drafts, context):
     assert torch.equal(run(early, 6), ref)
     assert not torch.allclose(run(early, None), run(features, None), atol=1e-4)
     draft.keep_last_context(6)  # trimming the cache to the window changes nothing
-    assert draft.context_len == 6
+    assert len(draft.cache) == 6
     trimmed = draft.logits(draft.block_hidden(target.embed(block), 24, draft_window=6), target.lm_head)
     assert torch.allclose(trimmed, run(features, 6), atol=1e-6)  # (masked vs sliced SDPA: last-bit noise)
 

@@ -7,6 +7,7 @@ the models are tiny because compiling is the slow part."""
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -54,22 +55,64 @@ def test_context_cache_is_written_in_place(tmp_path):
     """Adding context, dropping old context and starting over reuse the same preallocated rows."""
     draft = load_draft(write_hf_draft(tmp_path / "d"))
     draft.reset(40)
-    assert draft.capacity >= 40
-    pointers = [t.data_ptr() for t in draft.cache_k + draft.cache_v]
+    assert draft.cache.capacity >= 40
+    pointers = [t.data_ptr() for t in draft.cache.k + draft.cache.v]
     features = torch.randn(30, 192, generator=torch.Generator().manual_seed(0))
     draft.add_context(features[:10], 0)
     for start in range(10, 30, 5):
         draft.add_context(features[start:start + 5], start)
         draft.block_hidden(torch.randn(6, 64) * 0.02, start + 5)
     draft.keep_last_context(4)
-    assert (draft.ctx_start, draft.ctx_end, draft.context_len) == (26, 30, 4)
+    assert (draft.cache.start, draft.cache.end, len(draft.cache)) == (26, 30, 4)
     draft.reset(40)
-    assert [t.data_ptr() for t in draft.cache_k + draft.cache_v] == pointers
+    assert [t.data_ptr() for t in draft.cache.k + draft.cache.v] == pointers
     # rows are positions: the cache holds the K of position 12 at row 12, whatever was added since
     draft.add_context(features[:13], 0)
-    row12 = draft.cache_k[0][0, :, 12].clone()
+    row12 = draft.cache.k[0][0, :, 12].clone()
     draft.add_context(features[13:20], 13)
-    assert torch.equal(draft.cache_k[0][0, :, 12], row12)
+    assert torch.equal(draft.cache.k[0][0, :, 12], row12)
+
+
+def test_backend_variant_shares_the_weights_and_the_context_cache(tmp_path):
+    """with_backend gives the same draft with another backend over the same weights and the one cache:
+    context added through either (growing the cache past its rows included) is what both attend to."""
+    draft = load_draft(write_hf_draft(tmp_path / "d"), backend="eager")
+    draft.reset(16)
+    sdpa = draft.with_backend("sdpa")
+    assert sdpa.backend == "sdpa" and draft.backend == "eager"
+    assert sdpa.fc.data_ptr() == draft.fc.data_ptr() and sdpa.layers[2].q_proj.data_ptr() == \
+        draft.layers[2].q_proj.data_ptr()
+    g = torch.Generator().manual_seed(0)
+    features, x = torch.randn(300, 192, generator=g), torch.randn(6, 64, generator=g) * 0.02
+    draft.add_context(features[:10], 0)
+    assert torch.allclose(sdpa.block_hidden(x, 10), draft.block_hidden(x, 10), atol=1e-5)
+    sdpa.add_context(features[10:300], 10)  # past the 256 rows allocated: the cache is reallocated
+    assert len(draft.cache) == 300 and draft.cache.capacity >= 306
+    assert torch.allclose(draft.block_hidden(x, 300), sdpa.block_hidden(x, 300), atol=1e-5)
+
+
+def test_one_layer_alone_reads_its_own_cache_rows(tmp_path):
+    """block_hidden(layers=[i]) runs layer i (and the final norm) as a one-layer draft of its weights would:
+    with its own context K/V, not the first layer's (validate probes each layer's causality this way)."""
+    from safetensors.torch import load_file, save_file
+
+    full_dir = write_hf_draft(tmp_path / "full")
+    one_dir = tmp_path / "one"
+    one_dir.mkdir()
+    cfg = json.loads((full_dir / "config.json").read_text())
+    cfg.update(num_hidden_layers=1, layer_types=["full_attention"])
+    (one_dir / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(full_dir / "model.safetensors")
+    save_file({k.replace("layers.2.", "layers.0."): v for k, v in tensors.items() if not k.startswith("layers.")
+               or k.startswith("layers.2.")}, one_dir / "model.safetensors")
+    full, one = load_draft(full_dir), load_draft(one_dir)
+    g = torch.Generator().manual_seed(0)
+    features, x = torch.randn(12, 192, generator=g), torch.randn(6, 64, generator=g) * 0.02
+    for d in (full, one):
+        d.reset()
+        d.add_context(features, 0)
+    assert torch.equal(full.block_hidden(x, 12, layers=[2]), one.block_hidden(x, 12))
+    assert not torch.equal(full.block_hidden(x, 12, layers=[1]), one.block_hidden(x, 12))
 
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -141,7 +184,8 @@ def test_validate_compile_flag_runs_end_to_end_compiled(cli, tmp_path):
     prompts.write_text("3 17 250 9\n40 41 42 43 44 45 46\n")
     before = counters["stats"]["unique_graphs"]
     result = cli("validate", draft, "--target", target_dir("layers2", layers=2), "--prompts", prompts,
-                 "--levels", "end_to_end", "--max-new-tokens", "8", "--device", "cpu", "--compile", "--json")
+                 "--levels", "end_to_end", "--max-new-tokens", "8", "--device", "cpu", "--compile", "--sampling",
+                 "greedy", "--json")
     assert result.code == 0, result.err
     checks = {c["name"]: c for c in result.json()["checks"]}
     assert checks["greedy_output_equal"]["status"] == "pass"

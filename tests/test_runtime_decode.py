@@ -60,7 +60,7 @@ def test_greedy_speculative_equals_target_greedy(name, block_size, device, specu
             s = gen.stats
             assert s.new_tokens == len(gen.tokens) == N
             assert s.tau == pytest.approx(1 + s.accepted / s.num_drafts)
-            assert draft.ctx_end == len(p) + N - 1  # every committed token but the last anchor is context
+            assert draft.cache.end == len(p) + N - 1  # every committed token but the last anchor is context
 
 
 class OracleDraft(DFlashDraft):
@@ -101,7 +101,7 @@ def test_acceptance_is_counted_per_position(wrong, speculators_drafts, decode_ta
     assert s.num_drafts == steps and s.accepted == steps * a and s.tau == a + 1
     assert s.per_position_rates == [1.0] * a + [0.0] * (B - 1 - a)
     assert s.drafted == sum(min(B, n - 1 - i * (a + 1) + 1) - 1 for i in range(steps))
-    assert draft.ctx_end == len(prompt) + n - 1
+    assert draft.cache.end == len(prompt) + n - 1
 
 
 def test_stop_tokens_and_max_new_tokens(speculators_drafts, decode_target, reference):
@@ -131,7 +131,7 @@ def test_draft_window_and_run_time_block_size(speculators_drafts, decode_target,
     draft = load_draft(speculators_drafts["non_causal"])
     with pytest.warns(UserWarning, match="run-time block size 5 differs from the draft's trained block size 8"):
         gen = speculative_generate(draft, decode_target, PROMPTS[2], max_new_tokens=N, block_size=5, draft_window=3)
-    assert gen.tokens == reference[tuple(PROMPTS[2])] and draft.context_len == 3
+    assert gen.tokens == reference[tuple(PROMPTS[2])] and len(draft.cache) == 3
 
 
 def test_bad_decode_arguments(speculators_drafts, decode_target):

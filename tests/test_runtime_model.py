@@ -11,7 +11,7 @@ import torch
 
 from dflash_convert.errors import DFlashError
 from dflash_runtime import load_draft, load_target
-from dflash_runtime.model import rope
+from dflash_runtime.model import apply_rope, rope_tables
 from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 from runtime_helpers import our_block_logits, speculators_draft, write_hf_draft, zlab_reference_logits
 
@@ -192,7 +192,7 @@ def test_scaled_rope_equals_transformers_and_dynamic_is_refused(tmp_path):
     x = torch.randn(1, 2, 5, 16)
     cos, sin = ref(x, torch.arange(20, 25)[None])
     half = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
-    ours = rope(x, torch.arange(20, 25), draft.inv_freq, draft.rope_scale)
+    ours = apply_rope(x, *rope_tables(torch.arange(20, 25), draft.inv_freq, draft.rope_scale, x.dtype))
     assert torch.allclose(ours, x * cos[:, None] + half * sin[:, None], atol=1e-6)
     cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
     (path / "config.json").write_text(json.dumps(cfg))

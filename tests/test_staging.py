@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dflash_convert.io.staging import staging_leftovers
+from processes import STOP_SIGNALS, stop_signals_at_default
 
 CHILD = r'''
 import os, signal, sys, time
@@ -26,10 +27,8 @@ from pathlib import Path
 
 src, out, sig, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 go = Path(out).parent / "go"
-if mode == "ignored":  # as under nohup
+if mode == "ignored":  # as under nohup (the test starts every stop signal at its default otherwise)
     signal.signal(sig, signal.SIG_IGN)
-elif sig:  # as in a terminal session, whatever the test runner's own dispositions are
-    signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 import dflash_convert.convert.conversion as convert
 
@@ -84,15 +83,13 @@ sys.argv = ["dflash-convert", "convert", src, "-o", out, *sys.argv[5:]]
 main()
 '''
 
-STOP_SIGNALS = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
-
-
 def start_child(tmp_path: Path, src: Path, out: Path, sig: int, mode: str = "", *extra: str) -> subprocess.Popen:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {**os.environ, "NO_COLOR": "1"}
     return subprocess.Popen([sys.executable, str(script), str(src), str(out), str(int(sig)), mode, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=stop_signals_at_default)
 
 
 def wait_writing(p: subprocess.Popen) -> None:

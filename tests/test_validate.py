@@ -47,7 +47,7 @@ def pair(tmp_path_factory) -> Pair:
 
 def e2e_args(pair: Pair, draft: Path | None = None, *extra: str) -> list[str]:
     return ["validate", str(draft or pair.draft), "--target", str(pair.target), "--prompts", str(pair.prompts),
-            "--max-new-tokens", PAIR_TOKENS, "--threads", "1", "--json", *extra]
+            "--max-new-tokens", PAIR_TOKENS, "--threads", "1", "--sampling", "greedy", "--json", *extra]
 
 
 @pytest.fixture(autouse=True)
@@ -119,6 +119,26 @@ def test_bundled_pair_passes_every_level(good_run):
     assert report["environment"]["versions"]["torch"]
     root = ET.parse(junit).getroot()
     assert root.get("failures") == "0" and int(root.get("tests")) == len(report["checks"])
+
+
+def test_report_records_the_options_the_run_was_given(pair, good_run):
+    """The JSON report carries the run's ValidateOptions: what a CI log needs to rerun it exactly."""
+    from dflash_convert.validate import ValidateOptions
+
+    options = good_run[0].json()["options"]
+    assert options["min_acceptance_length"] == 3 and options["target"] == str(pair.target)
+    assert ValidateOptions.model_validate(options).min_acceptance_length == 3  # it reads back as options
+
+
+def test_options_out_of_range_are_usage_errors_before_anything_is_read(tmp_path):
+    from dflash_convert.errors import UsageError
+    from dflash_convert.validate import ValidateOptions, validate
+
+    for bad, flag in [(dict(block_size=1), "--block-size"), (dict(levels=["nope"]), "unknown validation level"),
+                      (dict(draft_sampling="top"), "--draft-sampling"), (dict(temperature=float("nan")), "--temperature"),
+                      (dict(engine="vllm", causal=True), "--engine or --causal")]:
+        with pytest.raises(UsageError, match=flag):
+            validate(tmp_path / "does-not-exist", ValidateOptions(**bad))
 
 
 def test_quiet_validate_writes_nothing_but_its_result(pair, cli):
@@ -270,7 +290,7 @@ def test_random_pair_is_lossless_and_reports_low_acceptance(speculators_drafts, 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": [5, 6, 7, 8, 9, 10]}\n{"prompt": [100, 3, 44, 2]}\n')
     r = cli("validate", speculators_drafts["mixed"], "--target", tiny_target, "--prompts", prompts,
-            "--max-new-tokens", "12", "--backend", "sdpa", "--threads", "1", "--json")
+            "--max-new-tokens", "12", "--backend", "sdpa", "--threads", "1", "--sampling", "greedy", "--json")
     assert r.code == 0, r.err[-2000:]
     report = r.json()
     s = statuses(report)
@@ -325,7 +345,7 @@ def test_exit_codes_and_prompt_errors(speculators_drafts, tiny_target, tmp_path,
 
 
 def test_read_prompts_formats(tmp_path):
-    from dflash_convert.validate.run import read_prompts
+    from dflash_convert.validate.prompts import read_prompts
 
     p = tmp_path / "p.txt"
     p.write_text('1 2 3\n\n[4, 5]\n{"prompt": "Hi there"}\n{"prompt": [6]}\nplain text 7\n')
@@ -342,13 +362,13 @@ def test_numeric_level_catches_a_backend_that_ignores_causality(speculators_draf
 
     from dflash_runtime import attention
 
-    from dflash_convert.validate.run import validate
+    from dflash_convert.validate import ValidateOptions, validate
 
     def top_left_causal(q, k, v, *, scale, causal, ctx_first, block_at=None):  # a classic bug: the block mask dropped
         return attention.sdpa_attention(q, k, v, scale=scale, causal=False, ctx_first=ctx_first, block_at=block_at)
 
     monkeypatch.setitem(attention.BACKENDS, "sdpa", dataclasses.replace(attention.BACKENDS["sdpa"], fn=top_left_causal))
-    report = validate(speculators_drafts["full"], levels=["numeric"], backend="sdpa")
+    report = validate(speculators_drafts["full"], ValidateOptions(levels=["numeric"], backend="sdpa"))
     status = {c.name: c.status for c in report.checks}
     assert status["causality_behaviour.sdpa"] == "fail" and status["backend_agreement.sdpa"] == "fail"
     assert status["causality_behaviour.eager"] == "pass" and not report.passed
@@ -366,7 +386,7 @@ def test_text_prompts_go_through_the_target_tokenizer(speculators_drafts, tiny_t
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(target)
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello world the cat\n3 4 0\n")
-    from dflash_convert.validate.run import read_prompts, tokenize_prompts
+    from dflash_convert.validate.prompts import read_prompts, tokenize_prompts
 
     ids, _ = tokenize_prompts(read_prompts(prompts), target, 512, set())
     assert ids == [[0, 1, 2, 3], [3, 4, 0]]

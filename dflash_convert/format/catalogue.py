@@ -72,7 +72,6 @@ def _fc_hint(s: DraftSpec) -> str:
             f"target hidden {s.target_hidden}")
 
 
-_DFLASH2 = "dflash2 extra (not sized: its shapes are not specified)"
 CATALOGUE: tuple[Tensor, ...] = (
     Tensor("fc", "fc.weight", "context fusion fc [H, A*Ht]",
            lambda s: None if s.context_width is None else (s.hidden_size, s.context_width),

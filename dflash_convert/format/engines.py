@@ -1,8 +1,9 @@
 """How each serving engine reads a DFlash config, as data, and what it will apply to a given draft.
 
 `ENGINES` is the one table: one row per engine and version (vLLM reads the two formats through two
-different code paths, so it has two rows). Each field holds a rule kind; `engine_view` interprets
-those kinds on a config the way that engine's own config-reading code does, and compares the
+different code paths, so it has two rows). Each field holds a rule kind, a member of that field's
+enum (a name that is no kind fails when the row is built); `read_config` reads a config with one
+reader per kind, the way that engine's own config-reading code does, and `engine_view` compares the
 result with the draft's trained semantics (`trained_view`, read from the DraftSpec). Every
 difference is a `Divergence` with a one-line consequence and the fix.
 
@@ -11,13 +12,14 @@ docs/engines.md says where in those sources each one lives. "Trained" means spec
 training semantics, which the bundled runtime implements: sliding layers see the context
 positions `>= anchor - sliding_window` (the same for every slot of the block).
 
-Bottom layer: imports only configs and mapping.
+Bottom layer: imports only format/ modules and errors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Literal
+from enum import Enum, auto
+from typing import Any, Callable, Iterable, Literal, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, Field, computed_field
 
@@ -26,150 +28,280 @@ from dflash_convert.format.configs import DraftSpec, Format
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.format.configs import is_hub_id
 
-EngineName = Literal["vllm", "sglang", "zlab"]
 ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab")
 Severity = Literal["error", "warning"]
 
 
+# ----------------------------------------------------------------------------- rule kinds, one enum per field
+# RULE_TEXT says what each kind means.
+
+class RuleKind(str, Enum):
+    """A kind of rule: equal to, hashed and printed as its value, the member's name in lower case
+    (enum.StrEnum, which does this, needs Python 3.11)."""
+
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name.lower()
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class LayerIds(RuleKind):
+    AUX_MINUS_ONE = auto()
+    DFLASH_CONFIG_OR_TOP = auto()
+    EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP = auto()
+
+
+class IdsMissing(RuleKind):
+    REFUSE = auto()
+    MODEL_DEFAULT = auto()
+    DERIVE = auto()
+
+
+class IdsOrder(RuleKind):
+    SORTED_UNIQUE = auto()
+    AS_LISTED = auto()
+
+
+class LastLayer(RuleKind):
+    PRE_NORM = auto()
+    NOT_CAPTURED = auto()
+    POST_NORM = auto()
+
+
+class Causality(RuleKind):
+    SPECULATORS_GLOBAL = auto()
+    IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING = auto()
+    IS_CAUSAL_THEN_SLIDING = auto()
+
+
+class LayerTypes(RuleKind):
+    EXPLICIT = auto()
+    QWEN3 = auto()
+
+
+class Window(RuleKind):
+    RAW = auto()
+    SWA_WINDOW_SIZE_OR_QWEN3 = auto()
+    QWEN3 = auto()
+
+
+class WindowSemantics(RuleKind):
+    PER_QUERY = auto()
+    ANCHOR = auto()
+
+
+class WindowMissing(RuleKind):
+    REFUSE = auto()
+    FULL_CONTEXT = auto()
+
+
+class BlockSize(RuleKind):
+    SPECULATIVE_TOKENS = auto()
+    SERVING_FLAG = auto()
+    DFLASH_CONFIG_OR_TOP_DEFAULT_16 = auto()
+
+
+class Vocab(RuleKind):
+    OWN_LM_HEAD_D2T = auto()
+    TARGET_LM_HEAD = auto()
+
+
+class FcWidth(RuleKind):
+    TARGET_HIDDEN_SIZE = auto()
+    HIDDEN_SIZE = auto()
+
+
+class Mixed(RuleKind):
+    INEXPRESSIBLE = auto()
+    V2_RUNNER = auto()
+    SUPPORTED = auto()
+
+
+class Mask(RuleKind):
+    REQUIRED = auto()
+    TOKEN_FALLBACK = auto()
+
+
+class MaskEmbedding(RuleKind):
+    USED = auto()
+    IGNORED = auto()
+
+
+class Verifier(RuleKind):
+    HUB_REPO_ID = auto()
+    SERVING_FLAG = auto()
+    CALLER = auto()
+
+
 @dataclass(frozen=True)
 class EngineRules:
-    """How one engine (at one version, through one code path) reads each field of a draft config."""
+    """How one engine (at one version, through one code path) reads each field of a draft config.
+
+    Each rule field holds a kind of its field's enum; a kind given by name is converted, and a name
+    that is not a kind of that field raises when the row is built (at import for the table)."""
 
     key: str
     engine: str  # what --engine names
     title: str
     version: str
-    reads: str  # the checkpoint format this path reads
-    layer_ids: str  # where the target layer ids come from
-    ids_missing: str  # what happens when the config has none
-    ids_order: str  # order the target features are concatenated in
-    last_layer: str  # what an id naming the target's last layer gets
-    causality: str  # how per-layer block causality is resolved
-    layer_types: str  # where the per-layer attention type comes from
-    window: str  # where the sliding window size comes from
-    window_semantics: str  # which context positions a sliding layer's query sees
-    window_missing: str  # what sliding layers get when the config yields no window size
-    block_size: str  # where the block size comes from
-    vocab: str  # what a pruned draft vocabulary (own lm_head + d2t) gets
-    fc_width: str  # fc input width the engine builds
-    mixed: str  # drafts mixing sliding and full attention layers
-    mask: str  # mask_token_id
-    mask_embedding: str  # a trained mask embedding shipped as mask_embedding.pt
-    verifier: str  # how the target model is found
+    reads: Format  # the checkpoint format this path reads
+    layer_ids: LayerIds  # where the target layer ids come from
+    ids_missing: IdsMissing  # what happens when the config has none
+    ids_order: IdsOrder  # order the target features are concatenated in
+    last_layer: LastLayer  # what an id naming the target's last layer gets
+    causality: Causality  # how per-layer block causality is resolved
+    layer_types: LayerTypes  # where the per-layer attention type comes from
+    window: Window  # where the sliding window size comes from
+    window_semantics: WindowSemantics  # which context positions a sliding layer's query sees
+    window_missing: WindowMissing  # what sliding layers get when the config yields no window size
+    block_size: BlockSize  # where the block size comes from
+    vocab: Vocab  # what a pruned draft vocabulary (own lm_head + d2t) gets
+    fc_width: FcWidth  # fc input width the engine builds
+    mixed: Mixed  # drafts mixing sliding and full attention layers
+    mask: Mask  # mask_token_id
+    mask_embedding: MaskEmbedding  # a trained mask embedding shipped as mask_embedding.pt
+    verifier: Verifier  # how the target model is found
 
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_NAMES:
+            raise ValueError(f"engine row {self.key!r}: engine {self.engine!r} is not one of {', '.join(ENGINE_NAMES)}")
+        for name, kind in RULE_KINDS.items():
+            value = getattr(self, name)
+            allowed = get_args(kind) if get_origin(kind) is Literal else tuple(kind)
+            if value not in allowed:  # a RuleKind equals its name
+                raise ValueError(f"engine row {self.key!r}: {name} {value!r} is not a rule kind "
+                                 f"({', '.join(allowed)})")
+            if get_origin(kind) is not Literal:
+                object.__setattr__(self, name, kind(value))
+
+
+# rule field -> the type of its kinds: its enum, or the Format literal for `reads`
+RULE_KINDS: dict[str, Any] = {
+    name: kind for name, kind in get_type_hints(EngineRules).items()
+    if get_origin(kind) is Literal or (isinstance(kind, type) and issubclass(kind, RuleKind))}
 
 ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
         key="vllm-speculators", engine="vllm", title="vLLM (speculators format)", version="0.33.0",
-        reads="speculators", layer_ids="aux_minus_one", ids_missing="refuse", ids_order="sorted_unique",
-        last_layer="pre_norm", causality="speculators_global", layer_types="explicit", window="raw",
-        window_semantics="per_query", window_missing="refuse", block_size="speculative_tokens", vocab="own_lm_head_d2t",
-        fc_width="target_hidden_size", mixed="inexpressible", mask="required", mask_embedding="used",
-        verifier="hub_repo_id"),
+        reads="speculators", layer_ids=LayerIds.AUX_MINUS_ONE, ids_missing=IdsMissing.REFUSE,
+        ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM, causality=Causality.SPECULATORS_GLOBAL,
+        layer_types=LayerTypes.EXPLICIT, window=Window.RAW, window_semantics=WindowSemantics.PER_QUERY,
+        window_missing=WindowMissing.REFUSE, block_size=BlockSize.SPECULATIVE_TOKENS, vocab=Vocab.OWN_LM_HEAD_D2T,
+        fc_width=FcWidth.TARGET_HIDDEN_SIZE, mixed=Mixed.INEXPRESSIBLE, mask=Mask.REQUIRED,
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.HUB_REPO_ID),
     EngineRules(
         key="vllm-hf", engine="vllm", title="vLLM (HF format)", version="0.33.0",
-        reads="hf", layer_ids="eagle_aux_then_dflash_config_or_top", ids_missing="model_default",
-        ids_order="sorted_unique", last_layer="pre_norm", causality="is_causal_then_dflash_causal_then_sliding",
-        layer_types="qwen3", window="swa_window_size_or_qwen3", window_semantics="per_query", window_missing="refuse",
-        block_size="serving_flag", vocab="own_lm_head_d2t", fc_width="target_hidden_size", mixed="v2_runner",
-        mask="required", mask_embedding="used", verifier="serving_flag"),
+        reads="hf", layer_ids=LayerIds.EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.MODEL_DEFAULT,
+        ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM,
+        causality=Causality.IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING, layer_types=LayerTypes.QWEN3,
+        window=Window.SWA_WINDOW_SIZE_OR_QWEN3, window_semantics=WindowSemantics.PER_QUERY,
+        window_missing=WindowMissing.REFUSE, block_size=BlockSize.SERVING_FLAG, vocab=Vocab.OWN_LM_HEAD_D2T,
+        fc_width=FcWidth.TARGET_HIDDEN_SIZE, mixed=Mixed.V2_RUNNER, mask=Mask.REQUIRED,
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG),
     EngineRules(
         key="sglang", engine="sglang", title="SGLang", version="0.5.23",
-        reads="hf", layer_ids="dflash_config_or_top", ids_missing="derive", ids_order="sorted_unique",
-        last_layer="not_captured", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
-        window_semantics="per_query", window_missing="refuse", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
-        fc_width="hidden_size", mixed="supported", mask="token_fallback", mask_embedding="used",
-        verifier="serving_flag"),
+        reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.DERIVE,
+        ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.NOT_CAPTURED, causality=Causality.IS_CAUSAL_THEN_SLIDING,
+        layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
+        window_missing=WindowMissing.REFUSE, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
+        vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.TOKEN_FALLBACK,
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG),
     EngineRules(
         key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
-        reads="hf", layer_ids="dflash_config_or_top", ids_missing="refuse", ids_order="as_listed",
-        last_layer="post_norm", causality="is_causal_then_sliding", layer_types="qwen3", window="qwen3",
-        window_semantics="per_query", window_missing="full_context", block_size="dflash_config_or_top_default_16", vocab="target_lm_head",
-        fc_width="hidden_size", mixed="supported", mask="required", mask_embedding="ignored", verifier="caller"),
+        reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.REFUSE,
+        ids_order=IdsOrder.AS_LISTED, last_layer=LastLayer.POST_NORM, causality=Causality.IS_CAUSAL_THEN_SLIDING,
+        layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
+        window_missing=WindowMissing.FULL_CONTEXT, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
+        vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.REQUIRED,
+        mask_embedding=MaskEmbedding.IGNORED, verifier=Verifier.CALLER),
 )
 ENGINES_BY_KEY = {e.key: e for e in ENGINES}
 
 # What each rule kind means, in one short cell (README table) -- the interpreter below acts on the kinds.
-RULE_TEXT: dict[str, dict[str, str]] = {
+RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
     "reads": {"speculators": "speculators", "hf": "HF / z-lab"},
     "layer_ids": {
-        "aux_minus_one": "`aux_hidden_state_layer_ids` - 1",
-        "dflash_config_or_top": "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",
-        "eagle_aux_then_dflash_config_or_top": "`eagle_aux_hidden_state_layer_ids` - 1 if present, else "
-                                               "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",
+        LayerIds.AUX_MINUS_ONE: "`aux_hidden_state_layer_ids` - 1",
+        LayerIds.DFLASH_CONFIG_OR_TOP: "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",
+        LayerIds.EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP: "`eagle_aux_hidden_state_layer_ids` - 1 if present, else "
+                                                      "`dflash_config.target_layer_ids`, else top-level "
+                                                      "`target_layer_ids`",
     },
     "ids_missing": {
-        "refuse": "refuses to load",
-        "model_default": "the target model's default EAGLE-3 layers (not the trained ones)",
-        "derive": "derived from the layer counts (`build_target_layer_ids`), a guess",
+        IdsMissing.REFUSE: "refuses to load",
+        IdsMissing.MODEL_DEFAULT: "the target model's default EAGLE-3 layers (not the trained ones)",
+        IdsMissing.DERIVE: "derived from the layer counts (`build_target_layer_ids`), a guess",
     },
     "ids_order": {
-        "sorted_unique": "target layer order (sorted, duplicates dropped)",
-        "as_listed": "as listed",
+        IdsOrder.SORTED_UNIQUE: "target layer order (sorted, duplicates dropped)",
+        IdsOrder.AS_LISTED: "as listed",
     },
     "last_layer": {
-        "pre_norm": "its raw output (before the final norm), as trained",
-        "not_captured": "never captured: the feature width no longer matches `fc` (fails at the first step)",
-        "post_norm": "`output_hidden_states[-1]`, which is AFTER the final norm",
+        LastLayer.PRE_NORM: "its raw output (before the final norm), as trained",
+        LastLayer.NOT_CAPTURED: "never captured: the feature width no longer matches `fc` (fails at the first step)",
+        LastLayer.POST_NORM: "`output_hidden_states[-1]`, which is AFTER the final norm",
     },
     "causality": {
-        "speculators_global": "every layer causal unless `sliding_window_non_causal` (one flag for ALL layers, "
-                              "full ones included)",
-        "is_causal_then_dflash_causal_then_sliding": "`is_causal`, else `dflash_config.causal`, else sliding "
-                                                     "layers causal and full ones not",
-        "is_causal_then_sliding": "top-level `is_causal` only (never `dflash_config.causal`), else sliding layers "
-                                  "causal and full ones not",
+        Causality.SPECULATORS_GLOBAL: "every layer causal unless `sliding_window_non_causal` (one flag for ALL layers, "
+                                      "full ones included)",
+        Causality.IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING: "`is_causal`, else `dflash_config.causal`, else sliding "
+                                                             "layers causal and full ones not",
+        Causality.IS_CAUSAL_THEN_SLIDING: "top-level `is_causal` only (never `dflash_config.causal`), else sliding "
+                                          "layers causal and full ones not",
     },
     "layer_types": {
-        "explicit": "`transformer_layer_config.layer_types` as written (absent: every layer full)",
-        "qwen3": "`layer_types`, else transformers' Qwen3 rule (`use_sliding_window`, `max_window_layers`)",
+        LayerTypes.EXPLICIT: "`transformer_layer_config.layer_types` as written (absent: every layer full)",
+        LayerTypes.QWEN3: "`layer_types`, else transformers' Qwen3 rule (`use_sliding_window`, `max_window_layers`)",
     },
     "window": {
-        "raw": "`transformer_layer_config.sliding_window`",
-        "swa_window_size_or_qwen3": "`dflash_config.swa_window_size`, else `sliding_window` (null unless "
-                                    "`use_sliding_window` is true: the load fails)",
-        "qwen3": "`sliding_window`, null unless `use_sliding_window` is true",
+        Window.RAW: "`transformer_layer_config.sliding_window`",
+        Window.SWA_WINDOW_SIZE_OR_QWEN3: "`dflash_config.swa_window_size`, else `sliding_window` (null unless "
+                                         "`use_sliding_window` is true: the load fails)",
+        Window.QWEN3: "`sliding_window`, null unless `use_sliding_window` is true",
     },
     "window_semantics": {
-        "per_query": "W keys ending at each query (slot j sees j+1 fewer context positions than trained)",
-        "anchor": "context positions >= anchor - W, for every slot of the block",
+        WindowSemantics.PER_QUERY: "W keys ending at each query (slot j sees j+1 fewer context positions than trained)",
+        WindowSemantics.ANCHOR: "context positions >= anchor - W, for every slot of the block",
     },
     "window_missing": {
-        "refuse": "the load fails",
-        "full_context": "they attend the whole context",
+        WindowMissing.REFUSE: "the load fails",
+        WindowMissing.FULL_CONTEXT: "they attend the whole context",
     },
     "block_size": {
-        "speculative_tokens": "`proposal_methods[0].speculative_tokens` + 1 (`vllm serve DRAFT`), or "
-                              "`num_speculative_tokens` + 1 from `--speculative-config`",
-        "serving_flag": "`num_speculative_tokens` + 1 from `--speculative-config` (the config's `block_size` is "
-                        "not read)",
-        "dflash_config_or_top_default_16": "`dflash_config.block_size`, else `block_size`, else 16",
+        BlockSize.SPECULATIVE_TOKENS: "`proposal_methods[0].speculative_tokens` + 1 (`vllm serve DRAFT`), or "
+                                      "`num_speculative_tokens` + 1 from `--speculative-config`",
+        BlockSize.SERVING_FLAG: "`num_speculative_tokens` + 1 from `--speculative-config` (the config's "
+                                "`block_size` is not read)",
+        BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16: "`dflash_config.block_size`, else `block_size`, else 16",
     },
     "vocab": {
-        "own_lm_head_d2t": "own `lm_head` + `d2t` used (without `d2t` the map stays all zeros)",
-        "target_lm_head": "ignored: logits always come from the target's lm_head",
+        Vocab.OWN_LM_HEAD_D2T: "own `lm_head` + `d2t` used (without `d2t` the map stays all zeros)",
+        Vocab.TARGET_LM_HEAD: "ignored: logits always come from the target's lm_head",
     },
     "fc_width": {
-        "target_hidden_size": "(`target_hidden_size` or `hidden_size`) x number of ids",
-        "hidden_size": "`hidden_size` x number of ids (`target_hidden_size` ignored)",
+        FcWidth.TARGET_HIDDEN_SIZE: "(`target_hidden_size` or `hidden_size`) x number of ids",
+        FcWidth.HIDDEN_SIZE: "`hidden_size` x number of ids (`target_hidden_size` ignored)",
     },
     "mixed": {
-        "inexpressible": "served, but every layer gets the one causality flag",
-        "v2_runner": "only with the V2 model runner (V1 refuses)",
-        "supported": "served per layer",
+        Mixed.INEXPRESSIBLE: "served, but every layer gets the one causality flag",
+        Mixed.V2_RUNNER: "only with the V2 model runner (V1 refuses)",
+        Mixed.SUPPORTED: "served per layer",
     },
     "mask": {
-        "required": "`mask_token_id` (required)",
-        "token_fallback": "`mask_token_id`, else the tokenizer's `<\\|MASK\\|>` token",
+        Mask.REQUIRED: "`mask_token_id` (required)",
+        Mask.TOKEN_FALLBACK: "`mask_token_id`, else the tokenizer's `<\\|MASK\\|>` token",
     },
     "mask_embedding": {
-        "used": "a `mask_embedding.pt` beside the weights replaces the mask token's embedding",
-        "ignored": "`mask_embedding.pt` ignored: the mask slots get the target's embedding of `mask_token_id`",
+        MaskEmbedding.USED: "a `mask_embedding.pt` beside the weights replaces the mask token's embedding",
+        MaskEmbedding.IGNORED: "`mask_embedding.pt` ignored: the mask slots get the target's embedding of "
+                               "`mask_token_id`",
     },
     "verifier": {
-        "hub_repo_id": "`speculators_config.verifier.name_or_path`; `vllm serve DRAFT` refuses a local path",
-        "serving_flag": "the serving command's target model",
-        "caller": "whatever target the caller passes",
+        Verifier.HUB_REPO_ID: "`speculators_config.verifier.name_or_path`; `vllm serve DRAFT` refuses a local path",
+        Verifier.SERVING_FLAG: "the serving command's target model",
+        Verifier.CALLER: "whatever target the caller passes",
     },
 }
 FIELD_TITLES = {
@@ -182,7 +314,7 @@ FIELD_TITLES = {
     "verifier": "target model",
 }
 MASK_EMBEDDING_FILE = catalogue.MASK_EMBEDDING_FILE  # vLLM and SGLang read it from the draft's directory
-TRAINED_WINDOW = "anchor"  # what speculators trains and the runtime implements
+TRAINED_WINDOW = WindowSemantics.ANCHOR  # what speculators trains and the runtime implements
 
 # Config keys at least one engine reads (paths in either layout). Anything else in a config changes
 # nothing an engine does: `diff` reports such keys as informational only.
@@ -297,84 +429,158 @@ def trained_view(spec: DraftSpec) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- reading a config as an engine does
+# One reader per rule kind; `read_config` picks each field's reader by the row's kind. The readers see the
+# config as the engine's path does: `raw` the whole config, `flat` its decoder fields, `dc` its
+# dflash_config (empty for the speculators reader, which never looks there), `n` its number of layers.
 
-def _qwen3_layer_types(flat: dict[str, Any]) -> tuple[list[str], int | None]:
-    """transformers' Qwen3Config: `sliding_window` is null unless `use_sliding_window`; `layer_types` default."""
-    return mapping.resolve_layer_types(flat), mapping.qwen3_window(flat)
+@dataclass(frozen=True)
+class ConfigReading:
+    """The values one engine takes from a config in its own format (no comparison yet)."""
+
+    ids: list[int] | None  # target layer ids as the config lists them (None: none found)
+    ids_source: str
+    layer_types: list[str]
+    window: int | None
+    causal: list[bool]
+    causal_source: str
+    block: int | None  # None: the serving command sets it, or the config lacks it
+    block_source: str
+    pruned: bool  # a draft vocabulary smaller than the target's
+    fc_width: int | None
+    mask: int | None
+    verifier: str | None  # the target repo id, for the engines that take it from the config
 
 
-def _read(rules: EngineRules, raw: dict[str, Any]) -> dict[str, Any]:
-    """The values an engine takes from a config in its own format (no comparison yet)."""
-    out: dict[str, Any] = {"errors": []}
+def _ids_aux_minus_one(raw: dict, dc: dict) -> tuple[list[int] | None, str]:
+    aux = raw.get("aux_hidden_state_layer_ids")
+    return (None if aux is None else mapping.target_ids_from_aux(aux)), "aux_hidden_state_layer_ids - 1"
+
+
+def _ids_dflash_config_or_top(raw: dict, dc: dict) -> tuple[list[int] | None, str]:
+    source = "dflash_config.target_layer_ids" if "target_layer_ids" in dc else "target_layer_ids"
+    return dc.get("target_layer_ids", raw.get("target_layer_ids")), source
+
+
+def _ids_eagle_aux_then_dflash_config_or_top(raw: dict, dc: dict) -> tuple[list[int] | None, str]:
+    eagle_aux = raw.get("eagle_aux_hidden_state_layer_ids")
+    if eagle_aux:
+        return mapping.target_ids_from_aux(eagle_aux), "eagle_aux_hidden_state_layer_ids - 1"
+    return _ids_dflash_config_or_top(raw, dc)
+
+
+def _window_swa_window_size_or_qwen3(flat: dict, dc: dict, types: list[str], n: int) -> tuple[list[str], int | None]:
+    """vLLM's HF reader: `dflash_config.use_swa` makes every layer sliding when none is."""
+    if dc.get("use_swa") and "sliding_attention" not in types:
+        types = ["sliding_attention"] * n
+    return types, dc.get("swa_window_size", mapping.qwen3_window(flat))
+
+
+def _causal_speculators_global(raw: dict, dc: dict, types: list[str], n: int) -> tuple[list[bool], str]:
+    flag = raw.get("sliding_window_non_causal", True)
+    return [not flag] * n, f"sliding_window_non_causal={raw.get('sliding_window_non_causal')!r}, all layers"
+
+
+def _causal_hf(raw: dict, types: list[str], dc_causal: bool | None) -> tuple[list[bool], str]:
+    is_causal = raw.get("is_causal")
+    source = ("is_causal" if is_causal is not None else "dflash_config.causal" if dc_causal is not None
+              else "layer_types (sliding layers causal)")
+    return mapping.hf_layer_causal(types, is_causal, dc_causal), source
+
+
+def _block_speculative_tokens(raw: dict, dc: dict) -> tuple[int | None, str]:
+    try:
+        tokens = raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        return int(tokens) + 1, "speculative_tokens + 1"
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None, "missing speculators_config.proposal_methods[0]"
+
+
+def _block_dflash_config_or_top(raw: dict, dc: dict) -> tuple[int | None, str]:
+    b = dc.get("block_size", raw.get("block_size"))
+    source = ("dflash_config.block_size" if "block_size" in dc else
+              "block_size" if raw.get("block_size") is not None else "default 16")
+    return 16 if b is None else int(b), source
+
+
+READ_IDS: dict[LayerIds, Callable[[dict, dict], tuple[list[int] | None, str]]] = {
+    LayerIds.AUX_MINUS_ONE: _ids_aux_minus_one,
+    LayerIds.DFLASH_CONFIG_OR_TOP: _ids_dflash_config_or_top,
+    LayerIds.EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP: _ids_eagle_aux_then_dflash_config_or_top,
+}
+ORDER_IDS: dict[IdsOrder, Callable[[list[int]], list[int]]] = {
+    IdsOrder.SORTED_UNIQUE: lambda ids: sorted(set(ids)),
+    IdsOrder.AS_LISTED: list,
+}
+READ_LAYER_TYPES: dict[LayerTypes, Callable[[dict, int], list[str]]] = {
+    LayerTypes.EXPLICIT: lambda flat, n: list(flat.get("layer_types") or ["full_attention"] * n),
+    LayerTypes.QWEN3: lambda flat, n: mapping.resolve_layer_types(flat),  # transformers' Qwen3Config default
+}
+READ_WINDOW: dict[Window, Callable[[dict, dict, list[str], int], tuple[list[str], int | None]]] = {
+    Window.RAW: lambda flat, dc, types, n: (types, flat.get("sliding_window")),
+    Window.QWEN3: lambda flat, dc, types, n: (types, mapping.qwen3_window(flat)),
+    Window.SWA_WINDOW_SIZE_OR_QWEN3: _window_swa_window_size_or_qwen3,
+}
+READ_CAUSALITY: dict[Causality, Callable[[dict, dict, list[str], int], tuple[list[bool], str]]] = {
+    Causality.SPECULATORS_GLOBAL: _causal_speculators_global,
+    Causality.IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING: lambda raw, dc, types, n: _causal_hf(raw, types,
+                                                                                               dc.get("causal")),
+    Causality.IS_CAUSAL_THEN_SLIDING: lambda raw, dc, types, n: _causal_hf(raw, types, None),
+}
+READ_BLOCK_SIZE: dict[BlockSize, Callable[[dict, dict], tuple[int | None, str]]] = {
+    BlockSize.SPECULATIVE_TOKENS: _block_speculative_tokens,
+    BlockSize.SERVING_FLAG: lambda raw, dc: (None, "--speculative-config num_speculative_tokens + 1"),
+    BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16: _block_dflash_config_or_top,
+}
+FC_FEATURE_WIDTH: dict[FcWidth, Callable[[dict, dict], Any]] = {  # the width of one target layer's features
+    FcWidth.TARGET_HIDDEN_SIZE: lambda raw, flat: raw.get("target_hidden_size") or flat.get("hidden_size"),
+    FcWidth.HIDDEN_SIZE: lambda raw, flat: flat.get("hidden_size"),
+}
+READ_VERIFIER: dict[Verifier, Callable[[dict], str | None]] = {
+    Verifier.HUB_REPO_ID: lambda raw: ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"),
+    Verifier.SERVING_FLAG: lambda raw: None,
+    Verifier.CALLER: lambda raw: None,
+}
+READERS: dict[str, dict] = {"layer_ids": READ_IDS, "ids_order": ORDER_IDS, "layer_types": READ_LAYER_TYPES,
+                            "window": READ_WINDOW, "causality": READ_CAUSALITY, "block_size": READ_BLOCK_SIZE,
+                            "fc_width": FC_FEATURE_WIDTH, "verifier": READ_VERIFIER}
+
+
+def _check_tables(rule_text: dict[str, dict[str, str]] = RULE_TEXT) -> None:
+    """Each rule field has its title, each of its kinds a README text and, for the fields read from a
+    config, a reader: a kind added to an enum without them fails at import, not in a user's run."""
+    if set(FIELD_TITLES) != set(RULE_KINDS):
+        raise ValueError(f"FIELD_TITLES and the rule fields differ: {sorted(set(FIELD_TITLES) ^ set(RULE_KINDS))}")
+    for name, kind in RULE_KINDS.items():
+        kinds = set(get_args(kind)) if get_origin(kind) is Literal else set(kind)
+        for table, what in ((rule_text, "RULE_TEXT"), (READERS, "the readers")):
+            if name in table and set(table[name]) != kinds or table is rule_text and name not in table:
+                raise ValueError(f"{what}[{name!r}] and the kinds of {name} differ: "
+                                 f"{sorted(str(k) for k in set(table.get(name, ())) ^ kinds)}")
+
+
+_check_tables()
+
+
+def read_config(rules: EngineRules, raw: dict[str, Any]) -> ConfigReading:
+    """The values `rules`' engine takes from a config in its own format."""
     if rules.reads == "speculators":
-        flat = dict(raw.get("transformer_layer_config") or {})
-        dc: dict[str, Any] = {}
+        flat, dc = dict(raw.get("transformer_layer_config") or {}), {}
     else:
-        flat = raw
-        dc = raw.get("dflash_config") or {}
+        flat, dc = raw, raw.get("dflash_config") or {}
     n = int(flat.get("num_hidden_layers") or 0)
-    # layer ids
-    eagle_aux = raw.get("eagle_aux_hidden_state_layer_ids") if rules.layer_ids.startswith("eagle_aux") else None
-    if rules.layer_ids == "aux_minus_one":
-        aux = raw.get("aux_hidden_state_layer_ids")
-        ids = None if aux is None else mapping.target_ids_from_aux(aux)
-        out["ids_source"] = "aux_hidden_state_layer_ids - 1"
-    elif eagle_aux:
-        ids = mapping.target_ids_from_aux(eagle_aux)
-        out["ids_source"] = "eagle_aux_hidden_state_layer_ids - 1"
-    else:
-        ids = dc.get("target_layer_ids", raw.get("target_layer_ids"))
-        out["ids_source"] = "dflash_config.target_layer_ids" if "target_layer_ids" in dc else "target_layer_ids"
-    out["ids"] = None if ids is None else [int(i) for i in ids]
-    # layer types and window
-    if rules.layer_types == "explicit":
-        types = list(flat.get("layer_types") or ["full_attention"] * n)
-        window = flat.get("sliding_window")
-    else:
-        types, window = _qwen3_layer_types(flat)
-        if rules.window == "swa_window_size_or_qwen3":
-            if dc.get("use_swa") and "sliding_attention" not in types:
-                types = ["sliding_attention"] * n
-            window = dc.get("swa_window_size", window)
-    out["layer_types"], out["window"] = types, window
-    # causality
-    if rules.causality == "speculators_global":
-        flag = not raw.get("sliding_window_non_causal", True)
-        out["causal"] = [flag] * n
-        out["causal_source"] = f"sliding_window_non_causal={raw.get('sliding_window_non_causal')!r}, all layers"
-    else:
-        is_causal = raw.get("is_causal")
-        dc_causal = dc.get("causal") if rules.causality == "is_causal_then_dflash_causal_then_sliding" else None
-        out["causal"] = mapping.hf_layer_causal(types, is_causal, dc_causal)
-        out["causal_source"] = ("is_causal" if is_causal is not None else "dflash_config.causal"
-                                if dc_causal is not None else "layer_types (sliding layers causal)")
-    # block size
-    if rules.block_size == "speculative_tokens":
-        try:
-            tokens = raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-            out["block"], out["block_source"] = int(tokens) + 1, "speculative_tokens + 1"
-        except (KeyError, IndexError, TypeError, ValueError):
-            out["block"], out["block_source"] = None, "missing speculators_config.proposal_methods[0]"
-    elif rules.block_size == "serving_flag":
-        out["block"], out["block_source"] = None, "--speculative-config num_speculative_tokens + 1"
-    else:
-        b = dc.get("block_size", raw.get("block_size"))
-        out["block"] = 16 if b is None else int(b)
-        out["block_source"] = ("dflash_config.block_size" if "block_size" in dc else
-                               "block_size" if raw.get("block_size") is not None else "default 16")
-    # vocab and widths
-    vocab = flat.get("vocab_size")
-    draft_vocab = raw.get("draft_vocab_size")
-    out["pruned"] = draft_vocab is not None and vocab is not None and draft_vocab != vocab
-    hidden = flat.get("hidden_size")
-    width_of = (raw.get("target_hidden_size") or hidden) if rules.fc_width == "target_hidden_size" else hidden
-    n_feat = None if out["ids"] is None else len(set(out["ids"]) if rules.ids_order == "sorted_unique"
-                                                 else out["ids"])
-    out["fc_width"] = None if n_feat is None or width_of is None else n_feat * width_of
-    out["mask"] = dc.get("mask_token_id", raw.get("mask_token_id"))
-    if rules.verifier == "hub_repo_id":
-        out["verifier"] = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    return out
+    ids, ids_source = READ_IDS[rules.layer_ids](raw, dc)
+    ids = None if ids is None else [int(i) for i in ids]
+    types, window = READ_WINDOW[rules.window](flat, dc, READ_LAYER_TYPES[rules.layer_types](flat, n), n)
+    causal, causal_source = READ_CAUSALITY[rules.causality](raw, dc, types, n)
+    block, block_source = READ_BLOCK_SIZE[rules.block_size](raw, dc)
+    vocab, draft_vocab = flat.get("vocab_size"), raw.get("draft_vocab_size")
+    width = FC_FEATURE_WIDTH[rules.fc_width](raw, flat)
+    return ConfigReading(
+        ids=ids, ids_source=ids_source, layer_types=types, window=window, causal=causal, causal_source=causal_source,
+        block=block, block_source=block_source,
+        pruned=draft_vocab is not None and vocab is not None and draft_vocab != vocab,
+        fc_width=None if ids is None or width is None else len(ORDER_IDS[rules.ids_order](ids)) * width,
+        mask=dc.get("mask_token_id", raw.get("mask_token_id")), verifier=READ_VERIFIER[rules.verifier](raw))
 
 
 def _fix_format(rules: EngineRules) -> str:
@@ -403,7 +609,7 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                                               f"cannot be written in it: {exc}",
                                   fix="serve it with an engine that reads the other format"))
             return view
-    r = _read(rules, raw)
+    r = read_config(rules, raw)
     _view_target_layer_ids(view, rules, spec, r, num_target_layers)
     _view_fc_width(view, rules, spec, r, fc_shape)
     _view_attention(view, rules, spec, r)
@@ -420,20 +626,20 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
     return view
 
 
-def _view_target_layer_ids(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any],
+def _view_target_layer_ids(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading,
                            num_target_layers: int | None) -> None:
     """The target layer ids and their feature order; an id naming the target's last layer."""
     div = view.divergences
-    ids = r["ids"]
-    view.target_layer_ids_source = r["ids_source"]
+    ids = r.ids
+    view.target_layer_ids_source = r.ids_source
     if ids is None:
         how = RULE_TEXT["ids_missing"][rules.ids_missing]
-        view.loads = rules.ids_missing != "refuse"
+        view.loads = rules.ids_missing != IdsMissing.REFUSE
         div.append(Divergence(field="target_layer_ids", severity="error", trained=spec.target_layer_ids, applied=None,
                               consequence=f"no target layer ids in the config: {how}",
                               fix="write them: convert --target-layer-ids (or --derive-target-layer-ids)"))
     else:
-        applied = sorted(set(ids)) if rules.ids_order == "sorted_unique" else list(ids)
+        applied = ORDER_IDS[rules.ids_order](ids)
         view.target_layer_ids = applied
         if spec.target_layer_ids is not None and applied != list(spec.target_layer_ids):
             div.append(Divergence(field="target_layer_ids", severity="error", trained=spec.target_layer_ids,
@@ -443,46 +649,46 @@ def _view_target_layer_ids(view: EngineView, rules: EngineRules, spec: DraftSpec
                                   fix="re-train with sorted unique ids, or permute fc.weight's input blocks to "
                                       "sorted order"))
         last = num_target_layers or spec.num_target_layers
-        if last is not None and (last - 1) in ids and rules.last_layer != "pre_norm":
-            view.loads = view.loads and rules.last_layer != "not_captured"
+        if last is not None and (last - 1) in ids and rules.last_layer != LastLayer.PRE_NORM:
+            view.loads = view.loads and rules.last_layer != LastLayer.NOT_CAPTURED
             div.append(Divergence(field="target_layer_ids", severity="error", trained=f"output of layer {last - 1}",
-                                  applied=rules.last_layer,
+                                  applied=rules.last_layer.value,
                                   consequence=f"id {last - 1} is the target's last layer: "
                                               + RULE_TEXT["last_layer"][rules.last_layer],
                                   fix="serve it with vLLM, which captures the last layer's raw output"))
 
 
-def _view_fc_width(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any],
+def _view_fc_width(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading,
                    fc_shape: tuple[int, ...] | None) -> None:
     """The fc input width the engine builds against the checkpoint's fc.weight."""
     div = view.divergences
-    if fc_shape is not None and r["fc_width"] is not None and len(fc_shape) == 2 and fc_shape[1] != r["fc_width"]:
+    if fc_shape is not None and r.fc_width is not None and len(fc_shape) == 2 and fc_shape[1] != r.fc_width:
         view.loads = False
-        div.append(Divergence(field="fc_width", severity="error", trained=fc_shape[1], applied=r["fc_width"],
+        div.append(Divergence(field="fc_width", severity="error", trained=fc_shape[1], applied=r.fc_width,
                               consequence=f"{rules.title} builds fc with input width "
-                                          f"{RULE_TEXT['fc_width'][rules.fc_width]} = {r['fc_width']}, the checkpoint's "
+                                          f"{RULE_TEXT['fc_width'][rules.fc_width]} = {r.fc_width}, the checkpoint's "
                                           f"fc.weight has {fc_shape[1]}: the load fails",
-                              fix="serve it with vLLM (reads target_hidden_size)" if rules.fc_width == "hidden_size"
-                              else "fix target_hidden_size / the layer ids"))
-    view.fc_input_width = r["fc_width"]
+                              fix="serve it with vLLM (reads target_hidden_size)"
+                              if rules.fc_width == FcWidth.HIDDEN_SIZE else "fix target_hidden_size / the layer ids"))
+    view.fc_input_width = r.fc_width
 
 
-def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
     """Per-layer attention type, sliding window (size and semantics) and block causality."""
     div = view.divergences
     n = spec.num_layers
-    types, window, causal = r["layer_types"], r["window"], r["causal"]
-    view.layer_types, view.layer_causal, view.causal_source = types, causal, r["causal_source"]
+    types, window, causal = r.layer_types, r.window, r.causal
+    view.layer_types, view.layer_causal, view.causal_source = types, causal, r.causal_source
     sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if sliding:
         view.sliding_window = window
-        view.window_semantics = rules.window_semantics
+        view.window_semantics = rules.window_semantics.value
     if types != list(spec.layer_types):
         div.append(Divergence(field="layer_types", severity="error", trained=spec.layer_types, applied=types,
                               consequence="layers attend with another attention type (sliding vs full) than trained",
                               fix="write layer_types explicitly (convert writes them)"))
     if sliding and window is None:
-        view.loads = view.loads and rules.window_missing != "refuse"
+        view.loads = view.loads and rules.window_missing != WindowMissing.REFUSE
         div.append(Divergence(field="sliding_window", severity="error", trained=spec.sliding_window, applied=None,
                               consequence="sliding layers have no window size: "
                                           + RULE_TEXT["window_missing"][rules.window_missing],
@@ -501,9 +707,9 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: di
     if len(causal) == n and causal != list(spec.layer_causal):
         wrong = [i for i in range(n) if causal[i] != spec.layer_causal[i]]
         mode = lambda c: "causal" if c else "non-causal"  # noqa: E731
-        if rules.causality == "speculators_global" and len(set(spec.layer_causal)) > 1:
+        if rules.causality == Causality.SPECULATORS_GLOBAL and len(set(spec.layer_causal)) > 1:
             fix = "vLLM's speculators reader has one flag for all layers: serve the HF format (convert --to hf)"
-        elif rules.causality == "speculators_global":
+        elif rules.causality == Causality.SPECULATORS_GLOBAL:
             fix = (f"set sliding_window_non_causal: {str(not spec.layer_causal[0]).lower()} (convert writes it)")
         elif len(set(spec.layer_causal)) == 1:
             fix = f"set top-level is_causal: {str(spec.layer_causal[0]).lower()} (convert writes it)"
@@ -514,34 +720,34 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: di
                                                                  f"{mode(causal[i])})" for i in wrong)
                               + " attend the block unlike in training: acceptance collapses",
                               fix=fix))
-    if sliding and len(sliding) < len(types) and rules.mixed == "v2_runner":
+    if sliding and len(sliding) < len(types) and rules.mixed == Mixed.V2_RUNNER:
         div.append(Divergence(field="layer_types", severity="warning", trained="mixed sliding + full",
                               applied="V2 model runner only",
                               consequence="vLLM's V1 model runner refuses drafts mixing sliding and full layers",
                               fix="run vLLM with VLLM_USE_V2_MODEL_RUNNER=1 (the default where Triton is present)"))
 
 
-def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
     """The block size and where it comes from."""
     div = view.divergences
-    view.block_size, view.block_size_source = r["block"], r["block_source"]
-    if r["block"] is None and rules.block_size == "serving_flag":
+    view.block_size, view.block_size_source = r.block, r.block_source
+    if r.block is None and rules.block_size == BlockSize.SERVING_FLAG:
         div.append(Divergence(field="block_size", severity="warning", trained=spec.block_size, applied=None,
                               consequence="the block size is whatever the serving command asks for",
                               fix=f"serve with num_speculative_tokens={spec.block_size - 1 if spec.block_size else '?'}"
                                   " in --speculative-config"))
-    elif r["block"] != spec.block_size:
-        div.append(Divergence(field="block_size", severity="error", trained=spec.block_size, applied=r["block"],
-                              consequence=f"drafts blocks of {r['block']} ({r['block_source']}) instead of "
+    elif r.block != spec.block_size:
+        div.append(Divergence(field="block_size", severity="error", trained=spec.block_size, applied=r.block,
+                              consequence=f"drafts blocks of {r.block} ({r.block_source}) instead of "
                                           f"{spec.block_size}",
                               fix="write block_size (convert writes it in every place engines read)"))
 
 
-def _view_vocab(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any], names: set[str]) -> None:
+def _view_vocab(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading, names: set[str]) -> None:
     """What a pruned vocabulary (own lm_head + d2t) gets."""
     div = view.divergences
-    if r["pruned"]:
-        if rules.vocab == "target_lm_head":
+    if r.pruned:
+        if rules.vocab == Vocab.TARGET_LM_HEAD:
             view.vocab = "target lm_head (the draft's own lm_head and d2t are ignored)"
             div.append(Divergence(field="vocab", severity="error", trained=f"own lm_head [{spec.draft_vocab_size}] "
                                   "+ d2t", applied="target lm_head",
@@ -561,11 +767,11 @@ def _view_vocab(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[s
         view.vocab = "target lm_head"
 
 
-def _view_mask_token(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+def _view_mask_token(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
     """The mask token id."""
     div = view.divergences
-    if r["mask"] is None:
-        fallback = rules.mask == "token_fallback"
+    if r.mask is None:
+        fallback = rules.mask == Mask.TOKEN_FALLBACK
         view.loads = view.loads and fallback
         div.append(Divergence(field="mask_token_id", severity="error", trained=spec.mask_token_id, applied=None,
                               consequence="no mask_token_id: " + ("falls back to the tokenizer's <|MASK|> token"
@@ -573,22 +779,23 @@ def _view_mask_token(view: EngineView, rules: EngineRules, spec: DraftSpec, r: d
                               fix="convert --mask-token-id ID"))
 
 
-def _view_mask_embedding(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any],
+def _view_mask_embedding(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading,
                          files: set[str]) -> None:
     """A mask_embedding.pt beside the weights."""
     div = view.divergences
     if MASK_EMBEDDING_FILE in files:  # convert carries the file, so a converted view has it too
-        if rules.mask_embedding == "ignored":
+        if rules.mask_embedding == MaskEmbedding.IGNORED:
             div.append(Divergence(field="mask_embedding", severity="error", trained=MASK_EMBEDDING_FILE,
-                                  applied="target embedding", consequence=RULE_TEXT["mask_embedding"]["ignored"],
+                                  applied="target embedding",
+                                  consequence=RULE_TEXT["mask_embedding"][MaskEmbedding.IGNORED],
                                   fix="serve it with vLLM or SGLang"))
 
 
-def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: dict[str, Any]) -> None:
+def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
     """How the engine finds the target model."""
     div = view.divergences
-    if rules.verifier == "hub_repo_id":
-        name = r.get("verifier")
+    if rules.verifier == Verifier.HUB_REPO_ID:
+        name = r.verifier
         if not name:
             div.append(Divergence(field="verifier", severity="error", trained=None, applied=None,
                                   consequence="no speculators_config.verifier.name_or_path: `vllm serve DRAFT` "
@@ -642,7 +849,7 @@ def applied_spec(spec: DraftSpec, view: EngineView) -> DraftSpec:
         upd["decoder"] = {**spec.decoder, "layer_types": list(view.layer_types), "sliding_window": view.sliding_window}
     if view.block_size is not None:
         upd["block_size"] = view.block_size
-    if spec.is_pruned_vocab and ENGINES_BY_KEY[view.engine].vocab == "target_lm_head":
+    if spec.is_pruned_vocab and ENGINES_BY_KEY[view.engine].vocab == Vocab.TARGET_LM_HEAD:
         upd["draft_vocab_size"] = None
     return spec.model_copy(update=upd)
 

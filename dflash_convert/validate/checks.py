@@ -380,12 +380,3 @@ def duplicate_tensors_check(path) -> Check:
             seen.setdefault(canon, f.name)
     return _check("duplicate_tensors", not dups, ("tensor " + _first(dups) + " is stored twice") if dups else
                   f"no tensor stored twice across {len(files)} file(s)", value=dups or None)
-
-
-def worst(checks: list[Check]) -> Status:
-    for status in ("fail", "warn", "pass"):
-        if any(c.status == status for c in checks):
-            return status  # type: ignore[return-value]
-    return "skip"
-
-

@@ -14,7 +14,6 @@ No torch is imported for CPU plans; nothing is read beyond JSON configs and safe
 from __future__ import annotations
 
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,14 +255,3 @@ def parse_max_memory(text: str) -> dict[str, int]:
     if not out:
         raise ValueError("empty --max-memory")
     return out
-
-
-def rss_peak_bytes() -> int | None:
-    """This process's peak resident set (VmHWM), for benchmarks and reports."""
-    try:
-        for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None

@@ -15,8 +15,35 @@ from pydantic import BaseModel, Field
 from dflash_runtime import DRAFT_SAMPLING
 
 from dflash_convert.validate.checks import Check, Level, Status
+from dflash_convert.validate.options import LEVELS, SamplingMode
 
-LEVELS: tuple[Level, ...] = ("static", "numeric", "end_to_end")
+
+class SamplingUsed(BaseModel):
+    """How the end-to-end level sampled, resolved as vLLM resolves a chat request's parameters."""
+
+    mode: SamplingMode = Field(description="auto: the model's generation_config.json, as vLLM's "
+                                            "default --generation-config auto; greedy: temperature 0")
+    temperature: float = Field(description="0: greedy")
+    top_k: int = Field(description="0: off")
+    top_p: float = Field(description="1: off")
+    min_p: float = Field(description="0: off")
+    sources: dict[str, str] = Field(description="field -> where its value came from: a flag, "
+                                    "generation_config.json, vLLM default, --sampling greedy")
+    stop_token_ids: list[int] = Field(default_factory=list, description="every id decoding stops on")
+    stop_token_sources: dict[str, list[int]] = Field(
+        default_factory=dict, description="config.json / generation_config.json / tokenizer -> its eos ids")
+
+
+class PromptSetAcceptance(BaseModel):
+    """Acceptance on one named prompt set (a --dataset), as the papers' per-dataset tables report it."""
+
+    source: str = Field(description="where the prompts came from (Hub dataset repo, commit, file)")
+    prompts: int
+    new_tokens: int
+    num_drafts: int
+    accepted: int
+    acceptance_length: float = Field(description="tau over this set's draft steps")
+    per_position_rates: list[float]
 
 
 class AcceptanceStats(BaseModel):
@@ -45,6 +72,11 @@ class AcceptanceStats(BaseModel):
     speedup_range: list[float] = Field(default_factory=list, description="[min, max] speedup of a single round")
     speculative_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
     target_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
+    sampling: SamplingUsed | None = Field(None, description="temperature, top-k, top-p, min-p and stop ids used, "
+                                          "with where each came from")
+    prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
+    per_prompt_set: dict[str, PromptSetAcceptance] = Field(
+        default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
 
 
 class Environment(BaseModel):
@@ -93,6 +125,7 @@ class ValidationReport(BaseModel):
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
     environment: Environment
+    options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
     passed: bool = Field(description="no check failed")
 
@@ -173,6 +206,14 @@ def render_table(report: ValidationReport, console) -> None:
                       + (f", {threads} thread(s)" if threads else "") + "), "
                       + (f"outputs equal on {a.outputs_equal}/{a.prompts} prompts" if a.outputs_equal is not None
                          else f"sampled at temperature {a.temperature} ({a.draft_sampling} drafting)"), markup=False)
+        if a.sampling is not None:
+            u = a.sampling
+            console.print(f"sampling ({u.mode}): " + ", ".join(f"{k} {getattr(u, k):g} ({u.sources[k]})" for k in
+                          ("temperature", "top_k", "top_p", "min_p")) + f"; stop ids {u.stop_token_ids}"
+                          + (f"; prompts: {a.prompt_format}" if a.prompt_format else ""), markup=False)
+        for name, s in a.per_prompt_set.items():
+            console.print(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} draft "
+                          f"steps), per-position {_short(s.per_position_rates, 200)}; {s.source}", markup=False)
     n = report.counts()
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     failed = report.failed_checks

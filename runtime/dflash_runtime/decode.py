@@ -17,10 +17,18 @@ from the draft at the request's temperature and accepts by standard speculative 
 proposal x at slot k is kept with probability min(1, p_k(x) / q_k(x)); the first rejected slot is
 resampled from normalize(max(0, p_k - q_k)); when all are kept, one bonus token comes from the
 target's distribution after the last. At temperature 0 both are greedy.
+
+top-k / top-p / min-p filter the target's distribution as vLLM's sampler and rejection sampler do
+(temperature, then min-p on the scaled logits, then top-k, then top-p over what is left), in every
+role: the token sampled after the prompt, the target's token compared with a greedy proposal, the
+acceptance ratio, the residual and the bonus token. The draft's distribution stays at the temperature
+alone, as vLLM's proposers leave it: the acceptance rate may drop, the output distribution does not
+change. Every emitted token is then a sample of the target's filtered distribution.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -46,29 +54,52 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """logits [n, V] float32 -> one token per row: argmax, or a sample at `temperature`."""
+def filtered_probs(logits: torch.Tensor, temperature: float, *, top_k: int = 0, top_p: float = 1.0,
+                   min_p: float = 0.0) -> torch.Tensor:
+    """logits [n, V] -> the distribution [n, V] vLLM samples from: logits / temperature, then min-p (drop
+    tokens whose scaled logit is below the row's max + log(min_p)), top-k (keep logits >= the k-th
+    largest, ties kept; k <= 0 or >= V: off), top-p (sorted ascending, drop tokens while the cumulative
+    probability stays <= 1 - top_p; the most likely token always stays; top_p >= 1: off)."""
+    scaled = logits.float() / temperature
+    if min_p > 0:
+        threshold = scaled.amax(dim=-1, keepdim=True) + math.log(min_p)
+        scaled = scaled.masked_fill(scaled < threshold, float("-inf"))
+    if 0 < top_k < scaled.shape[-1]:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # [n, 1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1:
+        ascending, order = scaled.sort(dim=-1)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - top_p
+        drop[:, -1] = False
+        scaled = scaled.scatter(-1, order, ascending.masked_fill(drop, float("-inf")))
+    return torch.softmax(scaled, dim=-1)
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None, **filters) -> torch.Tensor:
+    """logits [n, V] float32 -> one token per row: argmax, or a sample of the filtered distribution."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
+    probs = filtered_probs(logits, temperature, **filters)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_probs: torch.Tensor | None, *,
-                 temperature: float, generator: torch.Generator | None, sampling: str = "greedy"
+                 temperature: float, generator: torch.Generator | None, sampling: str = "greedy", **filters
                  ) -> tuple[int, list[int]]:
     """The verify decision for one block. block [S] = anchor + S-1 proposals, target_logits [S, V]
     (the target's logits after each slot), draft_probs [S-1, V] (the draft's distribution at the
-    temperature its proposals were sampled from, on the target logits' device; "probabilistic" only) -> (accepted proposals a, committed tokens: the a accepted
-    proposals and one token of the target's)."""
+    temperature its proposals were sampled from, on the target logits' device; "probabilistic" only),
+    filters: top_k, top_p, min_p of the target's distribution -> (accepted proposals a, committed
+    tokens: the a accepted proposals and one token of the target's)."""
     proposals = block[1:]  # [S-1]
     if temperature <= 0 or sampling == "greedy":
-        chosen = _pick(target_logits, temperature, generator).to(block.device)  # the target's token after each slot
+        chosen = _pick(target_logits, temperature, generator, **filters).to(block.device)  # the target's token per slot
         matches = (proposals == chosen[:-1]).int()
         accepted = int(matches.cumprod(0).sum()) if matches.numel() else 0
         return accepted, proposals[:accepted].tolist() + [int(chosen[accepted])]
     device = target_logits.device
-    p = torch.softmax(target_logits / temperature, dim=-1)  # [S, V]
+    p = filtered_probs(target_logits, temperature, **filters)  # [S, V]
     q = draft_probs  # [S-1, V]
     x = proposals.to(device)[:, None]
     ratio = p[:-1].gather(1, x)[:, 0] / q.gather(1, x)[:, 0]  # p_k(x_k) / q_k(x_k), q_k(x_k) > 0: x_k ~ q_k
@@ -104,7 +135,8 @@ def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
 @torch.inference_mode()
 def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, block_size: int,
             max_new_tokens: int, temperature: float, stop_token_ids, seed: int | None,
-            draft_window: int | None, draft_sampling: str = "greedy") -> Generation:
+            draft_window: int | None, draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
+            min_p: float = 0.0) -> Generation:
     """The one loop; `draft=None` (block size 1) is target-only decoding."""
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -112,6 +144,9 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         raise UsageError(f"temperature must be >= 0, got {temperature}")
     if draft_sampling not in DRAFT_SAMPLING:
         raise UsageError(f"draft sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
+    if not (0 < top_p <= 1 and 0 <= min_p <= 1):
+        raise UsageError(f"top_p must be in (0, 1] and min_p in [0, 1], got {top_p} and {min_p}")
+    filters = dict(top_k=top_k, top_p=top_p, min_p=min_p)
     device = target.device
     stop = set(int(t) for t in stop_token_ids)
     probabilistic = draft_sampling == "probabilistic" and temperature > 0
@@ -127,7 +162,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     t0 = _now(device)
     logits, features = target.forward(prompt, 0, last_logits_only=True)
     generator = _generator(logits.device, temperature, seed)  # sampling happens where the logits are
-    anchor = int(_pick(logits[-1:], temperature, generator)[0])
+    anchor = int(_pick(logits[-1:], temperature, generator, **filters)[0])
     tokens = [anchor]
     start = prompt.numel()
     if draft is not None:
@@ -153,7 +188,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         t = _now(device)
         logits, features = target.forward(block, start)  # [size, V], [size, A*Ht]
         accepted, new = accept_block(block, logits, draft_probs, temperature=temperature, generator=generator,
-                                     sampling=draft_sampling)
+                                     sampling=draft_sampling, **filters)
         verify_time += _now(device) - t
         if size > 1:
             accepted_per_step.append(accepted)
@@ -185,11 +220,13 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
 def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_new_tokens: int = 64,
                          temperature: float = 0.0, stop_token_ids=(), block_size: int | None = None,
                          draft_window: int | None = None, seed: int | None = None,
-                         draft_sampling: str = "greedy") -> Generation:
+                         draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
+                         min_p: float = 0.0) -> Generation:
     """Generate with the draft proposing and the target verifying. `block_size` overrides the
     draft's (with a warning: engines let a deployment choose it); `draft_window` W lets the draft
     see only the last W committed context tokens (the target always sees everything);
-    `draft_sampling` "greedy" or "probabilistic" (see the module docstring)."""
+    `draft_sampling` "greedy" or "probabilistic", top_k / top_p / min_p as vLLM's (see the module
+    docstring)."""
     check_pair(draft, target)
     block_size = draft.block_size if block_size is None else block_size
     if block_size < 2:
@@ -200,12 +237,14 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
                    temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=draft_window,
-                   draft_sampling=draft_sampling)
+                   draft_sampling=draft_sampling, top_k=top_k, top_p=top_p, min_p=min_p)
 
 
 def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, temperature: float = 0.0,
-                    stop_token_ids=(), seed: int | None = None) -> Generation:
+                    stop_token_ids=(), seed: int | None = None, top_k: int = 0, top_p: float = 1.0,
+                    min_p: float = 0.0) -> Generation:
     """Target-only decoding through the same loop (one token per verify step): the speedup baseline."""
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=None, block_size=1, max_new_tokens=max_new_tokens,
-                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=None)
+                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=None,
+                   top_k=top_k, top_p=top_p, min_p=min_p)

@@ -36,10 +36,20 @@ class DecodeStats:
                    prefill_time_s=prefill_time_s, draft_time_s=draft_time_s, verify_time_s=verify_time_s,
                    total_time_s=total_time_s, tokens_per_s=new_tokens / decode_time if decode_time > 0 else 0.0)
 
+    @classmethod
+    def merge(cls, runs: list["DecodeStats"]) -> "DecodeStats":
+        """The statistics of several generations as one run: tau and per-position rates over all their
+        draft steps, times and tokens summed (tokens_per_s over the summed decode time)."""
+        num = sum(r.num_drafts for r in runs)
+        width = max((len(r.per_position_rates) for r in runs), default=0)
+        # rates[k] * num_drafts is the count of steps whose draft k+1 was accepted: exact in floats of this size
+        rates = [sum(r.per_position_rates[k] * r.num_drafts for r in runs if k < len(r.per_position_rates)) / num
+                 if num else 0.0 for k in range(width)]
+        total = {k: sum(getattr(r, k) for r in runs) for k in
+                 ("new_tokens", "drafted", "accepted", "prefill_time_s", "draft_time_s", "verify_time_s", "total_time_s")}
+        decode_time = total["total_time_s"] - total["prefill_time_s"]
+        return cls(num_drafts=num, tau=1.0 + total["accepted"] / num if num else 1.0, per_position_rates=rates,
+                   tokens_per_s=total["new_tokens"] / decode_time if decode_time > 0 else 0.0, **total)
+
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def speedup(speculative: DecodeStats, baseline: DecodeStats) -> float:
-    """Target-only time per output token / speculative time per output token."""
-    return speculative.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0

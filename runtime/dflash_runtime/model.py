@@ -9,11 +9,10 @@ Only context K/V are kept between steps; block K/V are recomputed each step.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -86,24 +85,97 @@ class DraftLayer:
     o_bias: torch.Tensor | None
     causal: bool
     sliding_window: int | None  # visible context positions >= anchor - sliding_window
+    index: int  # its place in the draft: the context cache layer it reads and writes
+
+
+CACHE_ROUND = 256  # cache rows are allocated in multiples of this (fewer distinct shapes to compile)
+
+
+class ContextCache:
+    """The draft's context K/V (batch 1): one preallocated pair of tensors per layer, written by index.
+
+    Row p holds position p. Context [start, end) is valid; rows from end on are free, and a step's
+    block writes its own K/V there as scratch. Dropping old context (a draft window) only moves
+    start: nothing is copied. The cache grows by reallocation only when a caller goes past it; the
+    new tensors replace the old ones in `k` and `v`, so every draft sharing this cache (the backend
+    variants of one draft) reads and writes the same rows."""
+
+    def __init__(self, num_layers: int, n_kv: int, head_dim: int, *, device, dtype: torch.dtype):
+        self.num_layers, self.n_kv, self.head_dim = num_layers, n_kv, head_dim
+        self.device, self.dtype = torch.device(device), dtype
+        self.k: list[torch.Tensor] = []  # per layer [1, nKV, capacity, d], post-RoPE, row = position
+        self.v: list[torch.Tensor] = []
+        self.static = False  # compiled steps read the tensors in place: reallocated ones are marked too
+        self.block = 0  # rows past the context a compiled step writes (its block size)
+        self.start = 0  # first valid context position (rows before it are dropped or never written)
+        self.end = 0  # position after the last cached row
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2] if self.k else 0
+
+    def __len__(self) -> int:
+        """Context positions held."""
+        return self.end - self.start
+
+    @torch.inference_mode()
+    def reset(self, max_len: int | None = None) -> None:
+        """Forget all context; `max_len`: positions the run will reach, so the rows are allocated once."""
+        if max_len is not None and max_len > self.capacity:
+            self.grow(max_len, keep=False)
+        for t in (*self.k, *self.v):
+            t.zero_()  # in place (static addresses); free rows must stay finite: masked keys still meet q
+        self.start = self.end = 0
+
+    @torch.inference_mode()
+    def grow(self, needed: int, keep: bool = True) -> None:
+        """Reallocate to at least `needed` rows (rounded up, at least doubling), keeping the context when `keep`."""
+        size = -(-max(needed, 2 * self.capacity) // CACHE_ROUND) * CACHE_ROUND
+        old = self.capacity
+        new = []
+        for t_old in (*self.k, *self.v) if old else [None] * (2 * self.num_layers):
+            t = torch.zeros(1, self.n_kv, size, self.head_dim, device=self.device, dtype=self.dtype)
+            if keep and old:
+                t[:, :, :old] = t_old
+            if self.static:
+                torch._dynamo.mark_static_address(t)
+            new.append(t)
+        self.k, self.v = new[:self.num_layers], new[self.num_layers:]
+
+    def mark_static(self) -> None:
+        """Compiled steps read and write the cache in place (CUDA graphs need fixed addresses)."""
+        self.static = True
+        for t in (*self.k, *self.v):
+            torch._dynamo.mark_static_address(t)
+
+    def keep_last(self, n: int) -> None:
+        """Forget all but the last n context positions."""
+        self.start = max(self.start, self.end - n)
+
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [1, nKV, n, d] of positions [n] into layer's rows at those positions."""
+        self.k[layer].index_copy_(2, positions, k)
+        self.v[layer].index_copy_(2, positions, v)
+
+    def rows(self, layer: int, lo, hi) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer's K, V rows [lo, hi): views [1, nKV, hi-lo, d]."""
+        return self.k[layer][:, :, lo:hi], self.v[layer][:, :, lo:hi]
 
 
 class DFlashDraft:
-    """A loaded draft plus its per-layer context K/V cache (batch 1).
-
-    The cache is preallocated (`reset(max_len)`; it grows by reallocation only when a caller goes
-    past it) and indexed by position: row p holds position p. Context [ctx_start, ctx_end) is
-    valid; rows from ctx_end on are free, and the block of a step uses them as scratch for its own
-    K/V. Dropping old context (a draft window) only moves ctx_start: nothing is copied.
+    """A loaded draft, attending with one backend, over its context cache (`cache`, a ContextCache).
 
     compile=True runs the decode step (`propose`) and small context additions through
     torch.compile'd plain functions (`draft_step`, `write_context`) with fixed shapes per block
-    size, so one graph serves every step; on CUDA with mode "reduce-overhead" (CUDA graphs)."""
+    size, so one graph serves every step; on CUDA with mode "reduce-overhead" (CUDA graphs).
+    `with_backend` gives the same draft with another backend: built over the same weights and the
+    same cache (`cache=`), which both then read and write."""
 
     def __init__(self, spec: DraftSpec, tensors: dict[str, torch.Tensor], *, layer_causal: list[bool], backend: str,
                  device, dtype: torch.dtype, compile: bool = False, window_per_query: bool = False,
-                 mask_embedding: torch.Tensor | None = None):
+                 mask_embedding: torch.Tensor | None = None, cache: ContextCache | None = None):
         self.spec = spec
+        self.tensors = tensors  # by stored name, on device in dtype: what the fields below point into
         # a trained mask embedding [H] (mask_embedding.pt): mask slots get it instead of the target's row of
         # mask_token_id, as vLLM and SGLang serve such a draft
         self.mask_embedding = None if mask_embedding is None else mask_embedding.to(device=device, dtype=dtype)
@@ -139,6 +211,7 @@ class DFlashDraft:
                    for key in catalogue.LAYER_KEYS},
                 causal=self.layer_causal[i],
                 sliding_window=spec.sliding_window if sliding else None,
+                index=i,
             ))
         # Pruned vocab: own lm_head [Vd, H] and the draft -> target id map built from d2t.
         self.lm_head = tensors.get(name("lm_head")) if spec.is_pruned_vocab else None
@@ -148,28 +221,24 @@ class DFlashDraft:
             self.draft_to_target = torch.from_numpy(ids).to(self.lm_head.device)  # [Vd]
         inv_freq, self.rope_scale = rope_inv_freq(spec)
         self.inv_freq = inv_freq.to(self.device)  # [d/2] float32
-        self.cache_k: list[torch.Tensor] = []  # per layer [1, nKV, capacity, d], post-RoPE, row = position
-        self.cache_v: list[torch.Tensor] = []
+        if cache is None:
+            cache = ContextCache(spec.num_layers, self.n_kv, self.head_dim, device=self.device, dtype=dtype)
+            cache.block = self.block_size
+        self.cache = cache
         self.compile = False
         self._compiled_fns: dict[str, Callable] = {}
-        self.step_block = self.block_size  # the block size the compiled step serves
-        self.reset()
         if compile:
             self._enable_compile()
 
     def with_backend(self, name: str, *, compile: bool | None = None) -> "DFlashDraft":
-        """The same draft (weights and the one context cache shared) attending with another backend,
-        checked against the capability table; `compile` None keeps this draft's setting."""
+        """The same draft attending with another backend, checked against the capability table: built
+        over the same weights and context cache; `compile` None keeps this draft's setting."""
         sliding = any(layer.sliding_window is not None for layer in self.layers)
         name = select_backend(name, self.layer_causal, sliding, self.device, self.dtype)
-        other = copy.copy(self)
-        other.backend = name
-        other._attend = BACKENDS[name].fn
-        other.compile = False
-        other._compiled_fns = {}
-        if self.compile if compile is None else compile:
-            other._enable_compile()
-        return other
+        return DFlashDraft(self.spec, self.tensors, layer_causal=self.layer_causal, backend=name, device=self.device,
+                           dtype=self.dtype, compile=self.compile if compile is None else compile,
+                           window_per_query=self.window_per_query, mask_embedding=self.mask_embedding,
+                           cache=self.cache)
 
     def _enable_compile(self) -> None:
         """Mark every tensor the step reads as static (CUDA graphs then read them in place instead of
@@ -183,9 +252,10 @@ class DFlashDraft:
                    self.mask_embedding]
         for layer in self.layers:
             weights += [getattr(layer, f.name) for f in fields(DraftLayer) if f.type.startswith("torch.Tensor")]
-        for t in [*weights, *self.cache_k, *self.cache_v]:
+        for t in weights:
             if t is not None:
                 torch._dynamo.mark_static_address(t)
+        self.cache.mark_static()
         self._start = torch.zeros((), dtype=torch.long, device=self.device)  # block / context start position
         self._ctx_first = torch.zeros((), dtype=torch.long, device=self.device)  # first visible context position
         for t in (self._start, self._ctx_first):
@@ -201,96 +271,69 @@ class DFlashDraft:
             self._compiled_fns[name] = fn
         return fn
 
-    # ------------------------------------------------------------------ context cache
+    # ------------------------------------------------------------------ context
 
-    @torch.inference_mode()
     def reset(self, max_len: int | None = None, block_size: int | None = None) -> None:
         """Forget all context (a new sequence). `max_len`: positions the run will reach, its last block
         included, so the cache is allocated once; `block_size`: the block the compiled step serves."""
         if block_size is not None:
-            self.step_block = block_size
-        if max_len is not None and max_len > self.capacity:
-            self._grow(max_len, keep=False)
-        for t in (*self.cache_k, *self.cache_v):
-            t.zero_()  # in place (static addresses); free rows must stay finite: masked keys still meet q
-        self.ctx_start = 0  # first valid context position (rows before it are dropped or never written)
-        self.ctx_end = 0  # position after the last cached row
-
-    @property
-    def capacity(self) -> int:
-        return self.cache_k[0].shape[2] if self.cache_k else 0
-
-    @property
-    def context_len(self) -> int:
-        return self.ctx_end - self.ctx_start
-
-    @torch.inference_mode()
-    def _grow(self, needed: int, keep: bool = True) -> None:
-        """Reallocate the cache to at least `needed` rows (rounded up, at least doubling), keeping the
-        context when `keep`. The lists are updated in place so that with_backend copies follow."""
-        size = -(-max(needed, 2 * self.capacity) // CACHE_ROUND) * CACHE_ROUND
-        old = self.capacity
-        for cache in (self.cache_k, self.cache_v):
-            for i in range(len(self.layers)):
-                t = torch.zeros(1, self.n_kv, size, self.head_dim, device=self.device, dtype=self.dtype)
-                if keep and old:
-                    t[:, :, :old] = cache[i]
-                if self.compile:
-                    torch._dynamo.mark_static_address(t)
-                if i < len(cache):
-                    cache[i] = t
-                else:
-                    cache.append(t)
+            self.cache.block = block_size
+        self.cache.reset(max_len)
 
     @torch.inference_mode()
     def add_context(self, features: torch.Tensor, start: int | None = None) -> None:
         """Append committed tokens' features [T, A*Ht] at positions start.. (default: right after the cache)."""
-        start = self.ctx_end if start is None else start
-        if start != self.ctx_end and self.context_len:
-            raise DFlashError(f"context must be contiguous: cache ends at {self.ctx_end}, got features from {start}")
-        if not self.context_len:
-            self.ctx_start = start
+        cache = self.cache
+        start = cache.end if start is None else start
+        if start != cache.end and len(cache):
+            raise DFlashError(f"context must be contiguous: cache ends at {cache.end}, got features from {start}")
+        if not len(cache):
+            cache.start = start
         n = features.shape[0]
         features = features.to(self.device, self.dtype)
-        chunk = self.step_block
+        chunk = cache.block
         if self.compile and n <= chunk:  # a decode step's new rows: padded to one shape, compiled
-            if start + chunk > self.capacity:
-                self._grow(start + chunk)
+            if start + chunk > cache.capacity:
+                cache.grow(start + chunk)
             if self._features is None or self._features.shape != (chunk, features.shape[1]):
                 self._features = torch.zeros(chunk, features.shape[1], device=self.device, dtype=self.dtype)
                 torch._dynamo.mark_static_address(self._features)
-            self._features[:n] = features  # rows n.. hold earlier rows: finite, written past ctx_end, unused
+            self._features[:n] = features  # rows n.. hold earlier rows: finite, written past cache.end, unused
             self._start.fill_(start)
             self._compiled("context")(self, self._features, self._start)
         else:
-            if start + n > self.capacity:
-                self._grow(start + n)
+            if start + n > cache.capacity:
+                cache.grow(start + n)
             write_context(self, features, start)
-        self.ctx_end = start + n
+        cache.end = start + n
 
     def keep_last_context(self, n: int) -> None:
         """Forget all but the last n context positions (a draft window never looks further back)."""
-        self.ctx_start = max(self.ctx_start, self.ctx_end - n)
+        self.cache.keep_last(n)
 
     # ------------------------------------------------------------------ block forward
 
     def _block_start(self, start: int, block_len: int, draft_window: int | None) -> int:
         """Check that the block follows the context; returns the first context position it may see."""
-        if self.context_len and start != self.ctx_end:
-            raise DFlashError(f"the block must follow the context: cache ends at {self.ctx_end}, block at {start}")
-        if start + block_len > self.capacity:
-            self._grow(start + block_len)
-        first = self.ctx_start if self.context_len else start
+        cache = self.cache
+        if len(cache) and start != cache.end:
+            raise DFlashError(f"the block must follow the context: cache ends at {cache.end}, block at {start}")
+        if start + block_len > cache.capacity:
+            cache.grow(start + block_len)
+        first = cache.start if len(cache) else start
         return first if draft_window is None else max(first, start - draft_window)
 
     @torch.inference_mode()
-    def block_hidden(self, x: torch.Tensor, start: int, draft_window: int | None = None) -> torch.Tensor:
+    def block_hidden(self, x: torch.Tensor, start: int, draft_window: int | None = None, *,
+                     layers: Sequence[int] | None = None) -> torch.Tensor:
         """x [B, H] embedded block at positions start..start+B-1 -> final-normed hidden [B, H] (eager).
 
         The block attends to the cached context (limited to positions >= start - window for
-        sliding layers and for a draft window) and to itself (causally or not, per layer)."""
+        sliding layers and for a draft window) and to itself (causally or not, per layer).
+        `layers`: run only these layers (each with its own cache rows), e.g. one, to probe it alone."""
         first = self._block_start(start, x.shape[0], draft_window)
-        return block_forward(self, x.to(self.device), start, first, first, start + x.shape[0])
+        chosen = None if layers is None else [self.layers[i] for i in layers]
+        return block_forward(self, x.to(self.device), start, first, first, start + x.shape[0], chosen)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, target_lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -307,11 +350,11 @@ class DFlashDraft:
         first = self._block_start(start, block_size, draft_window)
         ids = torch.full((block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
         ids[0] = anchor_id
-        if self.compile and block_size == self.step_block:
+        if self.compile and block_size == self.cache.block:
             self._start.fill_(start)
             self._ctx_first.fill_(first)
             # the whole cache is attended (masked): a fixed shape, so no recompiles as context grows
-            out, logits = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.capacity,
+            out, logits = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.cache.capacity,
                                                  embed, lm_head)
             if self.device.type == "cuda":  # CUDA graph outputs are overwritten by the next replay
                 return out.clone(), logits.clone()
@@ -323,8 +366,6 @@ class DFlashDraft:
 # Positions are ints when run eagerly and 0-dim long tensors in the compiled step, where nothing
 # the graph specialises on changes from one step to the next. kv_lo/kv_hi: the cache rows attended
 # (eager: just the visible span; compiled: the whole cache, masked).
-
-CACHE_ROUND = 256  # cache rows are allocated in multiples of this (fewer distinct shapes to compile)
 
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
@@ -340,11 +381,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
-    """x [1, heads, n, d] rotated by positions [n]."""
-    return apply_rope(x, *rope_tables(positions, inv_freq, scale, x.dtype))
-
-
 def _later(a, b):
     return torch.maximum(a, b) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else max(a, b)
 
@@ -355,23 +391,24 @@ def write_context(d: DFlashDraft, features: torch.Tensor, start) -> None:
     ctx = rms_norm(F.linear(features, d.fc), d.hidden_norm, d.eps)  # [n, H]
     positions = torch.arange(n, device=ctx.device) + start  # [n]
     cos, sin = rope_tables(positions, d.inv_freq, d.rope_scale, ctx.dtype)  # [n, d] each, shared by the layers
-    for layer, cache_k, cache_v in zip(d.layers, d.cache_k, d.cache_v):
+    for layer in d.layers:
         k = F.linear(ctx, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
         k = apply_rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nKV, n, d]
         v = F.linear(ctx, layer.v_proj, layer.v_bias).view(1, n, d.n_kv, d.head_dim).transpose(1, 2)
-        cache_k.index_copy_(2, positions, k)
-        cache_v.index_copy_(2, positions, v)
+        d.cache.write(layer.index, positions, k, v)
 
 
-def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int) -> torch.Tensor:
+def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int,
+                  layers: list[DraftLayer] | None = None) -> torch.Tensor:
     """x [B, H] at positions start..start+B-1 -> final-normed hidden [B, H]. The block's K/V go to
     cache rows start.. (free rows) and it attends to rows [kv_lo, kv_hi) under the 6.4 mask: context
-    from ctx_first on (the cache's first row, or a draft window's), later still in sliding layers."""
+    from ctx_first on (the cache's first row, or a draft window's), later still in sliding layers.
+    `layers`: a subset of the draft's layers to run (default all)."""
     n = x.shape[0]
     x = x.to(d.dtype)
     positions = torch.arange(n, device=x.device) + start  # [B]
     cos, sin = rope_tables(positions, d.inv_freq, d.rope_scale, x.dtype)  # [B, d] each, shared by the layers
-    for layer, cache_k, cache_v in zip(d.layers, d.cache_k, d.cache_v):
+    for layer in d.layers if layers is None else layers:
         per_query = layer.sliding_window is not None and d.window_per_query
         first = ctx_first if layer.sliding_window is None or per_query else \
             _later(ctx_first, start - layer.sliding_window)
@@ -382,9 +419,8 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
         k = F.linear(h, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
         k = apply_rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nKV, B, d]
         v = F.linear(h, layer.v_proj, layer.v_bias).view(1, n, d.n_kv, d.head_dim).transpose(1, 2)
-        cache_k.index_copy_(2, positions, k)
-        cache_v.index_copy_(2, positions, v)
-        o = d._attend(q, cache_k[:, :, kv_lo:kv_hi], cache_v[:, :, kv_lo:kv_hi], scale=d.scale, causal=layer.causal,
+        d.cache.write(layer.index, positions, k, v)
+        o = d._attend(q, *d.cache.rows(layer.index, kv_lo, kv_hi), scale=d.scale, causal=layer.causal,
                       ctx_first=first - kv_lo, block_at=start - kv_lo, **window)  # [1, nH, B, d]
         x = x + F.linear(o.transpose(1, 2).reshape(n, -1), layer.o_proj, layer.o_bias)
         h = rms_norm(x, layer.post_attention_layernorm, d.eps)

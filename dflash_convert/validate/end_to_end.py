@@ -1,0 +1,302 @@
+"""The end-to-end level (target weights): speculative decoding of the prompts against the real target;
+greedy output must be the target's own greedy output; tau, per-position rates and speedup measured
+against the user's thresholds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from dflash_convert.errors import DFlashError
+from dflash_convert.io.checkpoint import Checkpoint
+from dflash_convert.validate.checks import Check, _check
+from dflash_convert.validate.options import ValidateOptions
+from dflash_convert.validate.report import AcceptanceStats, PromptSetAcceptance, SamplingUsed
+from dflash_runtime.metrics import DecodeStats
+
+BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
+BUSY_LOAD = 0.75  # 1-minute load average per usable core above which timings are reported unreliable
+AUTO_TOKENS_WARN = 1.2  # without --min-acceptance-length, tau below this is reported as a warning
+
+
+def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], opts: ValidateOptions, *,
+               sampling: SamplingUsed, draft=None, device: str, dtype, target_dtype=None,
+               prompt_sets: Iterable[tuple[str, str, int, int]] = (), prompt_format: str | None = None,
+               progress: Callable[[str], None] | None = None, quiet: bool = False,
+               draft_options: dict[str, Any] | None = None, last_layer_post_norm: bool = False
+               ) -> tuple[list[Check], AcceptanceStats | None]:
+    """(checks, acceptance statistics) of speculative decoding of `prompt_ids` against the target at
+    `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft when
+    it ran; `prompt_sets` (name, source, first, end) slices of `prompt_ids` reported on their own."""
+    say = progress or (lambda message: None)
+    target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
+                          last_layer_post_norm=last_layer_post_norm)
+    try:
+        draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
+    except DFlashError as exc:
+        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
+    checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
+                     f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
+    block = opts.block_size or draft.block_size
+    decode = Decode(draft, target, opts, sampling, block)
+    base_n = min(BASELINE_PROMPTS, len(prompt_ids))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the block-size note is reported once, as a check, below
+        say("end to end: warm-up")
+        # one step of each path (first-call allocations and lazy initialisation): a longer warm-up costs
+        # minutes at real size on CPU, where a draft that accepts little makes every token a verify step
+        decode.speculative(prompt_ids[0], max_new_tokens=2)
+        decode.target_only(prompt_ids[0], max_new_tokens=2)
+        runs = []
+        for i, p in enumerate(prompt_ids, 1):
+            runs.append(decode.speculative(p))
+            say(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
+                f"tau {runs[-1].stats.tau:.2f}")
+        rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
+    whole = DecodeStats.merge([r.stats for r in runs])
+    equal = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], sampling.temperature)
+    _acceptance_checks(checks, whole, block, opts)
+    spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
+    base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
+    speedup = _ratio(spec.tokens_per_s, base.tokens_per_s)
+    per_round = [_round_speedup(br, sr) for br, sr in rounds]
+    checks.append(_speedup_check(speedup, per_round, spec.tokens_per_s, base.tokens_per_s, base_n,
+                                 opts.timing_rounds, opts.min_speedup))
+    if block != draft.block_size:
+        checks.append(_check("block_size_override", False, f"run at block size {block}; the draft was trained "
+                             f"at {draft.block_size}", value=block, threshold=draft.block_size,
+                             level="end_to_end", bad="warn"))
+    stats = AcceptanceStats(
+        prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
+        temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
+        per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
+        num_drafts=whole.num_drafts, accepted=whole.accepted, outputs_equal=equal, baseline_prompts=base_n,
+        timing_rounds=opts.timing_rounds, speculative_tokens_per_s=spec.tokens_per_s,
+        target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
+        speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
+        target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
+        prompt_format=prompt_format, per_prompt_set={name: _set_stats(source, runs[first:end], block)
+                                                     for name, source, first, end in prompt_sets})
+    return checks, stats
+
+
+def _set_stats(source: str, runs, block: int) -> PromptSetAcceptance:
+    merged = DecodeStats.merge([r.stats for r in runs])
+    return PromptSetAcceptance(source=source, prompts=len(runs), new_tokens=merged.new_tokens,
+                               num_drafts=merged.num_drafts, accepted=merged.accepted,
+                               acceptance_length=round(merged.tau, 4),
+                               per_position_rates=[round(r, 4) for r in _padded(merged.per_position_rates, block - 1)])
+
+
+class Decode:
+    """The two decoding paths of one pair, with the run's options."""
+
+    def __init__(self, draft, target, opts: ValidateOptions, sampling: SamplingUsed, block: int):
+        self.draft, self.target = draft, target
+        self.kw = dict(max_new_tokens=opts.max_new_tokens, temperature=sampling.temperature,
+                       stop_token_ids=tuple(sampling.stop_token_ids), seed=opts.seed, top_k=sampling.top_k,
+                       top_p=sampling.top_p, min_p=sampling.min_p)
+        self.spec_kw = dict(self.kw, block_size=block, draft_sampling=opts.draft_sampling)
+
+    def speculative(self, prompt: list[int], **over):
+        from dflash_runtime import speculative_generate
+
+        return speculative_generate(self.draft, self.target, prompt, **{**self.spec_kw, **over})
+
+    def target_only(self, prompt: list[int], **over):
+        from dflash_runtime import target_generate
+
+        return target_generate(self.target, prompt, **{**self.kw, **over})
+
+
+def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype, say, quiet: bool,
+                 last_layer_post_norm: bool):
+    from dflash_runtime import load_target
+
+    device_map = opts.placed_by_device_map
+    say(f"end to end: loading the target {target_dir} ({str(dtype).removeprefix('torch.')}, "
+        + (f"device map {device_map}" if device_map else device) + ")")
+    with _loading_bar(not quiet):
+        target = load_target(target_dir, device=device, dtype=dtype, attn_implementation=opts.target_backend,
+                             trust_remote_code=False, device_map=device_map, max_memory=opts.max_memory,
+                             compile=opts.compile)
+    if last_layer_post_norm:  # the engine feeds the draft the last layer's output after the final norm
+        target.feed_after_final_norm({target.num_layers - 1})
+    if target.offloaded:
+        say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
+            + f"; the draft runs on {target.draft_device}")
+    return target
+
+
+def _ready_draft(ckpt: Checkpoint, draft, target, opts: ValidateOptions, *, dtype, say, draft_options: dict):
+    """The draft on the target's draft device, compiled when asked; raises DFlashError when the pair cannot run."""
+    from dflash_runtime import check_pair, load_draft
+
+    if draft is None:  # not loaded by the numeric level
+        say(f"end to end: loading the draft ({str(dtype).removeprefix('torch.')}, {target.draft_device})")
+        draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=opts.backend, causal=opts.causal,
+                           **draft_options)
+    elif draft.device != target.draft_device:
+        draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=draft.backend, causal=opts.causal,
+                           **draft_options)
+    if opts.compile:  # static caches and compiled steps; the warm-up compiles them
+        draft = draft.with_backend(draft.backend, compile=True)
+    check_pair(draft, target)
+    return draft
+
+
+def _timing_rounds(decode: Decode, prompts: list[list[int]], n: int, say) -> list[tuple[list, list]]:
+    """Target-only and speculative decoding of `prompts`, interleaved (the order alternates per round) so
+    that both see the same machine: [(target-only generations, speculative generations)] per round."""
+    rounds: list[tuple[list, list]] = []
+    for r in range(n):
+        base_round, spec_round = [], []
+        for p in prompts:
+            if r % 2 == 0:
+                base_round.append(decode.target_only(p))
+                spec_round.append(decode.speculative(p))
+            else:
+                spec_round.append(decode.speculative(p))
+                base_round.append(decode.target_only(p))
+        rounds.append((base_round, spec_round))
+        say(f"end to end: timing round {r + 1}/{n}: speedup {_round_speedup(base_round, spec_round):.2f}x")
+    return rounds
+
+
+def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temperature: float) -> int | None:
+    """Appends greedy_output_equal; returns how many prompts' outputs are the target's greedy output."""
+    if temperature != 0:
+        checks.append(_check("greedy_output_equal", None, f"temperature {temperature}: outputs are samples; "
+                             "equality with target-only decoding is only defined for greedy decoding",
+                             level="end_to_end"))
+        return None
+    bad = []  # (prompt, first token that is not the target's greedy choice)
+    for i, (p, r) in enumerate(zip(prompt_ids, runs)):
+        at = _first_non_greedy(target, p, r.tokens)
+        if at is None and i < len(baselines) and r.tokens != baselines[i].tokens:
+            at = _first_difference(r.tokens, baselines[i].tokens)
+        if at is not None:
+            bad.append((i, at))
+    equal = len(runs) - len(bad)
+    msg = (f"speculative output is the target's greedy output on all {len(runs)} prompts (every token the "
+           f"target's argmax after the tokens before it; identical to target-only decoding on the first "
+           f"{len(baselines)})" if not bad else f"prompt {bad[0][0] + 1}: token {bad[0][1]} of the speculative "
+           f"output is not the target's greedy choice ({equal}/{len(runs)} prompts equal)")
+    checks.append(_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
+                         threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
+    return equal
+
+
+def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions) -> None:
+    """acceptance_length (a gate with --min-acceptance-length, else a warning when almost nothing is
+    accepted) and position_rates (with --min-position-rates)."""
+    tau, num, rates = whole.tau, whole.num_drafts, _padded(whole.per_position_rates, block - 1)
+    if opts.min_acceptance_length is not None:
+        # compared as reported (4 decimals): a threshold equal to the tau a report showed passes
+        checks.append(_check("acceptance_length", round(tau, 4) >= opts.min_acceptance_length,
+                             f"tau {tau:.3f} over {num} draft steps (block {block}); required "
+                             f">= {opts.min_acceptance_length}", value=round(tau, 4),
+                             threshold=opts.min_acceptance_length, level="end_to_end"))
+    else:
+        checks.append(_check("acceptance_length", tau >= AUTO_TOKENS_WARN,
+                             f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
+                             f"given" + ("" if tau >= AUTO_TOKENS_WARN else ": the draft accepts almost nothing"),
+                             value=round(tau, 4), threshold=None, level="end_to_end", bad="warn"))
+    wanted = opts.min_position_rates
+    if wanted:
+        low = [f"position {k + 1}: {rates[k]:.3f} < {m}" for k, m in enumerate(wanted)
+               if k < len(rates) and rates[k] < m]
+        extra = len(wanted) > len(rates)
+        checks.append(_check("position_rates", not low and not extra,
+                             "; ".join(low) if low else (f"{len(wanted)} thresholds for {len(rates)} "
+                             "draft positions" if extra else "every position meets its threshold"),
+                             value=[round(r, 4) for r in rates], threshold=list(wanted), level="end_to_end"))
+
+
+def _padded(rates: list[float], n: int) -> list[float]:
+    return (list(rates) + [0.0] * n)[:n]
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def _round_speedup(base_round, spec_round) -> float:
+    return _ratio(DecodeStats.merge([g.stats for g in spec_round]).tokens_per_s,
+                  DecodeStats.merge([g.stats for g in base_round]).tokens_per_s)
+
+
+def _tps_range(rounds) -> list[float]:
+    per_round = [DecodeStats.merge([g.stats for g in r]).tokens_per_s for r in rounds]
+    return [min(per_round), max(per_round)]
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_load() -> tuple[float | None, bool]:
+    """(1-minute load average, whether it makes timings unreliable on the usable cores)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None, False
+    return load, load > BUSY_LOAD * usable_cores()
+
+
+def _speedup_check(speedup: float, per_round: list[float], spec_tps: float, base_tps: float, prompts: int,
+                   rounds: int, min_speedup: float | None) -> Check:
+    """Speedup of the timed runs: a gate only with --min-speedup; a warning when the machine is busy."""
+    import torch
+
+    load, busy = machine_load()
+    threads = torch.get_num_threads()
+    msg = (f"speedup {speedup:.2f}x ({spec_tps:.1f} vs {base_tps:.1f} tok/s over {rounds} interleaved round(s) of "
+           f"{prompts} prompt(s); per round {min(per_round):.2f}x-{max(per_round):.2f}x; {threads} thread(s))")
+    if busy:
+        msg += (f"; load average {load:.1f} on {usable_cores()} core(s): other work competes for the CPU, timings "
+                "are unreliable")
+    if min_speedup is not None:
+        return _check("speedup", speedup >= min_speedup, msg + f"; required >= {min_speedup}",
+                      value=round(speedup, 4), threshold=min_speedup, level="end_to_end")
+    return _check("speedup", not busy, msg + "; informational (no --min-speedup given)", value=round(speedup, 4),
+                  level="end_to_end", bad="warn")
+
+
+def _first_non_greedy(target, prompt: list[int], tokens: list[int]) -> int | None:
+    """Index of the first generated token that is not the target's argmax given everything before it
+    (one teacher-forced target pass), or None when the whole output is the target's greedy output."""
+    import torch
+
+    target.set_capture([])
+    target.reset()
+    ids = torch.tensor(prompt + tokens, dtype=torch.long)
+    logits, _ = target.forward(ids, 0)  # [P+N, V]
+    greedy = logits[len(prompt) - 1:-1].argmax(dim=-1).tolist()  # the target's choice for each new token
+    target.reset()
+    return next((i for i, (t, g) in enumerate(zip(tokens, greedy)) if t != g), None)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@contextlib.contextmanager
+def _loading_bar(shown: bool):
+    """transformers' own weight-loading bar, off when no progress is wanted (-q): its public switch, restored after."""
+    from transformers.utils import logging as transformers_logging
+
+    was = transformers_logging.is_progress_bar_enabled()
+    if not shown:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not shown:
+            transformers_logging.enable_progress_bar()

@@ -1,0 +1,90 @@
+"""The sampling a deployment uses, resolved as vLLM resolves a chat request's: each of temperature,
+top_k, top_p, min_p is the request's (here: the flag) when given, else the model's default from its
+`generation_config.json` (vLLM's `--generation-config auto`, its default), else vLLM's own default.
+`--sampling greedy` forces temperature 0. Stop tokens: every eos id of config.json,
+generation_config.json and the tokenizer (vLLM stops on the tokenizer's eos and adds the generation
+config's eos ids to the stop ids).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.io.reading import read_json
+from dflash_convert.validate.options import ValidateOptions
+from dflash_convert.validate.report import SamplingUsed
+
+GENERATION_CONFIG = "generation_config.json"
+FIELDS = ("temperature", "top_k", "top_p", "min_p")
+# vLLM's defaults for a chat request that sets none of these, where the model's generation config is silent
+VLLM_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature
+
+
+def check_value(name: str, value: Any, *, file: str | None = None) -> float | int:
+    """A sampling value in vLLM's range (top_k -1 or 0: off, normalised to 0), else one error naming it:
+    a usage error for a flag, a DFlashError naming the file for generation_config.json."""
+    where = f"field `{name}`" if file else f"--{name.replace('_', '-')}"
+    ok = {"temperature": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
+          "top_k": lambda v: isinstance(v, int) and v >= -1,
+          "top_p": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+          "min_p": lambda v: isinstance(v, (int, float)) and 0 <= v <= 1}[name]
+    wanted = {"temperature": "a finite number >= 0", "top_k": "an integer >= -1 (-1 or 0: off)",
+              "top_p": "a number in (0, 1]", "min_p": "a number in [0, 1]"}[name]
+    if isinstance(value, bool) or not ok(value):
+        message = f"{where} must be {wanted}, got {value!r}"
+        raise DFlashError(message, file=file) if file else UsageError(message)
+    return max(int(value), 0) if name == "top_k" else float(value)
+
+
+def generation_config(target_dir: Path | None) -> tuple[dict[str, Any], str | None]:
+    """(the target's generation_config.json, its path), or ({}, None) when it ships none."""
+    if target_dir is None or not (target_dir / GENERATION_CONFIG).exists():
+        return {}, None
+    path = target_dir / GENERATION_CONFIG
+    return read_json(path), str(path)
+
+
+def resolve_sampling(opts: ValidateOptions, gen: dict[str, Any], gen_path: str | None) -> SamplingUsed:
+    """The sampling parameters of the run and where each came from."""
+    given = {name: getattr(opts, name) for name in FIELDS}
+    values: dict[str, float | int] = {}
+    sources: dict[str, str] = {}
+    for name in FIELDS:
+        flag = "--" + name.replace("_", "-")
+        if given[name] is not None:
+            values[name], sources[name] = check_value(name, given[name]), flag
+        elif name == "temperature" and opts.sampling == "greedy":
+            values[name], sources[name] = 0.0, "--sampling greedy"
+        elif opts.sampling == "auto" and gen.get(name) is not None:
+            values[name], sources[name] = check_value(name, gen[name], file=gen_path), GENERATION_CONFIG
+        else:
+            values[name], sources[name] = VLLM_DEFAULTS[name], "vLLM default"
+    if values["temperature"] < GREEDY_BELOW:
+        values["temperature"] = 0.0
+    return SamplingUsed(mode=opts.sampling, sources=sources, **values)
+
+
+def _ids(value: Any, name: str, file: str) -> list[int]:
+    """An eos_token_id field (an id or a list of ids) as a list."""
+    items = value if isinstance(value, list) else [value]
+    if not all(type(i) is int and i >= 0 for i in items):
+        raise DFlashError(f"field `{name}` must be a token id or a list of token ids, got {value!r}", file=file)
+    return list(items)
+
+
+def stop_token_ids(config_eos: tuple[int, ...], gen: dict[str, Any], gen_path: str | None,
+                   tokenizer) -> dict[str, list[int]]:
+    """Every eos id the run stops on, by where it was found (config.json, generation_config.json, tokenizer)."""
+    found: dict[str, list[int]] = {}
+    if config_eos:
+        found["config.json"] = list(config_eos)
+    if gen.get("eos_token_id") is not None:
+        found[GENERATION_CONFIG] = _ids(gen["eos_token_id"], "eos_token_id", gen_path or GENERATION_CONFIG)
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if isinstance(eos, int):
+        found["tokenizer"] = [eos]
+    return found
