@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hub_server import BlobServer
+from processes import stop_signals_at_default
 from test_hub import TOKEN, draft, hub, hub_draft, hub_env, local_files  # noqa: F401 - fixtures
 
 FAST = {"HF_HUB_ETAG_TIMEOUT": "1", "HF_HUB_DOWNLOAD_TIMEOUT": "1", "DFLASH_CONVERT_HUB_PATIENCE": "4"}
@@ -50,7 +51,7 @@ def start(*args, **env) -> tuple[subprocess.Popen, float]:
     full = {**os.environ, **FAST, **env}
     p = subprocess.Popen([sys.executable, "-m", "dflash_convert", *map(str, args)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=full,
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                         preexec_fn=stop_signals_at_default)
     return p, time.monotonic()
 
 
