@@ -216,9 +216,11 @@ class _Watch:
     patience: float = DEFAULT_PATIENCE
     last: float = field(default_factory=time.monotonic)  # the Hub's last answer or byte
     endpoint: str = ""
+    asked: set = field(default_factory=set)  # (method, url) requested so far in this call
+    reached: dict = field(default_factory=dict)  # url -> furthest byte of its body received
 
     def start(self, endpoint: str = "") -> None:
-        self.endpoint = endpoint
+        self.endpoint, self.asked, self.reached = endpoint, set(), {}
         raw = os.environ.get(PATIENCE_VARIABLE, "").strip()
         try:
             patience = float(raw) if raw else DEFAULT_PATIENCE
@@ -285,8 +287,12 @@ def _on_response(response) -> None:
     from huggingface_hub.utils import httpx as http
 
     status = response.status_code
+    key = (response.request.method, str(response.request.url))
+    repeated = key in _watch.asked
+    _watch.asked.add(key)
     if status not in RETRY_STATUSES:
-        _watch.heard()
+        if not repeated:  # a retry's answer is progress only by the new bytes it brings
+            _watch.heard()
     else:
         wait = _retry_after(response.headers)
         m = re.search(r";\s*t=(\d+)", response.headers.get("RateLimit", ""))  # the client reads this on a 429
@@ -302,19 +308,25 @@ def _on_response(response) -> None:
                 response.headers["Retry-After"] = f"{RETRY_AFTER_CAP:.0f}"
             _warn(f"the Hub answered HTTP {status} with Retry-After: {wait:g} s; retrying in {capped:g} s"
                   + (f" (capped at {RETRY_AFTER_CAP:g} s)" if wait > RETRY_AFTER_CAP else ""))
-    response.stream = _watched_stream(http, response.stream)
+    m = re.match(r"bytes=(\d+)-", response.request.headers.get("range", "")) if status == 206 else None
+    response.stream = _watched_stream(http, response.stream, str(response.request.url), int(m.group(1)) if m else 0)
 
 
-def _watched_stream(http, stream):
-    """The body, each chunk counted as progress. A connection reset mid-body (ReadError) is raised as the
-    client's RemoteProtocolError, after which the client resumes the file from the bytes it has (it
-    resumes after a short body or a timeout, not after a reset)."""
+def _watched_stream(http, stream, url: str, offset: int):
+    """The body; a chunk is progress when it reaches further into the file than any answer before (a
+    server sending the same first half again and again makes none). A connection reset mid-body
+    (ReadError) is raised as the client's RemoteProtocolError, after which the client resumes the file
+    from the bytes it has (it resumes after a short body or a timeout, not after a reset)."""
 
     class Watched(http.SyncByteStream):
         def __iter__(self):
+            position = offset
             try:
                 for chunk in stream:
-                    _watch.heard()
+                    position += len(chunk)
+                    if position > _watch.reached.get(url, 0):
+                        _watch.reached[url] = position
+                        _watch.heard()
                     yield chunk
             except http.ReadError as exc:
                 raise http.RemoteProtocolError(f"connection lost mid-body ({exc}); resuming") from exc
