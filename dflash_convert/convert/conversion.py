@@ -303,7 +303,8 @@ def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str],
         if announced is not None:
             got = (git or h).hexdigest()
             if got != announced[1]:
-                raise CorruptInput(f, f"{origin}{f.name}: the bytes do not match the {'sha256' if git is None else 'git blob id'} the "
+                label = "sha256" if git is None else "git blob id"
+                raise CorruptInput(f, f"{origin}{f.name}: the bytes do not match the {label} the "
                                   f"Hub announced for this file ({announced[1][:16]}..., got {got[:16]}...): the "
                                   "download is corrupt or the cached blob was damaged; it was removed from the "
                                   "cache (rerun to download it again) and nothing was written")

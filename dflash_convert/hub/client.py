@@ -18,7 +18,6 @@ replace, pinned to the commit it was prepared against.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -297,7 +296,8 @@ def _on_response(response) -> None:
         wait = _retry_after(response.headers)
         m = re.search(r";\s*t=(\d+)", response.headers.get("RateLimit", ""))  # the client reads this on a 429
         if m and int(m.group(1)) > RETRY_AFTER_CAP:
-            response.headers["RateLimit"] = response.headers["RateLimit"].replace(m.group(0), f";t={RETRY_AFTER_CAP:.0f}")
+            capped_limit = response.headers["RateLimit"].replace(m.group(0), f";t={RETRY_AFTER_CAP:.0f}")
+            response.headers["RateLimit"] = capped_limit
             wait = max(wait or 0, float(m.group(1)))
         if wait is not None:
             capped = min(wait, RETRY_AFTER_CAP)
