@@ -12,6 +12,11 @@ Parts (--parts, default all but pair):
           propose a block, lm_head [V, H] included. Floor = bytes the step must read (draft weights +
           lm_head) / the device's measured copy bandwidth; achieved GB/s = those bytes / step time.
   verify  the target verifying a block of 16 after 512 cached positions (its KV cache cropped back).
+  hybrid  per-verify-step latency of a hybrid linear-attention target (Qwen3.5 layout: 3 Gated DeltaNet
+          layers per full-attention layer) against the attention-only target of the same size and
+          depth: block 16 after 512 cached positions, 4 tokens committed per step (3 proposals
+          accepted), so the hybrid's state is rolled back every step (copy before verify, restore,
+          re-run the 4 committed tokens); also the hybrid with every proposal accepted (no rollback).
   decode  speculative vs target-only decoding of the random pair: per-step latencies (acceptance is
           meaningless with random weights: the step times are not).
   zlab    with --zlab-model PATH (z-lab's dflash/model.py, used in place, never copied): the same
@@ -267,6 +272,80 @@ def bench_verify(target_model, device, modes, steps) -> None:
         target.set_capture([])
 
 
+def hybrid_model(shape: str, device, dtype, pool):
+    """A Qwen3.5-text target with the attention-only target's hidden size, depth, heads and MLP."""
+    from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    base = target_config(shape).to_dict()
+    linear = (dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                   linear_value_head_dim=128) if shape == "8b" else
+              dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64))
+    keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings")
+    config = Qwen3_5TextConfig(**{k: base[k] for k in keep}, **linear, full_attention_interval=4,
+                               attn_implementation="sdpa")
+    with torch.device(device), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Qwen3_5ForCausalLM._from_config(config, dtype=dtype)
+    offset = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):  # decays exp(-exp(A_log) * dt) stay in (0, 1)
+                p.fill_(0.0)
+                continue
+            offset = fill_random(p.data, pool, offset)
+    return model.eval()
+
+
+def bench_hybrid(shape: str, attention_model, device, dtype, pool, modes, steps) -> None:
+    """Three targets stepped in turn (the same machine load for each): attention-only and the hybrid
+    with 4 of 16 committed per step, the hybrid with all 16 committed (no rollback)."""
+    from dflash_runtime.target import Target
+
+    hybrid = hybrid_model(shape, device, dtype, pool)
+    committed = 4  # anchor + 3 accepted proposals of the 15
+    print(f"\n== verify step with rollback: hybrid (Qwen3.5 layout, {nbytes(hybrid.parameters()) / 1e9:.2f} GB) vs "
+          f"attention-only ({nbytes(attention_model.parameters()) / 1e9:.2f} GB), {len(hybrid.model.layers)} layers, "
+          f"block {BLOCK} after {CONTEXT} cached, {committed} committed per step; medians of {steps} steps each, "
+          "taken in turn ==")
+    print(f"{'mode':9} {'attention-only':>15} {'hybrid, all kept':>17} {'hybrid, rollback':>17} {'rollback cost':>14}")
+    total = CONTEXT + (steps + 8) * BLOCK + BLOCK
+    ids = torch.randint(0, attention_model.config.vocab_size - 2, (total,), device=device)
+    for mode in modes:
+        lanes = {}
+        for name, model, keep in (("attention", attention_model, committed), ("kept", hybrid, BLOCK),
+                                  ("rollback", hybrid, committed)):
+            target = Target(model, compile=mode == "compiled")
+            target.set_capture([0])
+            target.reset(total, BLOCK)
+            target.forward(ids[:CONTEXT], 0, last_logits_only=True)
+            lanes[name] = dict(target=target, keep=keep, at=CONTEXT, times=[])
+
+        def step(lane):
+            lane["target"].forward(ids[lane["at"]:lane["at"] + BLOCK], lane["at"])
+            lane["target"].crop(lane["at"] + lane["keep"])
+            lane["at"] += lane["keep"]
+
+        for i in range(steps + 4):
+            for lane in lanes.values():
+                sync(device)
+                t = time.perf_counter()
+                step(lane)
+                sync(device)
+                if i >= 4:  # warm-up (and compiles)
+                    lane["times"].append(time.perf_counter() - t)
+        ms = {name: statistics.median(lane["times"]) * 1e3 for name, lane in lanes.items()}
+        print(f"{mode:9} {ms['attention']:12.2f} ms {ms['kept']:14.2f} ms {ms['rollback']:14.2f} ms "
+              f"{(ms['rollback'] / ms['kept'] - 1) * 100:+12.0f} %   (hybrid with rollback / attention-only: "
+              f"{ms['rollback'] / ms['attention']:.2f}x)", flush=True)
+        for lane in lanes.values():
+            lane["target"].set_capture([])
+        del lanes
+        gc.collect()
+    del hybrid
+    gc.collect()
+
+
 def bench_decode(draft_spec, tensors, target_model, device, dtype, modes, backend, tokens) -> None:
     from dflash_runtime import speculative_generate, target_generate
     from dflash_runtime.target import Target
@@ -334,8 +413,8 @@ def main() -> None:
     ap.add_argument("--shape", choices=["8b", "small"], default="8b")
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    ap.add_argument("--parts", nargs="+", default=["step", "verify", "decode", "zlab"],
-                    choices=["step", "verify", "decode", "zlab", "pair"])
+    ap.add_argument("--parts", nargs="+", default=["step", "verify", "hybrid", "decode", "zlab"],
+                    choices=["step", "verify", "hybrid", "decode", "zlab", "pair"])
     ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
     ap.add_argument("--backend", default="sdpa", help="draft attention backend")
     ap.add_argument("--steps", type=int, default=20, help="timed steady steps (median reported)")
@@ -365,7 +444,7 @@ def main() -> None:
 
     cfg = draft_config(args.shape)
     spec = spec_from_config(cfg)
-    needs_target = {"verify", "decode"} & set(args.parts)
+    needs_target = {"verify", "hybrid", "decode"} & set(args.parts)
     with torch.inference_mode():
         pool = random_pool(device, dtype)
         t = time.perf_counter()
@@ -390,6 +469,8 @@ def main() -> None:
                   f"{time.perf_counter() - t:.1f} s)")
             if "verify" in args.parts:
                 bench_verify(target_model, device, args.modes, args.steps)
+            if "hybrid" in args.parts:
+                bench_hybrid(args.shape, target_model, device, dtype, pool, args.modes, args.steps)
     if "decode" in args.parts:
         bench_decode(spec, tensors, target_model, device, dtype, args.modes, args.backend, args.tokens)
     if "pair" in args.parts:

@@ -1,15 +1,20 @@
 """The `dflash-convert` command line: one typer app, each command a thin wrapper over a library call.
 
-Conventions (as the `hf` CLI): `-h`/`--help`; `--json` prints exactly one JSON object on stdout,
-errors included (`{"error": {"message", "file", "exit_code"}}`); human output, progress and
-warnings go to stderr; `-q` keeps only results, warnings and errors; exit 0 ok, 1 error, 2 usage,
-3 validation ran and failed. `--debug` anywhere on the line (or HF_DEBUG=1, DFLASH_CONVERT_DEBUG=1)
-shows tracebacks.
+Conventions (as the `hf` CLI): `-h`/`--help`; results (the inspect view, the diff summary, the
+validation report and its verdict, convert's summary, a pulled path or pushed URL) on stdout;
+progress, info lines, warnings and errors on stderr; `--json` prints exactly one JSON object on
+stdout, errors included (`{"error": {"message", "file", "exit_code"}}`); `-q` keeps the verdict
+line, failures, warnings and errors. Plain text when not a terminal (rich's own rule) or with
+NO_COLOR. Exit 0 ok, 1 error, 2 usage, 3 validation ran and failed, 130 interrupted (Ctrl-C; 128 +
+the signal for other stop signals). `--debug` anywhere on the line (or HF_DEBUG=1,
+DFLASH_CONVERT_DEBUG=1) shows tracebacks.
 """
 
 import enum
 import json
 import os
+import re
+import signal
 import sys
 import traceback
 from contextlib import contextmanager
@@ -25,9 +30,9 @@ from dflash_convert import schemas
 from dflash_convert.format.configs import Format, is_hub_id
 from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, code_for_name
 from dflash_convert.format.engines import ENGINE_NAMES
-from dflash_convert.errors import DFlashError, Interrupted
+from dflash_convert.errors import DFlashError, Interrupted, missing_extra
 from dflash_convert.validate.checks import Level
-from dflash_convert.validate.options import SAMPLING_MODES
+from dflash_convert.validate.options import ENGINE_TIMEOUT_S, SAMPLING_MODES
 
 app = typer.Typer(
     name="dflash-convert",
@@ -36,9 +41,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: wraps at any width, never cuts a flag name
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+out_console = Console(highlight=False, soft_wrap=True)  # results: lines kept whole for grep; tables fit the width
 
 
 def _choices(name: str, values) -> type[enum.Enum]:
@@ -54,7 +61,6 @@ SamplingMode = _choices("SamplingMode", SAMPLING_MODES)
 DeviceMap = _choices("DeviceMap", DEVICE_MAPS)
 Engine = _choices("Engine", ENGINE_NAMES)
 LEVELS = get_args(Level)
-SchemaName = _choices("SchemaName", schemas.NAMES)
 
 
 def _value(choice: enum.Enum | None) -> str | None:
@@ -84,6 +90,17 @@ def _csv(kind: Callable[[str], Any], choices: tuple[str, ...] | None = None):
     return parse
 
 
+def _one_of(choices: tuple[str, ...]):
+    """Check a value against `choices` (for lists too long for a metavar: the help names them, wrapped)."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{value!r} is not one of the choices: {', '.join(choices)}")
+        return value
+
+    return check
+
+
 def _json_object(text: Optional[str]) -> Optional[dict[str, Any]]:
     """Parse a JSON object option ('{"enable_thinking": false}')."""
     if text is None:
@@ -102,6 +119,18 @@ def _flag(*names: str, help: str, **kw: Any):
     return typer.Option(*names, help=help, metavar="", show_default=False, **kw)
 
 
+def _json_object(text: Optional[str]) -> Optional[dict[str, Any]]:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc.msg} at character {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("a JSON object is needed, e.g. '{\"dtype\": \"float32\"}'")
+    return value
+
+
 def _max_memory(text: Optional[str]) -> Optional[dict[str, int]]:
     from dflash_convert.validate.memory import parse_max_memory
 
@@ -112,7 +141,7 @@ def _max_memory(text: Optional[str]) -> Optional[dict[str, int]]:
 
 
 def _examples(*lines: str) -> str:
-    return "Examples:\n\n" + "\n\n".join(f"  $ {line}" for line in lines)
+    return "Examples:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)  # \b: click keeps the lines
 
 
 # ----------------------------------------------------------------------------- shared options (declared once)
@@ -123,8 +152,8 @@ Revision = Annotated[Optional[str], typer.Option("--revision", help="Hub revisio
 Token = Annotated[Optional[str], typer.Option("--token", help="Hub token (default: HF_TOKEN, then the stored "
                                               "token).")]
 Json = Annotated[bool, _flag("--json", help="Print one JSON object on stdout (errors too).")]
-Quiet = Annotated[bool, _flag("-q", "--quiet", help="No progress and no info lines (results, warnings and "
-                              "errors still print).")]
+Quiet = Annotated[bool, _flag("-q", "--quiet", help="Print only the verdict line, failures, warnings and errors "
+                              "(no progress, no passing checks).")]
 AllowPickle = Annotated[bool, _flag("--allow-pickle", help="Accept pickle files: .bin/.pt weights, and for validate "
                                     "a mask_embedding.pt (loaded with "
                                     "weights_only=True).")]
@@ -147,14 +176,14 @@ class Output:
         self.json, self.quiet = as_json, quiet
 
     def hub(self):
-        """The hub module, the Hub client's own tqdm bars off under --json / -q (its public switch).
+        """The hub module, the Hub client's own tqdm bars off under --json / -q / not a terminal (its switch).
 
         Asked for only where the Hub is used: local work never imports huggingface_hub.
         """
         from dflash_convert.hub import client as hub
 
         hub.say_info = not self.quiet
-        if self.json or self.quiet:
+        if self.json or self.quiet or not err.is_terminal:  # as `hf`: bars only where someone watches
             from huggingface_hub.utils import disable_progress_bars
 
             disable_progress_bars()
@@ -182,45 +211,98 @@ class Output:
             err.print(text, markup=markup)
 
     def status(self, text: str) -> None:
-        """A progress line of a long step (also under --json: stdout holds only the JSON)."""
-        if not self.quiet:
+        """A progress line of a long step (also under --json: stdout holds only the JSON). On a terminal the
+        step being run stays on a live line with its elapsed time, and a counted step (io.progress.Step)
+        is a bar with an ETA instead of one line per count."""
+        if self.quiet:
+            return
+        counted = getattr(text, "total", None) is not None
+        if not err.is_terminal or self.json:
             err.print(text, style="dim", markup=False)
+            return
+        if not counted or text.done >= text.total:
+            err.print(text, style="dim", markup=False)
+        _live.show(text)
 
     def warn(self, text: str) -> None:
         err.print(f"[yellow]warning:[/yellow] {_escape(text)}")
 
-    def result(self, obj: Any, text: Optional[str] = None, render: Optional[Callable[[Console], None]] = None) -> None:
-        """The command's answer: `obj` as JSON under --json; else `text` on stdout and/or `render(stderr)`."""
+    def result(self, obj: Any, text: Optional[str] = None,
+               render: Optional[Callable[[Console, bool], None]] = None) -> None:
+        """The command's answer on stdout: `obj` as JSON under --json; else `render(console, quiet)` (under -q
+        only its verdict line, failures and warnings) and/or `text`."""
+        _live.stop()
         if self.json:
             emit_json(obj)
             return
+        if render is not None:
+            render(out_console, self.quiet)
         if text is not None:
             typer.echo(text)
-        if render is not None and not self.quiet:
-            render(err)
 
     @contextmanager
-    def progress(self, description: str) -> Iterator[Callable[[int, int], None]]:
-        """A byte-progress bar on a terminal (none under --json / -q); yields update(done, total)."""
+    def progress(self, description: str, then: Optional[str] = None) -> Iterator[Callable[[int, int], None]]:
+        """A byte-progress bar (size, rate, ETA) on a terminal (none under --json / -q); yields update(done,
+        total). `then`: what runs after the last byte, shown as a live step until the next line prints."""
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+        shown = not (self.json or self.quiet or not err.is_terminal)
         bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                       TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
-                       disable=self.json or self.quiet or not err.is_terminal)
-        task = bar.add_task(description, total=None, start=False)
+                       TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True, disable=not shown)
+        task = bar.add_task(description, total=None)
+        _live.stop()
+        bar.start()  # at once: planning and the first large tensor are not silent
 
         def update(done: int, total: int) -> None:
-            if not bar.live.is_started:
-                bar.start()
-                bar.start_task(task)
-            bar.update(task, completed=done, total=total, refresh=True)
-            if done >= total:  # stop before whatever follows (validation, push) prints
-                bar.stop()
+            if bar.live.is_started:
+                bar.update(task, completed=done, total=total, refresh=True)
+                if done >= total:  # stop before whatever follows (validation, push) prints
+                    bar.stop()
+                    if shown and then:
+                        _live.show(then)
 
         try:
             yield update
         finally:
             bar.stop()
+
+
+class _LiveStep:
+    """The one live line on a terminal (stderr): the current step, its elapsed time, and for a counted step
+    its count and ETA; removed before anything else prints its result."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def show(self, text: str) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        counted = getattr(text, "total", None) is not None
+        if self.bar is not None and self.counted != counted:
+            self.stop()
+        if self.bar is None:
+            self.counted = counted
+            columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+            if counted:
+                columns[2:2] = [BarColumn(bar_width=24)]
+                columns += [TextColumn("ETA"), TimeRemainingColumn()]
+            self.bar = Progress(*columns, console=err, transient=True)
+            self.task = self.bar.add_task(str(text), total=text.total if counted else None,
+                                          completed=text.done if counted else 0)
+            self.bar.start()
+        elif counted:
+            self.bar.update(self.task, description=str(text), total=text.total, completed=text.done)
+        else:
+            self.bar.reset(self.task, description=str(text), total=None)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+_live = _LiveStep()
 
 
 def emit_json(obj: Any) -> None:
@@ -260,6 +342,8 @@ def _env_flag(name: str) -> bool:
 
 
 def _fail(message: str, *, exit_code: int, file: Optional[str], as_json: bool, debug: bool) -> None:
+    _quiet_interrupts()
+    _live.stop()
     if debug:
         traceback.print_exc()
     err.print(f"Error: {message}", markup=False, soft_wrap=True)
@@ -268,32 +352,87 @@ def _fail(message: str, *, exit_code: int, file: Optional[str], as_json: bool, d
     sys.exit(exit_code)
 
 
+def _on_sigint(handler) -> None:
+    """Install a SIGINT handler unless SIGINT is ignored (nohup, `&`), or this is not the main thread."""
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, handler)
+    except (ValueError, TypeError):  # not the main thread; a handler Python did not install
+        pass
+
+
+def _quiet_interrupts() -> None:
+    """From here to the exit a Ctrl-C still ends the process with its one line, never a traceback."""
+    from dflash_convert.__main__ import interrupted_now
+    from dflash_convert.io.staging import stopping
+
+    # once a stop signal is being answered, a second one must not add a line (or cut the first short)
+    _on_sigint(signal.SIG_IGN if stopping() else interrupted_now)
+
+
+def _usage_message(exc: Exception) -> str:
+    """click's message, with typer's pydantic wording of a bad choice said plainly."""
+    text = exc.format_message()
+    bad = re.search(r"Value error, (.+) is not one of (.+?)\.?$", text)
+    if bad:
+        choices = ", ".join(c.strip(" '") for c in bad.group(2).split(","))
+        text = text[: bad.start()] + f"{bad.group(1)} is not one of the choices: {choices}"
+    return text
+
+
 def main(argv: Optional[list[str]] = None) -> None:
-    """Console-script entry point: run the app, turn every error into one line (and JSON) and an exit code."""
-    from dflash_convert.hub.tokens import redact_output
+    """Console-script entry point: run the app, turn every error into one line (and JSON) and an exit code.
+
+    The SIGINT handler it found is put back when it returns (the console script's says `interrupted` until
+    the process ends; an in-process caller, e.g. a test, gets its own back)."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        _main(argv)
+    finally:
+        if previous is not None:
+            _on_sigint(previous)
+
+
+def _main(argv: Optional[list[str]]) -> None:
+    from dflash_convert.__main__ import INTERRUPTED, INTERRUPTED_EXIT
 
     args = list(sys.argv[1:] if argv is None else argv)
-    redact_output(args)  # before anything can print: no token in any stream, traceback or warning
     end = args.index("--") if "--" in args else len(args)  # after `--` everything is an argument
     debug = "--debug" in args[:end] or _env_flag("HF_DEBUG") or _env_flag("DFLASH_CONVERT_DEBUG")
     as_json = "--json" in args[:end]
     args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
-    from dflash_convert.io.staging import stop_on_signals
+    from dflash_convert.io.staging import STOP_SIGNALS, stop_on_signals
 
     try:
-        with stop_on_signals():  # SIGINT/SIGTERM/SIGHUP end any command with one line; a second one is ignored
+        _on_sigint(signal.default_int_handler)  # from here a Ctrl-C is a KeyboardInterrupt
+        from dflash_convert.hub.tokens import redact_output
+
+        redact_output(args)  # before anything can print: no token in any stream, traceback or warning
+        # SIGTERM, SIGHUP, SIGQUIT end any command (a Hub download too) with one line; a second one is ignored
+        with stop_on_signals(tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)):
             rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
+        _quiet_interrupts()
+        _live.stop()
+        if rc == INTERRUPTED_EXIT:  # typer turns a KeyboardInterrupt into this code, silently
+            _fail(INTERRUPTED, exit_code=INTERRUPTED_EXIT, file=None, as_json=as_json, debug=False)
         sys.exit(rc if isinstance(rc, int) else 0)
     except (DFlashError, Interrupted) as exc:  # Interrupted: a stop signal during a write (staging already gone)
         _fail(str(exc), exit_code=exc.exit_code, file=exc.file, as_json=as_json, debug=debug)
     except (KeyboardInterrupt, typer.Abort):
-        _fail("interrupted; nothing was written at the destination", exit_code=1, file=None, as_json=as_json,
-              debug=debug)
+        _fail(INTERRUPTED, exit_code=INTERRUPTED_EXIT, file=None, as_json=as_json, debug=debug)
     except Exception as exc:  # noqa: BLE001 - unexpected: still one line unless --debug
+        missing = missing_extra(exc) if isinstance(exc, ModuleNotFoundError) else None
+        if missing is not None:  # an optional dependency: name the extra that installs it
+            _fail(str(missing), exit_code=missing.exit_code, file=None, as_json=as_json, debug=debug)
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's usage errors
+            _quiet_interrupts()
+            _live.stop()
+            message = _usage_message(exc)
             if as_json:
-                emit_json({"error": {"message": exc.format_message(), "file": None, "exit_code": exc.exit_code}})
-            exc.show(file=sys.stderr)
+                emit_json({"error": {"message": message, "file": None, "exit_code": exc.exit_code}})
+            if getattr(exc, "ctx", None) is not None:
+                typer.echo(exc.ctx.get_usage() + f"\nTry '{exc.ctx.command_path} -h' for help.\n", err=True)
+            typer.echo(f"Error: {message}", err=True)
             sys.exit(exc.exit_code)
         _fail(f"{type(exc).__name__}: {exc}" + ("" if debug else " (rerun with --debug for the traceback)"),
               exit_code=1, file=None, as_json=as_json, debug=debug)
@@ -333,6 +472,8 @@ def convert(
     allow_pickle: AllowPickle = False,
     validate: Annotated[bool, _flag("--validate", help="Run static + numeric validation on the output before it "
                                     "is committed (always done with --push).")] = False,
+    strict: Annotated[bool, _flag("--strict", help="Fail (exit 3, nothing written) when the output has any problem "
+                                  "`inspect` reports; without it they are warnings.")] = False,
     revision: Revision = None,
     token: Token = None,
     push: Annotated[Optional[str], typer.Option("--push", metavar="REPO", help="Then push the output to this Hub "
@@ -364,19 +505,19 @@ def convert(
         out.hub()
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,
                         commit_description=commit_description, create_pr=create_pr, token=token)
-    with out.progress("converting") as update:
+    with out.progress("converting", then="checking the inputs: sha256 of each file, NaN/Inf") as update:
         done = convert_and_publish(src_path, output, opts, validate=validate, push=push, push_options=push_options,
-                                   on_progress=update, on_warning=out.warn, on_status=out.status)
+                                   on_progress=update, on_warning=out.warn, on_status=out.status, strict=strict)
     record = done.record
-    out.info(f"converted {record.source_format} -> {record.destination_format}: {output} "
-             f"({len(record.tensors_kept)} tensors kept, {len(record.tensors_dropped)} dropped)")
-    for name, reason in record.tensors_dropped.items():
-        out.info(f"  dropped {name}: {reason}")
-    for name, how in record.tensors_added.items():
-        out.info(f"  added {name}: {how}")
-    for c in record.config_changes:
-        out.info(f"  config {c.key} {c.change}" + (f": {c.why}" if c.why else ""))
-    out.result(done.to_dict(), (done.push.pr_url or done.push.commit_url) if done.push else None)
+    lines = [f"converted {record.source_format} -> {record.destination_format}: {output} "
+             f"({len(record.tensors_kept)} tensors kept, {len(record.tensors_dropped)} dropped)"]
+    if not quiet:
+        lines += [f"  dropped {name}: {reason}" for name, reason in record.tensors_dropped.items()]
+        lines += [f"  added {name}: {how}" for name, how in record.tensors_added.items()]
+        lines += [f"  config {c.key} {c.change}" + (f": {c.why}" if c.why else "") for c in record.config_changes]
+    if done.push:
+        lines.append(done.push.pr_url or done.push.commit_url)
+    out.result(done.to_dict(), "\n".join(lines))
 
 
 # ----------------------------------------------------------------------------- inspect / diff / schema
@@ -438,16 +579,23 @@ def diff(
         raise typer.Exit(ValidationFailed.exit_code)
 
 
-@app.command(epilog=_examples("dflash-convert schema validation-report > validation-report.schema.json",
-                              "dflash-convert schema"))
+@app.command(epilog=_examples("dflash-convert schema",
+                              "dflash-convert schema validation-report > validation-report.schema.json",
+                              "dflash-convert schema --all > schemas.json"))
 def schema(
-    name: Annotated[Optional[SchemaName], typer.Argument(metavar="NAME", help="One schema (all when omitted).")] = None,
+    name: Annotated[Optional[str], typer.Argument(
+        metavar="NAME", callback=_one_of(schemas.NAMES),
+        help=f"The schema to print: {', '.join(schemas.NAMES)} (without NAME: the list of names).")] = None,
+    all_: Annotated[bool, _flag("--all", help="Print every schema, as one JSON object keyed by name.")] = False,
 ) -> None:
     """Print the JSON Schemas of the files and reports dflash-convert reads and writes."""
-    if name is None:
+    if all_:
         emit_json({n: schemas.schema(n) for n in schemas.NAMES})
+    elif name is not None:
+        sys.stdout.write(schemas.render(name))
     else:
-        sys.stdout.write(schemas.render(name.value))
+        typer.echo("\n".join(schemas.NAMES))
+        err.print("dflash-convert schema NAME prints one (JSON Schema); --all prints every one", markup=False)
 
 
 # ----------------------------------------------------------------------------- Hub: pull / push
@@ -486,6 +634,10 @@ def push(
     create_pr: CreatePr = False,
     token: Token = None,
     no_validate: Annotated[bool, _flag("--no-validate", help="Push even if static validation fails.")] = False,
+    validation_report: Annotated[Optional[Path], typer.Option(
+        "--validation-report", metavar="FILE", help="A `validate --json` report of this draft (e.g. end to end): "
+        "its results (tau, the acceptance chart, target, prompts, thresholds, date) go in the model card; a failed "
+        "report stops the push.")] = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -494,11 +646,28 @@ def push(
     from dflash_convert.publish import push_checkpoint
 
     out = Output(as_json, quiet)
+    report = _read_validation_report(validation_report) if validation_report is not None else None
     out.hub()
-    result = push_checkpoint(directory, repo, validate=not no_validate, revision=revision, private=private,
-                             commit_message=commit_message, commit_description=commit_description,
+    result = push_checkpoint(directory, repo, validate=not no_validate, report=report, revision=revision,
+                             private=private, commit_message=commit_message, commit_description=commit_description,
                              create_pr=create_pr, token=token)
     out.result(result.to_dict(), result.pr_url or result.commit_url)
+
+
+def _read_validation_report(path: Path):
+    """A `validate --json` report file, checked against its schema (one line naming the file otherwise)."""
+    from pydantic import ValidationError
+
+    from dflash_convert.io.reading import read_json
+    from dflash_convert.validate.report import ValidationReport
+
+    try:
+        return ValidationReport.model_validate(read_json(path))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "the top level"
+        raise DFlashError(f"not a validation report (`validate --json` writes one): {where}: {first['msg']}",
+                          file=path) from None
 
 
 # ----------------------------------------------------------------------------- validate
@@ -545,8 +714,9 @@ def validate(
                                          "its config or weights).")] = DType.auto,
     backend: Annotated[Backend, typer.Option("--backend", help="Draft attention backend (auto: the numeric level "
                                              "tries every available one).")] = Backend.auto,
-    target_backend: Annotated[str, typer.Option("--target-backend", help="The target's attn_implementation (eager, "
-                                                "sdpa, flex_attention, ...).")] = "sdpa",
+    target_backend: Annotated[Optional[str], typer.Option(
+        "--target-backend", help="The target's attn_implementation (eager, sdpa, flex_attention, ...); default: sdpa "
+        "where its model supports it, else eager.")] = None,
     causal: Causal = None,
     min_acceptance_length: Annotated[Optional[float], typer.Option(
         "--min-acceptance-length", help="Fail when tau (mean tokens per step) is lower.")] = None,
@@ -558,6 +728,9 @@ def validate(
         help=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write a JUnit XML report "
                                                   "(one testcase per check) to FILE.")] = None,
+    report_md: Annotated[Optional[Path], typer.Option(
+        "--report-md", metavar="FILE", help="Also write a Markdown report to FILE (the acceptance chart beside it, "
+        "as FILE with the suffix .svg). GITHUB_STEP_SUMMARY set: the report is appended there too.")] = None,
     revision: Revision = None,
     token: Token = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs and of sampling.")] = 0,
@@ -578,6 +751,16 @@ def validate(
     keep_going: Annotated[bool, _flag("--keep-going", help="Run numeric and end-to-end levels even when static "
                                       "checks failed.")] = False,
     engine: EngineOpt = None,
+    engine_python: Annotated[Optional[str], typer.Option(
+        "--engine-python", metavar="PATH", help="With --engine vllm: also serve the pair in real vLLM, run by the "
+        "Python interpreter at PATH (`self`: this one), and check its outputs and acceptance against ours.")] = None,
+    engine_args: Annotated[Optional[str], typer.Option(
+        "--engine-args", metavar="JSON", callback=_json_object, help="Arguments for vLLM's LLM(...), e.g. "
+        "'{\"dtype\": \"float32\", \"tensor_parallel_size\": 2}'.")] = None,
+    engine_timeout: Annotated[float, typer.Option("--engine-timeout", help="Seconds the engine run may take; "
+                                                  "then it is killed (exit 1).")] = ENGINE_TIMEOUT_S,
+    engine_kv_cache: Annotated[float, typer.Option("--engine-kv-cache", metavar="GIB", help="vLLM's CPU KV cache "
+                                                   "in GiB (VLLM_CPU_KVCACHE_SPACE).")] = 1.0,
     compile: Annotated[bool, _flag("--compile", help="End to end with static caches and torch.compile'd draft and "
                                    "verify steps (CUDA graphs on a GPU); compiling takes a while.")] = False,
     allow_pickle: AllowPickle = False,
@@ -610,6 +793,8 @@ def validate(
         block_size=block_size, sampling=sampling.value, temperature=temperature, top_k=top_k, top_p=top_p,
         min_p=min_p, draft_sampling=_value(draft_sampling), seed=seed, device=device, dtype=_value(dtype),
         backend=_value(backend), target_backend=target_backend, causal=causal, engine=_value(engine), compile=compile,
+        engine_python=engine_python, engine_args=engine_args or {}, engine_timeout=engine_timeout,
+        engine_kv_cache_gib=engine_kv_cache,
         device_map=_value(device_map), max_memory=max_memory, threads=threads,
         min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates, min_speedup=min_speedup,
         keep_going=keep_going, allow_pickle=allow_pickle)
@@ -617,8 +802,30 @@ def validate(
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))
-    if not quiet:
+    _markdown_reports(report, report_md, out)
+    if as_json and not quiet:  # stdout holds the JSON: the log still shows the report and its verdict
+        _live.stop()
         render_table(report, err)
-    out.result(to_json(report))
+    out.result(to_json(report), render=lambda console, q: render_table(report, console, q))
     if not report.passed:
         raise typer.Exit(ValidationFailed.exit_code)
+
+
+def _markdown_reports(report, path: Optional[Path], out: Output) -> None:
+    """--report-md FILE (+ FILE.svg, the chart), and the GitHub Actions step summary when one is open."""
+    from dflash_convert.validate.report import acceptance_svg, to_markdown
+
+    svg = acceptance_svg(report)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image = None
+        if svg is not None:
+            image_path = path.with_suffix(".svg")
+            image_path.write_text(svg, encoding="utf-8")
+            image = image_path.name
+        path.write_text(to_markdown(report, image), encoding="utf-8")
+        out.info(f"Markdown report written: {path}")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:  # an image beside a step summary is not served: the unicode chart stands in
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(to_markdown(report) + "\n")

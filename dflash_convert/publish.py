@@ -17,21 +17,28 @@ def push_checkpoint(directory: str | Path, repo_id: str, *, validate: bool = Tru
                     report: ValidationReport | None = None, **push_options: Any):
     """hub.client.push(directory, repo_id, **push_options) after validation; returns hub.client.PushResult.
 
-    `report` (e.g. the static + numeric report of `convert --validate`, or an end-to-end run) stands in
-    for the static run; validate=False pushes without one and the card has no validation section.
+    `report` (the static + numeric report of `convert --validate`, or a `validate` run with end-to-end
+    figures, e.g. `push --validation-report`) goes on the model card, and a failed one stops the push;
+    the static checks run on `directory` unless `report` already ran them there. validate=False pushes
+    without checks (the card then shows `report` only).
     """
     from dflash_convert.hub import client as hub
 
-    if report is None and validate:
+    static = None
+    if validate and not (report is not None and "static" in report.levels_run
+                         and Path(report.checkpoint).resolve() == Path(directory).resolve()):
         from dflash_convert.validate.options import ValidateOptions
         from dflash_convert.validate.run import validate as run_validation
 
-        report = run_validation(directory, ValidateOptions(levels=["static"]))
-    if report is not None and report.failed:
-        names = ", ".join(f"{c.name} ({c.message})" if c.message else c.name for c in report.failed_checks)
-        raise ValidationFailed(f"validation failed: {names}; nothing was pushed (--no-validate pushes anyway)",
-                               file=str(directory))
-    summary = report.summary().model_dump(mode="json") if report is not None else None
+        static = run_validation(directory, ValidateOptions(levels=["static"]))
+    for checked in (static, report if validate else None):
+        if checked is not None and checked.failed:
+            names = ", ".join(f"{c.name} ({c.message})" if c.message else c.name for c in checked.failed_checks)
+            what = "validation" if checked is static else f"the validation report of {checked.checkpoint}"
+            raise ValidationFailed(f"{what} failed: {names}; nothing was pushed (--no-validate pushes anyway)",
+                                   file=str(directory))
+    shown = report or static
+    summary = shown.summary().model_dump(mode="json") if shown is not None else None
     return hub.push(directory, repo_id, validation=summary, **push_options)
 
 
@@ -39,11 +46,13 @@ def convert_and_publish(src: str | Path, dest: str | Path, opts: ConvertOptions 
                         validate: bool = False, push: str | None = None, push_options: dict[str, Any] | None = None,
                         on_progress: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[str], None] | None = None,
-                        on_status: Callable[[str], None] | None = None) -> Converted:
-    """convert(src, dest, opts); validate=True (implied by push) runs static + numeric validation on the
-    staged output before it is renamed into place (a failing check raises ValidationFailed and nothing
-    is written); push=REPO then uploads `dest` (push_options go to hub.client.push: revision, private,
-    commit_message, commit_description, create_pr, token). on_status gets the validation's progress lines.
+                        on_status: Callable[[str], None] | None = None, strict: bool = False) -> Converted:
+    """convert(src, dest, opts); every problem `inspect` finds in the staged output goes to on_warning
+    (strict=True: any of them raises ValidationFailed and nothing is written); validate=True (implied by
+    push) runs static + numeric validation on the staged output before it is renamed into place (a
+    failing check raises ValidationFailed and nothing is written); push=REPO then uploads `dest`
+    (push_options go to hub.client.push: revision, private, commit_message, commit_description,
+    create_pr, token). on_status gets the validation's progress lines.
     """
     if push:  # a push that cannot be made is refused before the conversion, not after it
         from dflash_convert.hub.client import check_push_options
@@ -52,6 +61,21 @@ def convert_and_publish(src: str | Path, dest: str | Path, opts: ConvertOptions 
                            "--push-revision")
     report = None
     say = on_status or (lambda message: None)
+    warn = on_warning or (lambda message: None)
+
+    def check_staged(tmp: Path) -> None:
+        """What `inspect` would say of the output (config and headers: no value is read again)."""
+        from dflash_convert.validate.inspect import inspect_checkpoint
+
+        problems = inspect_checkpoint(tmp).problems
+        for c in problems:
+            warn(f"the output fails inspect's {c.name} check: {c.message}" if c.status == "fail" else
+                 f"the output warns in inspect's {c.name} check: {c.message}")
+        if strict and problems:
+            raise ValidationFailed(f"--strict: inspect finds {len(problems)} problem(s) in the output "
+                                   f"({', '.join(c.name for c in problems)}); nothing was written")
+        if validate or push:
+            validate_staged(tmp)
 
     def validate_staged(tmp: Path) -> None:
         nonlocal report
@@ -67,7 +91,7 @@ def convert_and_publish(src: str | Path, dest: str | Path, opts: ConvertOptions 
             raise ValidationFailed(f"validation of the converted checkpoint failed ({names}); nothing was written")
 
     done = convert(src, dest, opts, on_progress=on_progress, on_warning=on_warning,
-                   before_commit=validate_staged if validate or push else None)
+                   before_commit=check_staged)
     done.validation = report
     if push:
         done.push = push_checkpoint(dest, push, report=report, **(push_options or {}))

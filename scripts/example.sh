@@ -12,5 +12,6 @@ set -x
 dflash-convert convert examples/pair/draft -o out/draft-hf --verifier examples/pair/target --overwrite --validate
 dflash-convert inspect out/draft-hf
 dflash-convert validate out/draft-hf --target examples/pair/target --prompts examples/pair/prompts.txt \
-  --min-acceptance-length 10 --junit out/validation.xml --json > out/validation.json
+  --sampling greedy --min-acceptance-length 10 --junit out/validation.xml --report-md out/validation.md \
+  --json > out/validation.json
 dflash-convert diff examples/pair/draft out/draft-hf

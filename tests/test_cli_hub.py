@@ -4,6 +4,7 @@ one flag per meaning of "revision", one validation summary on the card, the clie
 from __future__ import annotations
 
 import json
+import re
 
 from test_hub import TOKEN, draft, hub, hub_draft, hub_env, local_files  # noqa: F401 - fixtures
 
@@ -24,7 +25,9 @@ def test_convert_push_revision_is_the_target_branch(cli, hub, draft, tmp_path):
     card = hub.files_at("org/hf", "dev")["README.md"].decode()
     summary = result["validation"]
     assert summary["passed"] and summary["levels_run"] == ["static", "numeric"]
-    assert "### Validation" in card and "- passed: True" in card
+    assert "### Validation" in card and ": **passed** (" in card and "levels: static, numeric" in card
+    section = card.split("### Validation")[1]
+    assert "True" not in section and "None" not in card  # people's words, no Python values
 
 
 def test_diff_revision_per_side(cli, hub, draft, tmp_path):
@@ -62,3 +65,59 @@ def test_quiet_silences_hub_info_lines(cli, hub, draft, tmp_path):
     assert quiet.code == 0, quiet.err
     assert "fetching" not in quiet.err and quiet.err.strip() == "", quiet.err
     assert (tmp_path / "b" / "config.json").read_bytes() == (draft / "config.json").read_bytes()
+
+
+def _report_file(cli, draft, path, *, passed: bool = True):
+    """A `validate --json` report of `draft` with end-to-end figures (as a GPU job would hand over)."""
+    from dflash_convert.validate.report import AcceptanceStats
+
+    r = cli("validate", draft, "--levels", "static", "--json")
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    report["target"] = "org/target"
+    report["options"].update(min_acceptance_length=3.0, min_position_rates=[0.8, 0.6])
+    report["acceptance"] = AcceptanceStats(
+        prompts=2, new_tokens=64, block_size=8, max_new_tokens=32, temperature=0.0, acceptance_length=3.25,
+        per_position_rates=[0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05], num_drafts=20, accepted=45, outputs_equal=2,
+        baseline_prompts=2, speculative_tokens_per_s=100.0, target_tokens_per_s=50.0, speedup=2.0
+    ).model_dump(mode="json")
+    if not passed:
+        report["passed"] = False
+        report["checks"].append({"name": "acceptance_length", "status": "fail", "value": 1.1, "threshold": 3.0,
+                                 "message": "tau 1.100 below 3.0", "level": "end_to_end"})
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_push_puts_the_end_to_end_results_and_chart_in_the_card(cli, hub, draft, tmp_path):
+    report = _report_file(cli, draft, tmp_path / "e2e.json")
+    r = cli("push", draft, "org/card", "--validation-report", report)
+    assert r.code == 0, r.err
+    files = hub.files_at("org/card")
+    card = files["README.md"].decode()
+    section = card.split("### Validation")[1]
+    assert "End to end against `org/target`: 2 prompts, up to 32 new tokens each, block size 8, greedy." in section
+    assert "| 3.25 (min 3.0) | 2.00x | 2/2 |" in section
+    assert "![acceptance per draft position](acceptance.svg)" in section and "min 0.80 ok" in section
+    assert re.search(r"Validated by dflash-convert on \d{4}-\d\d-\d\d \(UTC\): \*\*passed\*\*", section)
+    assert files["acceptance.svg"].startswith(b"<svg")
+    assert "None" not in card and "True" not in section and "[0." not in section  # no Python values
+    # a failed report stops the push; a file that is no report is one line naming it
+    failed = _report_file(cli, draft, tmp_path / "failed.json", passed=False)
+    r = cli("push", draft, "org/card2", "--validation-report", failed)
+    assert r.code == 3 and "acceptance_length" in r.err and "nothing was pushed" in r.err
+    (tmp_path / "other.json").write_text('{"passed": true}')
+    r = cli("push", draft, "org/card2", "--validation-report", tmp_path / "other.json")
+    assert r.code == 1 and len(r.err.strip().splitlines()) == 1 and "other.json" in r.err and \
+        "not a validation report" in r.err, r.err
+
+
+def test_push_without_a_hub_says_it_could_not_connect(cli, draft, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    r = cli("push", draft, "org/offline")
+    assert r.code == 1 and "Traceback" not in r.err, r.err
+    line = r.err.strip().splitlines()[-1]
+    assert line.startswith("Error: could not connect to the Hub at http://127.0.0.1:9 to push to org/offline@main")
+    assert "lost" not in line and line.endswith("nothing was pushed")

@@ -286,7 +286,7 @@ def test_conversion_record_lists_config_changes(cli, speculators_drafts, tmp_pat
     assert report["equivalent"] and {c["key"] for c in report["informational"]} >= {"auto_map", "transformers_version"}
     assert report["engines"]["vllm"] == {**report["engines"]["vllm"], "a": False, "b": True}  # vLLM: causal vs not
     r = cli("diff", speculators_drafts["all_full"], back)
-    assert "auto_map" in r.err and "no engine reads it" in r.err
+    assert "auto_map" in r.out and "no engine reads it" in r.out
 
 
 # ----------------------------------------------------------------------------- inspect / validate / README
@@ -305,7 +305,7 @@ def test_inspect_engine_views_and_schema(cli, speculators_drafts):
     r = cli("inspect", speculators_drafts["all_full"], "--engine", "sglang", "--json")
     assert [v["engine"] for v in r.json()["engines"]] == ["sglang"]
     r = cli("inspect", speculators_drafts["all_full"], "--engine", "vllm")
-    assert "vLLM (speculators format) 0.33.0: DIFFERS from training" in r.err and "layer_causal" in r.err
+    assert "vLLM (speculators format) 0.33.0: DIFFERS from training" in r.out and "layer_causal" in r.out
     assert cli("inspect", speculators_drafts["all_full"], "--engine", "tgi").code == 2
 
 

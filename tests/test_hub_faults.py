@@ -232,8 +232,8 @@ def test_a_signal_ends_a_stalled_download_at_once(hub, seeded, tmp_path, hub_env
         time.sleep(0.3)  # half the body is in
         p.send_signal(getattr(signal, sig))
         r = Run(p, time.monotonic())
-        line = r.error_line(f"interrupted by {sig}")
-        if args[0] == "inspect":  # into the cache: what is true there
+        line = r.error_line("interrupted", code=128 + getattr(signal, sig))
+        if args[0] == "inspect" and sig != "SIGINT":  # into the cache: what is true there (Ctrl-C: the CLI's line)
             assert "while downloading 'model.safetensors' of org/d@main" in line and "partial one was removed" in line
         assert r.seconds < 5  # 2 s asked; generous on a loaded machine
         assert_nothing_at_or_beside(out)

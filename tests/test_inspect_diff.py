@@ -39,7 +39,7 @@ def test_inspect_reports_problems_and_exits_3(cli, speculators_drafts, tmp_path)
     problems = r.json()["problems"]
     assert any(p["status"] == "fail" and p["name"] == "target_layer_ids" for p in problems)
     r = cli("inspect", src)
-    assert r.code == 3 and "FAIL" in r.err and "increasing" in r.err
+    assert r.code == 3 and "FAIL" in r.out and "increasing" in r.out and r.err == ""
 
 
 def test_inspect_scan_finds_nan(cli, speculators_drafts, tmp_path):

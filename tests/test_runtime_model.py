@@ -174,7 +174,7 @@ def test_missing_tensor_is_named(tmp_path):
         load_draft(path)
 
 
-def test_scaled_rope_equals_transformers_and_dynamic_is_refused(tmp_path):
+def test_scaled_rope_equals_transformers_and_an_unknown_type_is_refused(tmp_path):
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
@@ -194,9 +194,9 @@ def test_scaled_rope_equals_transformers_and_dynamic_is_refused(tmp_path):
     half = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
     ours = apply_rope(x, *rope_tables(torch.arange(20, 25), draft.inv_freq, draft.rope_scale, x.dtype))
     assert torch.allclose(ours, x * cos[:, None] + half * sin[:, None], atol=1e-6)
-    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    cfg["rope_parameters"] = {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 4.0}
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DFlashError, match="config.json: RoPE type 'dynamic' is not supported by the runtime"):
+    with pytest.raises(DFlashError, match="config.json: RoPE type 'proportional' is not supported by the runtime"):
         load_draft(path)
 
 

@@ -116,7 +116,7 @@ def test_signal_mid_write_leaves_nothing(tmp_path, src, sig):
     assert len(staging) == 1 and any(staging[0].iterdir())  # the signal lands mid-write
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 1, (p.returncode, err)
+    assert p.returncode == 128 + sig, (p.returncode, err)  # the shells' code: 130 for Ctrl-C, 143 for SIGTERM
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "interrupted" in lines[0], err
     assert not out.exists()
@@ -127,7 +127,7 @@ def test_signal_mid_write_leaves_nothing(tmp_path, src, sig):
 @pytest.mark.parametrize("mode", ["mkdir", "twice", "gap"])
 def test_signals_at_unlucky_moments(tmp_path, src, sig, mode):
     """The instant the staging directory exists; a second signal while the first one's line prints, or
-    2 ms after the first: exit 1 with one true line, no traceback, never death by the signal, nothing
+    2 ms after the first: exit 128 + the signal with one true line, no traceback, never death by the signal, nothing
     at or beside DST."""
     out = tmp_path / "work" / "out"
     out.parent.mkdir()
@@ -139,7 +139,7 @@ def test_signals_at_unlucky_moments(tmp_path, src, sig, mode):
         time.sleep(0.002)
         p.send_signal(sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 1, (p.returncode, err)
+    assert p.returncode == 128 + sig, (p.returncode, err)  # never -sig: death by the signal
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in err, err
     assert f"interrupted by {signal.Signals(sig).name}" in lines[0] and "nothing was written" in lines[0], err

@@ -147,7 +147,8 @@ def test_quiet_validate_writes_nothing_but_its_result(pair, cli):
     assert r.code == 0 and r.err == "", r.err[-2000:]
     assert r.json()["passed"] is True
     loud = cli(*e2e_args(pair), "--levels", "end_to_end")
-    assert "end to end: loading the target" in loud.err and "Loading weights" in loud.err
+    # our status line says what loads; transformers' own bar is hidden (it drew a bar inside ours)
+    assert "end to end: loading the target" in loud.err and "Loading weights" not in loud.err
 
 
 def test_json_report_validates_against_the_schema(good_run):
@@ -300,6 +301,29 @@ def test_random_pair_is_lossless_and_reports_low_acceptance(speculators_drafts, 
     probe = next(c for c in report["checks"] if c["name"] == "causality_behaviour.sdpa")
     assert probe["value"][0] > probe["threshold"] >= probe["value"][1]  # layer 0 full (bidirectional), 1 causal
     assert report["environment"]["draft_backend"] == "sdpa"
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_sampled_run_still_checks_the_decode_loop_greedily(speculators_drafts, tiny_target, tmp_path, cli,
+                                                              monkeypatch, planted):
+    """Sampled outputs cannot be compared token by token, and sampling is the default wherever the target's
+    generation config (or vLLM's default) asks for it: the end-to-end level then decodes its baseline prompts
+    greedily as well, so a decode loop that commits tokens the target would not is still caught (exit 3)."""
+    from dflash_runtime import decode
+
+    if planted:  # commit every proposal: the random draft's tokens are not the target's
+        def always_accept(block, target_logits, draft_probs, **kw):
+            return block.numel() - 1, block[1:].tolist() + [int(target_logits[-1].argmax())]
+
+        monkeypatch.setattr(decode, "accept_block", always_accept)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": [5, 6, 7, 8, 9, 10]}\n{"prompt": [100, 3, 44, 2]}\n')
+    r = cli("validate", speculators_drafts["full"], "--target", tiny_target, "--prompts", prompts,
+            "--max-new-tokens", "12", "--backend", "sdpa", "--threads", "1", "--temperature", "0.7", "--json")
+    report = r.json()
+    check = next(c for c in report["checks"] if c["name"] == "greedy_output_equal")
+    assert report["acceptance"]["temperature"] == 0.7 and "greedy pass" in check["message"]
+    assert (r.code, check["status"]) == ((3, "fail") if planted else (0, "pass")), r.err[-2000:]
 
 
 def test_pruned_draft_without_d2t(speculators_drafts, tmp_path, cli):

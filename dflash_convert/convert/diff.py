@@ -86,13 +86,14 @@ class DiffReport(BaseModel):
         return (not self.config_differences and all(t.status == "equal" for t in self.tensors.values())
                 and all(f == "equal" for f in self.files.values()))
 
-    def render(self, console) -> None:
-        """Differences, then a one-line verdict, on `console` (stderr)."""
+    def render(self, console, quiet: bool = False) -> None:
+        """Differences, then a one-line verdict, on `console` (stdout); quiet: without the info lines."""
         from rich.markup import escape
 
-        console.print(escape(f"{self.a} ({self.format_a}) vs {self.b} ({self.format_b})"))
+        if not quiet:
+            console.print(escape(f"{self.a} ({self.format_a}) vs {self.b} ({self.format_b})"))
         for key, v in self.config_differences.items():
-            console.print(escape(f"  config {key}: {v.a!r} != {v.b!r}"))
+            console.print(escape(f"  config {key}: {_shown(v.a)} != {_shown(v.b)}"))
         for name, t in self.tensors.items():
             if t.status != "equal":
                 extra = f" (max abs diff {t.max_abs_diff})" if t.max_abs_diff is not None else ""
@@ -100,9 +101,9 @@ class DiffReport(BaseModel):
         for name, f in self.files.items():
             if f != "equal":
                 console.print(escape(f"  file {name}: {f}"))
-        for c in self.informational:
+        for c in ([] if quiet else self.informational):
             console.print(escape(f"  info: config key {c.key} {c.change} (no engine reads it)"))
-        for name, e in self.engines.items():
+        for name, e in ({} if quiet else self.engines).items():
             console.print(escape(f"  info: {name} serves A {'as trained' if e.a else 'unlike its training'} and B "
                                  f"{'as trained' if e.b else 'unlike its training'}: " + "; ".join(e.divergences)))
         equal = sum(t.status == "equal" for t in self.tensors.values())
@@ -111,6 +112,13 @@ class DiffReport(BaseModel):
                       + (f", {sum(f == 'equal' for f in self.files.values())}/{len(self.files)} files equal"
                          if self.files else "") + ": "
                       + ("[green]equivalent[/green]" if self.equivalent else "[red]different[/red]"))
+
+
+def _shown(value: Any) -> str:
+    """A config value as JSON writes it (`absent` for a missing key), not as Python's repr."""
+    import json
+
+    return "absent" if value is None else json.dumps(value)
 
 
 def diff_report_schema() -> dict[str, Any]:

@@ -891,7 +891,7 @@ def render_view(view: EngineView) -> list[str]:
               " ".join("C" if c else "N" for c in view.layer_causal))
     lines = [f"{view.title} {view.version}{via}: {state}",
              f"  ids {view.target_layer_ids} ({view.target_layer_ids_source}); causal per layer {causal} "
-             f"({view.causal_source}); block {view.block_size} ({view.block_size_source}); vocab: {view.vocab}"
+             f"({view.causal_source}); block {view.block_size or 'unset'} ({view.block_size_source}); vocab: {view.vocab}"
              + (f"; window {view.sliding_window} {view.window_semantics}" if view.window_semantics else "")]
     for d in view.divergences:
         lines.append(f"  {d.severity.upper()} {d.field}: {d.consequence}. Fix: {d.fix}")

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dflash_convert.chart import svg_chart, text_chart
 from dflash_convert.io.checkpoint import open_checkpoint
 
 from dflash_convert.io.reading import read_json
@@ -41,23 +42,50 @@ def _causality(spec: DraftSpec) -> str:
     return f"mixed per layer ({kinds})"
 
 
+CHART_NAME = "acceptance.svg"  # written beside README.md when the validation has end-to-end figures
+
+
 def _render_validation(validation: dict[str, Any]) -> list[str]:
+    """The card's Validation section from a validation summary (`ValidationReport.summary()` as JSON):
+    the verdict in words, the end-to-end figures with their thresholds and the chart, the checks that
+    did not pass. Written for people: no Python values (None, True, lists)."""
     lines = ["### Validation", ""]
-    checks = validation.get("checks")
-    scalars = {k: v for k, v in validation.items() if k != "checks" and not isinstance(v, (dict, list))}
-    for key, value in scalars.items():
-        lines.append(f"- {key.replace('_', ' ')}: {value}")
-    if isinstance(checks, list) and checks:
-        counts: dict[str, int] = {}
-        for c in checks:
-            counts[str(c.get("status"))] = counts.get(str(c.get("status")), 0) + 1
-        lines.append("- checks: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-        notable = [c for c in checks if c.get("status") not in ("pass", "skip")]
-        if notable:
-            lines += ["", "| check | status | message |", "|---|---|---|"]
-            for c in notable:
-                message = str(c.get("message", "")).replace("|", "\\|")
-                lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
+    checks = validation.get("checks") if isinstance(validation.get("checks"), list) else []
+    counts: dict[str, int] = {}
+    for c in checks:
+        counts[str(c.get("status"))] = counts.get(str(c.get("status")), 0) + 1
+    levels = ", ".join(str(lv).replace("_", " ") for lv in validation.get("levels_run") or [])
+    when = f" on {str(validation['created_at'])[:10]} (UTC)" if validation.get("created_at") else ""
+    verdict = {True: "**passed**", False: "**failed**"}.get(validation.get("passed"), "ran")
+    said = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    lines.append(f"Validated by dflash-convert{when}: {verdict}" + (f" ({said}" if said else "")
+                 + (f"; levels: {levels})" if said and levels else ")" if said else "") + ".")
+    lines.append("")
+    a = validation.get("acceptance")
+    if isinstance(a, dict):
+        t = validation.get("thresholds") or {}
+        target = f" against `{validation['target']}`" if validation.get("target") else ""
+        sampling = ("greedy" if not a.get("temperature") else
+                    f"temperature {a['temperature']} ({a.get('draft_sampling', 'greedy')} drafting)")
+        lines += [f"End to end{target}: {a['prompts']} prompts, up to {a['max_new_tokens']} new tokens each, block "
+                  f"size {a['block_size']}, {sampling}.", "",
+                  "| acceptance length (tau) | speedup | outputs equal to the target's |", "|---|---|---|",
+                  f"| {a['acceptance_length']:.2f}" + (f" (min {t['min_acceptance_length']})"
+                                                       if t.get("min_acceptance_length") is not None else "")
+                  + f" | {a['speedup']:.2f}x" + (f" (min {t['min_speedup']})" if t.get("min_speedup") is not None
+                                                 else "")
+                  + " | " + (f"{a['outputs_equal']}/{a['prompts']}" if a.get("outputs_equal") is not None
+                             else "n/a (sampling)") + " |", "",
+                  f"![acceptance per draft position]({CHART_NAME})", "",
+                  "Acceptance per draft position (the fraction of draft steps whose token at that position was "
+                  "accepted):", "", "```text", *text_chart(a["per_position_rates"], t.get("min_position_rates")),
+                  "```", ""]
+    notable = [c for c in checks if c.get("status") not in ("pass", "skip")]
+    if notable:
+        lines += ["| check | status | message |", "|---|---|---|"]
+        for c in notable:
+            message = " ".join(str(c.get("message", "")).split()).replace("|", "\\|")
+            lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
     return lines + [""]
 
 
@@ -183,6 +211,15 @@ def write_model_card(directory: str | Path, spec: DraftSpec | None = None, *, re
         except Exception:  # noqa: BLE001 - a foreign conversion.json only loses the provenance paragraph
             record = None
     text = model_card(spec, repo_id=repo_id, validation=validation, existing=existing, record=record)
+    acceptance = (validation or {}).get("acceptance")
+    if isinstance(acceptance, dict):  # the chart the card shows, uploaded with it
+        thresholds = (validation or {}).get("thresholds") or {}
+        chart = svg_chart(acceptance["per_position_rates"], thresholds.get("min_position_rates"),
+                          title=f"acceptance per draft position: tau {acceptance['acceptance_length']:.2f}, "
+                          f"speedup {acceptance['speedup']:.2f}x")
+        chart_tmp = directory / f".{CHART_NAME}.tmp"
+        chart_tmp.write_text(chart, encoding="utf-8")
+        os.replace(chart_tmp, directory / CHART_NAME)
     tmp = directory / f".{README_NAME}.tmp"
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, readme)

@@ -161,6 +161,9 @@ def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str, file: 
         return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {what}, and it is not in the local "
                            f"cache {constants.HF_HUB_CACHE}")
     if isinstance(exc, http_error):  # the connection failed: refused, reset, timed out
+        if action == "push to" and type(exc).__name__ == "ConnectError":  # refused, no route, no DNS: nothing sent
+            return DFlashError(f"could not connect to the Hub at {endpoint} to push to {where} ({_one_line(exc)}); "
+                               "nothing was pushed")
         if action == "push to":
             return DFlashError(f"connection to the Hub at {endpoint} lost while pushing to {where} "
                                f"({type(exc).__name__}); a Hub commit is all-or-nothing: rerun the push")
@@ -522,7 +525,8 @@ def _fetch(snap: _Snapshot, local_dir: Path | None = None, *, hash_later: tuple[
                 if local_dir is not None:
                     raise  # the staging directory goes, and says so
                 raise Interrupted(f"{str(exc).split(';')[0]} while downloading {name!r} of {snap.where}; the files "
-                                  "completed before stay in the Hub cache, the partial one was removed") from None
+                                  "completed before stay in the Hub cache, the partial one was removed",
+                                  signum=exc.signum) from None
             if folder is None:
                 folder = Path(path).parents[len(Path(name).parts) - 1]
     for name in names:

@@ -142,9 +142,9 @@ def interrupted_message(signum: int) -> str:
     return f"interrupted by {_signal_name(signum)}; nothing was written"
 
 
-def _install(handler) -> dict:
+def _install(handler, signals: tuple[int, ...] = STOP_SIGNALS) -> dict:
     previous = {}
-    for sig in STOP_SIGNALS:
+    for sig in signals:
         try:
             if signal.getsignal(sig) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
                 previous[sig] = signal.signal(sig, handler)
@@ -160,8 +160,13 @@ def _restore(previous: dict) -> None:
         signal.signal(sig, handler)
 
 
+def stopping() -> bool:
+    """A stop signal has been taken: the process is ending on it (later ones are to be ignored)."""
+    return bool(_stopping)
+
+
 @contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
     """Inside the block, the first of STOP_SIGNALS raises Interrupted in the main thread (wherever it
     waits: a socket read, a retry's sleep) and any later one is ignored. The CLI runs every command
     inside it: a Hub download stopped by SIGTERM ends at once with one line, like a conversion."""
@@ -170,9 +175,9 @@ def stop_on_signals() -> Iterator[None]:
         if _stopping:
             return
         _stopping.append(signum)
-        raise Interrupted(interrupted_message(signum))
+        raise Interrupted(interrupted_message(signum), signum=signum)
 
-    previous = _install(on_signal)
+    previous = _install(on_signal, signals)
     try:
         yield
     finally:
@@ -206,7 +211,7 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
             held.append(signum)
             return
         _stopping.append(signum)
-        raise Interrupted(f"interrupted by {_signal_name(signum)}")
+        raise Interrupted(f"interrupted by {_signal_name(signum)}", signum=signum)
 
     base = _staging_base(dest)
     tmp = _sibling(dest, base, "staging")
@@ -245,7 +250,7 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
             state["hold"] = True
             shutil.rmtree(tmp, ignore_errors=True)
             what = "nothing was written" if not tmp.exists() else f"the partial output {tmp} could not be removed"
-            raise Interrupted(f"{str(exc).split(';')[0]}; {what}", file=dest) from None
+            raise Interrupted(f"{str(exc).split(';')[0]}; {what}", file=dest, signum=exc.signum) from None
     finally:
         state["hold"] = True  # a second Ctrl-C must not stop the cleanup half-way
         if tmp.exists():
@@ -254,4 +259,4 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
     if held:  # a signal that came during the commit ends the run now that DST is complete
         _stopping.append(held[0])
         raise Interrupted(f"interrupted by {_signal_name(held[0])} just after the output was written "
-                          "(it is complete)", file=dest)
+                          "(it is complete)", file=dest, signum=held[0])

@@ -10,16 +10,27 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dflash_convert.errors import DFlashError
+from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
+from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import AcceptanceStats, PromptSetAcceptance, SamplingUsed
+from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
+                                            SamplingUsed)
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
 BUSY_LOAD = 0.75  # 1-minute load average per usable core above which timings are reported unreliable
-AUTO_TOKENS_WARN = 1.2  # without --min-acceptance-length, tau below this is reported as a warning
+# Without --min-acceptance-length, tau below 1 + this share of the block's draft slots is a loud warning:
+# at block 16 a draft wired to the wrong target layers accepts ~1.6 (a working one 6 and more).
+AUTO_ACCEPTED_SHARE_WARN = 0.1
+MISWIRING_CAUSES = ("target layer ids (a lost +1 between the formats' ids, a reordered list), the mask token id, "
+                    "causality (a causal draft served non-causally or the reverse)")
+
+
+def auto_tau_floor(block: int) -> float:
+    """The tau below which a draft is reported as accepting almost nothing at this block size."""
+    return round(1 + AUTO_ACCEPTED_SHARE_WARN * (block - 1), 4)
 
 
 def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], opts: ValidateOptions, *,
@@ -27,17 +38,21 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                prompt_sets: Iterable[tuple[str, str, int, int]] = (), prompt_format: str | None = None,
                progress: Callable[[str], None] | None = None, quiet: bool = False,
                draft_options: dict[str, Any] | None = None, last_layer_post_norm: bool = False
-               ) -> tuple[list[Check], AcceptanceStats | None]:
-    """(checks, acceptance statistics) of speculative decoding of `prompt_ids` against the target at
-    `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft when
-    it ran; `prompt_sets` (name, source, first, end) slices of `prompt_ids` reported on their own."""
+               ) -> tuple[list[Check], AcceptanceStats | None, list[list[int]]]:
+    """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompt_ids` against the
+    target at `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft
+    when it ran; `prompt_sets` (name, source, first, end) slices of `prompt_ids` reported on their own. Each
+    prompt is also decoded with full last blocks, for the figures as vLLM counts them."""
     say = progress or (lambda message: None)
     target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
                           last_layer_post_norm=last_layer_post_norm)
+    _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(sampling.stop_token_ids), say)
     try:
         draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
+    except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
+        raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
-        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None
+        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None, []
     checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
     block = opts.block_size or draft.block_size
@@ -53,11 +68,19 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         runs = []
         for i, p in enumerate(prompt_ids, 1):
             runs.append(decode.speculative(p))
-            say(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
-                f"tau {runs[-1].stats.tau:.2f}")
+            say(Step(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
+                     f"tau {runs[-1].stats.tau:.2f}", done=i, total=len(prompt_ids)))
+        say("end to end: the prompts again, counted as vLLM counts (full last blocks)")
+        full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
-    equal = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], sampling.temperature)
+    if sampling.temperature == 0:
+        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0])
+        equal = sum(same)
+    else:  # samples cannot be compared token by token: the decode loop's exactness is checked greedily
+        same = equal = None
+        _greedy_check(checks, target, prompt_ids[:base_n], *_greedy_pass(decode, prompt_ids[:base_n], say),
+                      sampled_at=sampling.temperature)
     _acceptance_checks(checks, whole, block, opts)
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
     base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
@@ -73,14 +96,27 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
         temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
         per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
-        num_drafts=whole.num_drafts, accepted=whole.accepted, outputs_equal=equal, baseline_prompts=base_n,
-        timing_rounds=opts.timing_rounds, speculative_tokens_per_s=spec.tokens_per_s,
+        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block), outputs_equal=equal,
+        baseline_prompts=base_n,
+        timing_rounds=opts.timing_rounds, target_attention=target.attention,
+        target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
+        speculative_tokens_per_s=spec.tokens_per_s,
         target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
         target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
         prompt_format=prompt_format, per_prompt_set={name: _set_stats(source, runs[first:end], block)
-                                                     for name, source, first, end in prompt_sets})
-    return checks, stats
+                                                     for name, source, first, end in prompt_sets},
+        per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
+                                steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
+                                output_equal=None if same is None else same[i])
+                    for i, (p, r) in enumerate(zip(prompt_ids, runs))])
+    return checks, stats, [r.tokens for r in runs]
+
+
+def counts(stats: DecodeStats, block: int) -> AcceptanceCounts:
+    return AcceptanceCounts(num_drafts=stats.num_drafts, drafted=stats.drafted, accepted=stats.accepted,
+                            acceptance_length=round(stats.tau, 4),
+                            per_position_rates=[round(r, 4) for r in _padded(stats.per_position_rates, block - 1)])
 
 
 def _set_stats(source: str, runs, block: int) -> PromptSetAcceptance:
@@ -117,9 +153,11 @@ def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype,
     from dflash_runtime import load_target
 
     device_map = opts.placed_by_device_map
-    say(f"end to end: loading the target {target_dir} ({str(dtype).removeprefix('torch.')}, "
-        + (f"device map {device_map}" if device_map else device) + ")")
-    with _loading_bar(not quiet):
+    stored = sum(p.stat().st_size for p in Path(target_dir).glob("*.safetensors"))
+    size = f"{stored / 1e9:.1f} GB" if stored >= 1e9 else f"{stored / 1e6:.1f} MB"
+    say(f"end to end: loading the target {target_dir} ({size} of weights; "
+        f"{str(dtype).removeprefix('torch.')}, " + (f"device map {device_map}" if device_map else device) + ")")
+    with _no_library_bar():  # our own status line (with its elapsed time) says what is loading
         target = load_target(target_dir, device=device, dtype=dtype, attn_implementation=opts.target_backend,
                              trust_remote_code=False, device_map=device_map, max_memory=opts.max_memory,
                              compile=opts.compile)
@@ -129,6 +167,36 @@ def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype,
         say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
             + f"; the draft runs on {target.draft_device}")
     return target
+
+
+def _check_target_path(target, prompt_ids: list[list[int]], max_new_tokens: int, stop: tuple[int, ...],
+                       say) -> None:
+    """Before any verdict: the runtime can undo rejected proposals in this target's cache, and its
+    target-only greedy decoding of the first prompt (after another one, so that a reused cache must
+    start clean) is transformers' own `generate`. Otherwise a wrong output would be blamed on the draft;
+    raises DFlashError ("the runtime cannot run this target")."""
+    import torch
+    from dflash_runtime import check_target, target_generate
+
+    check_target(target)
+    say("end to end: checking the runtime's target path against transformers' generate")
+    prompt = prompt_ids[0]
+    target_generate(target, prompt_ids[-1] + prompt_ids[0], max_new_tokens=4, stop_token_ids=stop)
+    ours = target_generate(target, prompt, max_new_tokens=max_new_tokens, stop_token_ids=stop).tokens
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ids = torch.tensor([prompt], device=target.device)
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                    do_sample=False, eos_token_id=list(stop) or None,
+                                    pad_token_id=(list(stop) or [0])[0])
+    theirs = out[0, len(prompt):].tolist()
+    n = min(len(ours), len(theirs))  # one may stop at an eos the other's generation config does not name
+    at = next((i for i in range(n) if ours[i] != theirs[i]), None)
+    if at is not None or n == 0:
+        where = (f"token {at + 1} is {ours[at]} where transformers' generate gives {theirs[at]}" if at is not None
+                 else "no token was generated")
+        raise DFlashError(f"the runtime cannot run this target ({type(target.model).__name__}): its target-only "
+                          f"greedy decoding of prompt 1 differs from transformers' generate ({where})")
 
 
 def _ready_draft(ckpt: Checkpoint, draft, target, opts: ValidateOptions, *, dtype, say, draft_options: dict):
@@ -162,17 +230,24 @@ def _timing_rounds(decode: Decode, prompts: list[list[int]], n: int, say) -> lis
                 spec_round.append(decode.speculative(p))
                 base_round.append(decode.target_only(p))
         rounds.append((base_round, spec_round))
-        say(f"end to end: timing round {r + 1}/{n}: speedup {_round_speedup(base_round, spec_round):.2f}x")
+        say(Step(f"end to end: timing round {r + 1}/{n}: speedup {_round_speedup(base_round, spec_round):.2f}x",
+                 done=r + 1, total=n))
     return rounds
 
 
-def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temperature: float) -> int | None:
-    """Appends greedy_output_equal; returns how many prompts' outputs are the target's greedy output."""
-    if temperature != 0:
-        checks.append(_check("greedy_output_equal", None, f"temperature {temperature}: outputs are samples; "
-                             "equality with target-only decoding is only defined for greedy decoding",
-                             level="end_to_end"))
-        return None
+def _greedy_pass(decode: Decode, prompts: list[list[int]], say) -> tuple[list, list]:
+    """(speculative, target-only) greedy generations of `prompts`, whatever the run samples with."""
+    greedy = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+    say(f"end to end: greedy pass over {len(prompts)} prompt(s) (the run samples; exactness is checked greedily)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ([decode.speculative(p, **greedy) for p in prompts], [decode.target_only(p, **greedy) for p in prompts])
+
+
+def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, sampled_at: float | None = None
+                  ) -> list[bool]:
+    """Appends greedy_output_equal; returns, per prompt, whether its output is the target's greedy output.
+    `sampled_at`: the run samples at this temperature and `runs` are a greedy pass made for this check."""
     bad = []  # (prompt, first token that is not the target's greedy choice)
     for i, (p, r) in enumerate(zip(prompt_ids, runs)):
         at = _first_non_greedy(target, p, r.tokens)
@@ -185,9 +260,13 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, temp
            f"target's argmax after the tokens before it; identical to target-only decoding on the first "
            f"{len(baselines)})" if not bad else f"prompt {bad[0][0] + 1}: token {bad[0][1]} of the speculative "
            f"output is not the target's greedy choice ({equal}/{len(runs)} prompts equal)")
+    if sampled_at is not None:
+        msg += (f" (a greedy pass made for this check: the run itself samples at temperature {sampled_at}, whose "
+                "outputs cannot be compared token by token)")
     checks.append(_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
                          threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
-    return equal
+    wrong = {i for i, _ in bad}
+    return [i not in wrong for i in range(len(runs))]
 
 
 def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions) -> None:
@@ -201,10 +280,14 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
                              f">= {opts.min_acceptance_length}", value=round(tau, 4),
                              threshold=opts.min_acceptance_length, level="end_to_end"))
     else:
-        checks.append(_check("acceptance_length", tau >= AUTO_TOKENS_WARN,
+        floor = auto_tau_floor(block)
+        checks.append(_check("acceptance_length", tau >= floor,
                              f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
-                             f"given" + ("" if tau >= AUTO_TOKENS_WARN else ": the draft accepts almost nothing"),
-                             value=round(tau, 4), threshold=None, level="end_to_end", bad="warn"))
+                             f"given" if tau >= floor else f"tau {tau:.3f} at block {block} (below {floor}, 1 + "
+                             f"{AUTO_ACCEPTED_SHARE_WARN:.0%} of the {block - 1} draft slots): the draft accepts almost "
+                             f"nothing; likely mis-wired: {MISWIRING_CAUSES}; `inspect` and `validate --engine` show "
+                             "how an engine reads it; --min-acceptance-length makes this a failure",
+                             value=round(tau, 4), threshold=floor, level="end_to_end", bad="warn"))
     wanted = opts.min_position_rates
     if wanted:
         low = [f"position {k + 1}: {rates[k]:.3f} < {m}" for k, m in enumerate(wanted)
@@ -288,15 +371,15 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 
 
 @contextlib.contextmanager
-def _loading_bar(shown: bool):
-    """transformers' own weight-loading bar, off when no progress is wanted (-q): its public switch, restored after."""
+def _no_library_bar():
+    """transformers' own weight-loading bar off (its public switch, restored after): it would draw a second
+    bar inside the command's progress line, and print its frames into logs."""
     from transformers.utils import logging as transformers_logging
 
     was = transformers_logging.is_progress_bar_enabled()
-    if not shown:
-        transformers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
-        if was and not shown:
+        if was:
             transformers_logging.enable_progress_bar()

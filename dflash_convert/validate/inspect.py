@@ -48,6 +48,10 @@ class InspectReport(BaseModel):
     layer_causal: list[bool] = Field(description="per-layer block causality the draft was trained with")
     causal_flag: bool | None
     sliding_window: int | None
+    rope_type: str = Field("default", description="transformers' RoPE type (default, linear, dynamic, yarn, "
+                           "longrope, llama3, ...)")
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = Field(None, description="the scaling parameters of a non-default RoPE")
     vocab_size: int
     draft_vocab_size: int
     hidden_size: int
@@ -62,30 +66,85 @@ class InspectReport(BaseModel):
     checks: list[Check]
     problems: list[Check] = Field(description="the checks that failed or warned")
     ok: bool = Field(description="no check failed (engine divergences are reported, not failed, here)")
+    scanned: bool = Field(False, description="tensor values were read (--scan): NaN/Inf and degenerate values "
+                          "checked; otherwise only the config and the tensor headers")
 
-    def render(self, console) -> None:
-        """The summary, the tensor table, the problems and each engine's view, on `console` (stderr)."""
+    def render(self, console, quiet: bool = False) -> None:
+        """The summary, the tensor table, the problems, each engine's view and a verdict line, on `console`.
+
+        quiet: only the problems, the engines that do not serve the draft as trained, and the verdict.
+        """
+        from rich import box
         from rich.markup import escape
-        from rich.table import Table
+        from rich.table import Column, Table
 
-        info = self.model_dump(mode="json")
-        summary = Table(show_header=False, box=None, pad_edge=False)
-        for key, value in info.items():
-            if key not in ("tensors", "checks", "problems", "files", "ok", "engines"):
-                summary.add_row(key, f"{value:,}" if key == "parameters" else escape(str(value)))
-        console.print(summary)
-        tensors = Table("tensor", "dtype", "shape", "role", title=f"{len(self.tensors)} tensors", title_justify="left")
-        for t in info["tensors"]:
-            tensors.add_row(escape(t["name"]), t["dtype"], escape(str(t["shape"])), escape(t["role"]))
-        console.print(tensors)
+        if not quiet:
+            summary = Table(Column(no_wrap=True), Column(overflow="fold"), show_header=False, box=None,
+                            pad_edge=False)
+            for key, value in self.model_dump(mode="json").items():
+                if key in ("tensors", "checks", "problems", "files", "ok", "engines", "scanned") or \
+                        (key == "revision" and value is None):
+                    continue
+                summary.add_row(key, escape(_human(key, value)))
+            console.print(summary)
+            width = max((len(t.name) for t in self.tensors), default=6)
+            # names whole: the role column wraps instead (80-column logs)
+            tensors = Table(Column("tensor", no_wrap=True, min_width=width), Column("dtype", no_wrap=True),
+                            Column("shape", no_wrap=True), Column("role", ratio=1, overflow="fold"),
+                            title=f"{len(self.tensors)} tensors", title_justify="left", box=box.SIMPLE_HEAD,
+                            pad_edge=False)
+            for t in self.tensors:
+                tensors.add_row(escape(t.name), t.dtype, "[" + ", ".join(map(str, t.shape)) + "]", escape(t.role))
+            console.print(tensors)
         for c in self.problems:
             colour = "red" if c.status == "fail" else "yellow"
-            console.print(f"[{colour}]{c.status.upper()}[/{colour}] {c.name}: {escape(c.message)}")
-        if not self.problems:
-            console.print("[green]no problems found[/green]")
+            console.print(f"[{colour}]{c.status.upper()}[/{colour}] {escape(c.name)}: {escape(c.message)}")
+        notes: dict[str, list[str]] = {}  # one line per note, naming the engines it holds for
         for view in self.engines:
-            for line in engines.render_view(view):
-                console.print(line, markup=False)
+            if quiet and view.as_trained:
+                continue
+            via = f" (as converted by `convert --to {view.reads}`)" if view.via_conversion else ""
+            state = "as trained" if view.as_trained else ("does not load" if not view.loads else
+                                                          "DIFFERS from training")
+            console.print(f"{view.title} {view.version}{via}: {state}", markup=False)
+            if not view.as_trained or len(self.engines) == 1:
+                for line in engines.render_view(view)[1:2]:
+                    console.print(line, markup=False)
+            for d in view.divergences:
+                if d.severity == "error":
+                    console.print(f"  ERROR {d.field}: {d.consequence}. Fix: {d.fix}", markup=False)
+                elif d.field != "format" or not view.via_conversion:  # `via conversion` says it already
+                    notes.setdefault(f"{d.field}: {d.consequence}. Fix: {d.fix}", []).append(view.title)
+        if not quiet:
+            for text, titles in notes.items():
+                who = "every engine" if len(titles) == len(self.engines) > 1 else ", ".join(titles)
+                console.print(f"  note ({who}) {text}", markup=False)
+        console.print(self.verdict(), markup=False)
+
+    def verdict(self) -> str:
+        n_fail = sum(c.status == "fail" for c in self.problems)
+        n_warn = len(self.problems) - n_fail
+        found = (f"FAILED: {n_fail} failed, {n_warn} warning(s)" if n_fail else
+                 f"{n_warn} warning(s), no failure" if n_warn else "no problems found")
+        where = "in the config, tensor headers and values" if self.scanned else \
+            "in the config and tensor headers (values not read: --scan reads them)"
+        return f"{self.path}: {found} {where}"
+
+
+def _human(key: str, value: Any) -> str:
+    """A summary value as people write it: no None, no Python list or bool syntax."""
+    if value is None:
+        return {"sliding_window": "none (no sliding layer)", "causal_flag": "not set (per layer)"}.get(
+            key, "not recorded")
+    if key == "layer_causal":
+        return ", ".join("causal" if c else "non-causal" for c in value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}" if key == "parameters" else str(value)
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)
 
 
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
@@ -121,6 +180,10 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         layer_causal=spec.layer_causal,
         causal_flag=spec.causal_flag,
         sliding_window=spec.sliding_window if "sliding_attention" in spec.layer_types else None,
+        rope_type=(spec.rope_scaling or {}).get("rope_type") or (spec.rope_scaling or {}).get("type") or "default",
+        rope_theta=spec.rope_theta,
+        rope_scaling={k: v for k, v in spec.rope_scaling.items() if k not in ("rope_type", "type", "rope_theta")}
+        if spec.rope_scaling else None,
         vocab_size=spec.vocab_size,
         draft_vocab_size=spec.draft_vocab,
         hidden_size=spec.hidden_size,
@@ -135,6 +198,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         checks=checks,
         problems=[c for c in checks if c.status in ("fail", "warn")],
         ok=not any(c.status == "fail" for c in checks),
+        scanned=scan,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from dflash_convert.errors import DFlashError
+from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.validate.checks import Check, _check
 
@@ -53,6 +53,8 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     say(f"numeric: loading the draft ({dtype_name}, {device})")
     try:
         draft = load_draft(ckpt, device=device, dtype=dtype, backend="eager", causal=causal, **(draft_options or {}))
+    except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
+        raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
         return [_check("draft_loads", False, str(exc), level="numeric")], capable, None
     checks.append(_check("draft_loads", True, f"draft loaded ({dtype_name}, {device}); backend for decoding: "

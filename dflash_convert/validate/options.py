@@ -16,6 +16,8 @@ from dflash_runtime import DEVICE_MAPS, DRAFT_SAMPLING
 LEVELS: tuple[str, ...] = get_args(Level)  # in the order they run
 MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized; also the cap on --max-new-tokens
 TIMING_ROUNDS = 3  # interleaved target-only / speculative rounds over the baseline prompts
+ENGINE_TIMEOUT_S = 1800.0  # the real engine's run: its start (imports, compilation) is most of it on small pairs
+ENGINE_ARGS_OWNED = ("model", "speculative_config", "skip_tokenizer_init", "disable_log_stats")  # set by the driver
 SamplingMode = Literal["auto", "greedy"]
 SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
 # a prompt: text, token ids, or OpenAI-style chat messages ({"role", "content"} turns)
@@ -67,9 +69,17 @@ class ValidateOptions(BaseModel):
     device: str = "auto"
     dtype: str = Field("auto", description="auto: each checkpoint in its own dtype")
     backend: str = Field("auto", description="the draft's attention backend")
-    target_backend: str = "sdpa"
+    target_backend: str | None = Field(None, description="the target's attn_implementation; None: sdpa where its "
+                                       "model class supports it, else eager")
     causal: bool | None = Field(None, description="force every draft layer causal (True) or not (False)")
     engine: str | None = Field(None, description="run the draft as this engine serves it (vllm, sglang, zlab)")
+    engine_python: str | None = Field(None, description="with engine vllm: also serve the pair in real vLLM with "
+                                      "the Python interpreter at this path (`self`: this one) and check it against "
+                                      "the emulation")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="passed to vLLM's LLM(...) (dtype, "
+                                        "tensor_parallel_size, max_model_len, ...)")
+    engine_timeout: float = Field(ENGINE_TIMEOUT_S, description="seconds the engine run may take")
+    engine_kv_cache_gib: float = Field(1.0, description="vLLM's KV cache on CPU (VLLM_CPU_KVCACHE_SPACE), GiB")
     compile: bool = False
     device_map: str | None = Field(None, description=f"the target's placement: {', '.join(DEVICE_MAPS)}")
     max_memory: dict[str, int] | None = Field(None, description="device -> bytes the target may take")
@@ -119,6 +129,18 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
         if self.timing_rounds < 1:
             raise UsageError(f"timing rounds must be at least 1, got {self.timing_rounds}")
+        if self.engine_python is not None:
+            if self.engine != "vllm":
+                raise UsageError("--engine-python runs the pair in real vLLM: give --engine vllm with it")
+            if not (self.sampling == "greedy" or self.temperature == 0):
+                raise UsageError("--engine-python compares greedy decoding: give --sampling greedy")
+        if self.engine_args and self.engine_python is None:
+            raise UsageError("--engine-args are for the real engine: give --engine-python with them")
+        owned = [k for k in self.engine_args if k in ENGINE_ARGS_OWNED]
+        if owned:
+            raise UsageError(f"--engine-args: {', '.join(owned)} are set by validate itself")
+        if not (self.engine_timeout > 0 and self.engine_kv_cache_gib > 0):
+            raise UsageError("--engine-timeout and --engine-kv-cache must be positive")
         if self.engine is not None and self.causal is not None:
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
 

@@ -8,12 +8,14 @@ message in system-out; skipped checks are <skipped/>).
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from dflash_runtime import DRAFT_SAMPLING
 
+from dflash_convert.chart import svg_chart, text_chart
 from dflash_convert.validate.checks import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
 
@@ -46,6 +48,32 @@ class PromptSetAcceptance(BaseModel):
     per_position_rates: list[float]
 
 
+class AcceptanceCounts(BaseModel):
+    """Acceptance counted one way: tau = 1 + accepted / num_drafts, rates[k] = share of draft steps whose
+    draft k+1 was accepted."""
+
+    num_drafts: int
+    drafted: int = Field(description="draft tokens proposed")
+    accepted: int
+    acceptance_length: float
+    per_position_rates: list[float]
+
+
+THRESHOLDS = ("min_acceptance_length", "min_position_rates", "min_speedup")
+
+
+class PromptStats(BaseModel):
+    """One prompt's speculative decoding."""
+
+    prompt: int = Field(description="1-based, in the order of the prompts file (or the built-in set)")
+    prompt_tokens: int
+    new_tokens: int
+    steps: int = Field(description="draft+verify steps")
+    acceptance_length: float = Field(description="tau of this prompt: new tokens per step")
+    output_equal: bool | None = Field(None, description="the output is the target's greedy output (None when "
+                                      "sampling)")
+
+
 class AcceptanceStats(BaseModel):
     """End-to-end speculative decoding on the prompts (greedy unless temperature > 0)."""
 
@@ -61,9 +89,17 @@ class AcceptanceStats(BaseModel):
     per_position_rates: list[float] = Field(description="fraction of steps whose draft at block slot k+1 was accepted")
     num_drafts: int
     accepted: int
+    vllm_counting: AcceptanceCounts | None = Field(
+        None, description="the same decoding counted as vLLM counts: the last block drafted and verified whole "
+        "(block_size - 1 drafts) and acceptances past max_new_tokens counted; the figures above shorten the last "
+        "block to what can still be emitted")
     outputs_equal: int | None = Field(description="prompts whose speculative output is the target's greedy output "
                                       "(None when sampling)")
     baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
+    target_attention: str | None = Field(None, description="the attn_implementation the target ran with")
+    target_compiled: bool | None = Field(None, description="--compile: whether the target's verify step was "
+                                         "compiled (None without --compile)")
+    target_eager_reason: str | None = Field(None, description="--compile: why the target still ran eagerly")
     timing_rounds: int = Field(1, description="interleaved rounds of target-only and speculative decoding of the "
                                "baseline prompts that the tokens/s and the speedup are measured on")
     speculative_tokens_per_s: float = Field(description="speculative decoding over all timed runs")
@@ -72,11 +108,27 @@ class AcceptanceStats(BaseModel):
     speedup_range: list[float] = Field(default_factory=list, description="[min, max] speedup of a single round")
     speculative_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
     target_tokens_per_s_range: list[float] = Field(default_factory=list, description="[min, max] per round")
+    per_prompt: list[PromptStats] = Field(default_factory=list, description="each prompt's own figures")
     sampling: SamplingUsed | None = Field(None, description="temperature, top-k, top-p, min-p and stop ids used, "
                                           "with where each came from")
     prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
+
+
+class EngineStats(BaseModel):
+    """The pair served by the real engine (`--engine-python`): greedy, the same prompts and max tokens."""
+
+    engine: str
+    version: str
+    python: str = Field(description="the interpreter the engine ran under")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="passed to the engine (vLLM's LLM(...))")
+    engine_config: dict[str, Any] = Field(default_factory=dict, description="what the engine was built with: dtype, "
+                                          "max_model_len, parallel sizes, executor backend")
+    prompts: int
+    outputs_equal: int = Field(description="prompts whose engine speculative output, engine target-only output "
+                               "and our target's greedy output are all equal")
+    counts: AcceptanceCounts = Field(description="the engine's own spec-decode counters")
 
 
 class Environment(BaseModel):
@@ -110,6 +162,11 @@ class ValidationSummary(BaseModel):
     levels_run: list[Level]
     counts: dict[Status, int] = Field(description="checks per status")
     checks: list[CheckSummary]
+    target: str | None = None
+    created_at: str | None = Field(None, description="when the validation ran (UTC, ISO 8601)")
+    acceptance: AcceptanceStats | None = Field(None, description="the end-to-end figures, when that level ran")
+    thresholds: dict[str, Any] = Field(default_factory=dict, description="the gates asked for: "
+                                       "min_acceptance_length, min_position_rates, min_speedup")
 
 
 class ValidationReport(BaseModel):
@@ -124,9 +181,12 @@ class ValidationReport(BaseModel):
     levels_skipped: dict[str, str] = Field(default_factory=dict, description="level -> why it did not run")
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
+    engine_run: EngineStats | None = Field(None, description="the real engine's figures (--engine-python)")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
+    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            description="when the report was made (UTC, ISO 8601)")
     passed: bool = Field(description="no check failed")
 
     @property
@@ -143,10 +203,17 @@ class ValidationReport(BaseModel):
             out[c.status] += 1
         return out
 
+    def thresholds(self) -> dict[str, Any]:
+        """The end-to-end gates this run was given (from its options), without those not given."""
+        options = self.options or {}
+        return {k: options[k] for k in THRESHOLDS if options.get(k) is not None}
+
     def summary(self) -> ValidationSummary:
         return ValidationSummary(passed=self.passed, levels_run=self.levels_run, counts=self.counts(),
                                  checks=[CheckSummary(**c.model_dump(include={"name", "level", "status", "message"}))
-                                         for c in self.checks])
+                                         for c in self.checks],
+                                 target=self.target, created_at=self.created_at, acceptance=self.acceptance,
+                                 thresholds=self.thresholds())
 
 
 def validation_report_schema() -> dict[str, Any]:
@@ -170,42 +237,38 @@ def _short(value: Any, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_table(report: ValidationReport, console) -> None:
-    """One row per check on `console` (stderr), then the acceptance figures and the verdict."""
-    from rich.table import Table
-
-    run = ", ".join(report.levels_run) or "none"
-    skipped = "; ".join(f"{k} skipped: {v}" for k, v in report.levels_skipped.items())
+def render_table(report: ValidationReport, console, quiet: bool = False) -> None:
+    """The report on `console` (stdout): per level one row per check (status, name, what it found), the
+    acceptance chart, and the verdict line. quiet: only the failed and warned checks and the verdict."""
     from rich.markup import escape
-    from rich.table import Column
+    from rich.table import Column, Table
 
-    table = Table(Column("check", no_wrap=True), Column("status", no_wrap=True),
-                  Column("value", max_width=22, overflow="fold"), Column("threshold", max_width=16, overflow="fold"),
-                  Column("message", ratio=1, min_width=30),
-                  title=f"validate {report.checkpoint} (levels run: {run})", title_justify="left")
+    if not quiet:
+        run = ", ".join(report.levels_run) or "none"
+        console.print(f"validate {report.checkpoint} (levels run: {run})", markup=False)
+    # the name column never wraps; the message wraps on words (80-column logs)
+    table = Table(Column("status", no_wrap=True), Column("check", no_wrap=True), Column("message", ratio=1),
+                  box=None, show_header=False, pad_edge=False)
     for level in LEVELS:
-        rows = [c for c in report.checks if c.level == level]
+        rows = [c for c in report.checks if c.level == level and (not quiet or c.status in ("fail", "warn"))]
         if not rows:
             continue
-        table.add_row(f"[bold]{level}[/bold]", "", "", "", "")
+        table.add_row("", f"[bold]{level}[/bold]", "")
         for c in rows:
-            table.add_row(f"  {escape(c.name)}", f"[{STYLE[c.status]}]{c.status}[/]", escape(_short(c.value)),
-                          escape(_short(c.threshold)), escape(c.message))
-        table.add_section()
-    console.print(table)
-    if skipped:
-        console.print(skipped, markup=False)
+            detail = c.message
+            if c.status == "fail" and (c.value is not None or c.threshold is not None):
+                detail += f" (value {_short(c.value)}, threshold {_short(c.threshold)})"
+            table.add_row(f"  [{STYLE[c.status]}]{c.status}[/]", escape(c.name), escape(detail))
+    if table.rows:
+        console.print(table)
+    if not quiet:
+        for level, why in report.levels_skipped.items():
+            console.print(f"{level} skipped: {why}", markup=False)
     a = report.acceptance
-    if a is not None:
-        spread = f", per round {a.speedup_range[0]:.2f}-{a.speedup_range[1]:.2f}x" if a.speedup_range else ""
-        threads = report.environment.threads
-        console.print(f"acceptance length {a.acceptance_length:.2f} (block {a.block_size}), per-position "
-                      f"{_short(a.per_position_rates, 200)}, speedup {a.speedup:.2f}x "
-                      f"({a.speculative_tokens_per_s:.1f} vs {a.target_tokens_per_s:.1f} tok/s over "
-                      f"{a.timing_rounds} interleaved round(s){spread}"
-                      + (f", {threads} thread(s)" if threads else "") + "), "
-                      + (f"outputs equal on {a.outputs_equal}/{a.prompts} prompts" if a.outputs_equal is not None
-                         else f"sampled at temperature {a.temperature} ({a.draft_sampling} drafting)"), markup=False)
+    if a is not None and not quiet:
+        console.print("", markup=False)
+        for line in acceptance_lines(report):
+            console.print(line, markup=False)
         if a.sampling is not None:
             u = a.sampling
             console.print(f"sampling ({u.mode}): " + ", ".join(f"{k} {getattr(u, k):g} ({u.sources[k]})" for k in
@@ -214,12 +277,123 @@ def render_table(report: ValidationReport, console) -> None:
         for name, s in a.per_prompt_set.items():
             console.print(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} draft "
                           f"steps), per-position {_short(s.per_position_rates, 200)}; {s.source}", markup=False)
-    n = report.counts()
+        if a.target_attention:
+            compiled = {None: "", True: ", verify step compiled",
+                        False: f", not compiled: {a.target_eager_reason}"}[a.target_compiled]
+            console.print(f"target attention {a.target_attention}{compiled}", markup=False)
+    if a is not None and not quiet and (a.vllm_counting is not None or report.engine_run is not None):
+        _render_counting(a, report.engine_run, console)
+    low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
+    if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
+        console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
+    console.print(f"{verdict}: {escape(verdict_text(report))}")
+
+
+def verdict_text(report: ValidationReport) -> str:
+    """The verdict line after PASSED/FAILED: counts, tau and speedup, the failed checks."""
+    n = report.counts()
+    a = report.acceptance
+    figures = f", tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x" if a is not None else ""
     failed = report.failed_checks
     names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
-    console.print(f"{verdict}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped "
-                  f"in {report.duration_s:.1f} s{escape(names)}")
+    return (f"{n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped in "
+            f"{report.duration_s:.1f} s{figures}{names}")
+
+
+def acceptance_lines(report: ValidationReport) -> list[str]:
+    """tau, speedup and outputs in a few lines, then the chart of acceptance per draft position."""
+    a = report.acceptance
+    if a is None:
+        return []
+    t = report.thresholds()
+    spread = f", per round {a.speedup_range[0]:.2f}-{a.speedup_range[1]:.2f}x" if a.speedup_range else ""
+    threads = report.environment.threads
+    tau_min = f" (min {t['min_acceptance_length']})" if "min_acceptance_length" in t else ""
+    speed_min = f" (min {t['min_speedup']})" if "min_speedup" in t else ""
+    outputs = (f"outputs equal to the target's greedy output on {a.outputs_equal}/{a.prompts} prompts"
+               if a.outputs_equal is not None else f"sampled at temperature {a.temperature} ({a.draft_sampling} "
+               "drafting)")
+    return [f"tau {a.acceptance_length:.2f}{tau_min} tokens per step (block {a.block_size}, {a.prompts} prompts, "
+            f"{a.new_tokens} tokens); {outputs}",
+            f"speedup {a.speedup:.2f}x{speed_min} ({a.speculative_tokens_per_s:.1f} vs {a.target_tokens_per_s:.1f} "
+            f"tok/s over {a.timing_rounds} interleaved round(s){spread}"
+            + (f", {threads} thread(s)" if threads else "") + ")",
+            "acceptance per draft position (fraction of steps whose draft token there was accepted):",
+            *text_chart(a.per_position_rates, t.get("min_position_rates"))]
+
+
+def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
+    """The acceptance chart as SVG (None without end-to-end figures)."""
+    a = report.acceptance
+    if a is None:
+        return None
+    t = report.thresholds() if isinstance(report, ValidationReport) else report.thresholds
+    return svg_chart(a.per_position_rates, t.get("min_position_rates"),
+                     title=f"acceptance per draft position: tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x")
+
+
+def to_markdown(report: ValidationReport, image: str | None = None) -> str:
+    """A Markdown report (a GitHub step summary, a PR comment): verdict, figures, the chart (`image`, a
+    path to the SVG beside the file, else the unicode bars), the failed and warned checks, per-prompt table."""
+    verdict = "PASSED" if report.passed else "FAILED"
+    target = f" against `{report.target}`" if report.target else ""
+    lines = [f"## dflash-convert validate: {verdict}", "",
+             f"`{report.checkpoint}`{target}, levels run: {', '.join(report.levels_run) or 'none'} "
+             f"({report.created_at})", "", verdict_text(report), ""]
+    for level, why in report.levels_skipped.items():
+        lines.append(f"- {level} skipped: {_cell(why)}")
+    a = report.acceptance
+    if a is not None:
+        t = report.thresholds()
+        lines += ["", "| tau (tokens per step) | speedup | outputs equal | prompts | block | max new tokens |",
+                  "|---|---|---|---|---|---|",
+                  f"| {a.acceptance_length:.2f}" + (f" (min {t['min_acceptance_length']})"
+                                                    if "min_acceptance_length" in t else "")
+                  + f" | {a.speedup:.2f}x" + (f" (min {t['min_speedup']})" if "min_speedup" in t else "")
+                  + f" | {'n/a (sampling)' if a.outputs_equal is None else f'{a.outputs_equal}/{a.prompts}'}"
+                  f" | {a.prompts} | {a.block_size} | {a.max_new_tokens} |", ""]
+        if image:
+            lines += [f"![acceptance per draft position]({image})", ""]
+        lines += ["Acceptance per draft position:", "", "```text",
+                  *text_chart(a.per_position_rates, t.get("min_position_rates")), "```", ""]
+    notable = [c for c in report.checks if c.status in ("fail", "warn")]
+    if notable:
+        lines += ["| check | level | status | message |", "|---|---|---|---|"]
+        lines += [f"| {c.name} | {c.level} | {c.status} | {_cell(c.message)} |" for c in notable]
+        lines.append("")
+    if a is not None and a.per_prompt:
+        lines += ["<details><summary>Per prompt</summary>", "",
+                  "| prompt | prompt tokens | new tokens | steps | tau | output equal |", "|---|---|---|---|---|---|"]
+        lines += [f"| {p.prompt} | {p.prompt_tokens} | {p.new_tokens} | {p.steps} | {p.acceptance_length:.2f} | "
+                  f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} |" for p in a.per_prompt]
+        lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) -> None:
+    """Our figures both ways and the engine's own, side by side."""
+    from rich.table import Table
+
+    table = Table("counted", "drafts", "accepted", "tau", "per-position rates", title="acceptance, side by side",
+                  title_justify="left")
+    table.add_row("runtime (last block shortened)", str(a.num_drafts), str(a.accepted), f"{a.acceptance_length:.3f}",
+                  _short(a.per_position_rates, 200))
+    rows = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
+    if engine is not None:
+        rows.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
+    for name, c in rows:
+        if c is not None:
+            table.add_row(name, str(c.num_drafts), str(c.accepted), f"{c.acceptance_length:.3f}",
+                          _short(c.per_position_rates, 200))
+    console.print(table)
+    if engine is not None:
+        console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
+                      "prompts (speculative, target-only, our target's greedy)", markup=False)
 
 
 def to_json(report: ValidationReport) -> dict[str, Any]:

@@ -42,8 +42,9 @@ from dflash_convert.validate.checks import (Check, _check, checkpoint_checks, du
 from dflash_convert.validate.end_to_end import end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
+from dflash_convert.validate import served
 from dflash_convert.validate.prompts import chat_template, load_tokenizer, read_prompts, tokenize_prompts
-from dflash_convert.validate.report import AcceptanceStats, Environment, SamplingUsed, ValidationReport
+from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
 from dflash_convert.validate.sampling import generation_config, resolve_sampling, stop_token_ids
 
 TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
@@ -85,6 +86,8 @@ class Run:
     target_torch_dtype: Any = None
     threads: int | None = None
     stats: AcceptanceStats | None = None
+    outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
+    engine_run: EngineStats | None = None
 
     def skip(self, levels, why: str) -> None:
         for lv in levels:
@@ -140,6 +143,7 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
+        engine_run=run.engine_run,
         environment=_environment(opts, run), options=opts.model_dump(mode="json"),
         duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in run.checks))
 
@@ -297,7 +301,7 @@ def _end_to_end_level(run: Run) -> None:
     elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in run.checks):
         run.skipped["end_to_end"] = "the draft cannot be loaded (see the numeric checks)"
     else:
-        checks, run.stats = end_to_end(
+        checks, run.stats, run.outputs = end_to_end(
             run.ckpt, run.target_dir, run.prompt_ids, run.opts, draft=run.loaded, device=run.device,
             dtype=run.torch_dtype, target_dtype=run.target_torch_dtype, sampling=run.sampling,
             prompt_sets=run.prompt_sets, prompt_format=run.prompt_format, progress=run.say,
@@ -305,6 +309,28 @@ def _end_to_end_level(run: Run) -> None:
             last_layer_post_norm=run.draft_options["last_layer_post_norm"])
         run.checks += checks
         run.run.append("end_to_end")
+        if run.opts.engine_python is not None and run.stats is not None:
+            _served_level(run)
+
+
+def _served_level(run: Run) -> None:
+    """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py)."""
+    opts, spec = run.opts, run.ckpt.spec
+    block = run.stats.block_size
+    python = served.engine_python(opts.engine_python)
+    request = served.EngineRequest(
+        target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
+        stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
+        drafts=[{"draft": str(run.path), "num_speculative_tokens": block - 1,
+                 "mixed_layer_types": len(set(spec.layer_types)) > 1}])
+    answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
+                             kv_cache_gib=opts.engine_kv_cache_gib, say=run.say)
+    checks, run.engine_run = served.served_checks(
+        answer, run.outputs, run.stats.vllm_counting, block=block, engine_args=opts.engine_args, python=python,
+        min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates)
+    run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, outputs "
+            f"equal on {run.engine_run.outputs_equal}/{run.engine_run.prompts} prompts")
+    run.checks += checks
 
 
 # ----------------------------------------------------------------------------- target

@@ -14,7 +14,7 @@ from __future__ import annotations
 _EXPORTS = {
     "load_draft": "model", "DFlashDraft": "model",
     "BACKENDS": "attention", "select_backend": "attention",
-    "load_target": "target", "Target": "target", "check_pair": "target",
+    "load_target": "target", "Target": "target", "check_pair": "target", "check_target": "target",
     "speculative_generate": "decode", "target_generate": "decode", "Generation": "decode",
     "DecodeStats": "metrics",
     "resolve_device": "device", "resolve_dtype": "device",

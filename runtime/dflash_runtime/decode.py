@@ -136,7 +136,7 @@ def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
 def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, block_size: int,
             max_new_tokens: int, temperature: float, stop_token_ids, seed: int | None,
             draft_window: int | None, draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
-            min_p: float = 0.0) -> Generation:
+            min_p: float = 0.0, full_last_block: bool = False) -> Generation:
     """The one loop; `draft=None` (block size 1) is target-only decoding."""
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -173,7 +173,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
 
     while len(tokens) < max_new_tokens and anchor not in stop:
         remaining = max_new_tokens - len(tokens)
-        size = min(block_size, remaining + 1)  # no point verifying more than can be emitted
+        # no point verifying more than can be emitted; vLLM drafts full blocks and counts acceptances past the end
+        size = block_size if full_last_block else min(block_size, remaining + 1)
         block = torch.tensor([anchor], dtype=torch.long, device=device)
         draft_probs = None
         if draft is not None and size > 1:
@@ -221,12 +222,13 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
                          temperature: float = 0.0, stop_token_ids=(), block_size: int | None = None,
                          draft_window: int | None = None, seed: int | None = None,
                          draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
-                         min_p: float = 0.0) -> Generation:
+                         min_p: float = 0.0, full_last_block: bool = False) -> Generation:
     """Generate with the draft proposing and the target verifying. `block_size` overrides the
     draft's (with a warning: engines let a deployment choose it); `draft_window` W lets the draft
     see only the last W committed context tokens (the target always sees everything);
     `draft_sampling` "greedy" or "probabilistic", top_k / top_p / min_p as vLLM's (see the module
-    docstring)."""
+    docstring). `full_last_block` counts as vLLM does: the last block is drafted and verified whole even
+    when fewer tokens remain to emit (the output is the same; acceptances past max_new_tokens are counted)."""
     check_pair(draft, target)
     block_size = draft.block_size if block_size is None else block_size
     if block_size < 2:
@@ -237,7 +239,8 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
                    temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=draft_window,
-                   draft_sampling=draft_sampling, top_k=top_k, top_p=top_p, min_p=min_p)
+                   draft_sampling=draft_sampling, top_k=top_k, top_p=top_p, min_p=min_p,
+                   full_last_block=full_last_block)
 
 
 def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, temperature: float = 0.0,

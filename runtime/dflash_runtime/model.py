@@ -20,11 +20,13 @@ import torch.nn.functional as F
 from dflash_convert.format import catalogue, compat, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.format.configs import DraftSpec
-from dflash_convert.errors import DFlashError
+from dflash_convert.errors import DFlashError, NotRunnable
 
 from .attention import BACKENDS, select_backend
 
-SUPPORTED_ROPE = ("linear", "llama3", "yarn")  # static scalings; dynamic ones change with length
+# scaled RoPE types (transformers' names): static ones fix their frequencies; "dynamic" (NTK) and
+# "longrope" choose them by the sequence length a step reaches (LengthRope)
+SUPPORTED_ROPE = ("linear", "llama3", "yarn", "dynamic", "longrope")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,7 +55,7 @@ def rope_inv_freq(spec: DraftSpec) -> tuple[torch.Tensor, float]:
         return 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)), 1.0
     kind = rope_kind(spec)
     if kind not in SUPPORTED_ROPE:
-        raise DFlashError(f"RoPE type {kind!r} is not supported by the runtime "
+        raise NotRunnable(f"RoPE type {kind!r} is not supported by the runtime "
                           f"(supported: default, {', '.join(SUPPORTED_ROPE)})")
     from transformers import Qwen3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -61,6 +63,54 @@ def rope_inv_freq(spec: DraftSpec) -> tuple[torch.Tensor, float]:
     config = Qwen3Config(**{k: v for k, v in spec.decoder.items() if k != "model_type"})
     inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
     return inv_freq.float(), float(scale)
+
+
+@dataclass
+class LengthRope:
+    """Frequencies chosen by the sequence length a draft step reaches, as transformers' rotary embedding
+    chooses them per call (dynamic_rope_update): one length per step, the block's end; context rows are
+    rotated with the length of the step that first reads them (z-lab computes them in that step's call).
+    "dynamic": NTK base theta * (factor * L / M - (factor - 1)) ** (d / (d - 2)) once L passes
+    max_position_embeddings M; "longrope": the long factors once L passes original_max_position_embeddings."""
+    kind: str
+    threshold: int  # the length up to which the unscaled frequencies hold
+    short: torch.Tensor  # [d/2] those frequencies
+    long: torch.Tensor | None = None  # [d/2] longrope's long-factor frequencies
+    theta: float = 10000.0
+    factor: float = 1.0
+
+    @classmethod
+    def of(cls, spec: DraftSpec) -> "LengthRope | None":
+        kind = rope_kind(spec)
+        if kind not in ("dynamic", "longrope"):
+            return None
+        from transformers import Qwen3Config
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        config = Qwen3Config(**{k: v for k, v in spec.decoder.items() if k != "model_type"})
+        params = config.rope_parameters
+        init = ROPE_INIT_FUNCTIONS[kind]
+        if kind == "dynamic":
+            return cls(kind, config.max_position_embeddings, init(config, "cpu")[0].float(),
+                       theta=float(params["rope_theta"]), factor=float(params["factor"]))
+        threshold = int(params["original_max_position_embeddings"])
+        return cls(kind, threshold, init(config, "cpu", seq_len=threshold)[0].float(),
+                   long=init(config, "cpu", seq_len=threshold + 1)[0].float())
+
+    def to(self, device) -> "LengthRope":
+        return LengthRope(self.kind, self.threshold, self.short.to(device),
+                          None if self.long is None else self.long.to(device), self.theta, self.factor)
+
+    def inv_freq(self, length) -> torch.Tensor:
+        """[d/2] for a step reaching `length` positions (an int or a 0-d tensor: compiled steps pass one)."""
+        length = torch.as_tensor(length, device=self.short.device)
+        if self.kind == "longrope":
+            return torch.where(length > self.threshold, self.long, self.short)
+        dim = 2 * self.short.numel()
+        length = torch.clamp(length.long(), min=self.threshold)  # float32 from here, as transformers' per-call path
+        base = self.theta * ((self.factor * length / self.threshold) - (self.factor - 1)) ** (dim / (dim - 2))
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=self.short.device).float() / dim
+        return 1.0 / (base ** exponents)
 
 
 @dataclass
@@ -221,6 +271,9 @@ class DFlashDraft:
             self.draft_to_target = torch.from_numpy(ids).to(self.lm_head.device)  # [Vd]
         inv_freq, self.rope_scale = rope_inv_freq(spec)
         self.inv_freq = inv_freq.to(self.device)  # [d/2] float32
+        self.length_rope = LengthRope.of(spec)  # dynamic / longrope: frequencies by step length
+        if self.length_rope is not None:
+            self.length_rope = self.length_rope.to(self.device)
         if cache is None:
             cache = ContextCache(spec.num_layers, self.n_kv, self.head_dim, device=self.device, dtype=dtype)
             cache.block = self.block_size
@@ -390,7 +443,8 @@ def write_context(d: DFlashDraft, features: torch.Tensor, start) -> None:
     n = features.shape[0]
     ctx = rms_norm(F.linear(features, d.fc), d.hidden_norm, d.eps)  # [n, H]
     positions = torch.arange(n, device=ctx.device) + start  # [n]
-    cos, sin = rope_tables(positions, d.inv_freq, d.rope_scale, ctx.dtype)  # [n, d] each, shared by the layers
+    inv_freq = d.inv_freq if d.length_rope is None else d.length_rope.inv_freq(start + n + d.cache.block)
+    cos, sin = rope_tables(positions, inv_freq, d.rope_scale, ctx.dtype)  # [n, d] each, shared by the layers
     for layer in d.layers:
         k = F.linear(ctx, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
         k = apply_rope(rms_norm(k, layer.k_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nKV, n, d]
@@ -407,7 +461,8 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
     n = x.shape[0]
     x = x.to(d.dtype)
     positions = torch.arange(n, device=x.device) + start  # [B]
-    cos, sin = rope_tables(positions, d.inv_freq, d.rope_scale, x.dtype)  # [B, d] each, shared by the layers
+    inv_freq = d.inv_freq if d.length_rope is None else d.length_rope.inv_freq(start + n)
+    cos, sin = rope_tables(positions, inv_freq, d.rope_scale, x.dtype)  # [B, d] each, shared by the layers
     for layer in d.layers if layers is None else layers:
         per_query = layer.sliding_window is not None and d.window_per_query
         first = ctx_first if layer.sliding_window is None or per_query else \
@@ -464,7 +519,7 @@ def resolve_layer_causal(spec: DraftSpec, causal: bool | None) -> list[bool]:
 
 def _check_runnable(spec: DraftSpec, file: str) -> None:
     if spec.variant != "dflash":
-        raise DFlashError(f"{spec.variant} drafts are not supported by the runtime: their extra modules "
+        raise NotRunnable(f"{spec.variant} drafts are not supported by the runtime: their extra modules "
                           "(local convolutions, candidate selector) are not specified; only dflash runs", file=file)
     try:
         mapping.check_complete(spec)  # block size, mask id and target ids: what every engine needs
@@ -472,10 +527,10 @@ def _check_runnable(spec: DraftSpec, file: str) -> None:
         raise DFlashError(str(exc), file=file) from None
     unsupported = mapping.non_qwen3_features(spec)
     if unsupported:
-        raise DFlashError(f"config sets {', '.join(unsupported)}: the runtime implements the plain Qwen3 layer math "
+        raise NotRunnable(f"config sets {', '.join(unsupported)}: the runtime implements the plain Qwen3 layer math "
                           "only, so its logits would not be this draft's", file=file)
     if rope_kind(spec) not in ("default", *SUPPORTED_ROPE):
-        raise DFlashError(f"RoPE type {rope_kind(spec)!r} is not supported by the runtime "
+        raise NotRunnable(f"RoPE type {rope_kind(spec)!r} is not supported by the runtime "
                           f"(supported: default, {', '.join(SUPPORTED_ROPE)})", file=file)
     compat.raise_first_failure([compat.mask_range_check(spec.mask_token_id, spec.vocab_size,
                                                         source="the draft config")], file=file)

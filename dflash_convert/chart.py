@@ -1,0 +1,64 @@
+"""Acceptance per draft position as a picture: unicode bars for terminals and CI logs, and a small SVG
+for Markdown (the validation report, the model card) that needs no plotting library.
+
+Plain functions over a list of rates in [0, 1] (position k = the fraction of draft steps whose draft
+token at block slot k was accepted) and optional per-position minimums; the validation report and the
+model card both draw from them.
+"""
+
+from __future__ import annotations
+
+from xml.sax.saxutils import escape
+
+EIGHTHS = " ▏▎▍▌▋▊▉█"  # a bar's last cell to 1/8 of a character
+
+
+def bar(fraction: float, width: int) -> str:
+    """`fraction` (clamped to [0, 1]) of `width` cells in unicode block characters."""
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, rest = divmod(eighths, 8)
+    return ("█" * full + (EIGHTHS[rest] if rest else "")).ljust(width)
+
+
+def text_chart(rates: list[float], minimums: list[float] | None = None, width: int = 40) -> list[str]:
+    """One line per draft position: its rate as a bar (full width = every step accepted) and, where a
+    minimum was asked for, `min X` with `ok` or `LOW`."""
+    minimums = list(minimums or [])
+    lines = [f"{'pos':>4}  {'rate':>4}  {'0':<{width // 2}}{'1':>{width - width // 2}}"]
+    for k, rate in enumerate(rates):
+        line = f"{k + 1:>4}  {rate:4.2f}  {bar(rate, width)}"
+        if k < len(minimums):
+            line += f"  min {minimums[k]:.2f} {'ok' if rate >= minimums[k] else 'LOW'}"
+        lines.append(line.rstrip())
+    return lines
+
+
+def svg_chart(rates: list[float], minimums: list[float] | None = None, title: str = "") -> str:
+    """A bar chart of `rates` (0..1) per draft position, minimums as red ticks; about 2 KB of SVG."""
+    minimums = list(minimums or [])
+    n = max(len(rates), 1)
+    left, top, plot_w, plot_h = 44, 34, max(24 * n, 380), 180
+    width, height = left + plot_w + 16, top + plot_h + 40
+    step = plot_w / n
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
+    for tick in (0, 0.25, 0.5, 0.75, 1.0):
+        y = top + plot_h * (1 - tick)
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+    for k, rate in enumerate(rates):
+        x = left + k * step
+        h = plot_h * max(0.0, min(1.0, rate))
+        parts.append(f'<rect x="{x + step * 0.15:.1f}" y="{top + plot_h - h:.1f}" width="{step * 0.7:.1f}" '
+                     f'height="{h:.1f}" fill="#4c78a8"><title>position {k + 1}: {rate:.3f}</title></rect>')
+        if k < len(minimums):
+            y = top + plot_h * (1 - max(0.0, min(1.0, minimums[k])))
+            parts.append(f'<line x1="{x + step * 0.05:.1f}" y1="{y:.1f}" x2="{x + step * 0.95:.1f}" y2="{y:.1f}" '
+                         'stroke="#d62728" stroke-width="2"/>')
+        parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{k + 1}</text>')
+    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">draft position '
+                 '(block slot); bar: share of steps accepted' + (', red: minimum' if minimums else '') + '</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,187 @@
+"""The served level: the pair run in real vLLM (`validate --engine vllm --engine-python PATH`), and its
+figures checked against our emulation of vLLM.
+
+vLLM runs in a child process with the interpreter at PATH (the environment where it is installed),
+running vllm_driver.py (standard library + vLLM only) that talks JSON. The child has its own process
+group and its own KV-cache size; a timeout, Ctrl-C or a stop signal kills the whole group.
+
+vLLM counts acceptance over full blocks: it always drafts block - 1 tokens and counts acceptances past
+max_tokens, where our loop shortens the last block. Its figures are compared with the emulation
+counted the same way (`full_last_block`), within ENGINE_TAU_TOLERANCE / ENGINE_RATE_TOLERANCE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from dflash_convert.errors import DFlashError, Interrupted, UsageError
+from dflash_convert.io.staging import STOP_SIGNALS
+from dflash_convert.validate.checks import Check, _check
+from dflash_convert.validate.report import AcceptanceCounts, EngineStats
+
+DRIVER = Path(__file__).with_name("vllm_driver.py")
+ENGINE_TAU_TOLERANCE = 0.02  # relative: vLLM's tau against the emulation's under vLLM's counting
+ENGINE_RATE_TOLERANCE = 0.02  # absolute, per draft position
+LOG_TAIL = 2000  # characters of the engine's stderr kept for an error message
+
+
+@dataclass
+class EngineRequest:
+    """What vLLM is asked to run: one target, the prompts, one or more drafts (tests batch them)."""
+
+    target: Path
+    prompts: list[list[int]]
+    max_tokens: int
+    stop_token_ids: list[int]
+    drafts: list[dict[str, Any]]  # {"draft": DIR, "num_speculative_tokens": K, "mixed_layer_types": bool}
+    engine_args: dict[str, Any]
+
+
+def engine_python(spec: str) -> str:
+    """The interpreter `--engine-python` names: `self` is the current one."""
+    if spec == "self":
+        return sys.executable
+    path = Path(spec).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UsageError(f"--engine-python {spec}: not an executable file (a Python interpreter with vLLM installed, "
+                         "or `self`)")
+    return str(path)
+
+
+def run_vllm(request: EngineRequest, *, python: str, timeout_s: float, kv_cache_gib: float,
+             say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """The driver's JSON answer (see vllm_driver.py). Raises DFlashError when the engine cannot be run
+    or gives no answer in `timeout_s` seconds, Interrupted on a stop signal (the child group killed)."""
+    body = json.dumps({"target": str(Path(request.target).resolve()), "prompts": request.prompts,
+                       "max_tokens": request.max_tokens, "stop_token_ids": request.stop_token_ids,
+                       "engine_args": request.engine_args,
+                       "drafts": [{**d, "draft": str(Path(d["draft"]).resolve())} for d in request.drafts]})
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=f"{kv_cache_gib:g}", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    say(f"engine: vLLM at {python} ({len(request.drafts)} draft(s), {len(request.prompts)} prompts, "
+        f"timeout {timeout_s:g} s)")
+    try:
+        proc = subprocess.Popen([python, str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
+    except OSError as exc:
+        raise DFlashError(f"cannot start {python}: {exc.strerror or exc}") from None
+    previous = _on_stop_signals(proc)
+    try:
+        out, err = proc.communicate(body, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise DFlashError(f"vLLM gave no answer within {timeout_s:g} s (--engine-timeout); its process group was "
+                          "killed") from None
+    except BaseException:
+        _kill(proc)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        answer = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
+    except json.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        tail = err.strip()[-LOG_TAIL:].splitlines()
+        raise DFlashError(f"vLLM at {python} exited {proc.returncode} without an answer"
+                          + (f": {tail[-1]}" if tail else ""))
+    if "error" in answer and "drafts" not in answer:
+        raise DFlashError(f"vLLM at {python}: {answer['error']}")
+    return answer
+
+
+def _on_stop_signals(proc: subprocess.Popen) -> dict:
+    """Stop signals kill the child's group, then end this run (Ctrl-C reaches only us: the child has its
+    own session). Returns the handlers to restore."""
+    def on_signal(signum, frame):  # noqa: ARG001
+        _kill(proc)
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}; the vLLM engine was stopped")
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        try:
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, on_signal)
+        except (ValueError, OSError):  # not the main thread: the caller's handlers stay
+            break
+    return previous
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGTERM to the child's process group, SIGKILL after a grace period."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def engine_counts(run: dict[str, Any]) -> AcceptanceCounts:
+    """vLLM's counters as tau and per-position rates."""
+    num, accepted = run["num_drafts"], run["num_accepted_tokens"]
+    return AcceptanceCounts(num_drafts=num, accepted=accepted, drafted=run["num_draft_tokens"],
+                            acceptance_length=round(1 + accepted / num, 4) if num else 1.0,
+                            per_position_rates=[round(a / num, 4) if num else 0.0
+                                                for a in run["num_accepted_tokens_per_pos"]])
+
+
+def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: AcceptanceCounts, *, block: int,
+                  engine_args: dict[str, Any], python: str, min_acceptance_length: float | None,
+                  min_position_rates: list[float] | None) -> tuple[list[Check], EngineStats]:
+    """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting."""
+    run = answer["drafts"][0]
+    if "error" in run:
+        # the engine refused what the static level let through, or cannot run it here: no verdict on the draft
+        raise DFlashError(f"vLLM {answer.get('vllm_version')}: {run['error']}")
+    spec, base = run["outputs"], answer["target_only"]["outputs"]
+    counts = engine_counts(run)
+    equal = sum(s == b == o for s, b, o in zip(spec, base, ours))
+    n = len(ours)
+    first = next((i for i in range(n) if not spec[i] == base[i] == ours[i]), None)
+    checks = [_check("engine_outputs_equal", equal == n, f"vLLM's speculative output, vLLM's target-only output and "
+                     f"our target's greedy output are equal on all {n} prompts" if first is None else
+                     f"prompt {first + 1}: " + ("vLLM's speculative and target-only outputs differ"
+                     if spec[first] != base[first] else "vLLM's target-only output is not our target's greedy output")
+                     + f" ({equal}/{n} prompts equal)", value=f"{equal}/{n}", threshold=f"{n}/{n}", level="end_to_end")]
+    tau_gap = abs(counts.acceptance_length - emulated.acceptance_length)
+    rates = list(zip(counts.per_position_rates, emulated.per_position_rates))
+    worst = max((abs(a - b) for a, b in rates), default=0.0)
+    agrees = (tau_gap <= ENGINE_TAU_TOLERANCE * emulated.acceptance_length and worst <= ENGINE_RATE_TOLERANCE
+              and len(counts.per_position_rates) == len(emulated.per_position_rates))
+    checks.append(_check(
+        "engine_acceptance_agrees", agrees,
+        f"vLLM: {counts.num_drafts} drafts, {counts.accepted} accepted, tau {counts.acceptance_length:.3f}; "
+        f"emulation counted as vLLM counts (full last block): {emulated.num_drafts} drafts, {emulated.accepted} "
+        f"accepted, tau {emulated.acceptance_length:.3f}; largest per-position gap {worst:.3f} (tolerance: tau "
+        f"within {ENGINE_TAU_TOLERANCE:.0%}, each position within {ENGINE_RATE_TOLERANCE})",
+        value=counts.acceptance_length, threshold=emulated.acceptance_length, level="end_to_end"))
+    if min_acceptance_length is not None:
+        checks.append(_check("engine_acceptance_length", counts.acceptance_length >= min_acceptance_length,
+                             f"vLLM's tau {counts.acceptance_length:.3f} over {counts.num_drafts} draft steps (block "
+                             f"{block}); required >= {min_acceptance_length}", value=counts.acceptance_length,
+                             threshold=min_acceptance_length, level="end_to_end"))
+    if min_position_rates:
+        got = counts.per_position_rates
+        low = [f"position {k + 1}: {got[k]:.3f} < {m}" for k, m in enumerate(min_position_rates)
+               if k >= len(got) or got[k] < m]
+        checks.append(_check("engine_position_rates", not low, "; ".join(low) if low else
+                             "every position of vLLM's figures meets its threshold", value=got,
+                             threshold=list(min_position_rates), level="end_to_end"))
+    stats = EngineStats(engine="vllm", version=answer["vllm_version"], python=python, engine_args=engine_args,
+                        engine_config=run.get("engine_config") or {}, prompts=n, outputs_equal=equal, counts=counts)
+    return checks, stats

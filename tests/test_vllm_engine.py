@@ -1,0 +1,301 @@
+"""The real engine: the bundled pair, and copies of it that exercise the engines table's rules, served by
+vLLM on CPU; its counters and outputs against our emulation (`validate --engine vllm`) counted as vLLM
+counts (full last blocks).
+
+Needs a Python with vLLM: $DFLASH_VLLM_PYTHON, else build/vllm-venv/bin/python (scripts/setup-vllm.sh
+builds it); those tests are skipped without one. vLLM starts twice: once for every copy (served one
+after another against the pair's target, in one process), once by the CLI. The option, timeout and
+warning tests at the end need no vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_convert.io.reading import read_json
+from test_checks import copy_draft
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = ROOT / "examples" / "pair"
+VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(ROOT / "build" / "vllm-venv" / "bin" / "python")
+needs_vllm = pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK), reason=f"no Python with vLLM at {VLLM_PYTHON}: "
+                                "run scripts/setup-vllm.sh (builds build/vllm-venv) or set DFLASH_VLLM_PYTHON")
+PROMPTS = 6  # of the pair's 16 held-out prompts, for the rule cases (the CLI run takes all 16)
+TOKENS = 64
+EAGER = {"enforce_eager": True}  # no torch.compile warm-up (a minute per engine on 2 cores); same figures
+
+
+def _hf(dst: Path, src: Path = PAIR / "draft", dflash: dict | None = None, **config) -> Path:
+    """The pair's draft converted to the HF format, config keys (and `dflash_config` keys) then set (None: removed)."""
+    from dflash_convert.convert.conversion import convert
+
+    convert(src, dst)
+    cfg = read_json(dst / "config.json")
+    cfg.update(config)
+    cfg["dflash_config"].update(dflash or {})
+    (dst / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return dst
+
+
+def _window(dst: Path, window: int) -> Path:
+    """A speculators copy whose sliding layers see `window` positions: shorter than the pair's contexts."""
+    shutil.copytree(PAIR / "draft", dst)
+    cfg = read_json(dst / "config.json")
+    cfg["transformer_layer_config"]["sliding_window"] = window
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def _pruned(dst: Path) -> Path:
+    """A pruned-vocabulary copy: its own lm_head (the target's rows of 256 kept ids, the tokens of the pair's
+    language among them) and d2t/t2d."""
+    import torch
+    from safetensors.torch import load_file
+
+    lm_head = load_file(PAIR / "target" / "model.safetensors")["lm_head.weight"]
+    vocab = lm_head.shape[0]
+    used = {int(t) for t in (PAIR / "prompts.txt").read_text().split()}  # the outputs repeat the prompts' spans
+    kept = sorted(used | {vocab - 1})  # and the mask token
+    kept = torch.tensor(sorted(kept + [i for i in range(vocab) if i not in kept][:256 - len(kept)]))
+
+    def edit(tensors):
+        tensors["lm_head.weight"] = lm_head[kept].clone()
+        tensors["d2t"] = kept - torch.arange(len(kept))
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[kept] = True
+        tensors["t2d"] = t2d
+
+    return copy_draft(PAIR / "draft", dst, spec_update={"draft_vocab_size": 256}, edit_tensors=edit)
+
+
+def _mask_embedding(dst: Path) -> Path:
+    """A copy shipping mask_embedding.pt: the target's embedding of token 0 instead of the mask token's."""
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(PAIR / "draft", dst)
+    row = load_file(PAIR / "target" / "model.safetensors")["model.embed_tokens.weight"][0].clone()
+    torch.save(row, dst / "mask_embedding.pt")
+    return dst
+
+
+# name -> (make the draft in a folder, run-time block size or None, the engine-table rule it exercises). The
+# mis-wired copies accept almost nothing: their draft logits are near-tied, and bf16 kernels (vLLM's, ours)
+# break such ties differently, so they agree within engine_acceptance_agrees' tolerance, not to the count.
+NEAR_TIED = {"wrong_ids", "last_layer"}
+CASES = {
+    "speculators": (lambda d: copy_draft(PAIR / "draft", d), None, "speculators reader, as trained"),
+    "hf": (lambda d: _hf(d), None, "HF reader, causality from the converted config"),
+    "speculators_non_causal": (lambda d: copy_draft(PAIR / "draft", d, raw_update={"sliding_window_non_causal": True}),
+                               None, "causality speculators_global: one flag for all layers"),
+    "hf_is_causal_false": (lambda d: _hf(d, is_causal=False), None, "causality: is_causal first"),
+    "wrong_ids": (lambda d: copy_draft(PAIR / "draft", d, spec_update={"target_layer_ids": [2, 6]}), None,
+                  "layer ids aux_minus_one (mis-wired: one layer up)"),
+    "hf_unsorted_ids": (lambda d: _hf(d, dflash={"target_layer_ids": [5, 1]}), None,
+                        "ids_order sorted_unique"),
+    "last_layer": (lambda d: copy_draft(PAIR / "draft", d, spec_update={"target_layer_ids": [1, 7]}), None,
+                   "last_layer pre_norm"),
+    "pruned": (_pruned, None, "vocab own_lm_head_d2t"),
+    "hf_block_8": (lambda d: _hf(d), 8, "block_size serving_flag"),
+    "mask_embedding": (_mask_embedding, None, "mask_embedding used (mask_embedding.pt replaces the mask token's row)"),
+    "window_6": (lambda d: _window(d, 6), None, "window_semantics per_query (6 < the block: late slots see no context)"),
+}
+
+
+def _emulate(draft: Path, prompts: list[list[int]], block: int | None):
+    from dflash_convert.validate import ValidateOptions, validate
+
+    return validate(draft, ValidateOptions(
+        target=PAIR / "target", prompts=prompts, max_new_tokens=TOKENS, sampling="greedy", engine="vllm",
+        levels=["static", "end_to_end"],
+        keep_going=True, timing_rounds=1, threads=1, block_size=block, allow_pickle=True))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Every case: (our report, vLLM's answer for it), with vLLM's target-only outputs and our target's greedy."""
+    import torch
+
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.validate import served as engine
+    from dflash_runtime import load_target, target_generate
+
+    if not os.access(VLLM_PYTHON, os.X_OK):
+        pytest.skip(f"no Python with vLLM at {VLLM_PYTHON}")
+    root = tmp_path_factory.mktemp("vllm-cases")
+    prompts = [[int(t) for t in line.split()] for line in (PAIR / "prompts.txt").read_text().splitlines()][:PROMPTS]
+    threads = torch.get_num_threads()
+    drafts, reports = {}, {}
+    try:
+        for name, (make, block, _) in CASES.items():
+            drafts[name] = make(root / name)
+            reports[name] = _emulate(drafts[name], prompts, block)
+        target = load_target(PAIR / "target", device="cpu", dtype=torch.bfloat16)
+        greedy = [target_generate(target, p, max_new_tokens=TOKENS, stop_token_ids=[510]).tokens for p in prompts]
+    finally:
+        torch.set_num_threads(threads)
+    request = engine.EngineRequest(
+        target=PAIR / "target", prompts=prompts, max_tokens=TOKENS, stop_token_ids=[510], engine_args=EAGER,
+        drafts=[{"draft": str(drafts[n]), "num_speculative_tokens": reports[n].acceptance.block_size - 1,
+                 "mixed_layer_types": len(set(open_checkpoint(drafts[n]).spec.layer_types)) > 1} for n in CASES])
+    answer = engine.run_vllm(request, python=VLLM_PYTHON, timeout_s=1800, kv_cache_gib=1)
+    return {n: (reports[n], run) for n, run in zip(CASES, answer["drafts"])}, answer["target_only"]["outputs"], greedy
+
+
+@needs_vllm
+@pytest.mark.parametrize("name", list(CASES))
+def test_vllm_counts_equal_the_emulation_counted_as_vllm_counts(served, name):
+    """Drafts, draft tokens, accepted tokens and accepted per position: vLLM's counters are exactly the
+    emulation's under vLLM's convention (near-tied drafts: within the check's tolerance); the rule the case
+    exercises is then verified, not claimed."""
+    from dflash_convert.validate.served import engine_counts, served_checks
+
+    cases, target_only, greedy = served
+    report, run = cases[name]
+    assert "error" not in run, run
+    ours = report.acceptance.vllm_counting
+    checks, stats = served_checks({"vllm_version": "0.32.0", "drafts": [run], "target_only": {"outputs": target_only}},
+                                  greedy, ours, block=report.acceptance.block_size, engine_args=EAGER,
+                                  python=VLLM_PYTHON, min_acceptance_length=None, min_position_rates=None)
+    agrees = next(c for c in checks if c.name == "engine_acceptance_agrees")
+    assert agrees.status == "pass", (CASES[name][2], agrees.message)
+    if name not in NEAR_TIED:
+        assert engine_counts(run) == ours, (CASES[name][2], engine_counts(run), ours)
+    assert stats.counts.num_drafts == ours.num_drafts or name in NEAR_TIED
+
+
+@needs_vllm
+@pytest.mark.parametrize("name", list(CASES))
+def test_vllm_outputs_equal_target_only_and_our_greedy(served, name):
+    cases, target_only, greedy = served
+    report, run = cases[name]
+    assert target_only == greedy
+    assert run["outputs"] == greedy
+    assert report.acceptance.outputs_equal == PROMPTS
+
+
+@needs_vllm
+def test_the_cases_measure_what_they_claim(served):
+    """The copies differ where they should: wrong ids collapse acceptance, the short window and non-causal
+    serving change it, unsorted ids are served sorted (as the right wiring)."""
+    cases, _, _ = served
+    tau = {n: r.acceptance.vllm_counting.acceptance_length for n, (r, _) in cases.items()}
+    assert tau["speculators"] == tau["hf"] == tau["hf_unsorted_ids"] > 10, tau
+    assert tau["wrong_ids"] < 3 and tau["last_layer"] < 3, tau
+    assert tau["window_6"] < tau["speculators"] and tau["mask_embedding"] != tau["speculators"], tau
+    assert cases["hf_block_8"][0].acceptance.block_size == 8 and tau["hf_block_8"] <= 8, tau
+
+
+@needs_vllm
+def test_cli_serves_the_pair_in_vllm(cli):
+    """One command: the pair in real vLLM beside the emulation, both counts in the JSON, the engine's version
+    and the --engine-args it was built with (max_model_len, dtype, eager: the plumbing, as vLLM reports it)."""
+    args = {"enforce_eager": True, "max_model_len": 384, "dtype": "bfloat16"}
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", PAIR / "prompts.txt",
+            "--sampling", "greedy", "--engine", "vllm", "--engine-python", VLLM_PYTHON, "--engine-args", json.dumps(args),
+            "--levels", "static,end_to_end", "--min-acceptance-length", "14", "--json")
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status["engine_outputs_equal"] == status["engine_acceptance_agrees"] == "pass"
+    assert status["engine_acceptance_length"] == "pass"
+    run, ours = report["engine_run"], report["acceptance"]
+    assert run["version"] == "0.32.0" and run["engine_args"] == args and run["outputs_equal"] == 16
+    assert {k: run["engine_config"][k] for k in ("max_model_len", "dtype", "enforce_eager")} == \
+        {"max_model_len": 384, "dtype": "bfloat16", "enforce_eager": True}
+    # the figures of the README: our loop 70 / 953, vLLM's counting 70 / 967, both in ours and in vLLM's
+    assert (ours["num_drafts"], ours["accepted"]) == (70, 953)
+    assert run["counts"] == ours["vllm_counting"]
+    assert (run["counts"]["num_drafts"], run["counts"]["accepted"]) == (70, 967)
+    assert "acceptance, side by side" in r.err and "vllm 0.32.0" in r.err
+
+
+@needs_vllm
+def test_mixed_draft_cannot_run_on_cpu_vllm(cli, tmp_path):
+    """Mixed sliding + full layers need vLLM's V2 model runner, which needs Triton: on CPU the run says so
+    (exit 1), it neither fails nor passes the draft."""
+    draft = _hf(tmp_path / "mixed", layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                sliding_window=2048, is_causal=None)
+    r = cli("validate", draft, "--target", PAIR / "target", "--prompts", PAIR / "prompts.txt", "--max-new-tokens", "8",
+            "--sampling", "greedy", "--engine", "vllm", "--engine-python", VLLM_PYTHON, "--levels", "static,end_to_end",
+            "--keep-going",
+            "--json")
+    assert r.code == 1, r.err[-2000:]
+    assert "cannot run here" in r.json()["error"]["message"] and "Triton" in r.json()["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- no vLLM needed
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine-python", "self"], "give --engine vllm"),
+    (["--engine", "vllm", "--engine-python", "/nonexistent/python", "--sampling", "greedy"], "not an executable file"),
+    (["--engine", "vllm", "--engine-python", "self", "--engine-args", "[1]"], "a JSON object is needed"),
+    (["--engine", "vllm", "--engine-python", "self", "--engine-args", "{"], "not JSON"),
+    (["--engine", "vllm", "--engine-python", "self", "--sampling", "greedy", "--engine-args", '{"model": "x"}'],
+     "set by validate itself"),
+    (["--engine", "vllm", "--engine-args", '{"dtype": "float32"}'], "give --engine-python"),
+    (["--engine", "vllm", "--engine-python", "self", "--temperature", "0.5"], "--sampling greedy"),
+    (["--engine", "vllm", "--engine-python", "self"], "--sampling greedy"),
+])
+def test_engine_options_are_usage_errors(cli, args, message):
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", *args)
+    assert r.code == 2 and message in r.err, r.err[-2000:]
+
+
+def test_engine_timeout_kills_the_whole_process_group(cli, tmp_path):
+    """An engine that never answers: exit 1 naming the timeout, and nothing of it left running (the fake
+    interpreter and the child it started are both gone)."""
+    pids = tmp_path / "pids"
+    fake = tmp_path / "python"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        sleep 300 &
+        echo $$ $! > {pids}
+        wait
+        """))
+    fake.chmod(0o755)
+    lines = "\n".join((PAIR / "prompts.txt").read_text().splitlines()[:1]) + "\n"
+    (tmp_path / "p.txt").write_text(lines)
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", tmp_path / "p.txt",
+            "--max-new-tokens", "4", "--levels", "end_to_end", "--threads", "1", "--sampling", "greedy",
+            "--engine", "vllm", "--engine-python", fake, "--engine-timeout", "3", "--json")
+    assert r.code == 1 and "no answer within 3 s" in r.json()["error"]["message"], r.err[-2000:]
+    for pid in map(int, pids.read_text().split()):
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"process {pid} of the engine outlived the timeout")
+
+
+def test_miswired_draft_warns_loudly_by_default(cli, tmp_path):
+    """Wrong target layer ids (one layer up) keep the output lossless and accept almost nothing: with no
+    threshold the run passes (exit 0) but says so loudly, naming the likely causes."""
+    draft = copy_draft(PAIR / "draft", tmp_path / "wrong", spec_update={"target_layer_ids": [2, 6]})
+    (tmp_path / "p.txt").write_text("\n".join((PAIR / "prompts.txt").read_text().splitlines()[:3]) + "\n")
+    r = cli("validate", draft, "--target", PAIR / "target", "--prompts", tmp_path / "p.txt", "--max-new-tokens", "32",
+            "--levels", "static,end_to_end", "--threads", "1", "--sampling", "greedy")
+    assert r.code == 0, r.err[-2000:]
+    shown = r.out + r.err  # the report goes to stdout without --json
+    assert "WARNING:" in shown and "target layer ids" in shown and "mask token" in shown and "causality" in shown
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_engine_python_without_vllm_is_an_error_not_a_verdict(cli, tmp_path):
+    """`--engine-python self` where vLLM is not installed: exit 1 naming the missing module."""
+    (tmp_path / "p.txt").write_text((PAIR / "prompts.txt").read_text().splitlines()[0] + "\n")
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", tmp_path / "p.txt",
+            "--max-new-tokens", "4", "--levels", "end_to_end", "--threads", "1", "--sampling", "greedy",
+            "--engine", "vllm", "--engine-python", "self", "--json")
+    assert r.code == 1 and "No module named 'vllm'" in r.json()["error"]["message"], r.err[-2000:]
