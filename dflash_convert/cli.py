@@ -190,14 +190,16 @@ class Output:
         return hub
 
     def local(self, source: str, *, revision: Optional[str] = None, token: Optional[str] = None,
-              allow_pickle: bool = False, for_target: bool = False, config_only: bool = False):
+              allow_pickle: bool = False, for_target: bool = False, config_only: bool = False,
+              verify_weights: bool = True):
         """A local path as is, or a Hub id downloaded to the cache: (path, commit sha or None)."""
         if revision is None and Path(source).exists():  # the common case stays free of huggingface_hub imports
             return Path(source), None
         hub = self.hub()
         try:
             resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
-                                          for_target=for_target, config_only=config_only)
+                                          for_target=for_target, config_only=config_only,
+                                          verify_weights=verify_weights)
         except DFlashError as exc:
             if revision is None and is_hub_id(source):  # say both readings of an ambiguous argument
                 raise type(exc)(f"{source} is not a local directory, and as a Hub repo id: {exc}") from None
@@ -362,8 +364,10 @@ def _on_sigint(handler) -> None:
 def _quiet_interrupts() -> None:
     """From here to the exit a Ctrl-C still ends the process with its one line, never a traceback."""
     from dflash_convert.__main__ import interrupted_now
+    from dflash_convert.io.staging import stopping
 
-    _on_sigint(interrupted_now)
+    # once a stop signal is being answered, a second one must not add a line (or cut the first short)
+    _on_sigint(signal.SIG_IGN if stopping() else interrupted_now)
 
 
 def _usage_message(exc: Exception) -> str:
@@ -397,12 +401,16 @@ def _main(argv: Optional[list[str]]) -> None:
     debug = "--debug" in args[:end] or _env_flag("HF_DEBUG") or _env_flag("DFLASH_CONVERT_DEBUG")
     as_json = "--json" in args[:end]
     args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
+    from dflash_convert.io.staging import STOP_SIGNALS, stop_on_signals
+
     try:
         _on_sigint(signal.default_int_handler)  # from here a Ctrl-C is a KeyboardInterrupt
         from dflash_convert.hub.tokens import redact_output
 
         redact_output(args)  # before anything can print: no token in any stream, traceback or warning
-        rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
+        # SIGTERM, SIGHUP, SIGQUIT end any command (a Hub download too) with one line; a second one is ignored
+        with stop_on_signals(tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)):
+            rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
         _quiet_interrupts()
         _live.stop()
         if rc == INTERRUPTED_EXIT:  # typer turns a KeyboardInterrupt into this code, silently
@@ -436,7 +444,7 @@ def _main(argv: Optional[list[str]]) -> None:
     "dflash-convert convert ./draft-speculators -o ./draft-hf",
     "dflash-convert convert org/draft --revision v1 -o ./draft-hf --verifier Qwen/Qwen3-8B --validate",
     "dflash-convert convert ./draft-hf -o ./out --to speculators --dtype bfloat16 --max-shard-size 5GB",
-    "dflash-convert convert ./draft -o ./draft-hf --push org/draft-hf --push-revision dev --create-pr"))
+    "dflash-convert convert ./draft -o ./draft-hf --push org/draft-hf --create-pr"))
 def convert(
     src: Source,
     output: Annotated[Path, typer.Option("-o", "--output", help="Destination directory (written atomically).")],
@@ -484,7 +492,9 @@ def convert(
     from dflash_convert.publish import convert_and_publish
 
     out = Output(as_json, quiet)
-    src_path, src_sha = out.local(src, revision=revision, token=token, allow_pickle=allow_pickle)
+    # the weights are hashed against their Hub cache names in the conversion's own read of them
+    src_path, src_sha = out.local(src, revision=revision, token=token, allow_pickle=allow_pickle,
+                                  verify_weights=False)
     verifier_path = out.local(verifier, token=token, config_only=True)[0] if verifier else None
     opts = ConvertOptions(to=_value(to), verifier=verifier_path, verifier_name=verifier, mask_token_id=mask_token_id,
                           target_layer_ids=target_layer_ids, derive_target_layer_ids=derive_target_layer_ids,
@@ -613,7 +623,7 @@ def pull(
 
 
 @app.command(epilog=_examples("dflash-convert push ./draft-hf org/draft-hf",
-                              "dflash-convert push ./draft-hf org/draft-hf --revision dev --create-pr --private"))
+                              "dflash-convert push ./draft-hf org/draft-hf --revision dev --private"))
 def push(
     directory: Annotated[Path, typer.Argument(metavar="DIRECTORY", help="Checkpoint directory to upload.")],
     repo: Annotated[str, typer.Argument(metavar="REPO", help="Hub repo id (org/name); created if missing.")],

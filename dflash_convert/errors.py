@@ -44,6 +44,7 @@ class Interrupted(BaseException):
 
     def __init__(self, message: str, *, file: str | None = None, signum: int | None = None):
         self.file = str(file) if file is not None else None
+        self.signum = signum
         if signum is not None:
             self.exit_code = 128 + int(signum)
         super().__init__(f"{self.file}: {message}" if self.file else message)

@@ -54,6 +54,11 @@ def convert_and_publish(src: str | Path, dest: str | Path, opts: ConvertOptions 
     (push_options go to hub.client.push: revision, private, commit_message, commit_description,
     create_pr, token). on_status gets the validation's progress lines.
     """
+    if push:  # a push that cannot be made is refused before the conversion, not after it
+        from dflash_convert.hub.client import check_push_options
+
+        check_push_options((push_options or {}).get("revision"), bool((push_options or {}).get("create_pr")),
+                           "--push-revision")
     report = None
     say = on_status or (lambda message: None)
     warn = on_warning or (lambda message: None)

@@ -17,6 +17,15 @@ which commits files on the branch right after the first repo_info of that branch
 branch moving between resolving a revision and downloading it), `hold_downloads` /
 `release_downloads` (LFS file downloads wait in between, at most a minute), and `echo_auth`: error messages
 then quote the Authorization header received, as a hostile or buggy server might.
+
+Fault injection, `fault(path_part, kind, n=1, **params)`: the next n requests whose path contains
+path_part misbehave. Kinds: "status" (answer `status` with `headers`, e.g. Retry-After, and X-Error-Message
+`message`), "stall_headers" (accept, then say nothing for `seconds`), and for file downloads (GET
+/resolve/): "truncate" (a short body, its size announced as the file's by HEAD and GET), "corrupt" (one bit flipped), "stall_body"
+(half the body, then silence), "reset" (half the body, then a TCP reset), "redirect" (HEAD and GET
+answered 302 to `to` + the file name, with the file's metadata headers, as the Hub redirects to its CDN).
+Stalls end early at `stop()`. `BlobServer` is the other end of a redirect: another port, fixed bytes,
+and the Authorization headers it received.
 """
 
 from __future__ import annotations
@@ -93,9 +102,9 @@ class Repo:
 
 
 class HubError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.headers = status, message, code, headers or {}
 
 
 def _bad_path(path: str) -> bool:
@@ -122,6 +131,9 @@ class HubState:
         self.downloads_open.set()
         self.echoed: list[str] = []  # every error message sent with the Authorization header in it
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for assertions
+        self.ranges: list[tuple[str, str]] = []  # (file, Range header) of every ranged download
+        self.faults: list[list] = []  # [path part, kind, params, n left]
+        self.stopping = threading.Event()  # set by stop(): stalls end
         self._counter = 0
 
     # -- commits
@@ -193,6 +205,19 @@ class HubState:
                 if part in path:
                     del self.failures[i]
                     return HubError(status, message, code)
+        return None
+
+    def fault(self, path_part: str, kind: str, n: int = 1, **params) -> None:
+        assert kind in ("status", "stall_headers", "truncate", "corrupt", "stall_body", "reset", "redirect"), kind
+        with self.lock:
+            self.faults.append([path_part, kind, params, n])
+
+    def take_fault(self, path: str, kinds: tuple[str, ...]) -> tuple[str, dict] | None:
+        with self.lock:
+            for f in self.faults:
+                if f[0] in path and f[1] in kinds and f[3] > 0:
+                    f[3] -= 1
+                    return f[1], f[2]
         return None
 
     def move_branch_after_resolve(self, repo_id: str, branch: str, files: dict[str, bytes]) -> None:
@@ -293,7 +318,7 @@ class HubHandler(BaseHTTPRequestHandler):
         if self.state.echo_auth and self.headers.get("Authorization"):
             exc.message += f" (request sent Authorization: {self.headers['Authorization']})"
             self.state.echoed.append(exc.message)
-        headers = {"X-Error-Message": exc.message}
+        headers = {"X-Error-Message": exc.message, **exc.headers}
         if exc.code:
             headers["X-Error-Code"] = exc.code
         self._send(exc.status, json.dumps({"error": exc.message}).encode(), headers, head=head)
@@ -340,6 +365,17 @@ class HubHandler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         self.state.requests.append((method, url.path))
         try:
+            fault = self.state.take_fault(url.path, ("status", "stall_headers"))
+            if fault is not None and fault[0] == "stall_headers":
+                self.state.stopping.wait(fault[1].get("seconds", 60))
+                self.close_connection = True
+                return
+            if fault is not None:
+                params = fault[1]
+                if method in ("POST", "PUT"):
+                    self._body()
+                raise HubError(params["status"], params.get("message", "injected"), params.get("code"),
+                               params.get("headers"))
             failure = self.state.take_failure(url.path)
             if failure is not None:
                 if method in ("POST", "PUT"):
@@ -601,8 +637,43 @@ class HubHandler(BaseHTTPRequestHandler):
         else:
             headers["ETag"] = f'"{blob.git_oid}"'
         data, status = blob.data, 200
+        if head and self.state.take_fault(f"{repo_id}/{path}", ("truncate",)):  # the short size announced too
+            headers["X-Linked-Size"] = str(len(data) * 3 // 4)
+            data = data[: len(data) * 3 // 4]
+        redirect = self.state.take_fault(f"{repo_id}/{path}", ("redirect",))
+        if redirect is not None:
+            headers["Location"] = redirect[1]["to"] + "/" + path
+            return self._send(302, b"", headers, head=head)
         if not head and blob.lfs:
             self.state.downloads_open.wait(timeout=60)
+        body_fault = None if head else self.state.take_fault(f"{repo_id}/{path}", ("truncate", "corrupt", "stall_body",
+                                                                                   "reset"))
+        if body_fault is not None and body_fault[0] in ("truncate", "corrupt"):
+            data = bytearray(data)
+            if body_fault[0] == "corrupt":
+                data[len(data) // 2] ^= 0x01
+            else:
+                del data[len(data) * 3 // 4:]
+            if self.headers.get("Range"):  # answered whole: the server ignores the Range (as some CDNs do)
+                return self._send(200, bytes(data), headers, content_type="application/octet-stream")
+            data = bytes(data)
+        elif body_fault is not None:  # stall_body, reset: half the body, then silence or a TCP reset
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            if body_fault[0] == "stall_body":
+                self.state.stopping.wait(body_fault[1].get("seconds", 60))
+                self.close_connection = True
+                return
+            time.sleep(0.2)  # the client has read the half: the reset comes while it waits for the rest
+            self.close_connection = True
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            self.connection.close()
+            return
         if not head and blob.lfs and self.state.take_drop("download"):
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -613,6 +684,8 @@ class HubHandler(BaseHTTPRequestHandler):
             self.wfile.flush()
             return self._drop()
         rng = self.headers.get("Range")
+        if rng and not head:
+            self.state.ranges.append((path, rng))
         if rng and rng.startswith("bytes="):
             start_s, _, end_s = rng[6:].partition("-")
             start = int(start_s or 0)
@@ -640,6 +713,7 @@ class HubServer(ThreadingHTTPServer):
         return self
 
     def stop(self) -> None:
+        self.state.stopping.set()
         self.shutdown()
         self.server_close()
         self._thread.join(timeout=5)
@@ -655,6 +729,57 @@ class HubServer(ThreadingHTTPServer):
     def __getattr__(self, name):  # test hooks live on the state
         if name in ("seed_repo", "inject_file", "create_tag", "files_at", "commit_at", "commits", "is_lfs",
                     "drop_next", "lfs_puts", "requests", "repos", "fail_next", "move_branch_after_resolve",
-                    "echoed", "hold_downloads", "release_downloads"):
+                    "echoed", "hold_downloads", "release_downloads", "fault", "ranges"):
             return getattr(self.state, name)
         raise AttributeError(name)
+
+
+class BlobServer(ThreadingHTTPServer):
+    """The other end of a redirect (a CDN on another port): serves `files` by name (HEAD, GET, Range) and
+    keeps every Authorization header it received."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, files: dict[str, bytes]):
+        files_, seen = files, []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format, *args):  # noqa: A002
+                pass
+
+            def do_HEAD(self):
+                self.do_GET(head=True)
+
+            def do_GET(self, head: bool = False):
+                seen.append(self.headers.get("Authorization"))
+                data = files_.get(urlsplit(self.path).path.lstrip("/"))
+                if data is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                status, rng = 200, self.headers.get("Range")
+                if rng and rng.startswith("bytes="):
+                    start = int(rng[6:].partition("-")[0] or 0)
+                    data, status = data[start:], 206
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data)
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.authorization = seen
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def start(self) -> "BlobServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()

@@ -70,6 +70,19 @@ def test_bad_config(cli, full, tmp_path, edit, needles):
     assert_clean_failure(cli("convert", full, "-o", out), out, 1, *needles)
 
 
+def test_speculators_and_hf_layer_ids_that_contradict(cli, full, tmp_path):
+    """Both formats' keys in one config.json: read as speculators (as vLLM does), the HF key SGLang reads
+    naming other layers is an error naming both fields; agreeing keys are fine."""
+    aux = read_config(full)["aux_hidden_state_layer_ids"]
+    edit_config(full, lambda c: c.update(dflash_config={"target_layer_ids": [i - 1 for i in aux]}))
+    assert cli("convert", full, "-o", tmp_path / "ok").code == 0
+    edit_config(full, lambda c: c.update(dflash_config={"target_layer_ids": list(aux)}))  # the off-by-one
+    out = tmp_path / "out"
+    assert_clean_failure(cli("convert", full, "-o", out), out, 1, "config.json", "dflash_config.target_layer_ids",
+                         "aux_hidden_state_layer_ids", str(list(aux)))
+    assert cli("inspect", full).code == 1
+
+
 def test_not_a_dflash_config(cli, tiny_target, tmp_path):
     out = tmp_path / "out"
     assert_clean_failure(cli("convert", tiny_target, "-o", out), out, 1, "config.json", "Qwen3ForCausalLM")

@@ -266,8 +266,10 @@ def test_bad_token_is_401_and_token_precedence(cli, hub, draft, monkeypatch, hub
 @pytest.mark.parametrize("failure, args, needles", [
     (("/api/models/org/draft", 403, "Access to this model is restricted", "GatedRepo"), ["pull", "org/draft"],
      ["org/draft", "gated"]),
-    (("/resolve/", 404, "Entry not found: model.safetensors", "EntryNotFound"), ["pull", "org/draft"],
-     ["org/draft@main", "file not found on the Hub", "model.safetensors"]),
+    (("/model.safetensors", 404, "Entry not found", "EntryNotFound"), ["pull", "org/draft"],  # the Hub's usual text
+     ["org/draft@main", "file not found on the Hub", "'model.safetensors'"]),
+    (("/model.safetensors", 403, "Forbidden", None), ["pull", "org/draft"],
+     ["403", "'model.safetensors' of org/draft@main", "refused access"]),
     (("/commit/", 403, "You don't have the rights", None), ["push", "DRAFT", "org/draft"],
      ["no write access", "org/draft", "403"]),
     (("/preupload/", 500, "the Hub is unwell", None), ["push", "DRAFT", "org/draft"],
@@ -281,7 +283,8 @@ def test_hub_errors_name_the_repo_in_one_line(cli, hub, draft, monkeypatch, fail
     hub.seed_repo("org/draft", local_files(draft))
     for _ in range(10 if failure[1] >= 500 else 1):
         hub.fail_next(*failure)
-    one_error_line(cli(*[str(draft) if a == "DRAFT" else a for a in args]), *needles)
+    line = one_error_line(cli(*[str(draft) if a == "DRAFT" else a for a in args]), *needles)
+    assert args[0] == "push" or "write access" not in line  # a download needs none
 
 
 def test_server_going_away_during_commit_leaves_no_commit(cli, hub, draft):

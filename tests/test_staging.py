@@ -39,7 +39,7 @@ calls = [0]
 def paused_copy(*args, **kwargs):
     real_copy(*args, **kwargs)
     calls[0] += 1
-    if calls[0] == 3 and mode != "commit":
+    if calls[0] == 3 and mode not in ("commit", "mkdir"):
         print("WRITING", flush=True)
         deadline = time.time() + 60
         while not go.exists() and time.time() < deadline:
@@ -56,8 +56,28 @@ if mode == "commit":  # the signal arrives while the finished directory is being
         return real_rename(self, target)
 
     Path.rename = signalled_rename
+if mode == "mkdir":  # the signal arrives the instant the staging directory exists
+    real_mkdir = Path.mkdir
 
+    def signalled_mkdir(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if ".dflash-staging-" in self.name:
+            os.kill(os.getpid(), sig)
+
+    Path.mkdir = signalled_mkdir
+
+import dflash_convert.cli as cli
 from dflash_convert.cli import main
+
+if mode == "twice":  # a second signal while the first one's error line is being printed
+    real_fail = cli._fail
+
+    def fail_signalled_again(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        time.sleep(0.05)
+        real_fail(*args, **kwargs)
+
+    cli._fail = fail_signalled_again
 
 sys.argv = ["dflash-convert", "convert", src, "-o", out, *sys.argv[5:]]
 main()
@@ -101,6 +121,29 @@ def test_signal_mid_write_leaves_nothing(tmp_path, src, sig):
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "interrupted" in lines[0], err
     assert not out.exists()
     assert leftovers(out) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("mode", ["mkdir", "twice", "gap"])
+def test_signals_at_unlucky_moments(tmp_path, src, sig, mode):
+    """The instant the staging directory exists; a second signal while the first one's line prints, or
+    2 ms after the first: exit 128 + the signal with one true line, no traceback, never death by the signal, nothing
+    at or beside DST."""
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    p = start_child(tmp_path, src, out, sig, mode if mode != "gap" else "")
+    if mode != "mkdir":
+        wait_writing(p)
+        p.send_signal(sig)
+    if mode == "gap":
+        time.sleep(0.002)
+        p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig, (p.returncode, err)  # never -sig: death by the signal
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in err, err
+    assert f"interrupted by {signal.Signals(sig).name}" in lines[0] and "nothing was written" in lines[0], err
+    assert not out.exists() and leftovers(out) == []
 
 
 def test_signal_ignored_at_start_stays_ignored(tmp_path, src):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +22,7 @@ from dflash_convert import __version__
 from dflash_convert.format import catalogue, compat, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint, read_companion
 from dflash_convert.io.staging import check_destination, staged_directory
-from dflash_convert.io.reading import read_json
+from dflash_convert.io.reading import announced_by_cache_name, discard, hasher, read_json
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConversionRecord, DraftSpec, VerifierRef
 from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, torch_dtype
 from dflash_convert.errors import DFlashError, UsageError
@@ -217,55 +217,97 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
 
 # ----------------------------------------------------------------------------- execution
 
-class _KnownHash:
-    """Stands in for hashlib.sha256 when the digest is already known (the NaN scan still reads)."""
+class CorruptInput(DFlashError):
+    """An input file whose bytes are not those its Hub cache name announces: removed once nothing reads it."""
 
-    def __init__(self, digest: str):
-        self.digest = digest
-
-    def update(self, data) -> None:
-        pass
-
-    def hexdigest(self) -> str:
-        return self.digest
+    def __init__(self, path: Path, message: str):
+        super().__init__(message, file=path)
+        self.path = path
 
 
-def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str]) -> None:
+class _Hashing:
+    """hashlib objects fed on a thread of their own (hashlib lets go of the GIL), so that hashing a chunk
+    and scanning it for NaN/Inf run side by side; a daemon: a stop signal never waits for it."""
+
+    def __init__(self, *hashes):
+        self.hashes, self.chunks, self.done = hashes, queue.Queue(maxsize=4), threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while (chunk := self.chunks.get()) is not None:
+            for h in self.hashes:
+                h.update(chunk)
+        self.done.set()
+
+    def update(self, chunk: bytes) -> None:
+        self.chunks.put(chunk)
+
+    def finish(self) -> None:
+        self.chunks.put(None)
+        self.done.wait()
+
+
+def _has_nonfinite(chunk: bytes, d, scratch: dict) -> bool:
+    """Any NaN/Inf among the chunk's values: `bits & nan_mask == nan_value` for some value. Where the
+    two are equal (IEEE formats), that is `max(bits & nan_mask) == nan_mask`: two passes, no temporaries."""
+    words = np.frombuffer(chunk, dtype=d.bits)
+    if d.nan_mask != d.nan_value:
+        return bool(((words & d.nan_mask) == d.nan_value).any())
+    buf = scratch.get(d.bits)
+    if buf is None or len(buf) < len(words):
+        buf = scratch[d.bits] = np.empty(len(words), dtype=d.bits)
+    masked = np.bitwise_and(words, d.nan_mask, out=buf[:len(words)])
+    return len(words) > 0 and int(masked.max()) == d.nan_mask
+
+
+def _read_inputs(ckpt: Checkpoint, hashes: dict[str, str], nonfinite: list[str], origin: str = "") -> None:
     """sha256 of every input file and the names of float tensors holding NaN/Inf, in one read.
 
-    Runs on the other core while the kernel copies: both passes read from the page cache.
+    Runs on the other core while the kernel copies: both passes read from the page cache. A file
+    from the Hub cache is also checked against the hash its blob is named by (the one the Hub
+    announced): a corrupt download or a blob damaged since ends the conversion and is removed.
     """
     by_file: dict[Path, list[TensorInfo]] = {}
     for info in ckpt.tensors.values():
         by_file.setdefault(info.file, []).append(info)
+    scratch: dict = {}
     for f in ckpt.input_files:
-        blob = Path(f).resolve()
-        # Files from the Hub cache are links to blobs/<sha256> for LFS files: the name is the hash.
-        known = blob.name if blob.parent.name == "blobs" and re.fullmatch(r"[0-9a-f]{64}", blob.name) else None
-        h = _KnownHash(known) if known else hashlib.sha256()
+        announced = announced_by_cache_name(f)
+        h = hashlib.sha256()
+        git = hasher("git", f.stat().st_size) if announced and announced[0] == "git" else None
+        hashing = _Hashing(h, *([git] if git else []))
+        update = hashing.update
         with open(f, "rb") as fh:
             pos = 0
             scan = [] if f.suffix != ".safetensors" else sorted(by_file.get(f, []), key=lambda t: t.start)
             for info in scan:
                 if info.start > pos:  # header and padding
-                    h.update(fh.read(info.start - pos))
+                    update(fh.read(info.start - pos))
                 d = DTYPES[info.dtype]
                 left, bad = info.nbytes, False
                 while left:
                     chunk = fh.read(min(left, 8 << 20))
                     if not chunk:
                         raise DFlashError(f"tensor `{info.name}`: file ended early", file=f)
-                    h.update(chunk)
+                    update(chunk)
                     if d.is_float and not bad:
-                        words = np.frombuffer(chunk, dtype=d.bits)
-                        bad = bool(((words & d.nan_mask) == d.nan_value).any())
+                        bad = _has_nonfinite(chunk, d, scratch)
                     left -= len(chunk)
                 if bad:
                     nonfinite.append(info.name)
                 pos = info.end
             while chunk := fh.read(8 << 20):
-                h.update(chunk)
+                update(chunk)
+        hashing.finish()
         hashes[f.name] = h.hexdigest()
+        if announced is not None:
+            got = (git or h).hexdigest()
+            if got != announced[1]:
+                label = "sha256" if git is None else "git blob id"
+                raise CorruptInput(f, f"{origin}{f.name}: the bytes do not match the {label} the "
+                                  f"Hub announced for this file ({announced[1][:16]}..., got {got[:16]}...): the "
+                                  "download is corrupt or the cached blob was damaged; it was removed from the "
+                                  "cache (rerun to download it again) and nothing was written")
 
 
 def _write_tensor(plan: ConversionPlan, step: TensorStep, src_handles: dict, dst) -> None:
@@ -302,7 +344,8 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
 
     def read_inputs() -> None:
         try:
-            _read_inputs(ckpt, hashes, nonfinite)
+            _read_inputs(ckpt, hashes, nonfinite, origin=f"Hub repo {opts.source_id}@{opts.source_revision}, "
+                         if opts.source_id else "")
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             failure.append(exc)
 
@@ -332,6 +375,8 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             (tmp / f.name).write_bytes(read_companion(f))
         reader.join()
         if failure:
+            if isinstance(failure[0], CorruptInput):  # the copy is done with it: out of the cache
+                discard(failure[0].path)
             raise failure[0]
         nonfinite += [n for n, t in ckpt.pickled.items() if t.is_floating_point() and not t.isfinite().all()]
         if nonfinite:

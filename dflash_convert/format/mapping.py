@@ -184,14 +184,23 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         non_causal = SPECULATORS_NON_CAUSAL_DEFAULT[variant]
     verifier = cfg.speculators_config.verifier if cfg.speculators_config else None
     vocab = cfg.transformer_layer_config.vocab_size
+    target_layer_ids = None if cfg.aux_hidden_state_layer_ids is None else target_ids_from_aux(
+        cfg.aux_hidden_state_layer_ids)
+    hf_ids = (raw.get("dflash_config") or {}).get("target_layer_ids") if isinstance(raw.get("dflash_config"), dict) \
+        else None
+    if hf_ids is not None and hf_ids != target_layer_ids:
+        # Read as speculators (vLLM does), but an HF reader (SGLang, z-lab) of the same file takes the other list.
+        raise DFlashError(f"field `dflash_config.target_layer_ids` {_short(hf_ids)} contradicts "
+                          f"`aux_hidden_state_layer_ids` {_short(cfg.aux_hidden_state_layer_ids)} (= target_layer_ids "
+                          f"{target_layer_ids}): engines reading the HF keys would feed the draft other target "
+                          "layers; keep one of the two", file=file)
     return DraftSpec(
         source_format="speculators",
         variant=variant,
         decoder=decoder,
         block_size=cfg.block_size,
         mask_token_id=cfg.mask_token_id,
-        target_layer_ids=None if cfg.aux_hidden_state_layer_ids is None
-        else target_ids_from_aux(cfg.aux_hidden_state_layer_ids),
+        target_layer_ids=target_layer_ids,
         layer_types=layer_types,
         layer_causal=speculators_layer_causal(layer_types, non_causal),
         causal_flag=None,

@@ -7,6 +7,7 @@ one DFlashError naming the file (and the key).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -140,3 +141,41 @@ def _refuse_control(where: str, path: Path) -> None:
     char = _CONTROL.search(where)
     what = f"key `{shown}`" if char else f"field `{shown}`"
     raise DFlashError(f"{what} holds a control character (terminal escapes are refused)", file=path)
+
+
+# ----------------------------------------------------------------------------- Hub cache files: named by their hash
+
+def hasher(kind: str, size: int):
+    """sha256 ("sha256"), or ("git") the git blob id the Hub announces for a file not stored in LFS."""
+    return hashlib.sha256() if kind == "sha256" else hashlib.sha1(b"blob %d\0" % size)
+
+
+def file_digest(path: str | Path, kind: str) -> str:
+    path = Path(path)
+    h = hasher(kind, path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def announced_by_cache_name(path: str | Path) -> tuple[str, str] | None:
+    """(kind, hash) a Hub cache file was downloaded under, or None for any other file: the cache names each
+    blob by the etag the Hub announced, the sha256 of an LFS file and the git blob id of another."""
+    blob = Path(os.path.realpath(path))
+    if blob.parent.name != "blobs":
+        return None
+    if re.fullmatch(r"[0-9a-f]{64}", blob.name):
+        return "sha256", blob.name
+    if re.fullmatch(r"[0-9a-f]{40}", blob.name):
+        return "git", blob.name
+    return None
+
+
+def discard(path: str | Path) -> None:
+    """Remove a file that failed its hash check: a cache link and the blob it points to (the next run
+    downloads it again), or a plain file."""
+    path = Path(path)
+    if path.is_symlink():
+        Path(os.path.realpath(path)).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)

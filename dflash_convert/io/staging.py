@@ -124,15 +124,75 @@ def _write_error(exc: OSError, dest: Path) -> DFlashError:
     return DFlashError(f"cannot write: {exc.strerror or exc}{where}; nothing was written", file=dest)
 
 
+# The first stop signal of the process ends it; later ones are ignored, so that a second Ctrl-C
+# a few milliseconds after the first cannot cut the cleanup short, or kill the process by the signal
+# with a traceback. `_written` are the destinations this process completed (the message says so).
+_stopping: list[int] = []
+_written: list[Path] = []
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def interrupted_message(signum: int) -> str:
+    """What is true when a stop signal ends the process outside a staged write."""
+    if _written:
+        return f"interrupted by {_signal_name(signum)} after {_written[-1]} was written (it is complete)"
+    return f"interrupted by {_signal_name(signum)}; nothing was written"
+
+
+def _install(handler, signals: tuple[int, ...] = STOP_SIGNALS) -> dict:
+    previous = {}
+    for sig in signals:
+        try:
+            if signal.getsignal(sig) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):  # not the main thread: keep the handlers as they are
+            break
+    return previous
+
+
+def _restore(previous: dict) -> None:
+    if _stopping:  # the process is ending on a signal: keep ignoring further ones until it has
+        return
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def stopping() -> bool:
+    """A stop signal has been taken: the process is ending on it (later ones are to be ignored)."""
+    return bool(_stopping)
+
+
+@contextmanager
+def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Inside the block, the first of STOP_SIGNALS raises Interrupted in the main thread (wherever it
+    waits: a socket read, a retry's sleep) and any later one is ignored. The CLI runs every command
+    inside it: a Hub download stopped by SIGTERM ends at once with one line, like a conversion."""
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        if _stopping:
+            return
+        _stopping.append(signum)
+        raise Interrupted(interrupted_message(signum), signum=signum)
+
+    previous = _install(on_signal, signals)
+    try:
+        yield
+    finally:
+        _restore(previous)
+
+
 @contextmanager
 def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[str] | None = None) -> Iterator[Path]:
     """Yield a hidden staging directory beside `dest`; rename it onto `dest` only if the block succeeds.
 
     Any exception, and every signal of STOP_SIGNALS, removes the staging directory, and `dest` is
     then untouched (missing parent directories are created only at the commit). Signals that come
-    during the commit are held until it is done. A SIGKILL can only leave a hidden
-    `.<name>.dflash-staging-<host>-<pid>-*` sibling: the next run on `dest` removes it once that
-    pid is gone (and says so in `notes`). Out of space is one error naming `dest`.
+    during the commit are held until it is done; a signal after the first is ignored. A SIGKILL can
+    only leave a hidden `.<name>.dflash-staging-<host>-<pid>-*` sibling: the next run on `dest`
+    removes it once that pid is gone (and says so in `notes`). Out of space is one error naming `dest`.
     """
     dest = Path(os.path.abspath(dest))
     if not dest.name:
@@ -145,29 +205,24 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
     state = {"hold": False}
 
     def on_signal(signum, frame):  # noqa: ARG001
+        if _stopping:
+            return
         if state["hold"]:
             held.append(signum)
             return
-        raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing was written", file=dest,
-                          signum=signum)
+        _stopping.append(signum)
+        raise Interrupted(f"interrupted by {_signal_name(signum)}", signum=signum)
 
-    previous = {}
-    for sig in STOP_SIGNALS:
-        try:
-            if signal.getsignal(sig) != signal.SIG_IGN:
-                previous[sig] = signal.signal(sig, on_signal)
-        except (ValueError, OSError):  # not the main thread: keep the handlers as they are
-            break
     base = _staging_base(dest)
     tmp = _sibling(dest, base, "staging")
-    try:
-        tmp.mkdir()
-    except OSError as exc:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        raise DFlashError(f"cannot create a staging directory in {base}: {exc.strerror or exc}", file=dest) from None
+    previous = _install(on_signal)
     try:
         try:
+            try:
+                tmp.mkdir()
+            except OSError as exc:
+                raise DFlashError(f"cannot create a staging directory in {base}: {exc.strerror or exc}",
+                                  file=dest) from None
             yield tmp
             state["hold"] = True
             # No fsync: the rename makes DST atomic against process death (kill -9, Ctrl-C), which is
@@ -188,14 +243,20 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 tmp.rename(dest)
+            _written.append(dest)
         except OSError as exc:
             raise _write_error(exc, dest) from None
+        except Interrupted as exc:
+            state["hold"] = True
+            shutil.rmtree(tmp, ignore_errors=True)
+            what = "nothing was written" if not tmp.exists() else f"the partial output {tmp} could not be removed"
+            raise Interrupted(f"{str(exc).split(';')[0]}; {what}", file=dest, signum=exc.signum) from None
     finally:
         state["hold"] = True  # a second Ctrl-C must not stop the cleanup half-way
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
     if held:  # a signal that came during the commit ends the run now that DST is complete
-        raise Interrupted(f"interrupted by {signal.Signals(held[0]).name} just after the output was written "
+        _stopping.append(held[0])
+        raise Interrupted(f"interrupted by {_signal_name(held[0])} just after the output was written "
                           "(it is complete)", file=dest, signum=held[0])
