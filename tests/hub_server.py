@@ -697,26 +697,37 @@ class HubHandler(BaseHTTPRequestHandler):
         self._send(status, data, headers, content_type="application/octet-stream", head=head)
 
 
-class HubServer(ThreadingHTTPServer):
+class LoopbackServer(ThreadingHTTPServer):
+    """An HTTP server on a free loopback port, served from a daemon thread between start() and stop()."""
+
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 64
 
-    def __init__(self, *, valid_token: str, lfs_threshold: int = 64 * 1024):
-        super().__init__(("127.0.0.1", 0), HubHandler)
-        self.state = HubState(valid_token, lfs_threshold)
+    def __init__(self, handler):
+        super().__init__(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
-    def start(self) -> "HubServer":
+    def start(self):
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self.state.stopping.set()
         self.shutdown()
         self.server_close()
         self._thread.join(timeout=5)
+
+
+class HubServer(LoopbackServer):
+    request_queue_size = 64
+
+    def __init__(self, *, valid_token: str, lfs_threshold: int = 64 * 1024):
+        self.state = HubState(valid_token, lfs_threshold)
+        super().__init__(HubHandler)
+
+    def stop(self) -> None:
+        self.state.stopping.set()
+        super().stop()
 
     @property
     def echo_auth(self) -> bool:
@@ -734,12 +745,9 @@ class HubServer(ThreadingHTTPServer):
         raise AttributeError(name)
 
 
-class BlobServer(ThreadingHTTPServer):
+class BlobServer(LoopbackServer):
     """The other end of a redirect (a CDN on another port): serves `files` by name (HEAD, GET, Range) and
     keeps every Authorization header it received."""
-
-    daemon_threads = True
-    allow_reuse_address = True
 
     def __init__(self, files: dict[str, bytes]):
         files_, seen = files, []
@@ -771,15 +779,5 @@ class BlobServer(ThreadingHTTPServer):
                 if not head:
                     self.wfile.write(data)
 
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.authorization = seen
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def start(self) -> "BlobServer":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
