@@ -231,6 +231,78 @@ def test_mixed_draft_cannot_run_on_cpu_vllm(cli, tmp_path):
     assert "cannot run here" in r.json()["error"]["message"] and "Triton" in r.json()["error"]["message"]
 
 
+@needs_vllm
+def test_hybrid_target_served_in_vllm(tmp_path):
+    """A tiny random Qwen3-Next target (Gated DeltaNet + full attention layers, head_dim 64: vLLM's CPU
+    attention refuses 16) and a random draft: vLLM's speculative output equals its target-only output and our
+    runtime's greedy output (both roll the linear-attention state back on rejection), and its counters equal
+    the emulation counted vLLM's way. Prefix caching is off (the driver turns it off for hybrid targets
+    without Triton: on, vLLM 0.32 CPU fails in a Triton kernel once the draft speculates)."""
+    import torch
+
+    import target_zoo
+    from dflash_convert.validate import ValidateOptions, validate
+    from dflash_convert.validate import served as engine
+    from dflash_convert.validate.served import engine_counts
+    from dflash_runtime import load_target, target_generate
+    from runtime_helpers import write_hf_draft
+
+    config_cls, model_cls, kwargs = target_zoo._classes("qwen3_next")
+    kwargs.update(head_dim=64, num_attention_heads=2, num_key_value_heads=1, linear_num_key_heads=1,
+                  linear_num_value_heads=2, linear_key_head_dim=64, linear_value_head_dim=64)
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**kwargs)).eval()
+    with torch.no_grad():  # as target_zoo does: make the linear-attention state matter
+        for name, p in model.named_parameters():
+            if "linear_attn.out_proj" in name:
+                p.mul_(8)
+    model.save_pretrained(tmp_path / "target")
+    assert set(model.config.layer_types) == {"linear_attention", "full_attention"}
+    draft = write_hf_draft(tmp_path / "draft", layers=1, heads=2, kv_heads=1, head_dim=64, target_ids=(0, 2),
+                           n_target=target_zoo.LAYERS, block_size=4, bias=False)
+    prompts, tokens = [[3, 17, 250, 9], list(range(40, 61))], 24
+    threads = torch.get_num_threads()
+    try:
+        report = validate(draft, ValidateOptions(
+            target=tmp_path / "target", prompts=prompts, max_new_tokens=tokens, sampling="greedy", engine="vllm",
+            levels=["end_to_end"], keep_going=True, timing_rounds=1, threads=1))
+        target = load_target(tmp_path / "target", device="cpu", dtype=torch.bfloat16)
+        greedy = [target_generate(target, p, max_new_tokens=tokens, stop_token_ids=[target_zoo.VOCAB - 2]).tokens
+                  for p in prompts]
+    finally:
+        torch.set_num_threads(threads)
+    answer = engine.run_vllm(engine.EngineRequest(
+        target=tmp_path / "target", prompts=prompts, max_tokens=tokens, stop_token_ids=[target_zoo.VOCAB - 2],
+        engine_args=EAGER, drafts=[{"draft": str(draft), "num_speculative_tokens": 3, "mixed_layer_types": False}]),
+        python=VLLM_PYTHON, timeout_s=900, kv_cache_gib=1)
+    run = answer["drafts"][0]
+    assert "error" not in run, run
+    assert run["engine_config"]["enable_prefix_caching"] is False
+    assert answer["target_only"]["outputs"] == greedy and run["outputs"] == greedy
+    assert report.acceptance.outputs_equal == len(prompts)
+    assert engine_counts(run) == report.acceptance.vllm_counting
+
+
+@needs_vllm
+def test_hybrid_target_with_prefix_caching_cannot_run_on_cpu_vllm(tmp_path):
+    """Prefix caching forced on for a hybrid target: no verdict, a "cannot run here" naming Triton and the
+    way out (exit 1 through served_checks), answered before vLLM is imported."""
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.validate import served as engine
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}))
+    answer = engine.run_vllm(engine.EngineRequest(
+        target=tmp_path / "target", prompts=[[1, 2]], max_tokens=2, stop_token_ids=[], engine_args={
+            "enable_prefix_caching": True}, drafts=[{"draft": str(tmp_path), "num_speculative_tokens": 3}]),
+        python=VLLM_PYTHON, timeout_s=120, kv_cache_gib=1)
+    assert answer["drafts"][0]["cannot_run"] and "target_only" not in answer, answer
+    with pytest.raises(DFlashError, match="cannot run here .*Triton.*enable_prefix_caching"):
+        engine.served_checks(answer, [[]], None, block=4, engine_args={}, python=VLLM_PYTHON,
+                             min_acceptance_length=None, min_position_rates=None)
+
+
 # ----------------------------------------------------------------------------- no vLLM needed
 
 @pytest.mark.parametrize("args, message", [

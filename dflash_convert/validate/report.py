@@ -124,7 +124,7 @@ class EngineStats(BaseModel):
     python: str = Field(description="the interpreter the engine ran under")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="passed to the engine (vLLM's LLM(...))")
     engine_config: dict[str, Any] = Field(default_factory=dict, description="what the engine was built with: dtype, "
-                                          "max_model_len, parallel sizes, executor backend")
+                                          "max_model_len, parallel sizes, executor backend, prefix caching")
     prompts: int
     outputs_equal: int = Field(description="prompts whose engine speculative output, engine target-only output "
                                "and our target's greedy output are all equal")

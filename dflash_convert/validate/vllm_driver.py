@@ -70,6 +70,8 @@ def generate(request: dict, draft: dict | None) -> dict:
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=request["target"], skip_tokenizer_init=True, disable_log_stats=False, seed=0)
+    if no_triton_hybrid(request):  # prefix caching puts linear-attention state in vLLM's "align" mode: Triton only
+        kwargs["enable_prefix_caching"] = False
     kwargs.update(request.get("engine_args") or {})
     if draft is not None:
         kwargs["speculative_config"] = {"method": "dflash", "model": draft["draft"],
@@ -95,7 +97,8 @@ def engine_config(llm) -> dict:
     engine = llm.llm_engine
     model, parallel = engine.model_config, engine.vllm_config.parallel_config
     return {"dtype": str(model.dtype).removeprefix("torch."), "max_model_len": model.max_model_len,
-            "enforce_eager": model.enforce_eager, "tensor_parallel_size": parallel.tensor_parallel_size,
+            "enforce_eager": model.enforce_eager,
+            "enable_prefix_caching": bool(engine.vllm_config.cache_config.enable_prefix_caching), "tensor_parallel_size": parallel.tensor_parallel_size,
             "pipeline_parallel_size": parallel.pipeline_parallel_size,
             "distributed_executor_backend": str(parallel.distributed_executor_backend)}
 
@@ -118,7 +121,29 @@ def installed_version() -> str | None:
     return None
 
 
-def cannot_run(draft: dict) -> dict | None:
+def no_triton_hybrid(request: dict) -> bool:
+    """A target with linear-attention (Gated DeltaNet) layers, on a vLLM without Triton (CPU). Its
+    linear-attention layers run there; with a draft and prefix caching on, vLLM copies their state between
+    steps with a Triton kernel (mamba_cache_mode "align"), which fails: prefix caching goes off instead."""
+    if importlib.util.find_spec("triton") is not None:
+        return False
+    try:
+        with open(os.path.join(request["target"], "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False  # vLLM reports it
+    for part in (config, config.get("text_config") or {}):
+        if "linear_attention" in (part.get("layer_types") or []) or "linear_conv_kernel_dim" in part:
+            return True
+    return False
+
+
+def cannot_run(draft: dict, request: dict | None = None) -> dict | None:
+    if request is not None and (request.get("engine_args") or {}).get("enable_prefix_caching") and \
+            no_triton_hybrid(request):
+        return {"error": "the target has linear-attention layers, whose state vLLM keeps for prefix caching with "
+                "a Triton kernel while a draft speculates: cannot run here (no Triton, e.g. vLLM on CPU); leave "
+                "enable_prefix_caching out of --engine-args (it is then off)", "cannot_run": True}
     if draft.get("mixed_layer_types") and importlib.util.find_spec("triton") is None:
         return {"error": "the draft mixes sliding and full attention layers, which vLLM serves only with its V2 "
                 "model runner, which needs Triton: cannot run here (no Triton, e.g. vLLM on CPU)", "cannot_run": True}
@@ -127,7 +152,7 @@ def cannot_run(draft: dict) -> dict | None:
 
 def serve(request: dict, draft: dict) -> dict:
     try:
-        return cannot_run(draft) or generate(request, draft)
+        return cannot_run(draft, request) or generate(request, draft)
     except Exception as exc:
         return error(exc)
 
@@ -139,8 +164,8 @@ def main() -> int:
     try:
         request = json.load(sys.stdin)
         result = {"vllm_version": installed_version()}
-        if all(cannot_run(d) for d in request["drafts"]):  # nothing to serve: vLLM is not even imported
-            result["drafts"] = [cannot_run(d) for d in request["drafts"]]
+        if all(cannot_run(d, request) for d in request["drafts"]):  # nothing to serve: vLLM is not even imported
+            result["drafts"] = [cannot_run(d, request) for d in request["drafts"]]
         else:
             import vllm
 
