@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NEWEST=5.24.0
 . .venv/bin/activate
+have=$(python -c "import transformers; print(transformers.__version__)")
 dir=.venv/transformers-$NEWEST
 if [ ! -f "$dir/.complete" ]; then
   rm -rf "$dir"
@@ -16,6 +17,6 @@ if [ ! -f "$dir/.complete" ]; then
 fi
 export PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import transformers, sys; sys.exit(transformers.__version__ != '$NEWEST')"
-echo "Runtime and target tests with transformers $NEWEST (the suite ran with $(pip show transformers 2>/dev/null | sed -n 's/^Version: //p'))"
+echo "Runtime and target tests with transformers $NEWEST (the suite ran with $have)"
 exec python -m pytest -q -p no:cacheprovider -W "error::FutureWarning" tests/test_targets.py tests/test_rope_types.py \
   tests/test_runtime_target.py tests/test_runtime_decode.py tests/test_runtime_model.py tests/test_trained_pair.py
