@@ -291,6 +291,16 @@ class HubHandler(BaseHTTPRequestHandler):
             return bytes(out)
         return b""
 
+    def _send_half(self, data: bytes, headers: dict) -> None:
+        """A 200 announcing the whole body, and only its first half sent."""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+
     def _drop(self) -> None:
         """Go away mid-request: no response, connection reset."""
         self.close_connection = True
@@ -658,13 +668,7 @@ class HubHandler(BaseHTTPRequestHandler):
                 return self._send(200, bytes(data), headers, content_type="application/octet-stream")
             data = bytes(data)
         elif body_fault is not None:  # stall_body, reset: half the body, then silence or a TCP reset
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
+            self._send_half(data, headers)
             if body_fault[0] == "stall_body":
                 self.state.stopping.wait(body_fault[1].get("seconds", 60))
                 self.close_connection = True
@@ -675,13 +679,7 @@ class HubHandler(BaseHTTPRequestHandler):
             self.connection.close()
             return
         if not head and blob.lfs and self.state.take_drop("download"):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
+            self._send_half(data, headers)
             return self._drop()
         rng = self.headers.get("Range")
         if rng and not head:
