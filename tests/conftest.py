@@ -78,3 +78,27 @@ def speculators_drafts(tmp_path_factory, tiny_target) -> dict[str, Path]:
         "bias_last_layer": make_speculators_draft(root / "bias_last_layer", tiny_target, aux_ids=(1, 4, 8),
                                                   attention_bias=True),
     }
+
+
+@pytest.fixture(scope="session")
+def family_drafts(tmp_path_factory, tiny_target) -> dict[str, Path]:
+    """dflash2 and DSpark drafts saved by speculators 0.9.0's own classes (save_pretrained), random
+    non-identity weights, tiny sizes: one per config shape the engines read differently."""
+    from factories import make_speculators_draft
+
+    root = tmp_path_factory.mktemp("family")
+    shapes = {
+        # dflash2: speculators' defaults (kernel 2, group 16, rank 256, top-k 16) and a second shape
+        "dflash2": dict(algorithm="dflash2"),
+        "dflash2_k3": dict(algorithm="dflash2", conv_kernel_size=3, conv_group_size=8, selector_rank=32,
+                           selector_top_k=8, seed=2),
+        # dspark: vanilla Markov head + confidence head over [hidden; markov] (speculators' defaults)
+        "dspark": dict(algorithm="dspark", markov_rank=16),
+        "dspark_gated": dict(algorithm="dspark", markov_rank=16, markov_head_type="gated", seed=3),
+        "dspark_rnn": dict(algorithm="dspark", markov_rank=16, markov_head_type="rnn", seed=4),
+        "dspark_plain_conf": dict(algorithm="dspark", markov_rank=16, confidence_head_with_markov=False, seed=5),
+        "dspark_no_conf": dict(algorithm="dspark", markov_rank=16, enable_confidence_head=False, seed=6),
+        "dspark_bonus_anchor": dict(algorithm="dspark", markov_rank=16, sample_from_anchor=False, seed=7),
+        "dspark_pruned": dict(algorithm="dspark", markov_rank=16, draft_vocab=128, seed=8),
+    }
+    return {name: make_speculators_draft(root / name, tiny_target, **kw) for name, kw in shapes.items()}

@@ -35,16 +35,23 @@ def make_speculators_draft(path: Path, target: Path, *, layers: int = 2, aux_ids
                            full_attention_indices=(), sliding_window: int = 2048,
                            sliding_window_non_causal: bool | None = None, algorithm: str = "dflash",
                            legacy_save: bool = False, attention_bias: bool = False, seed: int = 1,
-                           dtype=torch.float32) -> Path:
-    """A DFlash draft built and saved by speculators' own classes (trainer-default shaping).
+                           dtype=torch.float32, **family) -> Path:
+    """A DFlash-family draft built and saved by speculators' own classes (trainer-default shaping).
 
+    `algorithm` is dflash, dflash2 or dspark; `family` holds that class's own training arguments
+    (dflash2: conv_kernel_size, conv_group_size, selector_rank, selector_top_k; dspark: markov_rank,
+    markov_head_type, enable_confidence_head, confidence_head_with_markov, sample_from_anchor).
     `draft_vocab` < target vocab makes a pruned draft with its own lm_head and d2t/t2d.
     `legacy_save` mimics speculators <= 0.8, which also saved embed_tokens and a full lm_head.
+    Every trained weight is random and not an identity (convolutions, selector, Markov and
+    confidence heads included), so a round trip or a runtime that skips a module is caught.
     """
     from speculators.train.cli import create_transformer_layer_config
 
     if algorithm == "dflash2":
         from speculators.models.dflash2.core import DFlash2DraftModel as Model
+    elif algorithm == "dspark":
+        from speculators.models.dspark.core import DSparkDraftModel as Model
     else:
         from speculators.models.dflash import DFlashDraftModel as Model
 
@@ -66,7 +73,8 @@ def make_speculators_draft(path: Path, target: Path, *, layers: int = 2, aux_ids
             t2d[kept] = True
             d2t = kept - torch.arange(draft_vocab)
         kwargs = dict(draft_vocab_size=draft_vocab or vocab, block_size=block_size, verifier_name_or_path=str(target),
-                      target_layer_ids=list(aux_ids), mask_token_id=mask_token_id, draft_attn_impl="sdpa")
+                      target_layer_ids=list(aux_ids), mask_token_id=mask_token_id, draft_attn_impl="sdpa",
+                      **family)
         if sliding_window_non_causal is not None:
             kwargs["sliding_window_non_causal"] = sliding_window_non_causal
         model = Model.from_training_args(layer_cfg, t2d=t2d, d2t=d2t, **kwargs)
