@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hub_server import BlobServer
@@ -271,6 +271,9 @@ REF_CHARS = st.sampled_from(list("ab0/._-~^:?*[\\@{} \t\x00\x1b\x7f\x85\x9f") + 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(REF_CHARS, min_size=1, max_size=12).map("".join))
+@example("a/")
+@example("/a")
+@example("a//b")
 def test_an_accepted_revision_stays_inside_refs(revision):
     """Whatever a revision holds, one that passes names a path inside the cache's refs/ directory and
     holds nothing a terminal or git would read otherwise."""
@@ -303,3 +306,38 @@ def test_an_accepted_file_name_stays_inside_the_download_directory(name):
         return
     assert os.path.normpath(os.path.join("/dl", name)).startswith("/dl/")
     assert not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in name)
+
+
+@pytest.mark.parametrize("asked, obeyed", [("100001", 60.0), ("61", 60.0), ("60", 60.0), ("5", 5.0)])
+def test_a_long_retry_after_is_shortened_to_the_cap(asked, obeyed, monkeypatch, capsys):
+    """The Hub's wait is obeyed up to RETRY_AFTER_CAP (60 s) and no longer, both where the client reads
+    the header (the answer is rewritten before it does) and where this tool schedules its own retry; the
+    shortening is said. A patience of 1000 s: the cap, not the patience, decides."""
+    from huggingface_hub import errors
+    from huggingface_hub.utils import httpx as http
+
+    from dflash_convert.hub import client
+
+    monkeypatch.setenv(client.PATIENCE_VARIABLE, "1000")
+    client._watch.start()
+    url = "https://hub.test/api/models/org/d/revision/main"
+    response = http.Response(429, headers={"Retry-After": asked}, request=http.Request("GET", url))
+    client._on_response(response)
+    assert float(response.headers["Retry-After"]) == obeyed
+    err = capsys.readouterr().err
+    assert f"retrying in {obeyed:g} s" in err
+    assert ("capped at 60 s" in err) == (float(asked) > 60)
+    exc = errors.HfHubHTTPError("slow down", response=response)
+    response.headers["Retry-After"] = asked  # as sent, before any rewriting
+    assert client._retry_delay(exc, backoff=2.0) == obeyed + 1
+
+
+@pytest.mark.parametrize("revision", ["a/", "main/", "refs/pr/1/", "/a", "a//b", "a/./b", "a/../b", "a.lock",
+                                      "a.", ".a", "a b", "a@{1}"])
+def test_revisions_git_would_refuse_are_usage_errors(revision):
+    """The boundary cases of git's ref rules, stated: a property test finds them only by chance."""
+    from dflash_convert.errors import UsageError
+    from dflash_convert.hub.client import check_revision
+
+    with pytest.raises(UsageError, match="is not a branch, tag or commit id"):
+        check_revision(revision)
