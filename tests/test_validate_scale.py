@@ -303,6 +303,34 @@ def _filtered(row: list[float], *, top_k: int = 0, top_p: float = 1.0, min_p: fl
     return [p / total for p in kept]
 
 
+
+# The exact boundaries are vLLM's (v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p_pytorch: sorted
+# ascending, a token goes while the cumulative probability is <= 1 - top_p, the largest always stays;
+# v1/sample/logits_processor/builtin.py MinPLogitsProcessor: a token goes when its probability is < min_p
+# x the largest). Probabilities chosen to be exact in float32, so the boundary is hit exactly.
+@pytest.mark.parametrize("top_p, kept", [(0.75, [0.0, 1 / 3, 2 / 3]), (0.5, [0.0, 0.0, 1.0]),
+                                         (0.76, [0.25, 0.25, 0.5]), (1.0, [0.25, 0.25, 0.5])])
+def test_top_p_drops_the_mass_up_to_and_including_one_minus_top_p(top_p, kept):
+    """0.25, 0.25, 0.5 at top-p 0.75: the cumulative 0.25 equals 1 - top_p, so exactly one 0.25 token goes."""
+    from dflash_runtime.decode import filtered_probs
+
+    probs = filtered_probs(torch.tensor([[0.0, 0.0, math.log(2.0)]]), 1.0, top_p=top_p)
+    assert probs[0].tolist() == pytest.approx(kept, abs=1e-6)
+    assert _filtered([0.25, 0.25, 0.5], top_p=top_p) == pytest.approx(kept, abs=1e-6)
+
+
+@pytest.mark.parametrize("min_p, kept", [(1.0, [0.0, 1.0, 0.0]), (0.5, [0.0, 2 / 3, 1 / 3]),
+                                         (0.25, [1 / 7, 4 / 7, 2 / 7])])
+def test_min_p_keeps_tokens_at_the_threshold(min_p, kept):
+    """Probabilities 1/7, 4/7, 2/7: min-p 1.0 keeps the argmax alone (never an empty row, never NaN);
+    a token exactly at min_p x the largest stays."""
+    from dflash_runtime.decode import filtered_probs
+
+    probs = filtered_probs(torch.tensor([[0.0, 2 * math.log(2.0), math.log(2.0)]]), 1.0, min_p=min_p)
+    assert not probs.isnan().any()
+    assert probs[0].tolist() == pytest.approx(kept, abs=1e-6)
+
+
 # each moves the chain's distribution by TV 0.17-0.24 from the unfiltered one and keeps 2-4 tokens per row
 FILTERS = {"none": {}, "top_k": {"top_k": 2}, "top_p": {"top_p": 0.8}, "min_p": {"min_p": 0.15},
            "all": {"top_k": 3, "top_p": 0.9, "min_p": 0.2}}
