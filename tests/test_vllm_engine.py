@@ -371,3 +371,62 @@ def test_engine_python_without_vllm_is_an_error_not_a_verdict(cli, tmp_path):
             "--max-new-tokens", "4", "--levels", "end_to_end", "--threads", "1", "--sampling", "greedy",
             "--engine", "vllm", "--engine-python", "self", "--json")
     assert r.code == 1 and "No module named 'vllm'" in r.json()["error"]["message"], r.err[-2000:]
+
+
+def _engine_answer(per_pos: list[int], *, num: int = 100, spec=None, base=None) -> dict:
+    outputs = [[1, 2, 3], [4, 5]]
+    run = {"num_drafts": num, "num_draft_tokens": num * len(per_pos), "num_accepted_tokens": sum(per_pos),
+           "num_accepted_tokens_per_pos": per_pos, "outputs": spec or outputs}
+    return {"vllm_version": "0.32.0", "drafts": [run], "target_only": {"outputs": base or outputs}}
+
+
+def _emulated(per_pos: list[int], num: int = 100):
+    from dflash_convert.validate.report import AcceptanceCounts
+
+    return AcceptanceCounts(num_drafts=num, drafted=num * len(per_pos), accepted=sum(per_pos),
+                            acceptance_length=round(1 + sum(per_pos) / num, 4),
+                            per_position_rates=[round(a / num, 4) for a in per_pos])
+
+
+@pytest.mark.parametrize("engine, emulated, agrees", [
+    ([90, 80, 70], [90, 80, 70], True),
+    ([90, 81, 70], [90, 80, 70], True),     # one position 0.01 off, tau 0.4% off: within both tolerances
+    ([90, 60, 90], [90, 80, 70], False),    # same tau (3.4), position 2 and 3 each 0.20 off
+    ([95, 85, 75], [90, 80, 70], False),    # every position 0.05 off, so tau 3.55 vs 3.40
+])
+def test_engine_agreement_needs_both_tau_and_every_position(engine, emulated, agrees):
+    """vLLM's figures agree with the emulation only when tau AND each per-position rate are within their
+    tolerances: a draft whose acceptance moved between positions (same tau) is a disagreement."""
+    from dflash_convert.validate.served import served_checks
+
+    checks, _ = served_checks(_engine_answer(engine), [[1, 2, 3], [4, 5]], _emulated(emulated), block=4,
+                              engine_args={}, python="py", min_acceptance_length=None, min_position_rates=None)
+    by_name = {c.name: c for c in checks}
+    assert by_name["engine_outputs_equal"].status == "pass"
+    assert by_name["engine_acceptance_agrees"].status == ("pass" if agrees else "fail"), \
+        by_name["engine_acceptance_agrees"].message
+
+
+def test_emulated_tau_off_alone_is_a_disagreement():
+    """Rates equal, tau not (an emulation counted another way): the tau half of the rule alone fails it."""
+    from dflash_convert.validate.served import served_checks
+
+    emulated = _emulated([90, 80, 70]).model_copy(update={"acceptance_length": 3.6})
+    checks, _ = served_checks(_engine_answer([90, 80, 70]), [[1, 2, 3], [4, 5]], emulated, block=4,
+                              engine_args={}, python="py", min_acceptance_length=None, min_position_rates=None)
+    assert next(c for c in checks if c.name == "engine_acceptance_agrees").status == "fail"
+
+
+@pytest.mark.parametrize("spec, base, ours, says", [
+    ([[1, 2, 3], [4, 6]], None, [[1, 2, 3], [4, 5]], "prompt 2: vLLM's speculative and target-only outputs differ"),
+    (None, None, [[1, 2, 3], [4, 7]], "prompt 2: vLLM's target-only output is not our target's greedy output"),
+])
+def test_engine_outputs_that_differ_fail_naming_the_prompt(spec, base, ours, says):
+    from dflash_convert.validate.served import served_checks
+
+    checks, stats = served_checks(_engine_answer([90, 80, 70], spec=spec, base=base), ours,
+                                  _emulated([90, 80, 70]), block=4, engine_args={}, python="py",
+                                  min_acceptance_length=None, min_position_rates=None)
+    equal = next(c for c in checks if c.name == "engine_outputs_equal")
+    assert equal.status == "fail" and says in equal.message and "(1/2 prompts equal)" in equal.message
+    assert stats.outputs_equal == 1
