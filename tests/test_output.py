@@ -394,3 +394,18 @@ def test_progress_on_a_terminal_counts_prompts_with_an_eta(cli, monkeypatch):
     quiet = cli(*args, "-q")
     assert quiet.code == 0 and quiet.err == "" and quiet.out.splitlines()[-1].startswith("PASSED"), quiet.err
     assert " pass " not in quiet.out  # -q: warnings (none of the passing checks) and the verdict
+
+
+def test_a_passing_run_with_a_warning_shows_the_warning_in_markdown(cli, tmp_path):
+    """A run that passes but warned (a speculators draft naming no verifier: vLLM cannot find its target)
+    lists the warned check in the Markdown report, where a reviewer looks before deploying."""
+    from test_checks import copy_draft
+
+    draft = copy_draft(PAIR / "draft", tmp_path / "draft", spec_update={"verifier": None})
+    md = tmp_path / "static.md"
+    r = cli("validate", draft, "--levels", "static", "--report-md", md)
+    assert r.code == 0, r.err[-2000:]
+    text = md.read_text()
+    assert text.startswith("## dflash-convert validate: PASSED")
+    row = next(line for line in text.splitlines() if line.startswith("| verifier |"))
+    assert "| static | warn |" in row and "names no verifier" in row
