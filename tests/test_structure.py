@@ -90,13 +90,19 @@ def test_no_import_runs_up_or_across_a_layer():
                 f"{path.relative_to(ROOT)} (layer {LAYERS[own]}, {own}) imports {imported} (layer {LAYERS[unit]})"
 
 
-@pytest.mark.parametrize("line", ["from dflash_convert.validate.report import ValidationReport",
-                                  "from ..validate import report", "import dflash_runtime.model"])
-def test_the_layer_check_sees_an_upward_import(line):
-    probe = PKG / "format" / "_probe_upward.py"
+@pytest.mark.parametrize("folder, line", [
+    ("format", "from dflash_convert.validate.report import ValidationReport"),  # up
+    ("format", "from ..validate import report"),
+    ("format", "import dflash_runtime.model"),
+    ("hub", "from dflash_convert.validate.report import ValidationReport"),  # across the middle layer
+    ("convert", "from ..hub import client"),
+    ("validate", "import dflash_convert.convert.conversion"),
+])
+def test_the_layer_check_sees_an_import_up_or_across(folder, line):
+    probe = PKG / folder / "_probe_import.py"
     try:
         probe.write_text(line + "\n")
-        with pytest.raises(AssertionError, match="_probe_upward.py .layer 1"):
+        with pytest.raises(AssertionError, match=f"{folder}/_probe_import.py .layer"):
             test_no_import_runs_up_or_across_a_layer()
     finally:
         probe.unlink()
