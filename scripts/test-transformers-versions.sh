@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The runtime and target tests again with the newest transformers tested (the suite runs with the
+# The runtime, target, engine-reader and conversion tests again with the newest transformers tested (the suite runs with the
 # floor pyproject.toml admits, requirements-test.txt's pin, which is also the newest speculators 0.9.0,
 # the tests' reference, supports): the APIs the runtime calls changed between them (the cache keyword,
 # linear-attention cache layers), and users install the newest. It goes into a directory of its own
@@ -19,4 +19,5 @@ export PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import transformers, sys; sys.exit(transformers.__version__ != '$NEWEST')"
 echo "Runtime and target tests with transformers $NEWEST (the suite ran with $have)"
 exec python -m pytest -q -p no:cacheprovider -W "error::FutureWarning" tests/test_targets.py tests/test_rope_types.py \
-  tests/test_runtime_target.py tests/test_runtime_decode.py tests/test_runtime_model.py tests/test_trained_pair.py
+  tests/test_runtime_target.py tests/test_runtime_decode.py tests/test_runtime_model.py tests/test_trained_pair.py \
+  tests/test_engines.py tests/test_convert.py

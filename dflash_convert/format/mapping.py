@@ -427,9 +427,12 @@ def _canonical_config(raw: dict[str, Any], fmt: str) -> dict[str, tuple[str, Any
     if fmt == "speculators":
         for path, value in _flatten(raw.get("transformer_layer_config") or {}).items():
             out[path] = (f"transformer_layer_config.{path}", value)
+    decoder = set(out)
     for path, value in _flatten({k: v for k, v in raw.items()
                                  if not (fmt == "speculators" and k == "transformer_layer_config")}).items():
         name = next((by_path[p] + path[len(p):] for p in by_path if path == p or path.startswith(p + ".")), path)
+        if name in decoder:  # a speculators top-level key the decoder also has (a version stamp): another key
+            name = f"speculators:{name}"
         if name == "target_layer_ids" and fmt == "speculators" and isinstance(value, list):
             value = [v - AUX_ID_OFFSET if isinstance(v, int) else v for v in value]  # compare as z-lab ids
         out[name] = (path, value)
