@@ -662,7 +662,7 @@ def _read_validation_report(path: Path):
     from dflash_convert.validate.report import ValidationReport
 
     try:
-        return ValidationReport.model_validate(read_json(path))
+        return ValidationReport.model_validate(read_json(path, allow_bom=True))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"])) or "the top level"

@@ -94,6 +94,40 @@ def test_config_not_json(cli, full, tmp_path):
     assert_clean_failure(cli("convert", full, "-o", out), out, 1, "config.json", "not valid JSON")
 
 
+
+BOM_SAYS = "starts with a UTF-8 byte-order mark"
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect", "validate", "diff"])
+def test_a_config_with_a_byte_order_mark_is_refused_by_every_command(cli, full, tmp_path, command):
+    """transformers (and so vLLM and SGLang) parse config.json as plain UTF-8 and stop at a BOM: a draft
+    that passed here would fail at serving time, so every command refuses it, naming the file (exit 1)."""
+    path = full / "config.json"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    out = tmp_path / "out"
+    args = {"convert": ["convert", full, "-o", out], "inspect": ["inspect", full],
+            "validate": ["validate", full, "--levels", "static"], "diff": ["diff", full, full]}[command]
+    assert_clean_failure(cli(*args), out, 1, "config.json", BOM_SAYS)
+
+
+def test_a_target_config_or_index_with_a_byte_order_mark_is_refused(cli, speculators_drafts, tiny_target,
+                                                                     tmp_path):
+    target = broken_copy(tiny_target, tmp_path / "target")
+    cfg = target / "config.json"
+    cfg.write_bytes(b"\xef\xbb\xbf" + cfg.read_bytes())
+    out = tmp_path / "out"
+    r = cli("convert", speculators_drafts["full"], "-o", out, "--to", "hf", "--verifier", target)
+    assert_clean_failure(r, out, 1, str(cfg), BOM_SAYS)
+    sharded = broken_copy(speculators_drafts["full"], tmp_path / "sharded")
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00001.safetensors")
+    from dflash_convert.io.safetensors import read_header
+
+    names = list(read_header(sharded / "model-00001-of-00001.safetensors")[0])
+    index = {"metadata": {}, "weight_map": {n: "model-00001-of-00001.safetensors" for n in names}}
+    (sharded / "model.safetensors.index.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(index).encode())
+    assert_clean_failure(cli("inspect", sharded), out, 1, "model.safetensors.index.json", BOM_SAYS)
+
+
 def test_truncated_safetensors(cli, full, tmp_path):
     f = full / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])

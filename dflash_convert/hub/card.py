@@ -207,7 +207,7 @@ def write_model_card(directory: str | Path, spec: DraftSpec | None = None, *, re
     record = None
     if (directory / RECORD_NAME).exists():
         try:
-            record = ConversionRecord.model_validate(read_json(directory / RECORD_NAME))
+            record = ConversionRecord.model_validate(read_json(directory / RECORD_NAME, allow_bom=True))
         except Exception:  # noqa: BLE001 - a foreign conversion.json only loses the provenance paragraph
             record = None
     text = model_card(spec, repo_id=repo_id, validation=validation, existing=existing, record=record)

@@ -74,12 +74,23 @@ def unique_keys(items: list[tuple[str, Any]], duplicate: type[Exception]) -> dic
     return obj
 
 
-def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES, allow_bom: bool = False) -> dict[str, Any]:
     """A JSON object from a file, bounded before it is parsed and checked after: size, nesting depth,
     duplicate keys, integers of absurd size and NaN/Infinity (not JSON; Python's parser accepts them)
-    are each one error naming the file (and the key, where there is one)."""
+    are each one error naming the file (and the key, where there is one).
+
+    A leading UTF-8 byte-order mark is refused unless `allow_bom` (this tool's own reports): transformers
+    opens configs as plain UTF-8 and json.loads stops at the BOM, so vLLM, SGLang and transformers cannot
+    load a checkpoint or target whose config.json, index or generation_config.json starts with one."""
     path = Path(path)
     data = read_bounded(path, max_bytes, "a config this tool reads")
+    if data.startswith(UTF8_BOM) and not allow_bom:
+        raise DFlashError("starts with a UTF-8 byte-order mark, which transformers, vLLM and SGLang refuse to "
+                          "parse (json: Unexpected UTF-8 BOM); save it without the BOM (its first 3 bytes)",
+                          file=path)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
