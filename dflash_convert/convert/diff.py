@@ -161,9 +161,10 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
     ca, cb = open_checkpoint(a, allow_pickle=allow_pickle), open_checkpoint(b, allow_pickle=allow_pickle)
     result = DiffReport(a=str(a), b=str(b), format_a=ca.format, format_b=cb.format, tolerance=tolerance)
     va, vb = engines.trained_view(ca.spec), engines.trained_view(cb.spec)
-    for key in va:
-        if va[key] != vb.get(key) and not (key in OPTIONAL_FIELDS and (va[key] is None or vb.get(key) is None)):
-            result.config_differences[key] = ConfigDifference(a=va[key], b=vb.get(key))
+    for key in {**va, **vb}:  # both sides' keys: a family key only one side has is a difference too
+        x, y = va.get(key), vb.get(key)
+        if x != y and not (key in OPTIONAL_FIELDS and (x is None or y is None)):
+            result.config_differences[key] = ConfigDifference(a=x, b=y)
     result.informational = [ConfigChange(**c) for c in mapping.config_changes(ca.raw_config, ca.format,
                                                                              cb.raw_config, cb.format)
                             if not engines.engine_reads(c["key"])]

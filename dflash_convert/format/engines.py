@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Literal, get_args, get_origin, get_t
 
 from pydantic import BaseModel, Field, computed_field
 
-from dflash_convert.format import catalogue, mapping
+from dflash_convert.format import catalogue, keys, mapping
 from dflash_convert.format.configs import DraftSpec, Format
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.format.configs import is_hub_id
@@ -334,7 +334,7 @@ DECODER_READ = frozenset({
 DFLASH_CONFIG_READ = frozenset({
     "target_layer_ids", "mask_token_id", "mask_token", "block_size", "causal", "use_swa", "swa_window_size",
     "num_target_layers", "sample_from_anchor", "attention_value_scale", "attention_sink_bias",
-    *mapping.DFLASH2_FIELDS, *mapping.NEUTRAL_DECODER_KEYS,
+    *keys.BY_NAME, *mapping.NEUTRAL_DECODER_KEYS,
 })
 SPECULATORS_CONFIG_READ = ("speculators_config.proposal_methods", "speculators_config.verifier.name_or_path")
 
@@ -424,7 +424,7 @@ def trained_view(spec: DraftSpec) -> dict[str, Any]:
         "hidden_act": spec.hidden_act,
         "num_target_layers": spec.num_target_layers,
         "verifier": spec.verifier.name_or_path if spec.verifier else None,
-        **{k: v for k, v in spec.variant_fields.items()},
+        **keys.effective(spec.variant, spec.variant_fields),
     }
 
 

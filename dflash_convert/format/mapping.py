@@ -32,6 +32,7 @@ from dflash_convert.format.configs import (
     VerifierRef,
 )
 from dflash_convert.errors import DFlashError
+from dflash_convert.format import keys
 
 AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
 QWEN3_MAX_WINDOW_LAYERS = 28  # transformers' Qwen3Config default: layers below it are full attention
@@ -39,7 +40,11 @@ SPECULATORS_VERSION = "0.9.0"  # the speculators config layout we write
 
 HF_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 SPECULATORS_ARCHITECTURE = HF_ARCHITECTURE
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+DFLASH2_FIELDS = tuple(k.name for k in keys.CONFIG_KEYS if k.required and "dflash2" in k.kinds)
+# the family keys the speculators format keeps at its top level (vLLM's speculators reader copies them)
+SPECULATORS_FAMILY_KEYS = tuple(k.speculators for k in keys.CONFIG_KEYS if k.speculators)
+# dflash_config keys that are not family keys of the table (DraftSpec fields of their own)
+HF_DFLASH_CONFIG_OWN = ("mask_token_id", "target_layer_ids", "block_size", "causal", "verifier")
 REFUSED_ALGORITHMS = {
     "dspark": "DSpark (samples from the anchor, extra markov/confidence heads)",
     "xpress": "Xpress (extra refiner heads)",
@@ -57,7 +62,7 @@ SPECULATORS_KNOWN_KEYS = ("speculators_model_type", "architectures", "transforme
                           "aux_hidden_state_layer_ids", "mask_token_id", "block_size", "draft_vocab_size",
                           "target_hidden_size", "sliding_window_non_causal", "sample_from_anchor",
                           "speculators_config", "speculators_version", "transformers_version", "auto_map",
-                          "dtype", "torch_dtype", "tie_word_embeddings", "num_target_layers", *DFLASH2_FIELDS)
+                          "dtype", "torch_dtype", "tie_word_embeddings", "num_target_layers", *SPECULATORS_FAMILY_KEYS)
 # speculators' own default for `sliding_window_non_causal` per algorithm.
 SPECULATORS_NON_CAUSAL_DEFAULT = {"dflash": False, "dflash2": True}
 
@@ -208,7 +213,8 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         num_target_layers=cfg.num_target_layers,
         target_hidden_size=cfg.target_hidden_size,
         verifier=VerifierRef.model_validate(verifier.model_dump()) if verifier and verifier.name_or_path else None,
-        variant_fields={k: raw[k] for k in DFLASH2_FIELDS if raw.get(k) is not None},
+        variant_fields={k.name: raw[k.speculators] for k in keys.keys_for(variant)
+                        if k.speculators and raw.get(k.speculators) is not None},
         extra={k: v for k, v in raw.items() if k not in SPECULATORS_KNOWN_KEYS},
         dtype=raw.get("dtype") or raw.get("torch_dtype"),
     )
@@ -235,8 +241,10 @@ def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
         num_target_layers=cfg.num_target_layers,
         target_hidden_size=cfg.target_hidden_size,
         verifier=dc.verifier if dc.verifier and dc.verifier.name_or_path else None,
-        variant_fields={k: raw_dc[k] for k in DFLASH2_FIELDS if raw_dc.get(k) is not None},
-        extra={},
+        variant_fields={k.name: raw_dc[k.name] for k in keys.keys_for(variant) if raw_dc.get(k.name) is not None},
+        # dflash_config keys no engine in the key table reads: carried to HF, said when written elsewhere
+        extra={"dflash_config": unknown} if (unknown := {k: v for k, v in raw_dc.items() if k not in
+                                                         HF_DFLASH_CONFIG_OWN and k not in keys.BY_NAME}) else {},
         dtype=raw.get("dtype") or raw.get("torch_dtype"),
     )
 
@@ -252,7 +260,9 @@ NEUTRAL_DECODER_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, 
 def non_qwen3_features(spec: DraftSpec) -> list[str]:
     """`key=value` for every decoder key whose value makes the draft differ from the Qwen3 math."""
     return [f"{k}={spec.decoder[k]!r}" for k, neutral in NEUTRAL_DECODER_KEYS.items()
-            if k in spec.decoder and spec.decoder[k] != neutral]
+            if k in spec.decoder and spec.decoder[k] != neutral] + [
+        f"{keys.BY_NAME[k].hf_path}={v!r}" for k, v in spec.variant_fields.items()
+        if not keys.BY_NAME[k].required and not keys.BY_NAME[k].is_neutral(v)]
 
 
 def check_complete(spec: DraftSpec, file: str | None = None) -> None:
@@ -304,7 +314,14 @@ def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
                         "VLLM_USE_V2_MODEL_RUNNER=1)")
     if spec.verifier:
         dc["verifier"] = spec.verifier.model_dump(exclude_none=True)
-    dc.update(spec.variant_fields)
+    for name, value in spec.extra.items():
+        if keys.changes_computation(name, value):
+            raise DFlashError(f"field `{name}` = {_short(value)} sits at the top level of a speculators config, "
+                              f"where neither speculators nor vLLM's speculators reader applies it (the draft was "
+                              f"trained without it), but HF readers apply `dflash_config.{name}` "
+                              f"({keys.BY_NAME[name].readers}: {keys.BY_NAME[name].effect}); remove it first")
+    dc.update(spec.extra.get("dflash_config") or {})
+    dc.update({k: v for k, v in spec.variant_fields.items() if not keys.BY_NAME[k].is_neutral(v)})
     out["dflash_config"] = dc
     return out, warnings
 
@@ -365,8 +382,20 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
         out["num_target_layers"] = spec.num_target_layers
     if spec.dtype:
         out["dtype"] = spec.dtype
-    out.update(spec.variant_fields)
-    out.update(spec.extra)
+    for name, value in spec.variant_fields.items():
+        key = keys.BY_NAME[name]
+        if key.speculators:
+            out[key.speculators] = value
+        elif not key.is_neutral(value):
+            raise DFlashError(f"field `{key.hf_path}` = {_short(value)} ({key.readers}: {key.effect}) has no "
+                              "field in the speculators format that an engine reads (vLLM's speculators reader "
+                              "rebuilds dflash_config without it), so the converted draft would be served "
+                              "differently; keep this draft in the HF format")
+    extra = dict(spec.extra)
+    if dropped := extra.pop("dflash_config", None):
+        warnings.append(f"dflash_config keys no engine is known to read are not written to the speculators "
+                        f"format: {', '.join(sorted(dropped))}")
+    out.update(extra)
     return out, warnings
 
 
@@ -384,7 +413,7 @@ CONFIG_ALIASES = {
     "target_layer_ids": ("aux_hidden_state_layer_ids", "dflash_config.target_layer_ids"),
     "mask_token_id": ("mask_token_id", "dflash_config.mask_token_id"),
     "verifier": ("speculators_config.verifier", "dflash_config.verifier"),
-    **{k: (k, f"dflash_config.{k}") for k in DFLASH2_FIELDS},
+    **{k.name: (k.speculators or k.name, k.hf_path) for k in keys.CONFIG_KEYS},
 }
 # Why a key appears or disappears by design (canonical name or prefix -> reason).
 CONFIG_CHANGE_REASONS = {

@@ -1,0 +1,138 @@
+"""The table of DFlash-family config keys that an engine reads beyond the draft's decoder config, as data.
+
+One row per key: which draft kinds have it, where each format keeps it, the value that leaves the
+computation unchanged (`neutral`), who reads it and what it changes. Conversion reads this table to
+carry each key or refuse it by name (never drop it), `diff` compares every key in it, and
+docs/formats.md's key table is generated from it (`python -m dflash_convert.format.keys`).
+
+Where the keys live:
+- HF / z-lab format: inside `dflash_config` (vLLM's `qwen3_dflash*.py` and SGLang's `dflash_utils.py`
+  read them there).
+- speculators format: top-level, but only the keys vLLM's speculators reader copies into the
+  `dflash_config` it builds (`transformers_utils/configs/speculators/algos.py`: the dflash2 convolution
+  and selector sizes, `sample_from_anchor`). speculators 0.9.0's config classes accept extra top-level
+  fields (pydantic `extra="allow"`) and save them, but neither its own model nor vLLM's reader applies
+  them: a key with `speculators=None` is therefore refused when converting to the speculators format with
+  a value that changes the computation (writing it there would be a key nobody reads), and refused when
+  found at the top level of a speculators config being converted to HF (it was not used in training, yet
+  an HF reader would apply it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DFLASH_KINDS = ("dflash", "dflash2")
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    kinds: tuple[str, ...]
+    readers: str  # who reads it (engines, training library)
+    effect: str  # what it changes
+    neutral: tuple = ()  # values (besides absent / null) at which it changes nothing
+    speculators: str | None = None  # where the speculators format keeps it (top-level name) or None: no field
+    required: bool = False  # a draft of these kinds must have it
+
+    @property
+    def hf_path(self) -> str:
+        return f"dflash_config.{self.name}"
+
+    def is_neutral(self, value: Any) -> bool:
+        """Whether this value leaves the computation as without the key (bools are not numbers here)."""
+        if self.required:
+            return False
+        return value is None or any(type(value) is type(n) and value == n for n in self.neutral)
+
+    @property
+    def default(self) -> Any:
+        """The value an engine acts on when the key is absent."""
+        return self.neutral[0] if self.neutral else None
+
+
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    # dflash2: convolutions and candidate selector (speculators trains them; vLLM copies them from the top level)
+    ConfigKey("conv_kernel_size", ("dflash2",), "vLLM, SGLang, speculators",
+              "taps of each grouped dynamic causal convolution inside a block", speculators="conv_kernel_size",
+              required=True),
+    ConfigKey("conv_group_size", ("dflash2",), "vLLM, SGLang, speculators",
+              "hidden channels sharing one dynamic kernel (must divide hidden_size)",
+              speculators="conv_group_size", required=True),
+    ConfigKey("selector_rank", ("dflash2",), "vLLM, SGLang, speculators",
+              "rank of the bilinear candidate selector", speculators="selector_rank", required=True),
+    ConfigKey("selector_top_k", ("dflash2",), "vLLM, SGLang, speculators",
+              "unary candidates the selector re-ranks (only they get finite draft logits)",
+              speculators="selector_top_k", required=True),
+    # logit maps z-lab's DFlash2 drafts carry (applied to the unary logits before the selector)
+    ConfigKey("input_embedding_scale", DFLASH_KINDS, "vLLM (dflash2)", "multiplies the block's token embeddings",
+              neutral=(1.0, 1)),
+    ConfigKey("output_multiplier", DFLASH_KINDS, "vLLM (dflash2), SGLang", "multiplies the draft's logits",
+              neutral=(1.0, 1)),
+    ConfigKey("final_logit_softcapping", DFLASH_KINDS, "vLLM (dflash2), SGLang",
+              "caps the draft's logits: c * tanh(logits / c)", neutral=(0.0, 0)),
+    # anchor: DFlash's anchor slot is a bonus token; vLLM refuses true for DFlash (DSpark's mode)
+    ConfigKey("sample_from_anchor", DFLASH_KINDS, "vLLM", "whether the anchor slot predicts a token",
+              neutral=(False,), speculators="sample_from_anchor"),
+    # attention variants of published HF drafts
+    ConfigKey("use_swa", DFLASH_KINDS, "vLLM", "makes every layer sliding-window, whatever layer_types says",
+              neutral=(False,)),
+    ConfigKey("swa_window_size", DFLASH_KINDS, "vLLM, SGLang", "the sliding window, before `sliding_window`"),
+    ConfigKey("attention_sink_bias", DFLASH_KINDS, "vLLM, SGLang", "adds a learned attention sink per head",
+              neutral=(False,)),
+    ConfigKey("attention_value_scale", DFLASH_KINDS, "vLLM, SGLang", "scales the attention values"),
+    # SGLang's Domino projector
+    ConfigKey("projector_type", DFLASH_KINDS, "SGLang", "replaces the context projector (`domino`)"),
+    ConfigKey("shift_label", DFLASH_KINDS, "SGLang (domino)", "label shift of the Domino projector"),
+    ConfigKey("pure_draft_prefix_len", DFLASH_KINDS, "SGLang (domino)", "Domino's pure-draft prefix"),
+    ConfigKey("gru_hidden_dim", DFLASH_KINDS, "SGLang (domino)", "width of Domino's GRU"),
+    ConfigKey("emb_dim", DFLASH_KINDS, "SGLang (domino)", "Domino's embedding width"),
+)
+
+BY_NAME = {k.name: k for k in CONFIG_KEYS}
+
+
+def keys_for(kind: str) -> tuple[ConfigKey, ...]:
+    return tuple(k for k in CONFIG_KEYS if kind in k.kinds)
+
+
+def effective(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Every table key of this kind with the value an engine acts on (absent = neutral), for comparisons."""
+    return {k.name: k.default if k.is_neutral(fields.get(k.name)) else fields.get(k.name) for k in keys_for(kind)}
+
+
+def changes_computation(name: str, value: Any) -> bool:
+    key = BY_NAME.get(name)
+    return key is not None and not key.is_neutral(value)
+
+
+# ----------------------------------------------------------------------------- docs
+
+DOC_BEGIN, DOC_END = "<!-- config-keys:begin -->", "<!-- config-keys:end -->"
+
+
+def markdown_table() -> str:
+    rows = ["| key | kinds | HF / z-lab | speculators | neutral | read by | what it changes |",
+            "|---|---|---|---|---|---|---|"]
+    for k in CONFIG_KEYS:
+        spec = f"`{k.speculators}` (top level)" if k.speculators else "no field: refused unless neutral"
+        neutral = "required" if k.required else " or ".join(["absent", *(f"`{n!r}`" for n in k.neutral)])
+        rows.append(f"| `{k.name}` | {', '.join(k.kinds)} | `{k.hf_path}` | {spec} | {neutral} | {k.readers} | "
+                    f"{k.effect} |")
+    return "\n".join(rows)
+
+
+def render_into(text: str) -> str:
+    """`text` with the table between its markers replaced by the current one."""
+    head, _, rest = text.partition(DOC_BEGIN)
+    _, _, tail = rest.partition(DOC_END)
+    return f"{head}{DOC_BEGIN}\n{markdown_table()}\n{DOC_END}{tail}"
+
+
+if __name__ == "__main__":  # rewrite docs/formats.md's table
+    import sys
+    from pathlib import Path
+
+    doc = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/formats.md")
+    doc.write_text(render_into(doc.read_text()))

@@ -1,0 +1,158 @@
+"""Every family config key an engine reads survives a conversion or stops it by name; none is lost with
+exit 0, and `diff` counts a difference in any of them (dflash_convert/format/keys.py is the table)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from factories import read_config
+from dflash_convert.format import keys
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR_DRAFT = ROOT / "examples" / "pair" / "draft"
+
+# a value that changes the computation, per key (the table says what is neutral)
+SET = {"input_embedding_scale": 2.0, "output_multiplier": 0.196, "final_logit_softcapping": 20.0,
+       "sample_from_anchor": True, "use_swa": True, "swa_window_size": 64, "attention_sink_bias": True,
+       "attention_value_scale": 0.5, "projector_type": "domino", "shift_label": 1, "pure_draft_prefix_len": 2,
+       "gru_hidden_dim": 32, "emb_dim": 16}
+
+
+def with_dflash_config(src: Path, dst: Path, **values) -> Path:
+    shutil.copytree(src, dst)
+    cfg = read_config(dst)
+    cfg["dflash_config"].update(values)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    (dst / "conversion.json").unlink(missing_ok=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def hf_dflash2(family_drafts, tmp_path_factory) -> Path:
+    from dflash_convert.convert.conversion import convert
+
+    out = tmp_path_factory.mktemp("hf2") / "dflash2-hf"
+    convert(family_drafts["dflash2"], out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_dflash(tmp_path_factory) -> Path:
+    from dflash_convert.convert.conversion import convert
+
+    out = tmp_path_factory.mktemp("hf1") / "dflash-hf"
+    convert(PAIR_DRAFT, out)
+    return out
+
+
+def test_every_key_an_engine_reads_has_a_value_here():
+    assert set(SET) == {k.name for k in keys.CONFIG_KEYS if not k.required}
+    assert all(not keys.BY_NAME[k].is_neutral(v) for k, v in SET.items())
+
+
+def test_zlab_dflash2_logit_maps_survive_or_stop_the_conversion(cli, hf_dflash2, tmp_path):
+    """z-lab's DFlash2 fixture values: HF -> HF carries both; HF -> speculators has no field an engine reads
+    for them, so it is refused naming the key, and nothing is written; `diff` with and without them: 3."""
+    src = with_dflash_config(hf_dflash2, tmp_path / "src", output_multiplier=0.196, final_logit_softcapping=20.0)
+    r = cli("convert", src, "-o", tmp_path / "hf", "--to", "hf")
+    assert r.code == 0, r.err
+    dc = read_config(tmp_path / "hf")["dflash_config"]
+    assert (dc["output_multiplier"], dc["final_logit_softcapping"]) == (0.196, 20.0)
+    r = cli("convert", src, "-o", tmp_path / "spec")
+    assert r.code == 1 and "dflash_config.output_multiplier" in r.err and "Traceback" not in r.err, r.err
+    assert not (tmp_path / "spec").exists()
+    r = cli("diff", hf_dflash2, src, "--json")
+    assert r.code == 3, r.err
+    assert {"output_multiplier", "final_logit_softcapping"} <= set(r.json()["config_differences"])
+    # the neutral values change nothing: converted, and equivalent
+    neutral = with_dflash_config(hf_dflash2, tmp_path / "neutral", output_multiplier=1.0,
+                                 final_logit_softcapping=None)
+    assert cli("convert", neutral, "-o", tmp_path / "spec2").code == 0
+    assert cli("diff", hf_dflash2, tmp_path / "spec2").code == 0
+
+
+@pytest.mark.parametrize("name", sorted(SET))
+def test_each_key_is_carried_or_refused_by_name(cli, hf_dflash, tmp_path, name):
+    src = with_dflash_config(hf_dflash, tmp_path / "src", **{name: SET[name]})
+    r = cli("convert", src, "-o", tmp_path / "hf", "--to", "hf")
+    assert r.code == 0, r.err
+    assert read_config(tmp_path / "hf")["dflash_config"][name] == SET[name]
+    assert cli("diff", hf_dflash, src).code == 3
+    r = cli("convert", src, "-o", tmp_path / "spec")
+    if r.code == 0:  # carried: the speculators format has a field for it, and it comes back
+        assert keys.BY_NAME[name].speculators and read_config(tmp_path / "spec")[name] == SET[name]
+        assert cli("convert", tmp_path / "spec", "-o", tmp_path / "back").code == 0
+        assert read_config(tmp_path / "back")["dflash_config"][name] == SET[name]
+    else:
+        assert r.code == 1 and name in r.err.strip().splitlines()[-1] and "Traceback" not in r.err, r.err
+        assert not (tmp_path / "spec").exists()
+
+
+def test_a_key_speculators_ignores_is_not_turned_on_by_converting(cli, tmp_path):
+    """At a speculators config's top level, output_multiplier is a field nobody applies (training did not
+    use it); an HF reader would apply dflash_config.output_multiplier, so conversion to HF is refused."""
+    src = tmp_path / "src"
+    shutil.copytree(PAIR_DRAFT, src)
+    cfg = read_config(src)
+    cfg["output_multiplier"] = 0.5
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = cli("convert", src, "-o", tmp_path / "hf")
+    assert r.code == 1 and "output_multiplier" in r.err and not (tmp_path / "hf").exists(), r.err
+    cfg["output_multiplier"] = 1.0
+    (src / "config.json").write_text(json.dumps(cfg))
+    assert cli("convert", src, "-o", tmp_path / "hf").code == 0
+
+
+def test_unknown_dflash_config_keys_go_hf_to_hf_and_are_named_when_left_out(cli, hf_dflash, tmp_path):
+    src = with_dflash_config(hf_dflash, tmp_path / "src", my_note="kept")
+    assert cli("convert", src, "-o", tmp_path / "hf", "--to", "hf").code == 0
+    assert read_config(tmp_path / "hf")["dflash_config"]["my_note"] == "kept"
+    r = cli("convert", src, "-o", tmp_path / "spec")
+    assert r.code == 0 and "my_note" in r.err, r.err
+
+
+def test_the_runtime_refuses_a_key_it_does_not_apply(cli, tmp_path):
+    """validate cannot run output_multiplier: it says so (exit 1), never a verdict on the draft."""
+    from dflash_convert.convert.conversion import convert
+
+    convert(PAIR_DRAFT, tmp_path / "hf")
+    src = with_dflash_config(tmp_path / "hf", tmp_path / "src", output_multiplier=0.5)
+    r = cli("validate", src, "--target", ROOT / "examples" / "pair" / "target", "--levels", "numeric")
+    assert r.code == 1 and "dflash_config.output_multiplier=0.5" in r.err, (r.code, r.err[-1500:])
+
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 300), st.floats(-100, 100, allow_nan=False),
+                   st.sampled_from(["domino", "x"]))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(sorted(SET)), value=VALUES)
+def test_a_round_trip_keeps_what_engines_act_on_or_stops_by_name(hf_dflash, tmp_path_factory, name, value):
+    """Any value of any table key: HF -> speculators -> HF keeps the value an engine acts on (absent and
+    neutral are the same), or a conversion stops naming the key."""
+    from dflash_convert.convert.conversion import convert
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    tmp = tmp_path_factory.mktemp("rt")
+    src = with_dflash_config(hf_dflash, tmp / "src", **{name: value})
+    try:
+        convert(src, tmp / "spec")
+        convert(tmp / "spec", tmp / "back")
+    except DFlashError as exc:
+        assert name in str(exc), str(exc)
+        return
+    before = keys.effective("dflash", open_checkpoint(src).spec.variant_fields)
+    after = keys.effective("dflash", open_checkpoint(tmp / "back").spec.variant_fields)
+    assert before == after
+
+
+def test_the_docs_table_is_current():
+    text = (ROOT / "docs" / "formats.md").read_text()
+    assert keys.render_into(text) == text, "run: python -m dflash_convert.format.keys docs/formats.md"
