@@ -156,3 +156,62 @@ def test_a_round_trip_keeps_what_engines_act_on_or_stops_by_name(hf_dflash, tmp_
 def test_the_docs_table_is_current():
     text = (ROOT / "docs" / "formats.md").read_text()
     assert keys.render_into(text) == text, "run: python -m dflash_convert.format.keys docs/formats.md"
+
+
+# ----------------------------------------------------------------------------- inspect sees the family
+
+FAMILY_TENSORS = [f"layers.{i}.{part}_conv.{leaf}" for i in range(2) for part in ("attention", "mlp")
+                  for leaf in ("base_kernel", "kernel_projection.weight")] + \
+                 [f"candidate_selector.{leaf}" for leaf in ("predecessor_codebook", "successor_codebook",
+                                                            "hidden_projection.weight")]
+
+
+def _failed(r) -> dict[str, str]:
+    return {c["name"]: c["message"] for c in r.json()["checks"] if c["status"] == "fail"}
+
+
+def test_a_saved_dflash2_inspects_clean_with_its_keys(cli, family_drafts):
+    for name in ("dflash2", "dflash2_k3"):
+        r = cli("inspect", family_drafts[name], "--json")
+        assert r.code == 0 and not _failed(r), (name, r.out[-2000:])
+        checks = {c["name"]: c for c in r.json()["checks"]}
+        assert checks["family_config"]["status"] == "pass" and checks["family_shapes"]["status"] == "pass"
+
+
+def test_a_dflash2_without_its_convolutions_and_selector_names_them(cli, family_drafts, tmp_path):
+    from test_checks import copy_draft
+
+    def drop(tensors):
+        for n in FAMILY_TENSORS:
+            del tensors[n]
+    assert len(FAMILY_TENSORS) == 11
+    bad = copy_draft(family_drafts["dflash2"], tmp_path / "bad", edit_tensors=drop)
+    r = cli("inspect", bad, "--json")
+    assert r.code == 3, r.err
+    assert "missing_tensors" in _failed(r) and "layers.0.attention_conv.base_kernel" in _failed(r)["missing_tensors"]
+
+
+@pytest.mark.parametrize("update, check, needle", [
+    ({"conv_kernel_size": 3}, "family_shapes", "base_kernel"),  # the tensors were saved with 2 taps
+    ({"conv_group_size": 24}, "family_config", "conv_group_size divides hidden_size"),  # hidden 64
+    ({"selector_rank": 7}, "family_shapes", "codebook"),
+    ({"conv_kernel_size": 9}, "family_config", "at most block_size"),  # block 8
+    ({"selector_top_k": 600}, "family_config", "at most the vocabulary"),  # vocab 512
+])
+def test_a_dflash2_whose_keys_disagree_with_its_tensors_fails_naming_both(cli, family_drafts, tmp_path, update,
+                                                                          check, needle):
+    src = tmp_path / "src"
+    shutil.copytree(family_drafts["dflash2"], src)
+    cfg = read_config(src)
+    cfg.update(update)
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = cli("inspect", src, "--json")
+    assert r.code == 3, (r.code, r.err)
+    assert check in _failed(r) and needle in _failed(r)[check], _failed(r)
+
+
+def test_inspect_says_vllm_needs_its_v2_runner_for_dflash2(cli, family_drafts):
+    r = cli("inspect", family_drafts["dflash2"], "--engine", "vllm")
+    assert r.code == 0, r.err
+    assert "vLLM (speculators format) 0.33.0: as trained (V2 model runner only)" in r.out, r.out
+    assert "Model Runner V1 does not support: DFlash candidate-head drafts" in r.out

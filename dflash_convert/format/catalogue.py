@@ -38,6 +38,38 @@ def _bias(spec: DraftSpec) -> bool:
     return spec.attention_bias
 
 
+
+def _size(spec: DraftSpec, what) -> int | None:
+    """One dimension of a family tensor: a number, a config key, or a derived size (None: unknown)."""
+    if isinstance(what, int):
+        return what
+    f = spec.variant_fields
+    if what == "hidden":
+        return spec.hidden_size
+    if what == "vocab":
+        return spec.vocab_size
+    if what == "2*conv_kernel_size*groups":
+        k, g = f.get("conv_kernel_size"), f.get("conv_group_size")
+        ok = isinstance(k, int) and isinstance(g, int) and g > 0 and spec.hidden_size % g == 0
+        return 2 * k * (spec.hidden_size // g) if ok else None
+    value = f.get(what)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _sized(spec: DraftSpec, *dims) -> Shape | None:
+    sizes = tuple(_size(spec, d) for d in dims)
+    return None if None in sizes else sizes
+
+
+def _conv_hint(spec: DraftSpec) -> str:
+    f = spec.variant_fields
+    return (f"conv_kernel_size={f.get('conv_kernel_size')}, conv_group_size={f.get('conv_group_size')}, "
+            f"hidden_size={spec.hidden_size}")
+
+
+def _selector_hint(spec: DraftSpec) -> str:
+    return f"selector_rank={spec.variant_fields.get('selector_rank')}, vocab_size={spec.vocab_size}"
+
 @dataclass(frozen=True)
 class Tensor:
     key: str  # short identifier (the runtime's field name)
@@ -104,12 +136,23 @@ CATALOGUE: tuple[Tensor, ...] = (
            lambda s: (s.num_kv_heads * s.head_dim,), needed=_bias, check="attention_shapes"),
     Tensor("o_bias", "layers.{i}.self_attn.o_proj.bias", "attention projection bias",
            lambda s: (s.hidden_size,), needed=_bias, check="attention_shapes"),
-    *(Tensor(f"{part}_conv_{leaf.split('.')[0]}", f"layers.{{i}}.{part}_conv.{leaf}", "dflash2 local convolution",
-             lambda s: None, needed=_never, variants=("dflash2",))
-      for part in ("attention", "mlp") for leaf in ("base_kernel", "kernel_projection.weight")),
-    *(Tensor(f"selector_{leaf.split('.')[0]}", f"candidate_selector.{leaf}", "dflash2 candidate selector",
-             lambda s: None, needed=_never, variants=("dflash2",))
-      for leaf in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")),
+    # dflash2 (speculators 0.9.0's GroupedDynamicCausalConv and CandidateSelector): K taps, groups of G
+    # channels, a rank-R selector over the target vocab; unsized while a size is missing or does not divide
+    *(Tensor(f"{part}_conv_base_kernel", f"layers.{{i}}.{part}_conv.base_kernel", "dflash2 static conv taps", lambda s: _sized(s, 2, "conv_kernel_size", "hidden"),
+             variants=("dflash2",), check="family_shapes", hint=_conv_hint)
+      for part in ("attention", "mlp")),
+    *(Tensor(f"{part}_conv_kernel_projection", f"layers.{{i}}.{part}_conv.kernel_projection.weight",
+             "dflash2 dynamic conv taps",
+             lambda s: _sized(s, "2*conv_kernel_size*groups", "hidden"), variants=("dflash2",),
+             check="family_shapes", hint=_conv_hint)
+      for part in ("attention", "mlp")),
+    *(Tensor(f"selector_{leaf}", f"candidate_selector.{leaf}", "dflash2 selector codebook",
+             lambda s: _sized(s, "vocab", "selector_rank"), variants=("dflash2",), check="family_shapes",
+             hint=_selector_hint)
+      for leaf in ("predecessor_codebook", "successor_codebook")),
+    Tensor("selector_hidden_projection", "candidate_selector.hidden_projection.weight",
+           "dflash2 selector projection", lambda s: _sized(s, "selector_rank", "hidden"),
+           variants=("dflash2",), check="family_shapes", hint=_selector_hint),
     Tensor("lm_head", "lm_head.weight", "draft lm_head [draft_vocab, H]",
            lambda s: (s.draft_vocab, s.hidden_size), needed=_pruned, to_hf=KEEP_IF_PRUNED,
            to_speculators=KEEP_IF_PRUNED, drop_reason="full-vocab copy of the verifier lm_head; engines use the target's",

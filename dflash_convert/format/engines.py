@@ -725,6 +725,13 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
                               applied="V2 model runner only",
                               consequence="vLLM's V1 model runner refuses drafts mixing sliding and full layers",
                               fix="run vLLM with VLLM_USE_V2_MODEL_RUNNER=1 (the default where Triton is present)"))
+    if spec.variant == "dflash2" and rules.engine == "vllm":
+        div.append(Divergence(field="architectures", severity="warning", trained="DFlash2 candidate head",
+                              applied="V2 model runner only",
+                              consequence="vLLM's V1 model runner (the only one without Triton, so the CPU build's) "
+                                          "refuses it: 'Model Runner V1 does not support: DFlash candidate-head "
+                                          "drafts'",
+                              fix="serve it where the V2 model runner runs (a GPU build: VLLM_USE_V2_MODEL_RUNNER=1)"))
 
 
 def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
@@ -883,10 +890,18 @@ def render_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def view_state(view: EngineView) -> str:
+    """as trained / DIFFERS from training / does not load, and the model runner it needs, if only one serves it."""
+    state = "as trained" if view.as_trained else ("does not load" if not view.loads else "DIFFERS from training")
+    runners = sorted({d.applied for d in view.divergences if isinstance(d.applied, str)
+                      and d.applied.endswith("model runner only")})
+    return state + (f" ({runners[0]})" if runners and view.loads else "")
+
+
 def render_view(view: EngineView) -> list[str]:
     """A few plain lines for the human `inspect` output."""
     via = " (via conversion)" if view.via_conversion else ""
-    state = "as trained" if view.as_trained else ("does not load" if not view.loads else "DIFFERS from training")
+    state = view_state(view)
     causal = ("-" if view.layer_causal is None else
               " ".join("C" if c else "N" for c in view.layer_causal))
     lines = [f"{view.title} {view.version}{via}: {state}",

@@ -107,6 +107,37 @@ def changes_computation(name: str, value: Any) -> bool:
     return key is not None and not key.is_neutral(value)
 
 
+
+# What each draft kind's keys must satisfy for speculators' own model and the engines to build it
+# (speculators 0.9.0 dflash2 GroupedDynamicCausalConv / CandidateSelector / DFlash2DraftModel; vLLM
+# qwen3_dflash2.py): (kind, rule, holds(fields, hidden, vocab, block, pruned)).
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+FAMILY_RULES = (
+    ("dflash2", "conv_kernel_size, conv_group_size, selector_rank and selector_top_k are positive integers "
+                "(vLLM reads each with int(dflash_config[...]))",
+     lambda f, h, v, b, p: all(_int(f.get(k)) for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                         "selector_top_k"))),
+    ("dflash2", "conv_group_size divides hidden_size (vLLM and speculators refuse otherwise)",
+     lambda f, h, v, b, p: not _int(f.get("conv_group_size")) or h % f["conv_group_size"] == 0),
+    ("dflash2", "conv_kernel_size is at most block_size (taps stay inside a block)",
+     lambda f, h, v, b, p: not _int(f.get("conv_kernel_size")) or b is None or f["conv_kernel_size"] <= b),
+    ("dflash2", "selector_top_k is at most the vocabulary",
+     lambda f, h, v, b, p: not _int(f.get("selector_top_k")) or f["selector_top_k"] <= v),
+    ("dflash2", "the vocabulary is the target's (speculators builds dflash2 only without a pruned vocab)",
+     lambda f, h, v, b, p: not p),
+)
+
+
+def family_problems(kind: str, fields: dict[str, Any], *, hidden: int, vocab: int, block: int | None,
+                    pruned: bool) -> list[str]:
+    """The rules of FAMILY_RULES this draft breaks, each with the values it has."""
+    shown = ", ".join(f"{k}={fields.get(k)!r}" for k in (k.name for k in keys_for(kind) if k.required))
+    return [f"{rule} (has {shown}, hidden_size={hidden}, vocab_size={vocab}, block_size={block})"
+            for k, rule, holds in FAMILY_RULES if k == kind and not holds(fields, hidden, vocab, block, pruned)]
+
 # ----------------------------------------------------------------------------- docs
 
 DOC_BEGIN, DOC_END = "<!-- config-keys:begin -->", "<!-- config-keys:end -->"

@@ -8,7 +8,7 @@ Qwen3-8B-sized pair is checked in milliseconds. Every check names the tensor or 
 
 from __future__ import annotations
 
-from dflash_convert.format import catalogue, compat, mapping
+from dflash_convert.format import catalogue, compat, keys, mapping
 from dflash_convert.format.catalogue import TensorProblem
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.format.compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
@@ -37,6 +37,7 @@ def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
         _fc_width(ckpt),
         _attention_shapes(spec, problems),
         *_tensor_set(ckpt, problems),
+        *_family(spec, problems),
         *_vocab_map(ckpt),
         _dtypes(ckpt),
         _causality(spec),
@@ -142,6 +143,22 @@ def _tensor_set(ckpt: Checkpoint, problems: list[TensorProblem]) -> list[Check]:
                          value=leftovers or None, bad="warn"))
     return checks
 
+
+
+def _family(spec: DraftSpec, problems: list[TensorProblem]) -> list[Check]:
+    """A family draft's own keys against their rules, and its convolution / selector tensors against the keys."""
+    if spec.variant == "dflash":
+        return []
+    broken = keys.family_problems(spec.variant, spec.variant_fields, hidden=spec.hidden_size, vocab=spec.vocab_size,
+                                  block=spec.block_size, pruned=spec.is_pruned_vocab)
+    wrong = [f"{p.tensor} {list(p.have)} != {list(p.want)}" for p in problems if p.check == "family_shapes"]
+    return [
+        _check("family_config", not broken, "; ".join(broken) if broken else
+               f"{spec.variant} keys: " + ", ".join(f"{k}={v!r}" for k, v in sorted(spec.variant_fields.items())),
+               value=spec.variant_fields or None),
+        _check("family_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
+               f"{spec.variant} convolution and selector tensors match their keys", value=wrong[:5] or None),
+    ]
 
 def _vocab_map(ckpt: Checkpoint) -> list[Check]:
     """Pruned drafts need their lm_head AND d2t; d2t must map into the target vocab; t2d must agree."""

@@ -104,8 +104,7 @@ class InspectReport(BaseModel):
             if quiet and view.as_trained:
                 continue
             via = f" (as converted by `convert --to {view.reads}`)" if view.via_conversion else ""
-            state = "as trained" if view.as_trained else ("does not load" if not view.loads else
-                                                          "DIFFERS from training")
+            state = engines.view_state(view)
             console.print(f"{view.title} {view.version}{via}: {state}", markup=False)
             if not view.as_trained or len(self.engines) == 1:
                 for line in engines.render_view(view)[1:2]:
