@@ -215,3 +215,44 @@ def test_inspect_says_vllm_needs_its_v2_runner_for_dflash2(cli, family_drafts):
     assert r.code == 0, r.err
     assert "vLLM (speculators format) 0.33.0: as trained (V2 model runner only)" in r.out, r.out
     assert "Model Runner V1 does not support: DFlash candidate-head drafts" in r.out
+
+
+# ----------------------------------------------------------------------------- drafts of other layouts
+
+def laguna_draft(path: Path, hidden: int = 64, layers: int = 1, ids=(1, 3)) -> Path:
+    """A tiny checkpoint in the layout vLLM's laguna_dflash.py loads: fused qkv_proj, g_proj gate,
+    aux_hidden_norms; the architecture as published (LagunaForCausalLM, served as DFlashLagunaForCausalLM)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    cfg = {"architectures": ["LagunaForCausalLM"], "model_type": "laguna", "hidden_size": hidden,
+           "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "intermediate_size": 128, "vocab_size": 512, "rms_norm_eps": 1e-6, "block_size": 8,
+           "dflash_config": {"mask_token_id": 511, "target_layer_ids": list(ids)}}
+    (path / "config.json").write_text(json.dumps(cfg))
+    t = {"fc.weight": torch.randn(hidden, hidden * len(ids)), "hidden_norm.weight": torch.ones(hidden),
+         "norm.weight": torch.ones(hidden),
+         **{f"aux_hidden_norms.{i}.weight": torch.ones(hidden) for i in range(len(ids))}}
+    for i in range(layers):
+        t[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.randn(64 + 2 * 32, hidden)
+        t[f"layers.{i}.self_attn.g_proj.weight"] = torch.randn(4, hidden)
+        t[f"layers.{i}.self_attn.o_proj.weight"] = torch.randn(hidden, 64)
+    save_file(t, path / "model.safetensors")
+    return path
+
+
+@pytest.mark.parametrize("arch", ["LagunaForCausalLM", "DFlashLagunaForCausalLM"])
+@pytest.mark.parametrize("command", ["inspect", "convert", "validate"])
+def test_a_laguna_draft_is_named_never_an_unexpected_tensor(cli, tmp_path, arch, command):
+    src = laguna_draft(tmp_path / "laguna")
+    cfg = read_config(src)
+    cfg["architectures"] = [arch]
+    (src / "config.json").write_text(json.dumps(cfg))
+    args = {"inspect": ["inspect", src], "convert": ["convert", src, "-o", tmp_path / "out"],
+            "validate": ["validate", src, "--levels", "static"]}[command]
+    r = cli(*args)
+    lines = r.err.strip().splitlines()
+    assert r.code == 1 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert arch in lines[0] and "Laguna DFlash draft" in lines[0] and "aux_hidden_norms" in lines[0]
+    assert "unexpected tensor" not in r.err + r.out and not (tmp_path / "out").exists()

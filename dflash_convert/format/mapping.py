@@ -68,6 +68,24 @@ SPECULATORS_NON_CAUSAL_DEFAULT = {"dflash": False, "dflash2": True}
 
 
 # ----------------------------------------------------------------------------- detection
+# HF architectures of DFlash-family drafts that are not the Qwen3-layout body this tool converts and runs
+# (vLLM 0.33's model registry; a dflash draft's architecture X is served as DFlashX): refused by name.
+_LAGUNA = ("a Laguna DFlash draft (vLLM laguna_dflash.py: fused qkv_proj, a softplus g_proj attention gate, "
+           "one aux_hidden_norms RMSNorm per target layer): the speculators format has no Laguna kind and the "
+           "runtime runs Qwen3-layout layers only, so it can be neither converted nor validated losslessly")
+REFUSED_ARCHITECTURES = {
+    "DFlashLagunaForCausalLM": _LAGUNA,
+    "LagunaForCausalLM": _LAGUNA,
+    "DFlash2BeamDraftModel": "a DFlash2 beam draft (vLLM's beam candidate head), which neither format here describes",
+    "DFlashQwen3XPressModel": "an XPress draft (extra refiner heads)",
+    "Qwen3XPressModel": "an XPress draft (extra refiner heads)",
+    "LiLiCorrDraftModel": "a LiLiCorr draft (a correlator over candidate-head features)",
+    "Qwen3DSparkModel": "a DSpark draft in the HF layout (samples from the anchor, Markov and confidence heads)",
+    "Qwen3OmniDSparkModel": "a DSpark draft in the HF layout (samples from the anchor, Markov and confidence heads)",
+    "Gemma4DSparkModel": "a Gemma 4 DSpark draft",
+    "DSparkDraftModel": "a DeepSeek DSpark draft",
+}
+
 
 def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, str]:
     """(format, variant) of a parsed config.json; refuses anything that is not DFlash."""
@@ -85,6 +103,10 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
     for variant, arch in HF_ARCHITECTURE.items():
         if arch in archs:
             return "hf", variant
+    refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
+    if refused is not None:
+        raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "
+                          "dflash-convert handles DFlashDraftModel and DFlash2DraftModel drafts", file=file)
     if "dflash_config" in raw:
         return "hf", "dflash"
     found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"
