@@ -143,9 +143,12 @@ def test_bf16_draft_close_to_fp32(hf_drafts, runtime_target):
 
 # ----------------------------------------------------------------------------- refusals
 
-def test_dflash2_is_refused_clearly(runtime_drafts):
-    with pytest.raises(DFlashError, match="dflash2 drafts are not supported by the runtime"):
-        load_draft(runtime_drafts["dflash2"])
+def test_dspark_is_refused_clearly(runtime_drafts):
+    from dflash_runtime.model import _check_runnable
+
+    spec = load_draft(runtime_drafts["dflash2"]).spec.model_copy(update={"variant": "xpress"})
+    with pytest.raises(DFlashError, match="xpress drafts are not supported by the runtime"):
+        _check_runnable(spec, "config.json")
 
 
 def test_fc_width_not_matching_ids_is_refused(tmp_path):

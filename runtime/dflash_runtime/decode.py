@@ -179,11 +179,15 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         draft_probs = None
         if draft is not None and size > 1:
             t = _now(device)
+            # dflash2 samples slot by slot in its walk (each slot after the previous pick)
+            walk = probabilistic and getattr(draft, "selector", None) is not None
+            sampled = dict(temperature=temperature, generator=generator) if walk else {}
             proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
-                                                    block_size=size, draft_window=draft_window)  # [size-1]
+                                                    block_size=size, draft_window=draft_window, **sampled)  # [size-1]
             if probabilistic:  # the block sampled at the request's temperature; accept_block reuses the probs
                 draft_probs = torch.softmax(draft_logits / temperature, dim=-1).to(logits.device)  # [size-1, V]
-                proposals = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
+                if not walk:
+                    proposals = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
             block = torch.cat([block, proposals.to(device)])
             draft_time += _now(device) - t
         t = _now(device)

@@ -22,6 +22,7 @@ from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.format.configs import DraftSpec
 from dflash_convert.errors import DFlashError, NotRunnable
 
+from . import dflash2
 from .attention import BACKENDS, select_backend
 
 # scaled RoPE types (transformers' names): static ones fix their frequencies; "dynamic" (NTK) and
@@ -136,6 +137,8 @@ class DraftLayer:
     causal: bool
     sliding_window: int | None  # visible context positions >= anchor - sliding_window
     index: int  # its place in the draft: the context cache layer it reads and writes
+    attention_conv: dflash2.Conv | None = None  # dflash2: convolutions around attention and the MLP
+    mlp_conv: dflash2.Conv | None = None
 
 
 CACHE_ROUND = 256  # cache rows are allocated in multiples of this (fewer distinct shapes to compile)
@@ -263,6 +266,10 @@ class DFlashDraft:
                 sliding_window=spec.sliding_window if sliding else None,
                 index=i,
             ))
+        self.selector = None  # dflash2: the candidate selector, and the maps of its unary logits
+        self.embed_scale, self.logit_multiplier, self.softcap = 1.0, 1.0, None
+        if spec.variant == "dflash2":
+            self._load_dflash2(spec, tensors)
         # Pruned vocab: own lm_head [Vd, H] and the draft -> target id map built from d2t.
         self.lm_head = tensors.get(name("lm_head")) if spec.is_pruned_vocab else None
         self.draft_to_target = None
@@ -282,6 +289,20 @@ class DFlashDraft:
         self._compiled_fns: dict[str, Callable] = {}
         if compile:
             self._enable_compile()
+
+    def _load_dflash2(self, spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
+        f, name = spec.variant_fields, catalogue.name
+        for layer in self.layers:
+            for part in ("attention", "mlp"):
+                setattr(layer, f"{part}_conv", dflash2.Conv(
+                    tensors[name(f"{part}_conv_base_kernel", layer.index)],
+                    tensors[name(f"{part}_conv_kernel_projection", layer.index)],
+                    group_size=f["conv_group_size"], block_size=spec.block_size))
+        self.selector = dflash2.Selector(*(tensors[name(f"selector_{leaf}")] for leaf in (
+            "predecessor_codebook", "successor_codebook", "hidden_projection")), top_k=f["selector_top_k"])
+        self.embed_scale = float(f.get("input_embedding_scale") or 1.0)
+        self.logit_multiplier = float(f.get("output_multiplier") or 1.0)
+        self.softcap = float(f.get("final_logit_softcapping") or 0.0) or None
 
     def with_backend(self, name: str, *, compile: bool | None = None) -> "DFlashDraft":
         """The same draft attending with another backend, checked against the capability table: built
@@ -305,6 +326,11 @@ class DFlashDraft:
                    self.mask_embedding]
         for layer in self.layers:
             weights += [getattr(layer, f.name) for f in fields(DraftLayer) if f.type.startswith("torch.Tensor")]
+            weights += [t for conv in (layer.attention_conv, layer.mlp_conv) if conv is not None
+                        for t in (conv.base_kernel, conv.kernel_projection)]
+        if self.selector is not None:
+            weights += [self.selector.predecessor_codebook, self.selector.successor_codebook,
+                        self.selector.hidden_projection]
         for t in weights:
             if t is not None:
                 torch._dynamo.mark_static_address(t)
@@ -396,9 +422,21 @@ class DFlashDraft:
     @torch.inference_mode()
     def propose(self, anchor_id: int, start: int, *, embed: Callable[[torch.Tensor], torch.Tensor],
                 lm_head: Callable[[torch.Tensor], torch.Tensor], block_size: int | None = None,
-                draft_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                draft_window: int | None = None, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft B-1 tokens after `anchor_id` at position `start` (the cache must hold the context up
-        to start-1). Returns (greedy ids [B-1], logits [B-1, V])."""
+        to start-1). Returns (greedy ids [B-1], logits [B-1, V]). A dflash2 draft walks its candidates
+        here, sampled at `temperature` with `generator` when it is > 0 (each slot depends on the previous
+        pick), and its logits are the walk's realized scores (-inf outside the k candidates)."""
+        out, logits = self._step(anchor_id, start, embed=embed, lm_head=lm_head, block_size=block_size,
+                                 draft_window=draft_window)
+        if self.selector is None:
+            return out, logits
+        return dflash2.walk(out, logits, self.spec.vocab_size, temperature=temperature, generator=generator)
+
+    def _step(self, anchor_id: int, start: int, *, embed, lm_head, block_size: int | None,
+              draft_window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compiled (or eager) step: (ids, logits) of a dflash draft, (candidates, edge scores) of a dflash2."""
         block_size = block_size or self.block_size
         first = self._block_start(start, block_size, draft_window)
         ids = torch.full((block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
@@ -469,6 +507,8 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
             _later(ctx_first, start - layer.sliding_window)
         window = {"query_window": layer.sliding_window} if per_query else {}
         h = rms_norm(x, layer.input_layernorm, d.eps)
+        if layer.attention_conv is not None:  # dflash2: the input side convolved, the output side's taps kept
+            h, taps = dflash2.conv_prepare(layer.attention_conv, h)
         q = F.linear(h, layer.q_proj, layer.q_bias).view(1, n, d.n_heads, d.head_dim)
         q = apply_rope(rms_norm(q, layer.q_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nH, B, d]
         k = F.linear(h, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
@@ -477,9 +517,13 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
         d.cache.write(layer.index, positions, k, v)
         o = d._attend(q, *d.cache.rows(layer.index, kv_lo, kv_hi), scale=d.scale, causal=layer.causal,
                       ctx_first=first - kv_lo, block_at=start - kv_lo, **window)  # [1, nH, B, d]
-        x = x + F.linear(o.transpose(1, 2).reshape(n, -1), layer.o_proj, layer.o_bias)
+        o = F.linear(o.transpose(1, 2).reshape(n, -1), layer.o_proj, layer.o_bias)
+        x = x + (o if layer.attention_conv is None else dflash2.conv_finish(layer.attention_conv, o, taps))
         h = rms_norm(x, layer.post_attention_layernorm, d.eps)
-        x = x + F.linear(d.act(F.linear(h, layer.gate_proj)) * F.linear(h, layer.up_proj), layer.down_proj)
+        if layer.mlp_conv is not None:
+            h, taps = dflash2.conv_prepare(layer.mlp_conv, h)
+        m = F.linear(d.act(F.linear(h, layer.gate_proj)) * F.linear(h, layer.up_proj), layer.down_proj)
+        x = x + (m if layer.mlp_conv is None else dflash2.conv_finish(layer.mlp_conv, m, taps))
     return rms_norm(x, d.norm, d.eps)
 
 
@@ -498,12 +542,18 @@ def block_logits(d: DFlashDraft, hidden: torch.Tensor, target_lm_head: Callable[
 def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int,
                embed: Callable[[torch.Tensor], torch.Tensor], lm_head: Callable[[torch.Tensor], torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [B] (anchor, then mask ids) -> (greedy ids [B-1], float32 logits [B-1, V]); slot 0's output is discarded."""
+    """ids [B] (anchor, then mask ids) -> (greedy ids [B-1], float32 logits [B-1, V]); slot 0's output is discarded.
+    dflash2: -> (candidate ids [B-1, k], edge scores [B-1, k, k]) for the walk (dflash2.walk)."""
     x = embed(ids)  # [B, H]
     if d.mask_embedding is not None:
         x = torch.where((ids == d.mask_token_id)[:, None], d.mask_embedding.to(x.dtype), x)
+    if d.embed_scale != 1.0:
+        x = x * d.embed_scale
     hidden = block_forward(d, x, start, ctx_first, kv_lo, kv_hi)  # [B, H]
     logits = block_logits(d, hidden[1:], lm_head)  # [B-1, V]
+    if d.selector is not None:
+        unary = dflash2.unary_logits(logits, multiplier=d.logit_multiplier, softcap=d.softcap)
+        return dflash2.edge_scores(d.selector, unary, hidden[1:], ids[0])
     return logits.argmax(dim=-1), logits
 
 
@@ -517,15 +567,20 @@ def resolve_layer_causal(spec: DraftSpec, causal: bool | None) -> list[bool]:
     return [bool(causal)] * spec.num_layers if causal is not None else list(spec.layer_causal)
 
 
+# family keys (dflash_config.*) the runtime applies, per draft kind; any other non-neutral one is refused
+RUNTIME_APPLIES = {"dflash2": ("dflash_config.input_embedding_scale", "dflash_config.output_multiplier",
+                               "dflash_config.final_logit_softcapping")}
+
+
 def _check_runnable(spec: DraftSpec, file: str) -> None:
-    if spec.variant != "dflash":
-        raise NotRunnable(f"{spec.variant} drafts are not supported by the runtime: their extra modules "
-                          "(local convolutions, candidate selector) are not specified; only dflash runs", file=file)
+    if spec.variant not in ("dflash", "dflash2"):
+        raise NotRunnable(f"{spec.variant} drafts are not supported by the runtime", file=file)
     try:
         mapping.check_complete(spec)  # block size, mask id and target ids: what every engine needs
     except DFlashError as exc:
         raise DFlashError(str(exc), file=file) from None
-    unsupported = mapping.non_qwen3_features(spec)
+    applied = RUNTIME_APPLIES.get(spec.variant, ())
+    unsupported = [f for f in mapping.non_qwen3_features(spec) if f.partition("=")[0] not in applied]
     if unsupported:
         raise NotRunnable(f"config sets {', '.join(unsupported)}: the runtime implements the plain Qwen3 layer math "
                           "only, so its logits would not be this draft's", file=file)

@@ -1,0 +1,116 @@
+"""DFlash2's additions to the DFlash step, as plain functions (docs/formats.md section 12).
+
+Per decoder layer, a grouped dynamic causal convolution on each side of attention and of the MLP:
+    h [B, H] --kernel_projection--> [B, 2, K, G] taps from the hidden state (input side, output side)
+    conv(x)[t] = sum_{tap < K, t mod block >= tap} x[t - tap] * (base_kernel[side, tap] + dynamic[t, side, tap])
+with each dynamic tap shared by the group_size channels of one of the G groups. Taps never reach
+across a block boundary, so never into the context.
+After the final norm, the candidate selector re-ranks the unary top-k of each draft slot:
+    unary = scale * softcap(target lm_head(hidden))          # output_multiplier, final_logit_softcapping
+    score(prev, c) = unary[c] + <predecessor[prev] * (W_h hidden), successor[c]>
+and the walk picks slot by slot: the first slot's predecessor is the anchor, each later slot's the
+previous pick (greedy: the best score; sampled: softmax(score / T) over the k candidates). Only the k
+candidates get finite draft logits: the realized row of scores, which is what a sampled walk drew from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Conv:
+    """One grouped dynamic causal convolution (an attention or an MLP side pair)."""
+
+    base_kernel: torch.Tensor  # [2, K, H]: static taps, input side then output side
+    kernel_projection: torch.Tensor  # [2*K*G, H]: dynamic taps from the hidden state
+    group_size: int
+    block_size: int
+
+    @property
+    def taps(self) -> int:
+        return self.base_kernel.shape[1]
+
+
+@dataclass
+class Selector:
+    predecessor_codebook: torch.Tensor  # [V, R]
+    successor_codebook: torch.Tensor  # [V, R]
+    hidden_projection: torch.Tensor  # [R, H]
+    top_k: int
+
+
+def grouped_conv(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, *, block_size: int,
+                 group_size: int) -> torch.Tensor:
+    """x [n, H] (rows are consecutive block slots from slot 0), dynamic [n, K, G], base [K, H] -> [n, H]."""
+    n, hidden = x.shape
+    taps, groups = base.shape[0], hidden // group_size
+    grouped = x.reshape(n, groups, group_size)  # [n, G, gs]
+    slot = torch.arange(n, device=x.device).remainder(block_size)  # [n]
+    out = torch.zeros_like(grouped)
+    for tap in range(taps):
+        shifted = grouped if tap == 0 else torch.cat([grouped.new_zeros(tap, groups, group_size), grouped[:-tap]])
+        coefficient = base[tap].to(grouped.dtype).view(1, groups, group_size) + dynamic[:, tap, :, None]
+        out = out + shifted * coefficient * slot.ge(tap).view(-1, 1, 1)
+    return out.reshape(n, hidden)
+
+
+def conv_prepare(conv: Conv, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """h [n, H] -> (input side convolved [n, H], the output side's dynamic taps [n, K, G])."""
+    n, hidden = h.shape
+    dynamic = F.linear(h, conv.kernel_projection).view(n, 2, conv.taps, hidden // conv.group_size)
+    x = grouped_conv(h, dynamic[:, 0], conv.base_kernel[0], block_size=conv.block_size, group_size=conv.group_size)
+    return x, dynamic[:, 1]
+
+
+def conv_finish(conv: Conv, y: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+    """A sublayer's output y [n, H] convolved on the output side with the taps conv_prepare kept."""
+    return grouped_conv(y, dynamic, conv.base_kernel[1], block_size=conv.block_size, group_size=conv.group_size)
+
+
+def unary_logits(logits: torch.Tensor, *, multiplier: float, softcap: float | None) -> torch.Tensor:
+    """The target lm_head's logits [n, V] as vLLM's logits processor maps them: softcap, then scale."""
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    if multiplier != 1.0:
+        logits = logits * multiplier
+    return logits
+
+
+def edge_scores(sel: Selector, unary: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """unary [S, V] and hidden [S, H] of the S drafted slots, anchor [] -> (candidate ids [S, k],
+    scores [S, k, k]: row p of slot s scores its candidates after candidate p of slot s-1 (slot 0: after
+    the anchor, every row alike))."""
+    top, candidates = unary.topk(sel.top_k, dim=-1)  # [S, k]
+    k = sel.top_k
+    predecessors = torch.cat([anchor.view(1, 1).expand(1, k), candidates[:-1]])  # [S, k]: ids of slot s-1
+    projected = F.linear(hidden, sel.hidden_projection)  # [S, R]
+    context = sel.predecessor_codebook[predecessors] * projected[:, None, :].to(sel.predecessor_codebook.dtype)
+    successors = sel.successor_codebook[candidates]  # [S, k, R]
+    transition = (context[:, :, None, :] * successors[:, None, :, :]).sum(dim=-1)  # [S, k(prev), k]
+    return candidates, top[:, None, :] + transition.to(top.dtype)
+
+
+def walk(candidates: torch.Tensor, scores: torch.Tensor, vocab: int, *, temperature: float = 0.0,
+         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """candidates [S, k], scores [S, k, k] -> (picked ids [S], draft logits [S, V]: the realized scores
+    row of each slot at the candidates, -inf elsewhere). Greedy at temperature 0, else each slot drawn
+    from softmax(row / temperature) over its k candidates."""
+    steps, _ = candidates.shape
+    logits = torch.full((steps, vocab), float("-inf"), device=scores.device, dtype=torch.float32)
+    picked = torch.empty(steps, dtype=torch.long, device=candidates.device)
+    previous = 0
+    for s in range(steps):
+        row = scores[s, previous].float()  # [k]
+        if temperature > 0:
+            index = int(torch.multinomial(torch.softmax(row / temperature, dim=-1), 1, generator=generator)[0])
+        else:
+            index = int(row.argmax())
+        logits[s, candidates[s]] = row
+        picked[s] = candidates[s, index]
+        previous = index
+    return picked, logits

@@ -1,0 +1,193 @@
+"""dflash2 in the runtime: the convolutions and the candidate selector equal speculators 0.9.0's own modules
+bit for bit on random weights, the whole draft equals speculators' forward, the walk does what vLLM's
+does, decoding is lossless, and a dflash2 with identity convolutions and a neutral selector behaves
+exactly as the dflash draft it was made from."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_runtime import dflash2, load_draft, load_target, speculative_generate, target_generate
+from runtime_helpers import our_block_logits
+from test_runtime_model import speculators_logits
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = ROOT / "examples" / "pair"
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    return load_target(tiny_target)
+
+
+@pytest.mark.parametrize("taps, group, block, rows", [(2, 16, 8, 8), (3, 8, 8, 16), (1, 4, 4, 12), (4, 64, 4, 8)])
+def test_grouped_conv_equals_speculators_bit_for_bit(taps, group, block, rows):
+    """Several blocks in a row, random taps: taps stay inside each block (speculators' grouped_dynamic_conv)."""
+    from speculators.models.dflash2.model_definitions import grouped_dynamic_conv
+
+    g = torch.Generator().manual_seed(taps * 100 + group)
+    x = torch.randn(rows, 64, generator=g)
+    dynamic = torch.randn(rows, taps, 64 // group, generator=g)
+    base = torch.randn(taps, 64, generator=g)
+    ours = dflash2.grouped_conv(x, dynamic, base, block_size=block, group_size=group)
+    theirs = grouped_dynamic_conv(x, dynamic, base, block_size=block, group_size=group)
+    assert torch.equal(ours, theirs)
+    # a tap never reaches into an earlier block: the first slot of each block is x * (base[0] + dynamic[0])
+    first = torch.arange(0, rows, block)
+    assert torch.equal(ours[first], (x.view(rows, -1, group) * (base[0].view(1, -1, group) + dynamic[:, 0, :, None]))
+                       .reshape(rows, 64)[first])
+
+
+def test_conv_module_sides_equal_speculators_bit_for_bit():
+    from speculators.models.dflash2.model_definitions import GroupedDynamicCausalConv
+
+    torch.manual_seed(0)
+    module = GroupedDynamicCausalConv(64, block_size=8, kernel_size=3, group_size=16)
+    with torch.no_grad():  # random, not the identity initialisation
+        module.base_kernel.normal_()
+        module.kernel_projection.weight.normal_()
+    conv = dflash2.Conv(module.base_kernel.detach(), module.kernel_projection.weight.detach(), group_size=16,
+                        block_size=8)
+    h, y = torch.randn(16, 64), torch.randn(16, 64)
+    with torch.no_grad():
+        theirs, their_taps = module.prepare(h)
+        ours, our_taps = dflash2.conv_prepare(conv, h)
+        assert torch.equal(ours, theirs) and torch.equal(our_taps, their_taps)
+        assert torch.equal(dflash2.conv_finish(conv, y, our_taps), module.finish(y, their_taps))
+
+
+def test_edge_scores_equal_speculators_selector_bit_for_bit():
+    """Every (previous candidate, candidate) score: speculators' CandidateSelector.score_candidates with that
+    predecessor; slot 0's predecessor is the anchor."""
+    from speculators.models.dflash2.model_definitions import CandidateSelector
+
+    torch.manual_seed(1)
+    sel = CandidateSelector(vocab_size=512, hidden_size=64, rank=32, top_k=8, initializer_range=0.5)
+    ours_sel = dflash2.Selector(sel.predecessor_codebook.detach(), sel.successor_codebook.detach(),
+                                sel.hidden_projection.weight.detach(), top_k=8)
+    unary, hidden, anchor = torch.randn(5, 512), torch.randn(5, 64), torch.tensor(17)
+    with torch.no_grad():
+        candidates, scores = dflash2.edge_scores(ours_sel, unary, hidden, anchor)
+        assert torch.equal(candidates, unary.topk(8, dim=-1).indices)
+        for p in range(8):  # every slot after its predecessor candidate p (slot 0: the anchor)
+            prev = torch.cat([anchor.view(1), candidates[:-1, p]])
+            theirs = sel.score_candidates(unary, hidden, prev, candidates)  # [5, 8]
+            assert torch.equal(scores[:, p], theirs), p
+
+
+def test_the_walk_follows_the_previous_pick():
+    """vLLM's selector walk (v1/worker/gpu/spec_decode/dflash2 _selector_walk_kernel): slot s reads the score
+    row of the candidate picked at slot s-1. Hand-made scores where the best of each row differs."""
+    candidates = torch.tensor([[10, 11], [20, 21], [30, 31]])
+    scores = torch.tensor([[[0.0, 1.0], [0.0, 1.0]],  # slot 0 (after the anchor): index 1 -> 11
+                           [[5.0, 0.0], [0.0, 2.0]],  # row 1 (after 11): index 1 -> 21 (row 0 would pick 20)
+                           [[0.0, 3.0], [4.0, 0.0]]])  # row 1 (after 21): index 0 -> 30
+    picked, logits = dflash2.walk(candidates, scores, vocab=40)
+    assert picked.tolist() == [11, 21, 30]
+    assert logits[1, 20] == 0.0 and logits[1, 21] == 2.0 and logits[2, 30] == 4.0 and logits[2, 31] == 0.0
+    assert torch.isinf(logits).sum() == 3 * (40 - 2)  # only the candidates are finite
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(2)
+    for _ in range(400):  # sampled: slot 0 drawn from softmax(row / T) over its candidates
+        picked, _ = dflash2.walk(candidates, scores, vocab=40, temperature=1.0, generator=g)
+        counts[int(picked[0]) - 10] += 1
+    assert abs(counts[1] / 400 - torch.softmax(torch.tensor([0.0, 1.0]), 0)[1]) < 0.08
+
+
+@pytest.mark.parametrize("name", ["dflash2", "dflash2_k3"])
+def test_block_logits_equal_speculators_forward(name, family_drafts, target):
+    """The whole dflash2 draft (random non-identity convolutions) against speculators' own forward."""
+    draft = load_draft(family_drafts[name])
+    target.set_capture(draft.target_layer_ids)
+    target.reset()
+    torch.manual_seed(0)
+    T, anchor = 30, 13
+    ids = torch.randint(0, 500, (T,))
+    _, features = target.forward(ids, 0)
+    theirs, _ = speculators_logits(family_drafts[name], features, ids, anchor)
+    block = torch.full((draft.block_size,), draft.mask_token_id)
+    block[0] = ids[anchor]
+    ours = our_block_logits(draft, target, features[:anchor], block)
+    assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-5), (ours - theirs).abs().max()
+
+
+@pytest.mark.parametrize("name", ["dflash2", "dflash2_k3"])
+@pytest.mark.parametrize("backend, compile", [("eager", False), ("sdpa", False), ("flex", False), ("sdpa", True)])
+def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, target):
+    draft = load_draft(family_drafts[name], backend=backend, compile=compile)
+    prompt = [3, 14, 15, 92, 65, 35]
+    ours = speculative_generate(draft, target, prompt, max_new_tokens=20)
+    assert ours.tokens == target_generate(target, prompt, max_new_tokens=20).tokens
+    assert ours.stats.num_drafts > 0
+
+
+def test_sampled_decoding_proposes_from_the_walk(family_drafts, target, monkeypatch):
+    """At temperature 1 the draft's proposals are the walk's samples (not redrawn from its logits)."""
+    draft = load_draft(family_drafts["dflash2"])
+    seen = []
+    original = dflash2.walk
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append((kwargs.get("temperature"), out[0].tolist()))
+        return out
+    monkeypatch.setattr(dflash2, "walk", spy)
+    g = speculative_generate(draft, target, [3, 14, 15], max_new_tokens=12, temperature=1.0, seed=0,
+                             draft_sampling="probabilistic")
+    assert len(g.tokens) == 12 and seen and all(t == 1.0 for t, _ in seen)
+
+
+def identity_dflash2(src: Path, dst: Path, *, taps: int = 2, group: int = 16, top_k: int = 4) -> Path:
+    """The dflash draft at src as a speculators dflash2: identity convolutions (speculators' own initial
+    state) and zero codebooks (the selector adds nothing, so the unary order decides)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(speculators_model_type="dflash2", architectures=["DFlash2DraftModel"], conv_kernel_size=taps,
+               conv_group_size=group, selector_rank=8, selector_top_k=top_k)
+    cfg["speculators_config"]["algorithm"] = "dflash2"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(dst / "model.safetensors")
+    hidden, vocab = cfg["transformer_layer_config"]["hidden_size"], cfg["transformer_layer_config"]["vocab_size"]
+    dtype = tensors["fc.weight"].dtype
+    for i in range(cfg["transformer_layer_config"]["num_hidden_layers"]):
+        for part in ("attention", "mlp"):
+            base = torch.zeros(2, taps, hidden, dtype=dtype)
+            base[:, 0] = 1.0
+            tensors[f"layers.{i}.{part}_conv.base_kernel"] = base
+            tensors[f"layers.{i}.{part}_conv.kernel_projection.weight"] = torch.zeros(2 * taps * hidden // group,
+                                                                                      hidden, dtype=dtype)
+    tensors["candidate_selector.predecessor_codebook"] = torch.zeros(vocab, 8, dtype=dtype)
+    tensors["candidate_selector.successor_codebook"] = torch.zeros(vocab, 8, dtype=dtype)
+    tensors["candidate_selector.hidden_projection.weight"] = torch.zeros(8, hidden, dtype=dtype)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_identity_dflash2_is_the_dflash_draft_it_was_made_from(tmp_path):
+    """The bundled trained pair: same tokens, same acceptance at every step, greedy."""
+    pair_target = load_target(PAIR / "target")
+    made = identity_dflash2(PAIR / "draft", tmp_path / "d2")
+    d1, d2 = load_draft(PAIR / "draft"), load_draft(made)
+    for prompt in ([5, 6, 7, 8], [40, 41, 42, 43, 44, 45]):
+        a = speculative_generate(d1, pair_target, prompt, max_new_tokens=48)
+        b = speculative_generate(d2, pair_target, prompt, max_new_tokens=48)
+        assert a.tokens == b.tokens
+        assert (a.stats.accepted, a.stats.num_drafts, a.stats.per_position_rates) == \
+            (b.stats.accepted, b.stats.num_drafts, b.stats.per_position_rates)
+        assert a.stats.tau > 2  # a trained pair: the comparison is about real acceptances
+
+
+def test_validate_runs_a_dflash2_end_to_end(cli, family_drafts, tiny_target):
+    r = cli("validate", family_drafts["dflash2"], "--target", tiny_target, "--levels", "end_to_end",
+            "--threads", "1", "--max-new-tokens", "16", "--sampling", "greedy", "--json")
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    greedy = next(c for c in report["checks"] if c["name"] == "greedy_output_equal")
+    assert greedy["status"] == "pass", greedy
