@@ -22,6 +22,9 @@ Parts (--parts, default all but pair):
   zlab    with --zlab-model PATH (z-lab's dflash/model.py, used in place, never copied): the same
           draft step through its DFlashDraftModel with the same weights.
   pair    the trained pair in examples/pair (CPU-sized): tau, tokens/s, speedup, outputs equal.
+  dflash2 the same draft step for a dflash2 draft of the same size (speculators' default convolution
+          and selector sizes: 2 taps, groups of 16, rank 256, top-16; the walk included) against the
+          dflash draft: the cost of the convolutions and the candidate selector.
 
     python benchmarks/runtime_bench.py                          # 8b shape on the GPU (bf16)
     python benchmarks/runtime_bench.py --shape small --device cpu   # code paths on a CPU
@@ -203,6 +206,28 @@ def bench_step(spec, tensors, lm_head, embed, device, dtype, modes, backend, ste
         del draft
         gc.collect()
     return results
+
+
+def bench_dflash2(cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth) -> None:
+    """The dflash step against a dflash2 draft of the same body (its extra tensors random)."""
+    cfg2 = {**cfg, "architectures": ["DFlash2DraftModel"],
+            "dflash_config": {**cfg["dflash_config"], "conv_kernel_size": 2, "conv_group_size": 16,
+                              "selector_rank": 256, "selector_top_k": 16}}
+    spec2 = spec_from_config(cfg2)
+    tensors2 = dict(tensors)
+    offset = 3
+    for name, shape in expected_shapes(spec2).items():
+        if name not in tensors2:
+            tensors2[name] = torch.empty(shape, device=device, dtype=dtype)
+            offset = fill_random(tensors2[name], pool, offset)
+    print("\n== dflash (below: the same step as dflash2) ==")
+    plain = bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
+    print("== dflash2 ==")
+    two = bench_step(spec2, tensors2, lm_head, embed, device, dtype, args.modes, args.backend, args.steps,
+                     bandwidth)
+    for mode in plain:
+        print(f"dflash2 / dflash draft step, {mode}: {two[mode] / plain[mode]:.2f}x "
+              f"({two[mode] * 1e3:.2f} vs {plain[mode] * 1e3:.2f} ms)")
 
 
 def bench_zlab(path: Path, cfg: dict, tensors, lm_head, embed, device, dtype, steps, bandwidth) -> None:
@@ -414,7 +439,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--parts", nargs="+", default=["step", "verify", "hybrid", "decode", "zlab"],
-                    choices=["step", "verify", "hybrid", "decode", "zlab", "pair"])
+                    choices=["step", "verify", "hybrid", "decode", "zlab", "pair", "dflash2"])
     ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
     ap.add_argument("--backend", default="sdpa", help="draft attention backend")
     ap.add_argument("--steps", type=int, default=20, help="timed steady steps (median reported)")
@@ -460,6 +485,8 @@ def main() -> None:
         print(f"(random draft {nbytes(tensors.values()) / 1e9:.2f} GB built in {time.perf_counter() - t:.1f} s)")
         if "step" in args.parts:
             bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
+        if "dflash2" in args.parts:
+            bench_dflash2(cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
         if "zlab" in args.parts and args.zlab_model is not None:
             bench_zlab(args.zlab_model, cfg, tensors, lm_head, embed, device, dtype, args.steps, bandwidth)
         if needs_target:

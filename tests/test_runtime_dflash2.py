@@ -61,40 +61,50 @@ def test_conv_module_sides_equal_speculators_bit_for_bit():
         assert torch.equal(dflash2.conv_finish(conv, y, our_taps), module.finish(y, their_taps))
 
 
-def test_edge_scores_equal_speculators_selector_bit_for_bit():
-    """Every (previous candidate, candidate) score: speculators' CandidateSelector.score_candidates with that
-    predecessor; slot 0's predecessor is the anchor."""
+def test_selector_scores_equal_speculators_bit_for_bit():
+    """Each slot's scores after any predecessor: speculators' CandidateSelector.score_candidates."""
     from speculators.models.dflash2.model_definitions import CandidateSelector
 
     torch.manual_seed(1)
     sel = CandidateSelector(vocab_size=512, hidden_size=64, rank=32, top_k=8, initializer_range=0.5)
     ours_sel = dflash2.Selector(sel.predecessor_codebook.detach(), sel.successor_codebook.detach(),
                                 sel.hidden_projection.weight.detach(), top_k=8)
-    unary, hidden, anchor = torch.randn(5, 512), torch.randn(5, 64), torch.tensor(17)
+    unary, hidden = torch.randn(5, 512), torch.randn(5, 64)
     with torch.no_grad():
-        candidates, scores = dflash2.edge_scores(ours_sel, unary, hidden, anchor)
+        candidates, top, projected = dflash2.candidate_scores(ours_sel, unary, hidden)
         assert torch.equal(candidates, unary.topk(8, dim=-1).indices)
-        for p in range(8):  # every slot after its predecessor candidate p (slot 0: the anchor)
-            prev = torch.cat([anchor.view(1), candidates[:-1, p]])
-            theirs = sel.score_candidates(unary, hidden, prev, candidates)  # [5, 8]
-            assert torch.equal(scores[:, p], theirs), p
+        for predecessor in (torch.tensor(17), torch.tensor(400)):
+            theirs = sel.score_candidates(unary, hidden, predecessor.expand(5), candidates)  # [5, 8]
+            for s in range(5):
+                ours = dflash2.scores_after(ours_sel, predecessor, candidates[s], top[s], projected[s])
+                assert torch.equal(ours, theirs[s]), s
+
+
+def _hand_selector(scores: dict[tuple[int, int], float], vocab: int = 40) -> dflash2.Selector:
+    """A rank vocab^2 selector whose transition from token a to token b is scores[(a, b)] (0 elsewhere)."""
+    pred, succ = torch.zeros(vocab, vocab * vocab), torch.zeros(vocab, vocab * vocab)
+    for (a, b), value in scores.items():
+        pred[a, a * vocab + b] = value
+        succ[b, a * vocab + b] = 1.0
+    return dflash2.Selector(pred, succ, torch.ones(vocab * vocab, 1), top_k=2)
 
 
 def test_the_walk_follows_the_previous_pick():
-    """vLLM's selector walk (v1/worker/gpu/spec_decode/dflash2 _selector_walk_kernel): slot s reads the score
-    row of the candidate picked at slot s-1. Hand-made scores where the best of each row differs."""
+    """vLLM's selector walk (v1/worker/gpu/spec_decode/dflash2 _selector_walk_kernel): slot s is scored after
+    the token picked at slot s-1 (slot 0 after the anchor). Hand-made transitions where the best
+    continuation of each predecessor differs; unary logits all 0, projected hidden 1."""
+    sel = _hand_selector({(5, 11): 1.0, (11, 21): 2.0, (10, 20): 5.0, (21, 30): 4.0, (20, 31): 3.0})
     candidates = torch.tensor([[10, 11], [20, 21], [30, 31]])
-    scores = torch.tensor([[[0.0, 1.0], [0.0, 1.0]],  # slot 0 (after the anchor): index 1 -> 11
-                           [[5.0, 0.0], [0.0, 2.0]],  # row 1 (after 11): index 1 -> 21 (row 0 would pick 20)
-                           [[0.0, 3.0], [4.0, 0.0]]])  # row 1 (after 21): index 0 -> 30
-    picked, logits = dflash2.walk(candidates, scores, vocab=40)
-    assert picked.tolist() == [11, 21, 30]
+    top, projected = torch.zeros(3, 2), torch.ones(3, 1)
+    picked, logits = dflash2.walk(sel, torch.tensor(5), candidates, top, projected, vocab=40)
+    assert picked.tolist() == [11, 21, 30]  # after 10 the walk would have gone to 20, then 31
     assert logits[1, 20] == 0.0 and logits[1, 21] == 2.0 and logits[2, 30] == 4.0 and logits[2, 31] == 0.0
     assert torch.isinf(logits).sum() == 3 * (40 - 2)  # only the candidates are finite
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(2)
-    for _ in range(400):  # sampled: slot 0 drawn from softmax(row / T) over its candidates
-        picked, _ = dflash2.walk(candidates, scores, vocab=40, temperature=1.0, generator=g)
+    for _ in range(400):  # sampled: slot 0 drawn from softmax(scores / T) over its candidates
+        picked, _ = dflash2.walk(sel, torch.tensor(5), candidates, top, projected, vocab=40, temperature=1.0,
+                                 generator=g)
         counts[int(picked[0]) - 10] += 1
     assert abs(counts[1] / 400 - torch.softmax(torch.tensor([0.0, 1.0]), 0)[1]) < 0.08
 

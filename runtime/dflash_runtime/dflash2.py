@@ -8,7 +8,7 @@ across a block boundary, so never into the context.
 After the final norm, the candidate selector re-ranks the unary top-k of each draft slot:
     unary = scale * softcap(target lm_head(hidden))          # output_multiplier, final_logit_softcapping
     score(prev, c) = unary[c] + <predecessor[prev] * (W_h hidden), successor[c]>
-and the walk picks slot by slot: the first slot's predecessor is the anchor, each later slot's the
+over the k unary candidates c of each slot, and the walk picks slot by slot: the first slot's predecessor is the anchor, each later slot's the
 previous pick (greedy: the best score; sampled: softmax(score / T) over the k candidates). Only the k
 candidates get finite draft logits: the realized row of scores, which is what a sampled walk drew from.
 """
@@ -80,37 +80,41 @@ def unary_logits(logits: torch.Tensor, *, multiplier: float, softcap: float | No
     return logits
 
 
-def edge_scores(sel: Selector, unary: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """unary [S, V] and hidden [S, H] of the S drafted slots, anchor [] -> (candidate ids [S, k],
-    scores [S, k, k]: row p of slot s scores its candidates after candidate p of slot s-1 (slot 0: after
-    the anchor, every row alike))."""
+def candidate_scores(sel: Selector, unary: torch.Tensor, hidden: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """unary [S, V] and final-normed hidden [S, H] of the S drafted slots -> (candidate ids [S, k], their
+    unary logits [S, k], the projected hidden states [S, R]): what the walk scores each slot with."""
     top, candidates = unary.topk(sel.top_k, dim=-1)  # [S, k]
-    k = sel.top_k
-    predecessors = torch.cat([anchor.view(1, 1).expand(1, k), candidates[:-1]])  # [S, k]: ids of slot s-1
-    projected = F.linear(hidden, sel.hidden_projection)  # [S, R]
-    context = sel.predecessor_codebook[predecessors] * projected[:, None, :].to(sel.predecessor_codebook.dtype)
-    successors = sel.successor_codebook[candidates]  # [S, k, R]
-    transition = (context[:, :, None, :] * successors[:, None, :, :]).sum(dim=-1)  # [S, k(prev), k]
-    return candidates, top[:, None, :] + transition.to(top.dtype)
+    return candidates, top, F.linear(hidden, sel.hidden_projection)
 
 
-def walk(candidates: torch.Tensor, scores: torch.Tensor, vocab: int, *, temperature: float = 0.0,
-         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """candidates [S, k], scores [S, k, k] -> (picked ids [S], draft logits [S, V]: the realized scores
-    row of each slot at the candidates, -inf elsewhere). Greedy at temperature 0, else each slot drawn
-    from softmax(row / temperature) over its k candidates."""
-    steps, _ = candidates.shape
-    logits = torch.full((steps, vocab), float("-inf"), device=scores.device, dtype=torch.float32)
+def scores_after(sel: Selector, predecessor: torch.Tensor, candidates: torch.Tensor, top: torch.Tensor,
+                 projected: torch.Tensor) -> torch.Tensor:
+    """One slot's candidate scores [k] after the token `predecessor` (a 0-dim id): unary + the bilinear
+    transition (speculators' CandidateSelector.score_candidates, in its order of operations)."""
+    context = sel.predecessor_codebook[predecessor] * projected.to(sel.predecessor_codebook.dtype)  # [R]
+    transition = (context[None, :] * sel.successor_codebook[candidates]).sum(dim=-1)  # [k]
+    return top + transition.to(top.dtype)
+
+
+def walk(sel: Selector, anchor: torch.Tensor, candidates: torch.Tensor, top: torch.Tensor, projected: torch.Tensor,
+         vocab: int, *, temperature: float = 0.0, generator: torch.Generator | None = None
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk over S slots: slot 0 after the anchor, each later slot after the previous pick -> (picked
+    ids [S], draft logits [S, V]: each slot's realized scores at its k candidates, -inf elsewhere). Greedy
+    at temperature 0, else each slot drawn from softmax(scores / temperature) over its candidates. Only
+    the row the walk reads is scored (vLLM scores all k x k and reads one row: the same numbers)."""
+    steps = candidates.shape[0]
+    logits = torch.full((steps, vocab), float("-inf"), device=top.device, dtype=torch.float32)
     picked = torch.empty(steps, dtype=torch.long, device=candidates.device)
-    previous = 0
+    previous = anchor.reshape(())
     for s in range(steps):
-        row = scores[s, previous].float()  # [k]
+        row = scores_after(sel, previous, candidates[s], top[s], projected[s]).float()  # [k]
         if temperature > 0:
-            index = int(torch.multinomial(torch.softmax(row / temperature, dim=-1), 1, generator=generator)[0])
+            index = torch.multinomial(torch.softmax(row / temperature, dim=-1), 1, generator=generator)[0]
         else:
-            index = int(row.argmax())
+            index = row.argmax()
         logits[s, candidates[s]] = row
-        picked[s] = candidates[s, index]
-        previous = index
+        previous = candidates[s, index]
+        picked[s] = previous
     return picked, logits

@@ -432,7 +432,9 @@ class DFlashDraft:
                                  draft_window=draft_window)
         if self.selector is None:
             return out, logits
-        return dflash2.walk(out, logits, self.spec.vocab_size, temperature=temperature, generator=generator)
+        candidates, top, projected = out, *logits
+        return dflash2.walk(self.selector, torch.as_tensor(anchor_id, device=self.device), candidates, top,
+                            projected, self.spec.vocab_size, temperature=temperature, generator=generator)
 
     def _step(self, anchor_id: int, start: int, *, embed, lm_head, block_size: int | None,
               draft_window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -448,7 +450,7 @@ class DFlashDraft:
             out, logits = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.cache.capacity,
                                                  embed, lm_head)
             if self.device.type == "cuda":  # CUDA graph outputs are overwritten by the next replay
-                return out.clone(), logits.clone()
+                return out.clone(), (tuple(t.clone() for t in logits) if isinstance(logits, tuple) else logits.clone())
             return out, logits
         return draft_step(self, ids, start, first, first, start + block_size, embed, lm_head)
 
@@ -543,7 +545,7 @@ def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi
                embed: Callable[[torch.Tensor], torch.Tensor], lm_head: Callable[[torch.Tensor], torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B] (anchor, then mask ids) -> (greedy ids [B-1], float32 logits [B-1, V]); slot 0's output is discarded.
-    dflash2: -> (candidate ids [B-1, k], edge scores [B-1, k, k]) for the walk (dflash2.walk)."""
+    dflash2: -> (candidate ids [B-1, k], (their unary logits [B-1, k], projected hidden [B-1, R])) for the walk."""
     x = embed(ids)  # [B, H]
     if d.mask_embedding is not None:
         x = torch.where((ids == d.mask_token_id)[:, None], d.mask_embedding.to(x.dtype), x)
@@ -553,7 +555,8 @@ def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi
     logits = block_logits(d, hidden[1:], lm_head)  # [B-1, V]
     if d.selector is not None:
         unary = dflash2.unary_logits(logits, multiplier=d.logit_multiplier, softcap=d.softcap)
-        return dflash2.edge_scores(d.selector, unary, hidden[1:], ids[0])
+        candidates, top, projected = dflash2.candidate_scores(d.selector, unary, hidden[1:])
+        return candidates, (top, projected)
     return logits.argmax(dim=-1), logits
 
 
