@@ -379,12 +379,11 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
 def test_progress_on_a_terminal_counts_prompts_with_an_eta(cli, monkeypatch):
     from rich.console import Console
 
-    from dflash_convert import cli as cli_module
+    from dflash_convert.cli import _output
 
     args = ["validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
             "--max-new-tokens", "16", "--sampling", "greedy"]
-    monkeypatch.setattr(cli_module, "err", Console(stderr=True, force_terminal=True, force_interactive=True,
-                                                   width=120))
+    monkeypatch.setattr(_output, "err", Console(stderr=True, force_terminal=True, force_interactive=True, width=120))
     r = cli(*args)
     assert r.code == 0, r.err[-2000:]
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", r.err)
