@@ -15,6 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# the help of a flag two commands' options models share
+ALLOW_PICKLE_HELP = ("Accept pickle files: .bin/.pt weights, and for validate a mask_embedding.pt (loaded with "
+                     "weights_only=True).")
+CAUSAL_HELP = "Force every draft layer causal / non-causal (default: as the checkpoint declares)."
+
 # how the text of a flag becomes the field's value (the CLI holds the parsers)
 Parse = Literal["ints", "floats", "levels", "json", "memory", "dtype"]
 

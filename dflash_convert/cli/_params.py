@@ -3,18 +3,14 @@ list / JSON / memory-budget options, and the options several commands share (dec
 
 import enum
 import json
-from pathlib import Path
-from typing import Annotated, Any, Callable, Optional, get_args
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
-
-from dflash_convert.format.configs import Format
-from dflash_convert.format.dtypes import DTYPE_CHOICES, DTYPES, code_for_name
+from dflash_convert.flags import ALLOW_PICKLE_HELP
+from dflash_convert.format.dtypes import DTYPES, code_for_name
 from dflash_convert.format.engines import ENGINE_NAMES
-from dflash_convert.validate.checks import Level
-from dflash_convert.validate.options import SAMPLING_MODES
+from dflash_convert.validate.options import LEVELS
 
 
 def choices(name: str, values) -> type[enum.Enum]:
@@ -22,14 +18,7 @@ def choices(name: str, values) -> type[enum.Enum]:
     return enum.Enum(name, {v: v for v in values}, type=str)
 
 
-To = choices("To", get_args(Format))
-DType = choices("DType", DTYPE_CHOICES)
-Backend = choices("Backend", ("auto", *BACKEND_NAMES))
-DraftSampling = choices("DraftSampling", DRAFT_SAMPLING)
-SamplingMode = choices("SamplingMode", SAMPLING_MODES)
-DeviceMap = choices("DeviceMap", DEVICE_MAPS)
 Engine = choices("Engine", ENGINE_NAMES)
-LEVELS = get_args(Level)
 
 
 def value(choice: enum.Enum | None) -> str | None:
@@ -112,11 +101,7 @@ Token = Annotated[Optional[str], typer.Option("--token", help="Hub token (defaul
 Json = Annotated[bool, flag("--json", help="Print one JSON object on stdout (errors too).")]
 Quiet = Annotated[bool, flag("-q", "--quiet", help="Print only the verdict line, failures, warnings and errors "
                              "(no progress, no passing checks).")]
-AllowPickle = Annotated[bool, flag("--allow-pickle", help="Accept pickle files: .bin/.pt weights, and for validate "
-                                   "a mask_embedding.pt (loaded with "
-                                   "weights_only=True).")]
-Causal = Annotated[Optional[bool], flag("--causal/--non-causal", help="Force every draft layer causal / "
-                                        "non-causal (default: as the checkpoint declares).")]
+AllowPickle = Annotated[bool, flag("--allow-pickle", help=ALLOW_PICKLE_HELP)]
 Private = Annotated[bool, flag("--private", help="Create the Hub repo private.")]
 CommitMessage = Annotated[Optional[str], typer.Option("--commit-message", help="Commit title.")]
 CommitDescription = Annotated[Optional[str], typer.Option("--commit-description", help="Commit description.")]

@@ -5,27 +5,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    To,
-    DType,
-    value,
-    dtype_name,
-    csv,
-    flag,
-    examples,
-    Source,
-    Revision,
-    Token,
-    Json,
-    Quiet,
-    AllowPickle,
-    Causal,
-    Private,
-    CommitMessage,
-    CommitDescription,
-    CreatePr,
+    CommitDescription, CommitMessage, CreatePr, Json, Private, Quiet, Revision, Source, Token, examples, flag
 )
+from dflash_convert.convert.conversion import ConvertOptions
 
 EPILOG = examples(
     "dflash-convert convert ./draft-speculators -o ./draft-hf",
@@ -34,35 +19,15 @@ EPILOG = examples(
     "dflash-convert convert ./draft -o ./draft-hf --push org/draft-hf --create-pr")
 
 
+@with_options(ConvertOptions)
 def convert(
     src: Source,
     output: Annotated[Path, typer.Option("-o", "--output", help="Destination directory (written atomically).")],
-    to: Annotated[Optional[To], typer.Option("--to", help="Destination format (default: the other one).")] = None,
-    verifier: Annotated[Optional[str], typer.Option("--verifier", help="Target model directory, its config.json, "
-                                                    "or Hub id: fills num_target_layers and the verifier block, "
-                                                    "and checks the pair.")] = None,
-    mask_token_id: Annotated[Optional[int], typer.Option("--mask-token-id", help="Override/supply the mask token "
-                                                         "id.")] = None,
-    target_layer_ids: Annotated[Optional[str], typer.Option(
-        "--target-layer-ids", metavar="IDS", callback=csv(int),
-        help="Override/supply z-lab target layer ids (0-based layer outputs), e.g. 1,9,17,25,33.")] = None,
-    derive_target_layer_ids: Annotated[bool, flag(
-        "--derive-target-layer-ids", help="Derive missing ids with the published z-lab/SGLang rule (needs "
-        "--verifier); never done silently.")] = False,
-    no_verifier: Annotated[bool, flag(
-        "--no-verifier", help="Write a speculators output that names no verifier (vLLM cannot serve it).")] = False,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", help="Override/supply the block size.")] = None,
-    causal: Causal = None,
-    dtype: Annotated[DType, typer.Option("--dtype", help="Floating-point dtype written (auto keeps each "
-                                         "tensor's).")] = DType.auto,
-    max_shard_size: Annotated[Optional[str], typer.Option("--max-shard-size", help="Shard the output, HF syntax "
-                                                          "(e.g. 5GB).")] = None,
-    overwrite: Annotated[bool, flag("--overwrite", help="Replace a non-empty destination.")] = False,
-    allow_pickle: AllowPickle = False,
+    options: dict,  # ConvertOptions' own flags, generated (cli._options)
     validate: Annotated[bool, flag("--validate", help="Run static + numeric validation on the output before it "
-                                    "is committed (always done with --push).")] = False,
+                                   "is committed (always done with --push).")] = False,
     strict: Annotated[bool, flag("--strict", help="Fail (exit 3, nothing written) when the output has any problem "
-                                  "`inspect` reports; without it they are warnings.")] = False,
+                                 "`inspect` reports; without it they are warnings.")] = False,
     revision: Revision = None,
     token: Token = None,
     push: Annotated[Optional[str], typer.Option("--push", metavar="REPO", help="Then push the output to this Hub "
@@ -77,19 +42,16 @@ def convert(
     quiet: Quiet = False,
 ) -> None:
     """Convert a DFlash checkpoint between the speculators and HF / z-lab formats."""
-    from dflash_convert.convert.conversion import ConvertOptions
     from dflash_convert.publish import convert_and_publish
 
     out = Output(as_json, quiet)
     # the weights are hashed against their Hub cache names in the conversion's own read of them
-    src_path, src_sha = out.local(src, revision=revision, token=token, allow_pickle=allow_pickle,
+    src_path, src_sha = out.local(src, revision=revision, token=token, allow_pickle=options["allow_pickle"],
                                   verify_weights=False)
-    verifier_path = out.local(verifier, token=token, config_only=True)[0] if verifier else None
-    opts = ConvertOptions(to=value(to), verifier=verifier_path, verifier_name=verifier, mask_token_id=mask_token_id,
-                          target_layer_ids=target_layer_ids, derive_target_layer_ids=derive_target_layer_ids,
-                          block_size=block_size, causal=causal, dtype=dtype_name(dtype), max_shard_size=max_shard_size,
-                          overwrite=overwrite, allow_pickle=allow_pickle, no_verifier=no_verifier,
-                          source_revision=src_sha, source_id=src if src_sha else None)
+    verifier = options.get("verifier")
+    if verifier:
+        options["verifier"], options["verifier_name"] = out.local(verifier, token=token, config_only=True)[0], verifier
+    opts = ConvertOptions(**options, source_revision=src_sha, source_id=src if src_sha else None)
     if push:
         out.hub()
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,

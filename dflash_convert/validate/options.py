@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_convert.errors import UsageError
-from dflash_convert.flags import Flag
+from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, Flag
 from dflash_convert.format.compat import Level
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from dflash_convert.format.dtypes import DTYPE_CHOICES
@@ -39,7 +39,8 @@ class PromptSet(BaseModel):
 
 class ValidateOptions(BaseModel):
     """Options of `validate`, each declared once: type, default and help here, its flag in its `Flag`
-    (the CLI's options are generated from this model; tests/test_cli_options.py holds them together). `check()` turns an out-of-range value into the
+    (the CLI's options are generated from this model; tests/test_cli_options.py holds them together).
+    `check()` turns an out-of-range value into the
     usage error the CLI prints (exit 2), before anything is read."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -75,8 +76,10 @@ class ValidateOptions(BaseModel):
         None, description="0 = greedy (output must equal the target's). Default: per --sampling.")
     top_k: Annotated[int | None, Flag("--top-k")] = Field(
         None, description="Top-k of the target's distribution (0: off). Default: per --sampling.")
-    top_p: Annotated[float | None, Flag("--top-p")] = Field(None, description="Top-p (1: off). Default: per --sampling.")
-    min_p: Annotated[float | None, Flag("--min-p")] = Field(None, description="Min-p (0: off). Default: per --sampling.")
+    top_p: Annotated[float | None, Flag("--top-p")] = Field(
+        None, description="Top-p (1: off). Default: per --sampling.")
+    min_p: Annotated[float | None, Flag("--min-p")] = Field(
+        None, description="Min-p (0: off). Default: per --sampling.")
     draft_sampling: Annotated[str, Flag("--draft-sampling", choices=DRAFT_SAMPLING)] = Field(
         "greedy", description="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at --temperature, "
         "accepted by rejection sampling.")
@@ -89,8 +92,7 @@ class ValidateOptions(BaseModel):
     target_backend: Annotated[str | None, Flag("--target-backend")] = Field(
         None, description="The target's attn_implementation (eager, sdpa, flex_attention, ...); default: sdpa where "
         "its model supports it, else eager.")
-    causal: Annotated[bool | None, Flag("--causal/--non-causal")] = Field(
-        None, description="Force every draft layer causal / non-causal (default: as the checkpoint declares).")
+    causal: Annotated[bool | None, Flag("--causal/--non-causal")] = Field(None, description=CAUSAL_HELP)
     engine: Annotated[str | None, Flag("--engine", choices=ENGINE_NAMES)] = Field(
         None, description="A serving engine: run the draft as it would.")
     engine_python: Annotated[str | None, Flag("--engine-python", metavar="PATH")] = Field(
@@ -123,9 +125,7 @@ class ValidateOptions(BaseModel):
         TIMING_ROUNDS
     keep_going: Annotated[bool, Flag("--keep-going")] = Field(
         False, description="Run numeric and end-to-end levels even when static checks failed.")
-    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(
-        False, description="Accept pickle files: .bin/.pt weights, and for validate a mask_embedding.pt (loaded with "
-        "weights_only=True).")
+    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=ALLOW_PICKLE_HELP)
 
     def check(self) -> None:
         """Raise UsageError naming the flag of the first value out of its range."""
