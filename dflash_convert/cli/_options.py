@@ -86,8 +86,8 @@ def option_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
 
 
 def field_values(model: type[BaseModel], given: dict[str, Any]) -> dict[str, Any]:
-    """The options' values as the model's fields (popped from `given`); an unset text flag leaves the
-    field's own default, a former spelling stands in for its flag."""
+    """The options' values as the model's fields (popped from `given`); an unset or empty text flag leaves
+    the field's own default, a former spelling stands in for its flag."""
     values = {}
     for name, (spelling, info) in flagged_fields(model).items():
         value = given.pop(name)
@@ -99,8 +99,8 @@ def field_values(model: type[BaseModel], given: dict[str, Any]) -> dict[str, Any
             value = value.value
         if spelling.parse == "dtype":
             value = dtype_name(value)
-        if value is None and _default(info) is not None:
-            continue
+        if (value is None or (spelling.parse is not None and not value)) and _default(info) is not None:
+            continue  # an unset (or empty) text flag: the field's own default (all levels, no engine args)
         values[name] = value
     return values
 
