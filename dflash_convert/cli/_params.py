@@ -10,7 +10,6 @@ import typer
 from dflash_convert.flags import ALLOW_PICKLE_HELP
 from dflash_convert.format.dtypes import DTYPES, code_for_name
 from dflash_convert.format.engines import ENGINE_NAMES
-from dflash_convert.validate.options import LEVELS
 
 
 def choices(name: str, values) -> type[enum.Enum]:

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 import typer
 
 from dflash_convert.cli._output import Output
-from dflash_convert.cli._params import examples, Revision, Token, Json, Quiet
+from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples
 
 EPILOG = examples(
     "dflash-convert diff ./draft-speculators ./draft-hf",

@@ -6,16 +6,7 @@ import typer
 
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    value,
-    flag,
-    examples,
-    Source,
-    Revision,
-    Token,
-    Json,
-    Quiet,
-    AllowPickle,
-    EngineOpt,
+    AllowPickle, EngineOpt, Json, Quiet, Revision, Source, Token, examples, flag, value
 )
 
 EPILOG = examples(

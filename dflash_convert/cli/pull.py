@@ -6,10 +6,10 @@ from typing import Annotated, Optional
 import typer
 
 from dflash_convert.cli._output import Output
-from dflash_convert.cli._params import flag, examples, Revision, Token, Json, Quiet, AllowPickle
+from dflash_convert.cli._params import AllowPickle, Json, Quiet, Revision, Token, examples, flag
 
 EPILOG = examples("dflash-convert pull org/draft",
-                              "dflash-convert pull org/draft --revision v1 -o ./draft")
+                  "dflash-convert pull org/draft --revision v1 -o ./draft")
 
 
 def pull(

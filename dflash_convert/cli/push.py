@@ -7,21 +7,12 @@ import typer
 
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    flag,
-    examples,
-    Revision,
-    Token,
-    Json,
-    Quiet,
-    Private,
-    CommitMessage,
-    CommitDescription,
-    CreatePr,
+    CommitDescription, CommitMessage, CreatePr, Json, Private, Quiet, Revision, Token, examples, flag
 )
 from dflash_convert.errors import DFlashError
 
 EPILOG = examples("dflash-convert push ./draft-hf org/draft-hf",
-                              "dflash-convert push ./draft-hf org/draft-hf --revision dev --private")
+                  "dflash-convert push ./draft-hf org/draft-hf --revision dev --private")
 
 
 def push(

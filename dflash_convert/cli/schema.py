@@ -6,12 +6,12 @@ from typing import Annotated, Optional
 import typer
 
 from dflash_convert.cli._output import emit_json, err
-from dflash_convert.cli._params import one_of, flag, examples
+from dflash_convert.cli._params import examples, flag, one_of
 from dflash_convert import schemas
 
 EPILOG = examples("dflash-convert schema",
-                              "dflash-convert schema validation-report > validation-report.schema.json",
-                              "dflash-convert schema --all > schemas.json")
+                  "dflash-convert schema validation-report > validation-report.schema.json",
+                  "dflash-convert schema --all > schemas.json")
 
 
 def schema(
