@@ -198,6 +198,7 @@ def test_an_interrupt_that_escapes_the_app_is_the_same_one_line(cli, monkeypatch
     assert r.code == 130, (r.code, r.err)
     assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C); nothing was written at the destination"
     if as_json:
+        assert r.out.startswith("{"), f"no JSON error object on stdout: {r.out!r}"  # json.loads: one, nothing else
         assert json.loads(r.out) == {"error": {"message": "interrupted (Ctrl-C); nothing was written at the "
                                                           "destination", "file": None, "exit_code": 130}}
     else:
@@ -407,5 +408,6 @@ def test_a_passing_run_with_a_warning_shows_the_warning_in_markdown(cli, tmp_pat
     assert r.code == 0, r.err[-2000:]
     text = md.read_text()
     assert text.startswith("## dflash-convert validate: PASSED")
-    row = next(line for line in text.splitlines() if line.startswith("| verifier |"))
-    assert "| static | warn |" in row and "names no verifier" in row
+    rows = [line for line in text.splitlines() if line.startswith("| verifier |")]
+    assert len(rows) == 1, f"the warned check is not in the Markdown report:\n{text}"
+    assert "| static | warn |" in rows[0] and "names no verifier" in rows[0]
