@@ -182,18 +182,21 @@ def _raise(exc):
     return hook
 
 
-@pytest.mark.parametrize("where", ["redaction", "command"])
+@pytest.mark.parametrize("where", ["redaction", "command", "app"])
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_an_interrupt_that_escapes_the_app_is_the_same_one_line(cli, monkeypatch, where, as_json):
     """A Ctrl-C the app does not turn into its exit code (raised while the output redaction is set up,
-    before typer runs; or a typer.Abort out of a command) ends the same way as any other: exit 130, one
-    `Error: interrupted` line, and under --json one JSON error object on stdout."""
+    before typer runs; a typer.Abort out of a command; one out of the typer app itself, whatever module
+    the entry point lives in) ends the same way as any other: exit 130, one `Error: interrupted` line,
+    and under --json one JSON error object on stdout."""
     import typer
 
     if where == "redaction":
         monkeypatch.setattr("dflash_convert.hub.tokens.redact_output", _raise(KeyboardInterrupt()))
-    else:
+    elif where == "command":
         monkeypatch.setattr("dflash_convert.validate.inspect.inspect_checkpoint", _raise(typer.Abort()))
+    else:
+        monkeypatch.setattr(typer.Typer, "__call__", _raise(KeyboardInterrupt()))
     r = cli("inspect", str(PAIR / "draft"), *(["--json"] if as_json else []))
     assert r.code == 130, (r.code, r.err)
     assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C); nothing was written at the destination"
