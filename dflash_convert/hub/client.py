@@ -139,14 +139,15 @@ def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str, file: 
             return DFlashError(f"the Hub at {endpoint} rejected the token (401 Unauthorized) while trying to {action} "
                                f"{where}; check --token, HF_TOKEN or the stored token (`hf auth login`)")
         if status == 403 and action == "push to":
-            return DFlashError(f"the token has no write access to {repo_id} (403 Forbidden) while trying to {action} {where}")
+            return DFlashError(f"the token has no write access to {repo_id} (403 Forbidden) while trying to "
+                               f"{action} {where}")
         if status == 403:
             what = f"{file!r} of {where}" if file else where
             return DFlashError(f"the Hub at {endpoint} refused access (403 Forbidden) while trying to {action} {what}: "
                                f"{_one_line(exc.server_message or 'no reason given')}")
         if status == 412:
-            return DFlashError(f"{where} moved while pushing (412: another commit landed first); nothing was committed, "
-                               "rerun the push")
+            return DFlashError(f"{where} moved while pushing (412: another commit landed first); nothing was "
+                               "committed, rerun the push")
         detail = _one_line(exc.server_message or exc.response.reason_phrase or "")
         what = f"{file!r} of {where}" if file else where
         return DFlashError(f"Hub request failed while trying to {action} {what}: HTTP {status} {detail}".rstrip())
