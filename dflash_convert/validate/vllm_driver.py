@@ -229,10 +229,11 @@ def broken_sampler() -> str | None:
                                             ("top_k", [5, 7], torch.int32, {}), ("top_p", [0.5, 0.9], torch.float32,
                                                                                 {})):
             x = torch.tensor(values, dtype=dtype, device=device)
-            got = rs.expand_batch_to_tokens(x, cu, 3, **kwargs).cpu().tolist()
-            want = [values[0], values[0], values[1]]
-            if got != want:
-                wrong.append(f"{name} {values} expanded to {[round(v, 4) for v in got]}, not {want}")
+            got = rs.expand_batch_to_tokens(x, cu, 3, **kwargs).cpu()
+            want = torch.tensor([values[0], values[0], values[1]], dtype=dtype)
+            if not torch.equal(got, want):
+                wrong.append(f"{name} {values} expanded to {[round(v, 4) for v in got.tolist()]}, not "
+                             f"{[values[0], values[0], values[1]]}")
     except Exception as exc:
         return f"its rejection sampler could not be probed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
     if wrong:
