@@ -321,7 +321,8 @@ def _served_level(run: Run) -> None:
     request = served.EngineRequest(
         target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
         stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
-        sampling=served.engine_sampling(run.sampling, opts.seed), drafts=[{"draft": str(run.path), "num_speculative_tokens": block - 1,
+        sampling=served.engine_sampling(run.sampling, opts.seed),
+        drafts=[{"draft": str(run.path), "num_speculative_tokens": block - 1,
                  "mixed_layer_types": len(set(spec.layer_types)) > 1}])
     answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
                              kv_cache_gib=opts.engine_kv_cache_gib, say=run.say)
