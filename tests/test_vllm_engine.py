@@ -499,14 +499,14 @@ def test_sampled_run_on_a_broken_sampler_is_said_not_judged(cli, tmp_path):
             "--engine-python", VLLM_PYTHON, "--engine-args", json.dumps(EAGER), "--json")
     assert r.code == 1, r.err[-2000:]
     message = r.json()["error"]["message"]
-    assert "expand_batch_to_tokens is broken" in message and "temperature [0.5, 2.0] expanded to" in message
+    assert "rejection sampler is broken: expand_batch_to_tokens: temperature [0.5, 2.0] expanded to" in message
     assert "cannot be compared here" in message and "\n" not in message
 
 
 @needs_vllm
 def test_sampler_probe_judges_behaviour_not_version(tmp_path):
-    """The same vLLM 0.32 with its CPU expand kernel replaced by a correct one: the probe passes; as installed
-    it fails. The probe tests what the sampler computes, not which version it is."""
+    """The same vLLM 0.32 with its CPU expand kernel replaced by a correct one: the probe passes (no top-k); as
+    installed it fails. The probe tests what the sampler computes, not which version it is."""
     import subprocess
 
     script = tmp_path / "probe.py"
@@ -514,7 +514,7 @@ def test_sampler_probe_judges_behaviour_not_version(tmp_path):
         import sys, torch
         sys.path.insert(0, {str(ROOT / "dflash_convert" / "validate")!r})
         import vllm_driver
-        print("installed:", vllm_driver.broken_sampler())
+        print("installed:", vllm_driver.broken_sampler({{"temperature": 1.0}}))
         from vllm.utils import cpu_triton_utils
 
         def fixed(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
@@ -524,14 +524,17 @@ def test_sampler_probe_judges_behaviour_not_version(tmp_path):
                 output[start:end] = replace_to if v == replace_from else v
                 start = end
         cpu_triton_utils._expand_kernel_impl = fixed
-        print("fixed:", vllm_driver.broken_sampler())
+        print("fixed:", vllm_driver.broken_sampler({{"temperature": 1.0}}))
+        print("top-k:", vllm_driver.broken_sampler({{"temperature": 1.0, "top_k": 20}}))
         """))
     out = subprocess.run([VLLM_PYTHON, str(script)], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    lines = [line for line in out.stdout.splitlines() if line.startswith(("installed:", "fixed:"))]
-    assert len(lines) == 2, out.stderr[-2000:]
-    assert "expand_batch_to_tokens is broken" in lines[0]
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("installed:", "fixed:", "top-k:"))]
+    assert len(lines) == 3, out.stderr[-2000:]
+    assert "rejection sampler is broken: expand_batch_to_tokens: temperature" in lines[0]
     assert lines[1] == "fixed: None"
+    # vLLM 0.32 CPU's second fault, under top-k only: still found with the expand kernel fixed
+    assert "apply_top_k_top_p with top-k on a step with no draft tokens raises" in lines[2]
 
 
 def test_workers_get_one_core_range_each(monkeypatch):
@@ -618,7 +621,7 @@ def test_broken_sampler_answer_is_a_one_line_error_not_a_verdict():
     from dflash_convert.errors import DFlashError
     from dflash_convert.validate.served import served_checks
 
-    line = "vLLM 0.32.0: its rejection sampler's expand_batch_to_tokens is broken: ... cannot be compared here"
+    line = "vLLM 0.32.0: its rejection sampler is broken: expand_batch_to_tokens: ... cannot be compared here"
     with pytest.raises(DFlashError, match="^vLLM 0.32.0: its rejection sampler"):
         served_checks({"vllm_version": "0.32.0", "drafts": [{"error": line, "cannot_run": True,
                                                              "broken_sampler": True}]}, [[1]], None, block=4,

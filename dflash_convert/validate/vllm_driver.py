@@ -208,12 +208,15 @@ def serve(request: dict, draft: dict) -> dict:
         return error(exc)
 
 
-def broken_sampler() -> str | None:
-    """None when vLLM's rejection sampler expands per-request sampling parameters to draft positions correctly,
-    else one line saying what it computed. Calls vLLM's own `expand_batch_to_tokens` on a known input, after
-    registering the platform's kernel overrides as each worker does at start (on a CPU build without Triton,
-    C++ fallbacks). vLLM 0.32's CPU fallback writes into an int64 copy of the output and never copies back:
-    temperatures come out garbage (tau 1.2 instead of 14.6 at temperature 1) and top-k indexes out of bounds.
+def broken_sampler(sampling: dict) -> str | None:
+    """None when vLLM's rejection sampler applies the request's sampling parameters correctly, else one line
+    saying what it computed. Calls vLLM's own functions on small known inputs, after registering the platform's
+    kernel overrides as each worker does at start (on a CPU build without Triton, C++ fallbacks):
+    - `expand_batch_to_tokens` spreads each request's temperature, top-k and top-p over its draft positions.
+      vLLM 0.32's CPU fallback writes into an int64 copy of the output and never copies back: temperatures
+      come out garbage (tau 1.2 instead of 14.6 at temperature 1) and top-k indexes out of bounds.
+    - with top-k on, `apply_top_k_top_p` must take a step with no draft tokens (0 rows), as the sampler passes
+      it; vLLM 0.32 on CPU raises there (max() of an empty tensor).
     A probe that cannot run is also answered: then nothing says the sampler works."""
     try:
         import torch
@@ -232,12 +235,20 @@ def broken_sampler() -> str | None:
             got = rs.expand_batch_to_tokens(x, cu, 3, **kwargs).cpu()
             want = torch.tensor([values[0], values[0], values[1]], dtype=dtype)
             if not torch.equal(got, want):
-                wrong.append(f"{name} {values} expanded to {[round(v, 4) for v in got.tolist()]}, not "
-                             f"{[values[0], values[0], values[1]]}")
+                wrong.append(f"expand_batch_to_tokens: {name} {values} expanded to "
+                             f"{[round(v, 4) for v in got.tolist()]}, not {[values[0], values[0], values[1]]}")
+        if int(sampling.get("top_k") or 0) > 0:
+            top_p = None if float(sampling.get("top_p", 1.0)) >= 1 else torch.zeros(0, device=device)
+            try:
+                rs.apply_top_k_top_p(torch.zeros(0, 8, device=device), torch.zeros(0, dtype=torch.int32,
+                                                                                     device=device), top_p)
+            except Exception as exc:
+                wrong.append(f"apply_top_k_top_p with top-k on a step with no draft tokens raises "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
     except Exception as exc:
         return f"its rejection sampler could not be probed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
     if wrong:
-        return "its rejection sampler's expand_batch_to_tokens is broken: " + "; ".join(wrong)
+        return "its rejection sampler is broken: " + "; ".join(wrong)
     return None
 
 
@@ -278,7 +289,7 @@ def main() -> int:
             import vllm
 
             result["vllm_version"] = vllm.__version__
-            broken = broken_sampler() if sampled(request) else None
+            broken = broken_sampler(request["sampling"]) if sampled(request) else None
             if broken:
                 result["drafts"] = [{"error": f"vLLM {vllm.__version__}: {broken}: sampled speculative decoding "
                                      "cannot be compared here (compare with --sampling greedy, or a vLLM build "
