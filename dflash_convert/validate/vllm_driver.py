@@ -300,7 +300,7 @@ def main() -> int:
                 if not sampled(request):  # sampled outputs differ run to run: nothing to compare them with
                     result["target_only"] = generate(request, None)
     except Exception as exc:
-        result = error(exc)
+        result = known_failure(error(exc))
     out.write(json.dumps(result) + "\n")
     out.flush()
     return 0
