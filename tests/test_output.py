@@ -183,22 +183,26 @@ def _raise(exc):
     return hook
 
 
-@pytest.mark.parametrize("where", ["redaction", "command"])
+@pytest.mark.parametrize("where", ["redaction", "command", "app"])
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_an_interrupt_that_escapes_the_app_is_the_same_one_line(cli, monkeypatch, where, as_json):
     """A Ctrl-C the app does not turn into its exit code (raised while the output redaction is set up,
-    before typer runs; or a typer.Abort out of a command) ends the same way as any other: exit 130, one
-    `Error: interrupted` line, and under --json one JSON error object on stdout."""
+    before typer runs; a typer.Abort out of a command; one out of the typer app itself, whatever module
+    the entry point lives in) ends the same way as any other: exit 130, one `Error: interrupted` line,
+    and under --json one JSON error object on stdout."""
     import typer
 
     if where == "redaction":
         monkeypatch.setattr("dflash_convert.hub.tokens.redact_output", _raise(KeyboardInterrupt()))
-    else:
+    elif where == "command":
         monkeypatch.setattr("dflash_convert.validate.inspect.inspect_checkpoint", _raise(typer.Abort()))
+    else:
+        monkeypatch.setattr(typer.Typer, "__call__", _raise(KeyboardInterrupt()))
     r = cli("inspect", str(PAIR / "draft"), *(["--json"] if as_json else []))
     assert r.code == 130, (r.code, r.err)
     assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C); nothing was written at the destination"
     if as_json:
+        assert r.out.startswith("{"), f"no JSON error object on stdout: {r.out!r}"  # json.loads: one, nothing else
         assert json.loads(r.out) == {"error": {"message": "interrupted (Ctrl-C); nothing was written at the "
                                                           "destination", "file": None, "exit_code": 130}}
     else:
@@ -407,5 +411,6 @@ def test_a_passing_run_with_a_warning_shows_the_warning_in_markdown(cli, tmp_pat
     assert r.code == 0, r.err[-2000:]
     text = md.read_text()
     assert text.startswith("## dflash-convert validate: PASSED")
-    row = next(line for line in text.splitlines() if line.startswith("| verifier |"))
-    assert "| static | warn |" in row and "names no verifier" in row
+    rows = [line for line in text.splitlines() if line.startswith("| verifier |")]
+    assert len(rows) == 1, f"the warned check is not in the Markdown report:\n{text}"
+    assert "| static | warn |" in rows[0] and "names no verifier" in rows[0]

@@ -168,8 +168,9 @@ class ValidateOptions(BaseModel):
         if self.engine_python is not None:
             if self.engine != "vllm":
                 raise UsageError("--engine-python runs the pair in real vLLM: give --engine vllm with it")
-            if not (self.sampling == "greedy" or self.temperature == 0):
-                raise UsageError("--engine-python compares greedy decoding: give --sampling greedy")
+            if self.draft_sampling != "greedy":
+                raise UsageError("--engine-python compares with vLLM, whose DFlash drafter proposes greedily "
+                                 "(no draft probabilities): drop --draft-sampling")
         if self.engine_args and self.engine_python is None:
             raise UsageError("--engine-args are for the real engine: give --engine-python with them")
         owned = [k for k in self.engine_args if k in ENGINE_ARGS_OWNED]
