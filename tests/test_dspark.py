@@ -239,3 +239,52 @@ def test_any_dspark_key_value_round_trips_or_stops_by_name(family_drafts, tmp_pa
     assert open_checkpoint(tmp / "hf").spec.variant_fields == before
     assert open_checkpoint(tmp / "back").spec.variant_fields == before
     assert keys.effective("dspark", before) == keys.effective("dspark", open_checkpoint(tmp / "back").spec.variant_fields)
+
+
+# ----------------------------------------------------------------------------- vLLM's own config reader
+
+VLLM_READS = """
+import json, sys
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+print(json.dumps(SpeculatorsConfig.extract_transformers_pre_trained_config(json.load(open(sys.argv[1])))))
+"""
+
+
+@pytest.mark.parametrize("name", ["dspark_plain_conf", "dspark_bonus_anchor", "dspark_pruned"])
+def test_vllm_reads_the_speculators_draft_as_our_hf_config_says(cli, family_drafts, tmp_path, name):
+    """vLLM's own speculators reader (SpeculatorsConfig, the installed vLLM) turns the draft's config into the
+    HF config it serves; every DSpark key and the layout of our HF output agree with it."""
+    import subprocess
+
+    from test_vllm_engine import VLLM_PYTHON, needs_vllm
+
+    if needs_vllm.args[0]:
+        pytest.skip(needs_vllm.kwargs["reason"])
+    hf = tmp_path / "hf"
+    assert cli("convert", family_drafts[name], "-o", hf).code == 0
+    run = subprocess.run([VLLM_PYTHON, "-c", VLLM_READS, str(family_drafts[name] / "config.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs, ours = json.loads(run.stdout.strip().splitlines()[-1]), read_config(hf)
+    assert theirs["architectures"] == ours["architectures"] == ["Qwen3DSparkModel"]
+    for key in (*KEYS, "block_size", "mask_token_id", "draft_vocab_size"):
+        want = ours.get(key, ours["dflash_config"].get(key))
+        if key == "draft_vocab_size" and want is None:  # we write it only for a pruned vocabulary
+            want = ours["vocab_size"]
+        assert theirs[key] == want, key
+    assert theirs["target_layer_ids"] == ours["dflash_config"]["target_layer_ids"]
+    assert theirs["dspark_bonus_anchor"] is (not ours["sample_from_anchor"])
+
+
+def test_model_card_serves_dspark_with_its_own_method_and_counts(family_drafts):
+    """The card's commands: vLLM method dspark with num_speculative_tokens = tokens drafted per block (block_size
+    when the anchor drafts, one fewer with a bonus anchor); SGLang DSPARK with gamma + 1 draft tokens."""
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    card = model_card(open_checkpoint(family_drafts["dspark"]).spec, repo_id="org/d")
+    assert '"method": "dspark", "model": "org/d", "num_speculative_tokens": 8' in card
+    assert "--speculative-algorithm DSPARK" in card and "--speculative-num-draft-tokens 9" in card
+    assert "up to 8 speculative tokens per step" in card
+    card = model_card(open_checkpoint(family_drafts["dspark_bonus_anchor"]).spec, repo_id="org/d")
+    assert '"num_speculative_tokens": 7' in card and "up to 7 speculative tokens per step" in card

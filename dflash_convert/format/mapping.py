@@ -500,6 +500,8 @@ CONFIG_CHANGE_REASONS = {
     "transformers_version": "version stamp of the writer",
     "auto_map": "points at modeling / config code that a converted checkpoint does not ship",
     "sample_from_anchor": "speculators-only flag (always false for DFlash)",
+    "dspark_bonus_anchor": "what vLLM's speculators reader derives (not sample_from_anchor); no reader of this layout "
+                           "needs it",
     "tie_word_embeddings": "speculators' field (DFlash drafts never tie)",
     "model_type": "the HF format's flat Qwen3 config needs it",
     "layer_types": "written explicitly so no reader falls back to a default",
