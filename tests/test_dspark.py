@@ -288,3 +288,17 @@ def test_model_card_serves_dspark_with_its_own_method_and_counts(family_drafts):
     assert "up to 8 speculative tokens per step" in card
     card = model_card(open_checkpoint(family_drafts["dspark_bonus_anchor"]).spec, repo_id="org/d")
     assert '"num_speculative_tokens": 7' in card and "up to 7 speculative tokens per step" in card
+
+
+def test_validate_says_in_one_line_why_vllm_cannot_serve_a_family_draft_here(cli, family_drafts, tiny_target):
+    """Without a GPU vLLM runs its V1 model runner only: validate --engine vllm --engine-python keeps the emulation's
+    verdict and says why real vLLM is not run (the interpreter is never started: any executable will do)."""
+    import sys
+
+    r = cli("validate", family_drafts["dflash2"], "--target", tiny_target, "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "8", "--sampling", "greedy", "--engine", "vllm", "--engine-python", sys.executable,
+            "--json")
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    assert "Model Runner V1 does not support: DFlash candidate-head drafts" in report["levels_skipped"]["served"]
+    assert report.get("engine_run") is None
