@@ -302,3 +302,19 @@ def test_validate_says_in_one_line_why_vllm_cannot_serve_a_family_draft_here(cli
     report = r.json()
     assert "Model Runner V1 does not support: DFlash candidate-head drafts" in report["levels_skipped"]["served"]
     assert report.get("engine_run") is None
+
+
+def test_an_hf_dspark_draft_model_named_as_speculators_names_it(cli, family_drafts, tmp_path):
+    """vLLM serves an HF config naming DSparkDraftModel with model_type qwen3 as Qwen3DSparkModel; so do we. The
+    same name on another decoder (DeepSeek's DSpark) is refused naming the architecture."""
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    hf = tmp_path / "hf"
+    assert cli("convert", family_drafts["dspark"], "-o", hf).code == 0
+    alias = _edit(hf, tmp_path / "alias", lambda c: c.update(architectures=["DSparkDraftModel"]))
+    assert open_checkpoint(alias).spec.variant == "dspark"
+    assert cli("diff", hf, alias).code == 0
+    other = _edit(hf, tmp_path / "other", lambda c: c.update(architectures=["DSparkDraftModel"],
+                                                             model_type="deepseek_v4"))
+    r = cli("inspect", other)
+    assert r.code == 1 and "DSparkDraftModel" in r.err and "DeepSeek" in r.err, r.err
