@@ -238,7 +238,8 @@ def test_any_dspark_key_value_round_trips_or_stops_by_name(family_drafts, tmp_pa
         return
     assert open_checkpoint(tmp / "hf").spec.variant_fields == before
     assert open_checkpoint(tmp / "back").spec.variant_fields == before
-    assert keys.effective("dspark", before) == keys.effective("dspark", open_checkpoint(tmp / "back").spec.variant_fields)
+    after = open_checkpoint(tmp / "back").spec.variant_fields
+    assert keys.effective("dspark", before) == keys.effective("dspark", after)
 
 
 # ----------------------------------------------------------------------------- vLLM's own config reader

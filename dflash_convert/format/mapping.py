@@ -111,7 +111,8 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
     refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
     if refused is not None:
         raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "
-                          "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts", file=file)
+                          "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts",
+                          file=file)
     if "dflash_config" in raw:
         return "hf", "dflash"
     found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"

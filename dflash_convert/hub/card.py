@@ -130,11 +130,12 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
     # and SGLang's draft tokens are its gamma + 1
     dspark = spec.variant == "dspark"
     anchor = _anchor_drafts(spec)
+    method = "dspark" if dspark else "dflash"
     num_spec = (f"{block - 1 + anchor}" if block else "<BLOCK_SIZE>" if anchor else "<BLOCK_SIZE - 1>")
     draft_tokens = f"{block + dspark}" if block else "<BLOCK_SIZE>"  # SGLang's DSpark: gamma (block_size) + 1
     non_causal = not all(spec.layer_causal)
     lines += ["### Serve with vLLM", "", "```bash", f"vllm serve {target} \\",
-              f"  --speculative-config '{{\"method\": \"{'dspark' if dspark else 'dflash'}\", \"model\": \"{repo_id}\", "
+              f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{repo_id}\", "
               f"\"num_speculative_tokens\": {num_spec}}}'" + (" \\" if non_causal else ""),
               *(["  --attention-backend FLASH_ATTN"] if non_causal else []), "```", ""]
     if non_causal:
@@ -146,7 +147,8 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
               f"  --speculative-draft-model-path {repo_id} \\", f"  --speculative-num-draft-tokens {draft_tokens}",
               "```", "",
               (f"`--speculative-num-draft-tokens` is DSpark's gamma plus one in SGLang ({draft_tokens}: gamma is the "
-               f"config's block_size, as SGLang reads it); vLLM's `num_speculative_tokens` is the tokens drafted per block ({num_spec}: "
+               f"config's block_size, as SGLang reads it); vLLM's `num_speculative_tokens` is the tokens drafted "
+               f"per block ({num_spec}: "
                + ("every slot drafts, the anchor's included)." if anchor else "the anchor is the bonus token).")
                if dspark else
                f"`--speculative-num-draft-tokens` is the block size ({draft_tokens}) for DFlash in SGLang; "
