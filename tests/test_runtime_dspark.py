@@ -1,0 +1,261 @@
+"""DSpark in the runtime: the Markov head (vanilla, gated, rnn) and the confidence head equal speculators 0.9.0's
+own modules bit for bit on random weights, the Markov walk does what vLLM's DSparkSpeculator does, the anchor's
+slot proposes (a block proposes block_size tokens), acceptance is counted over those block_size positions as
+vLLM counts dspark, and decoding is lossless on every CPU backend and compiled."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_runtime import dspark, load_draft, load_target, speculative_generate, target_generate
+from runtime_helpers import our_block_logits
+from test_runtime_model import speculators_logits
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = ROOT / "examples" / "pair"
+SPECULATORS_HEADS = {"markov_w1": "markov_head.markov_w1.weight", "markov_w2": "markov_head.markov_w2.weight",
+                     "gated": ("markov_head.gate_proj.weight", "markov_head.gate_proj.bias"),
+                     "rnn": ("markov_head.joint_proj.weight", "markov_head.joint_proj.bias"),
+                     "confidence": ("confidence_head.proj.weight", "confidence_head.proj.bias")}
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    return load_target(tiny_target)
+
+
+def _random_markov(kind: str, *, vocab=512, rank=16, hidden=64, seed=0):
+    from speculators.models.dspark.model_definitions import MarkovHead
+
+    torch.manual_seed(seed)
+    module = MarkovHead(verifier_vocab_size=vocab, draft_vocab_size=vocab, markov_rank=rank, hidden_size=hidden,
+                        head_type=kind)
+    with torch.no_grad():  # random, far from the init's small scale
+        for p in module.parameters():
+            p.normal_()
+    proj = {"gated": getattr(module, "gate_proj", None), "rnn": getattr(module, "joint_proj", None)}.get(kind)
+    ours = dspark.Markov(module.markov_w1.weight.detach(), module.markov_w2.weight.detach(), kind,
+                         *((proj.weight.detach(), proj.bias.detach()) if proj is not None else ()))
+    return module, ours
+
+
+@pytest.mark.parametrize("kind", dspark.MARKOV_HEAD_TYPES)
+def test_markov_head_equals_speculators_bit_for_bit(kind):
+    """speculators' MarkovHead.block_bias over N blocks of B slots, previous tokens and hidden states random.
+    Ours at the shapes speculators computes them (vanilla and gated: every slot at once; rnn: slot by slot over
+    the N blocks, its state carried), so the same kernels run: torch.equal."""
+    module, ours = _random_markov(kind)
+    n, b = 3, 8
+    prev, hidden = torch.randint(0, 512, (n, b)), torch.randn(n, b, 64)
+    with torch.no_grad():
+        theirs = module.block_bias(prev_token_ids=prev, hidden_states=hidden)  # [N, B, V]
+        if kind == "rnn":
+            state = None
+            for k in range(b):
+                bias, emb, state = dspark.markov_bias(ours, prev[:, k], hidden[:, k], state)
+                assert torch.equal(bias, theirs[:, k]), k
+                assert torch.equal(emb, module.prev_embeddings(prev[:, k]))
+        else:
+            bias, emb, _ = dspark.markov_bias(ours, prev.reshape(-1), hidden.reshape(n * b, 64))
+            assert torch.equal(bias.view(n, b, -1), theirs)
+            assert torch.equal(emb.view(n, b, -1), module.prev_embeddings(prev))
+
+
+@pytest.mark.parametrize("with_markov", [True, False])
+def test_confidence_head_equals_speculators_bit_for_bit(with_markov):
+    """speculators' ConfidenceHead gives a logit; vLLM's compute_confidence its sigmoid, which is ours."""
+    from speculators.models.dspark.model_definitions import ConfidenceHead
+
+    torch.manual_seed(2)
+    module = ConfidenceHead(64 + (16 if with_markov else 0))
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_()
+    hidden, emb = torch.randn(24, 64), torch.randn(24, 16)
+    with torch.no_grad():
+        theirs = module(torch.cat([hidden, emb], -1) if with_markov else hidden)
+    ours = dspark.confidence(dspark.Confidence(module.proj.weight.detach(), module.proj.bias.detach(), with_markov),
+                             hidden, emb)
+    assert torch.equal(ours, torch.sigmoid(theirs))
+
+
+def _hand_markov(transitions: dict[int, dict[int, float]], vocab: int = 40) -> dspark.Markov:
+    """A vanilla head of rank vocab whose bias after token a is transitions[a] (token -> value, 0 elsewhere)."""
+    w2 = torch.zeros(vocab, vocab)
+    for a, row in transitions.items():
+        for b, value in row.items():
+            w2[b, a] = value
+    return dspark.Markov(torch.eye(vocab), w2, "vanilla")
+
+
+def test_the_markov_walk_follows_the_previous_pick():
+    """vLLM 0.33's DSparkSpeculator._sample_sequential: prev starts as the anchor (the input id at query offset 0)
+    and becomes each slot's sampled token; slot i's logits are base_logits[:, i] + markov_bias(markov_embed(prev)).
+    Base logits 1 at 10, 20, 30 and 0 elsewhere; the bias after the anchor 5 lifts 11 by 2, after 11 lifts 21 by
+    2, after 10 would lift 20 by 9 and after 20 would lift 31 by 5: so the walk picks 11, 21, then 30. A walk
+    that skipped the anchor's bias would go 10, 20, 31; one that ignored the previous pick, 11, 20, 30."""
+    head = _hand_markov({5: {11: 2.0}, 11: {21: 2.0}, 20: {31: 5.0}, 10: {20: 9.0}})
+    base = torch.zeros(3, 40)
+    base[0, 10], base[1, 20], base[2, 30] = 1.0, 1.0, 1.0
+    picked, logits, conf = dspark.sequential(head, torch.tensor(5), base, torch.zeros(3, 4))
+    assert picked.tolist() == [11, 21, 30] and conf is None
+    assert logits[0, 11] == 2.0 and logits[1, 21] == 2.0 and logits[1, 20] == 1.0 and logits[2, 31] == 0.0
+    # a pruned vocab: the bias is added in the draft vocab, scattered to target ids; -inf stays outside it
+    d2t = torch.tensor([10, 11, 20, 21, 30, 31])
+    pruned = dspark.Markov(torch.eye(40), _hand_markov({5: {11: 2.0}, 11: {21: 2.0}}).w2[d2t], "vanilla")
+    masked = torch.full((3, 40), float("-inf"))
+    masked[:, d2t] = base[:, d2t]
+    picked, logits, _ = dspark.sequential(pruned, torch.tensor(5), masked, torch.zeros(3, 4), d2t)
+    assert picked.tolist() == [11, 21, 30] and torch.isinf(logits).sum() == 3 * (40 - 6)
+
+
+def stand_in(path: Path, tmp: Path):
+    """A dspark draft saved by speculators, loaded with its heads. Until the format side reads dspark configs,
+    the backbone loads as the dflash draft it is (config and tensors minus the heads) and the heads are
+    attached from the checkpoint as the runtime's loader would."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((path / "config.json").read_text())
+    tensors = load_file(path / "model.safetensors")
+    dst = tmp / path.name
+    shutil.copytree(path, dst, dirs_exist_ok=True)
+    plain = {k: v for k, v in cfg.items() if k not in ("markov_rank", "markov_head_type", "enable_confidence_head",
+                                                        "confidence_head_with_markov", "sample_from_anchor")}
+    plain.update(speculators_model_type="dflash", architectures=["DFlashDraftModel"])
+    plain["speculators_config"] = dict(cfg["speculators_config"], algorithm="dflash")
+    plain["speculators_config"]["proposal_methods"] = [dict(m, speculative_tokens=cfg["block_size"] - 1)
+                                                       for m in cfg["speculators_config"]["proposal_methods"]]
+    (dst / "config.json").write_text(json.dumps(plain))
+    save_file({k: v for k, v in tensors.items() if not k.startswith(("markov_head.", "confidence_head."))},
+              dst / "model.safetensors", metadata={"format": "pt"})
+
+    def load(**kw):
+        draft = load_draft(dst, **kw)
+        kind = cfg["markov_head_type"]
+        if cfg["markov_rank"] > 0:
+            extra = SPECULATORS_HEADS.get(kind, ())
+            draft.markov = dspark.Markov(tensors[SPECULATORS_HEADS["markov_w1"]], tensors[SPECULATORS_HEADS["markov_w2"]],
+                                         kind, *(tensors[k] for k in extra) if kind != "vanilla" else ())
+        if cfg["enable_confidence_head"]:
+            draft.confidence_head = dspark.Confidence(*(tensors[k] for k in SPECULATORS_HEADS["confidence"]),
+                                                      with_markov=cfg["confidence_head_with_markov"])
+        draft.anchor_predicts = cfg["sample_from_anchor"]
+        return draft
+    return load
+
+
+DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
+          "dspark_pruned"]
+
+
+@pytest.mark.parametrize("name", ["dspark", "dspark_bonus_anchor", "dspark_pruned"])
+def test_block_logits_equal_speculators_forward(name, family_drafts, target, tmp_path):
+    """The backbone's logits of every proposing slot (all B with sample_from_anchor, B-1 without) against
+    speculators' own forward; then the Markov walk over them against speculators' block_bias fed the tokens the
+    walk picked (its previous tokens: the anchor, then the picks)."""
+    from speculators.model import SpeculatorModel  # noqa: F401 (registers the dspark classes)
+
+    draft = stand_in(family_drafts[name], tmp_path)()
+    target.set_capture(draft.target_layer_ids)
+    target.reset()
+    torch.manual_seed(0)
+    T, anchor = 30, 13
+    ids = torch.randint(0, 500, (T,))
+    _, features = target.forward(ids, 0)
+    theirs, model = speculators_logits(family_drafts[name], features, ids, anchor)  # [B, Vd]
+    block = torch.full((draft.block_size,), draft.mask_token_id)
+    block[0] = ids[anchor]
+    ours = our_block_logits(draft, target, features[:anchor], block)  # [B, V]
+    if draft.draft_to_target is not None:
+        ours = ours[:, draft.draft_to_target]
+    assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-5), (ours - theirs).abs().max()
+    rows = slice(0, None) if draft.anchor_predicts else slice(1, None)
+    draft.reset()
+    draft.add_context(features[:anchor], 0)
+    picked, logits = draft.propose(int(ids[anchor]), anchor, embed=target.embed, lm_head=target.lm_head)
+    prev = torch.cat([ids[anchor:anchor + 1], picked[:-1]])
+    hidden = draft.block_hidden(target.embed(block), anchor)[rows]
+    with torch.no_grad():
+        bias = model.markov_head.block_bias(prev_token_ids=prev[None], hidden_states=hidden[None])[0]
+    want = theirs[rows] + bias
+    got = logits if draft.draft_to_target is None else logits[:, draft.draft_to_target]
+    assert torch.allclose(got, want, atol=5e-5, rtol=1e-5), (got - want).abs().max()
+    assert torch.equal(picked, got.argmax(-1) if draft.draft_to_target is None else
+                       draft.draft_to_target[got.argmax(-1)])
+    assert len(picked) == (draft.block_size if draft.anchor_predicts else draft.block_size - 1)
+
+
+@pytest.mark.parametrize("name", DSPARK)
+@pytest.mark.parametrize("backend, compile", [("eager", False), ("sdpa", False), ("flex", False), ("sdpa", True)])
+def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, target, tmp_path):
+    draft = stand_in(family_drafts[name], tmp_path)(backend=backend, compile=compile)
+    prompt = [3, 14, 15, 92, 65, 35]
+    ours = speculative_generate(draft, target, prompt, max_new_tokens=20)
+    assert ours.tokens == target_generate(target, prompt, max_new_tokens=20).tokens
+    assert ours.stats.num_drafts > 0
+    assert len(ours.stats.per_position_rates) == draft.proposals()
+    if draft.confidence_head is not None:
+        assert draft.last_confidence is not None and ((draft.last_confidence > 0) & (draft.last_confidence < 1)).all()
+
+
+def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, target, tmp_path, monkeypatch):
+    """At temperature 1 the proposals are the walk's samples (each slot after the previous pick), not redrawn."""
+    draft = stand_in(family_drafts["dspark_rnn"], tmp_path)()
+    seen = []
+    original = dspark.sequential
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append((kwargs.get("temperature"), len(out[0])))
+        return out
+    monkeypatch.setattr(dspark, "sequential", spy)
+    g = speculative_generate(draft, target, [3, 14, 15], max_new_tokens=12, temperature=1.0, seed=0,
+                             draft_sampling="probabilistic")
+    assert len(g.tokens) == 12 and seen and all(t == 1.0 for t, _ in seen)
+
+
+def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, target, tmp_path, monkeypatch):
+    """vLLM 0.33 (config/speculative.py: num_speculative_tokens defaults to the dspark block_size; the DFlash
+    prepare-inputs kernel samples at every query offset when sample_from_anchor): a block of B slots proposes B
+    tokens. An oracle draft proposing the target's own greedy continuation is accepted whole at every step:
+    B + 1 tokens committed per step (B proposals + the target's bonus), tau = B + 1, every one of the B
+    per-position rates 1, and B tokens drafted per step."""
+    draft = stand_in(family_drafts["dspark"], tmp_path)()
+    b = draft.block_size
+    prompt, n = [3, 14, 15], 3 * (b + 1)
+    truth = target_generate(target, prompt, max_new_tokens=n + b).tokens
+
+    def oracle(anchor_id, start, **kw):
+        at = start - len(prompt) + 1  # index in `truth` of the token after the anchor
+        assert truth[at - 1] == anchor_id and kw["block_size"] == b
+        return torch.tensor(truth[at:at + b]), torch.zeros(b, 512)
+    monkeypatch.setattr(draft, "propose", oracle)
+    g = speculative_generate(draft, target, prompt, max_new_tokens=n)
+    assert g.tokens == truth[:n]
+    assert g.stats.num_drafts == 3 and g.stats.accepted == 3 * b and g.stats.drafted == 3 * b
+    assert g.stats.tau == b + 1 and g.stats.per_position_rates == [1.0] * b
+
+
+def test_zero_markov_bonus_anchor_dspark_is_the_dflash_draft_it_was_made_from(tmp_path):
+    """A dspark with sample_from_anchor false (the anchor is the bonus token, as in dflash) and a Markov head that
+    adds nothing is the dflash draft: the trained pair's draft with a zero Markov head gives the same tokens
+    and the same acceptance at every step, greedy."""
+    pair_target = load_target(PAIR / "target")
+    d1 = load_draft(PAIR / "draft")
+    d2 = load_draft(PAIR / "draft")
+    vocab, hidden = d2.spec.vocab_size, d2.spec.hidden_size
+    d2.markov = dspark.Markov(torch.randn(vocab, 8), torch.zeros(vocab, 8), "rnn", torch.randn(24, 16 + hidden),
+                              torch.randn(24))
+    d2.anchor_predicts = False
+    for prompt in ([5, 6, 7, 8], [40, 41, 42, 43, 44, 45]):
+        a = speculative_generate(d1, pair_target, prompt, max_new_tokens=48)
+        b = speculative_generate(d2, pair_target, prompt, max_new_tokens=48)
+        assert a.tokens == b.tokens
+        assert (a.stats.accepted, a.stats.num_drafts, a.stats.per_position_rates) == \
+            (b.stats.accepted, b.stats.num_drafts, b.stats.per_position_rates)
+        assert a.stats.tau > 2
