@@ -199,8 +199,13 @@ def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, targ
     assert ours.tokens == target_generate(target, prompt, max_new_tokens=20).tokens
     assert ours.stats.num_drafts > 0
     assert len(ours.stats.per_position_rates) == draft.proposals()
+    predicted = ours.stats.predicted_rates  # the confidence head's survival estimates, per position
     if draft.confidence_head is not None:
         assert draft.last_confidence is not None and ((draft.last_confidence > 0) & (draft.last_confidence < 1)).all()
+        assert len(predicted) == draft.proposals() and all(0 <= p <= 1 for p in predicted)
+        assert predicted == sorted(predicted, reverse=True)  # a product of probabilities only shrinks along a block
+    else:
+        assert predicted == []
 
 
 def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, target, tmp_path, monkeypatch):

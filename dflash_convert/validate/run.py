@@ -167,7 +167,9 @@ def _prepare(run: Run) -> None:
     run.draft_options = {"window_per_query": per_query}
     run.mask_check, run.draft_options["mask_embedding"] = _mask_embedding(
         run.ckpt, allow_pickle=opts.allow_pickle,
-        ignored=rule is not None and rule.mask_embedding == engines.MaskEmbedding.IGNORED)
+        # vLLM 0.33's and SGLang 0.5.23's DSpark loaders drop a mask embedding (the mask slots embed the vocab row)
+        ignored=rule is not None and rule.mask_embedding == engines.MaskEmbedding.IGNORED
+        or run.ckpt.spec.variant == "dspark")
     run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts

@@ -160,6 +160,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     if draft is not None:
         draft.reset(max_len, block_size)
     accepted_per_step: list[int] = []
+    survival_per_step: list[list[float]] = []  # dspark confidence heads: product of the confidences up to each slot
     drafted = 0
     draft_time = verify_time = 0.0
 
@@ -194,6 +195,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
                 if not walk:
                     proposals = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
             block = torch.cat([block, proposals.to(device)])
+            if getattr(draft, "last_confidence", None) is not None:
+                survival_per_step.append(draft.last_confidence.double().cumprod(0).tolist())
             draft_time += _now(device) - t
         t = _now(device)
         logits, features = target.forward(block, start)  # [P+1, V], [P+1, A*Ht]
@@ -223,7 +226,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     total = _now(device) - t0
     stats = DecodeStats.from_steps(accepted_per_step, per_block + 1,
                                    new_tokens=len(tokens), prefill_time_s=prefill_time, draft_time_s=draft_time,
-                                   verify_time_s=verify_time, total_time_s=total, drafted=drafted)
+                                   verify_time_s=verify_time, total_time_s=total, drafted=drafted,
+                                   survival_per_step=survival_per_step)
     return Generation(tokens=tokens, stats=stats)
 
 
