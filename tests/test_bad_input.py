@@ -58,7 +58,8 @@ def full(speculators_drafts, tmp_path):
     (lambda c: c.update(aux_hidden_state_layer_ids=[0, 4, 6]), ["aux_hidden_state_layer_ids", "embedding"]),
     (lambda c: c.update(mask_token_id=None), ["mask_token_id", "--mask-token-id"]),
     (lambda c: c.update(aux_hidden_state_layer_ids=[1, 4]), ["fc.weight", "[64, 128]"]),
-    (lambda c: c.update(speculators_model_type="dspark"), ["dspark", "DSpark"]),
+    # a dflash draft relabelled dspark: speculators would build a rank-256 Markov head it does not have
+    (lambda c: c.update(speculators_model_type="dspark"), ["markov_head.markov_w1.weight", "markov_rank=256"]),
     (lambda c: c.update(speculators_model_type="xpress"), ["xpress"]),
     (lambda c: c.update(speculators_model_type="eagle3"), ["eagle3", "EAGLE-3"]),
     (lambda c: c.update(speculators_model_type="medusa"), ["medusa"]),

@@ -17,7 +17,7 @@ from typing import Callable
 from dflash_convert.format.configs import DraftSpec
 
 KEEP, DROP, KEEP_IF_PRUNED, DERIVE_IF_PRUNED = "keep", "drop", "keep-if-pruned", "derive-if-pruned"
-BOTH = ("dflash", "dflash2")
+BOTH = ("dflash", "dflash2", "dspark")  # every kind: the DFlash backbone
 
 Shape = tuple[int, ...]
 
@@ -48,6 +48,14 @@ def _size(spec: DraftSpec, what) -> int | None:
         return spec.hidden_size
     if what == "vocab":
         return spec.vocab_size
+    if what == "draft_vocab":
+        return spec.draft_vocab
+    if isinstance(what, tuple):  # a sum of sizes
+        parts = [_size(spec, w) for w in what]
+        return None if None in parts else sum(parts)
+    if isinstance(what, str) and what.startswith("3*"):
+        inner = _size(spec, what[2:])
+        return None if inner is None else 3 * inner
     if what == "2*conv_kernel_size*groups":
         k, g = f.get("conv_kernel_size"), f.get("conv_group_size")
         ok = isinstance(k, int) and isinstance(g, int) and g > 0 and spec.hidden_size % g == 0
@@ -65,6 +73,40 @@ def _conv_hint(spec: DraftSpec) -> str:
     f = spec.variant_fields
     return (f"conv_kernel_size={f.get('conv_kernel_size')}, conv_group_size={f.get('conv_group_size')}, "
             f"hidden_size={spec.hidden_size}")
+
+
+def _markov(spec: DraftSpec, head_type: str | None = None) -> bool:
+    """A DSpark Markov head (of this type) is built: speculators builds one when markov_rank > 0."""
+    f = spec.variant_fields
+    rank = f.get("markov_rank")
+    return isinstance(rank, int) and rank > 0 and (head_type is None or f.get("markov_head_type") == head_type)
+
+
+def _confidence(spec: DraftSpec) -> bool:
+    return spec.variant_fields.get("enable_confidence_head") is True
+
+
+def _confidence_width(spec: DraftSpec) -> Shape | None:
+    """[1, H (+ r when it reads the Markov embedding too)]; unsized while the keys are absent or contradictory."""
+    f = spec.variant_fields
+    with_markov = f.get("confidence_head_with_markov")
+    if not isinstance(with_markov, bool):
+        return None
+    if not with_markov:
+        return (1, spec.hidden_size)
+    return (1, spec.hidden_size + f["markov_rank"]) if _markov(spec) else None
+
+
+def _markov_hint(spec: DraftSpec) -> str:
+    f = spec.variant_fields
+    return (f"markov_rank={f.get('markov_rank')}, markov_head_type={f.get('markov_head_type')}, "
+            f"hidden_size={spec.hidden_size}, vocab_size={spec.vocab_size}, draft vocab={spec.draft_vocab}")
+
+
+def _confidence_hint(spec: DraftSpec) -> str:
+    f = spec.variant_fields
+    return (f"enable_confidence_head={f.get('enable_confidence_head')}, confidence_head_with_markov="
+            f"{f.get('confidence_head_with_markov')}, markov_rank={f.get('markov_rank')}, hidden_size={spec.hidden_size}")
 
 
 def _selector_hint(spec: DraftSpec) -> str:
@@ -85,6 +127,7 @@ class Tensor:
     hint: Callable[[DraftSpec], str] | None = None  # why the shape is what it is, added to errors
     dtype: str | None = None  # the dtype code conversion writes when it derives the tensor
     kinds: tuple[str, ...] = ("float",)  # dtype kinds (dtypes.DType.kind) it may be stored in
+    only_if_needed: bool = False  # present while `needed` is false: the keys say the draft has no such module
 
     @property
     def never_shipped(self) -> bool:
@@ -153,6 +196,33 @@ CATALOGUE: tuple[Tensor, ...] = (
     Tensor("selector_hidden_projection", "candidate_selector.hidden_projection.weight",
            "dflash2 selector projection", lambda s: _sized(s, "selector_rank", "hidden"),
            variants=("dflash2",), check="family_shapes", hint=_selector_hint),
+    # dspark (speculators 0.9.0's MarkovHead and ConfidenceHead; vLLM qwen3_dspark.py and SGLang models/dspark.py
+    # load the same names): W1 over the target vocab, W2 onto the draft vocab, rank r
+    Tensor("markov_w1", "markov_head.markov_w1.weight", "dspark Markov embedding of the previous token [V, r]",
+           lambda s: _sized(s, "vocab", "markov_rank"), needed=_markov, variants=("dspark",),
+           check="family_shapes", hint=_markov_hint, only_if_needed=True),
+    Tensor("markov_w2", "markov_head.markov_w2.weight", "dspark Markov bias projection [draft_vocab, r]",
+           lambda s: _sized(s, "draft_vocab", "markov_rank"), needed=_markov, variants=("dspark",),
+           check="family_shapes", hint=_markov_hint, only_if_needed=True),
+    Tensor("markov_gate", "markov_head.gate_proj.weight", "dspark gated Markov head gate [r, H + r]",
+           lambda s: _sized(s, "markov_rank", ("hidden", "markov_rank")), needed=lambda s: _markov(s, "gated"),
+           variants=("dspark",), check="family_shapes", hint=_markov_hint, only_if_needed=True),
+    Tensor("markov_gate_bias", "markov_head.gate_proj.bias", "dspark gated Markov head gate bias [r]",
+           lambda s: _sized(s, "markov_rank"), needed=lambda s: _markov(s, "gated"),
+           variants=("dspark",), check="family_shapes", hint=_markov_hint, only_if_needed=True),
+    Tensor("markov_joint", "markov_head.joint_proj.weight", "dspark rnn Markov head [3r, 2r + H]",
+           lambda s: _sized(s, "3*markov_rank", ("markov_rank", "markov_rank", "hidden")),
+           needed=lambda s: _markov(s, "rnn"), variants=("dspark",), check="family_shapes", hint=_markov_hint,
+           only_if_needed=True),
+    Tensor("markov_joint_bias", "markov_head.joint_proj.bias", "dspark rnn Markov head bias [3r]",
+           lambda s: _sized(s, "3*markov_rank"), needed=lambda s: _markov(s, "rnn"), variants=("dspark",),
+           check="family_shapes", hint=_markov_hint, only_if_needed=True),
+    Tensor("confidence_proj", "confidence_head.proj.weight", "dspark confidence head [1, H (+ r)]",
+           _confidence_width, needed=_confidence, variants=("dspark",), check="family_shapes",
+           hint=_confidence_hint, only_if_needed=True),
+    Tensor("confidence_bias", "confidence_head.proj.bias", "dspark confidence head bias [1]",
+           lambda s: (1,), needed=_confidence, variants=("dspark",), check="family_shapes",
+           hint=_confidence_hint, only_if_needed=True),
     Tensor("lm_head", "lm_head.weight", "draft lm_head [draft_vocab, H]",
            lambda s: (s.draft_vocab, s.hidden_size), needed=_pruned, to_hf=KEEP_IF_PRUNED,
            to_speculators=KEEP_IF_PRUNED, drop_reason="full-vocab copy of the verifier lm_head; engines use the target's",
@@ -281,6 +351,9 @@ def tensor_problems(spec: DraftSpec, have: dict[str, Shape]) -> list[TensorProbl
         elif layer is not None and layer >= spec.num_layers:
             problems.append(TensorProblem("unexpected", tensor, "unexpected_tensors", f"unexpected tensor `{shown}` "
                                           f"(the config has num_hidden_layers={spec.num_layers})"))
+        elif rule.only_if_needed and not rule.needed(spec):
+            problems.append(TensorProblem("unexpected", tensor, "family_shapes", f"tensor `{shown}` is present but "
+                                          f"the config's keys build no such module{_hint(rule, spec)}"))
     for tensor, shape in expected_shapes(spec).items():
         if tensor not in have:
             rule = rule_for(tensor)

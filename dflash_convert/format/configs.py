@@ -177,7 +177,8 @@ class SpeculatorsDFlashConfig(_Open):
     target_hidden_size: int | None = _size(1, MAX_HIDDEN, default=None)
     num_target_layers: int | None = _size(1, MAX_LAYERS, default=None)
     sliding_window_non_causal: bool | None = None
-    sample_from_anchor: bool = False
+    sample_from_anchor: bool | None = Field(None, description="absent: false for dflash/dflash2, true for dspark "
+                                            "(speculators' defaults)")
     speculators_config: SpeculatorsBlock | None = None
     speculators_version: Text | None = None
     dtype: Text | None = None
@@ -187,6 +188,18 @@ class SpeculatorsDFlashConfig(_Open):
     conv_group_size: int | None = _size(0, MAX_CONV, default=None)
     selector_rank: int | None = _size(0, MAX_CONV, default=None)
     selector_top_k: int | None = _size(0, MAX_CONV, default=None)
+    # dspark only
+    markov_rank: int | None = _size(0, MAX_CONV, default=None)
+    markov_head_type: Text | None = None
+    enable_confidence_head: bool | None = None
+    confidence_head_with_markov: bool | None = None
+
+    @property
+    def anchor_predicts(self) -> bool:
+        """sample_from_anchor as speculators reads it (absent: its class default, true only for dspark)."""
+        if self.sample_from_anchor is not None:
+            return self.sample_from_anchor
+        return self.speculators_model_type == "dspark"
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -200,7 +213,13 @@ class SpeculatorsDFlashConfig(_Open):
         if self.draft_vocab_size is not None and self.draft_vocab_size > vocab:
             raise FieldError("draft_vocab_size", f"{self.draft_vocab_size} exceeds the target vocab_size {vocab}")
         methods = self.speculators_config.proposal_methods if self.speculators_config else []
-        if methods and methods[0].speculative_tokens != self.block_size - 1:
+        if self.anchor_predicts:  # speculators: every slot of the block drafts, the anchor's included
+            if methods and methods[0].speculative_tokens != self.block_size:
+                said = "" if "block_size" in self.model_fields_set else " (absent: speculators' default)"
+                raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods"
+                                 f"[0].speculative_tokens is {methods[0].speculative_tokens}; with sample_from_anchor "
+                                 "every slot drafts, so they must be equal")
+        elif methods and methods[0].speculative_tokens != self.block_size - 1:
             said = "" if "block_size" in self.model_fields_set else " (absent: speculators' default)"
             raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods[0]"
                              f".speculative_tokens is {methods[0].speculative_tokens}; a block is the anchor plus "
@@ -221,6 +240,9 @@ class DFlashBlock(_Open):
     conv_group_size: int | None = _size(0, MAX_CONV, default=None)
     selector_rank: int | None = _size(0, MAX_CONV, default=None)
     selector_top_k: int | None = _size(0, MAX_CONV, default=None)
+    # dspark: published drafts may nest these here (SGLang reads here first; vLLM reads only the top level)
+    markov_rank: int | None = _size(0, MAX_CONV, default=None)
+    markov_head_type: Text | None = None
 
 
 class HFDFlashConfig(DecoderConfig):
@@ -236,6 +258,14 @@ class HFDFlashConfig(DecoderConfig):
     dtype: Text | None = None
     torch_dtype: Text | None = None
     dflash_config: DFlashBlock = Field(default_factory=DFlashBlock)
+    # DSpark (architectures Qwen3DSparkModel): its keys sit at the top level, where vLLM reads them
+    sample_from_anchor: bool | None = None
+    dspark_bonus_anchor: bool | None = Field(None, description="vLLM's speculators reader writes it: not "
+                                             "sample_from_anchor")
+    markov_rank: int | None = _size(0, MAX_CONV, default=None)
+    markov_head_type: Text | None = None
+    enable_confidence_head: bool | None = None
+    confidence_head_with_markov: bool | None = None
 
     @model_validator(mode="after")
     def _dflash_consistent(self):
@@ -283,7 +313,7 @@ class ConversionRecord(_Open):
     warnings: list[str] = Field(default_factory=list)
 
 
-Variant = Literal["dflash", "dflash2"]
+Variant = Literal["dflash", "dflash2", "dspark"]
 Format = Literal["speculators", "hf"]
 
 

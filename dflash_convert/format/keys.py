@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DFLASH_KINDS = ("dflash", "dflash2")
+FAMILY = ("dflash", "dflash2", "dspark")  # dspark runs on the DFlash backbone: its attention keys are DFlash's
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,13 @@ class ConfigKey:
     neutral: tuple = ()  # values (besides absent / null) at which it changes nothing
     speculators: str | None = None  # where the speculators format keeps it (top-level name) or None: no field
     required: bool = False  # a draft of these kinds must have it
+    hf_top: bool = False  # the HF layout keeps it at the top level (DSpark's keys), not inside dflash_config
+    filled: tuple = ()  # (value,): what speculators' config class fills in when its config.json lacks the key
+    hf_filled: tuple = ()  # (value,): what every HF reader (vLLM, SGLang) acts on when the key is absent
 
     @property
     def hf_path(self) -> str:
-        return f"dflash_config.{self.name}"
+        return self.name if self.hf_top else f"dflash_config.{self.name}"
 
     def is_neutral(self, value: Any) -> bool:
         """Whether this value leaves the computation as without the key (bools are not numbers here)."""
@@ -66,22 +70,40 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "unary candidates the selector re-ranks (only they get finite draft logits)",
               speculators="selector_top_k", required=True),
     # logit maps z-lab's DFlash2 drafts carry (applied to the unary logits before the selector)
-    ConfigKey("input_embedding_scale", DFLASH_KINDS, "vLLM (dflash2)", "multiplies the block's token embeddings",
+    ConfigKey("input_embedding_scale", FAMILY, "vLLM (dflash2)", "multiplies the block's token embeddings",
               neutral=(1.0, 1)),
-    ConfigKey("output_multiplier", DFLASH_KINDS, "vLLM (dflash2), SGLang", "multiplies the draft's logits",
+    ConfigKey("output_multiplier", FAMILY, "vLLM (dflash2), SGLang", "multiplies the draft's logits",
               neutral=(1.0, 1)),
-    ConfigKey("final_logit_softcapping", DFLASH_KINDS, "vLLM (dflash2), SGLang",
+    ConfigKey("final_logit_softcapping", FAMILY, "vLLM (dflash2), SGLang",
               "caps the draft's logits: c * tanh(logits / c)", neutral=(0.0, 0)),
     # anchor: DFlash's anchor slot is a bonus token; vLLM refuses true for DFlash (DSpark's mode)
     ConfigKey("sample_from_anchor", DFLASH_KINDS, "vLLM", "whether the anchor slot predicts a token",
               neutral=(False,), speculators="sample_from_anchor"),
+    # DSpark (speculators `dspark`; vLLM qwen3_dspark.py + spec_decode/dspark, SGLang models/dspark.py): the HF
+    # layout keeps these at the top level, where vLLM reads them (SGLang reads dflash_config first, then the top)
+    ConfigKey("sample_from_anchor", ("dspark",), "vLLM, SGLang, speculators",
+              "true: every slot, the anchor's included, predicts (block_size drafts); false: the anchor is the "
+              "bonus token (block_size - 1)", speculators="sample_from_anchor", required=True, hf_top=True,
+              filled=(True,), hf_filled=(True,)),
+    ConfigKey("markov_rank", ("dspark",), "vLLM, SGLang, speculators",
+              "rank r of the Markov logit bias W2 @ W1[previous token] (0: no Markov head; engines need > 0)",
+              speculators="markov_rank", required=True, hf_top=True, filled=(256,)),
+    ConfigKey("markov_head_type", ("dspark",), "SGLang, speculators (vLLM builds vanilla only)",
+              "vanilla (bias from the previous token), gated (hidden-gated) or rnn (recurrent over the block)",
+              speculators="markov_head_type", required=True, hf_top=True, filled=("vanilla",)),
+    ConfigKey("enable_confidence_head", ("dspark",), "vLLM, SGLang, speculators",
+              "a per-slot acceptance-probability head (vLLM: adaptive verification; SGLang: verify window)",
+              speculators="enable_confidence_head", required=True, hf_top=True, filled=(True,)),
+    ConfigKey("confidence_head_with_markov", ("dspark",), "vLLM, SGLang, speculators",
+              "the confidence head reads [hidden; Markov embedding of the previous token] instead of hidden",
+              speculators="confidence_head_with_markov", required=True, hf_top=True, filled=(True,)),
     # attention variants of published HF drafts
-    ConfigKey("use_swa", DFLASH_KINDS, "vLLM", "makes every layer sliding-window, whatever layer_types says",
+    ConfigKey("use_swa", FAMILY, "vLLM", "makes every layer sliding-window, whatever layer_types says",
               neutral=(False,)),
-    ConfigKey("swa_window_size", DFLASH_KINDS, "vLLM, SGLang", "the sliding window, before `sliding_window`"),
-    ConfigKey("attention_sink_bias", DFLASH_KINDS, "vLLM, SGLang", "adds a learned attention sink per head",
+    ConfigKey("swa_window_size", FAMILY, "vLLM, SGLang", "the sliding window, before `sliding_window`"),
+    ConfigKey("attention_sink_bias", FAMILY, "vLLM, SGLang", "adds a learned attention sink per head",
               neutral=(False,)),
-    ConfigKey("attention_value_scale", DFLASH_KINDS, "vLLM, SGLang", "scales the attention values"),
+    ConfigKey("attention_value_scale", FAMILY, "vLLM, SGLang", "scales the attention values"),
     # SGLang's Domino projector
     ConfigKey("projector_type", DFLASH_KINDS, "SGLang", "replaces the context projector (`domino`)"),
     ConfigKey("shift_label", DFLASH_KINDS, "SGLang (domino)", "label shift of the Domino projector"),
@@ -90,11 +112,23 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("emb_dim", DFLASH_KINDS, "SGLang (domino)", "Domino's embedding width"),
 )
 
-BY_NAME = {k.name: k for k in CONFIG_KEYS}
+# name -> its row for the DFlash kinds (a name has one row per kind; DSpark's sample_from_anchor is its own row)
+BY_NAME = {k.name: k for k in reversed(CONFIG_KEYS)}
+BY_KIND = {(kind, k.name): k for k in CONFIG_KEYS for kind in k.kinds}
 
 
 def keys_for(kind: str) -> tuple[ConfigKey, ...]:
     return tuple(k for k in CONFIG_KEYS if kind in k.kinds)
+
+
+def key_for(kind: str, name: str) -> ConfigKey:
+    """The row of key `name` for draft kind `kind`."""
+    return BY_KIND[(kind, name)]
+
+
+def hf_top_names(kind: str) -> tuple[str, ...]:
+    """Keys this kind's HF layout keeps at the top level of config.json."""
+    return tuple(k.name for k in keys_for(kind) if k.hf_top)
 
 
 def effective(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -102,8 +136,8 @@ def effective(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
     return {k.name: k.default if k.is_neutral(fields.get(k.name)) else fields.get(k.name) for k in keys_for(kind)}
 
 
-def changes_computation(name: str, value: Any) -> bool:
-    key = BY_NAME.get(name)
+def changes_computation(name: str, value: Any, kind: str = "dflash") -> bool:
+    key = BY_KIND.get((kind, name))
     return key is not None and not key.is_neutral(value)
 
 
@@ -128,6 +162,18 @@ FAMILY_RULES = (
      lambda f, h, v, b, p: not _int(f.get("selector_top_k")) or f["selector_top_k"] <= v),
     ("dflash2", "the vocabulary is the target's (speculators builds dflash2 only without a pruned vocab)",
      lambda f, h, v, b, p: not p),
+    # dspark (speculators 0.9.0 DSparkDraftModel / MarkovHead; vLLM qwen3_dspark.py; SGLang models/dspark.py)
+    ("dspark", "markov_rank is a positive integer (vLLM and SGLang serve DSpark only with its Markov head; "
+               "speculators' markov_rank 0 trains a draft no engine serves)",
+     lambda f, h, v, b, p: _int(f.get("markov_rank"))),
+    ("dspark", "markov_head_type is vanilla, gated or rnn (speculators and SGLang refuse anything else)",
+     lambda f, h, v, b, p: f.get("markov_head_type") in ("vanilla", "gated", "rnn")),
+    ("dspark", "sample_from_anchor, enable_confidence_head and confidence_head_with_markov are true or false",
+     lambda f, h, v, b, p: all(isinstance(f.get(k), bool) or f.get(k) is None for k in
+                               ("sample_from_anchor", "enable_confidence_head", "confidence_head_with_markov"))),
+    ("dspark", "confidence_head_with_markov needs a Markov head (speculators and SGLang refuse it with markov_rank 0)",
+     lambda f, h, v, b, p: not (f.get("enable_confidence_head") and f.get("confidence_head_with_markov"))
+     or _int(f.get("markov_rank"))),
 )
 
 

@@ -38,15 +38,17 @@ AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
 QWEN3_MAX_WINDOW_LAYERS = 28  # transformers' Qwen3Config default: layers below it are full attention
 SPECULATORS_VERSION = "0.9.0"  # the speculators config layout we write
 
-HF_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
-SPECULATORS_ARCHITECTURE = HF_ARCHITECTURE
+# vLLM 0.33 and SGLang 0.5.23 load an HF-layout DSpark draft as Qwen3DSparkModel (both registries); speculators
+# names its own class DSparkDraftModel (vLLM maps that name to Qwen3DSparkModel for a qwen3 decoder).
+HF_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}
+SPECULATORS_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "DSparkDraftModel"}
+DSPARK_QWEN3_ALIAS = "DSparkDraftModel"  # an HF DSpark config with this name and model_type qwen3 is Qwen3DSparkModel
 DFLASH2_FIELDS = tuple(k.name for k in keys.CONFIG_KEYS if k.required and "dflash2" in k.kinds)
 # the family keys the speculators format keeps at its top level (vLLM's speculators reader copies them)
-SPECULATORS_FAMILY_KEYS = tuple(k.speculators for k in keys.CONFIG_KEYS if k.speculators)
+SPECULATORS_FAMILY_KEYS = tuple(dict.fromkeys(k.speculators for k in keys.CONFIG_KEYS if k.speculators))
 # dflash_config keys that are not family keys of the table (DraftSpec fields of their own)
 HF_DFLASH_CONFIG_OWN = ("mask_token_id", "target_layer_ids", "block_size", "causal", "verifier")
 REFUSED_ALGORITHMS = {
-    "dspark": "DSpark (samples from the anchor, extra markov/confidence heads)",
     "xpress": "Xpress (extra refiner heads)",
     "eagle3": "EAGLE-3 (autoregressive drafter, not a block drafter)",
     "eagle": "EAGLE (autoregressive drafter, not a block drafter)",
@@ -64,7 +66,7 @@ SPECULATORS_KNOWN_KEYS = ("speculators_model_type", "architectures", "transforme
                           "speculators_config", "speculators_version", "transformers_version", "auto_map",
                           "dtype", "torch_dtype", "tie_word_embeddings", "num_target_layers", *SPECULATORS_FAMILY_KEYS)
 # speculators' own default for `sliding_window_non_causal` per algorithm.
-SPECULATORS_NON_CAUSAL_DEFAULT = {"dflash": False, "dflash2": True}
+SPECULATORS_NON_CAUSAL_DEFAULT = {"dflash": False, "dflash2": True, "dspark": False}
 
 
 # ----------------------------------------------------------------------------- detection
@@ -80,11 +82,11 @@ REFUSED_ARCHITECTURES = {
     "DFlashQwen3XPressModel": "an XPress draft (extra refiner heads)",
     "Qwen3XPressModel": "an XPress draft (extra refiner heads)",
     "LiLiCorrDraftModel": "a LiLiCorr draft (a correlator over candidate-head features)",
-    "Qwen3DSparkModel": "a DSpark draft in the HF layout (samples from the anchor, Markov and confidence heads)",
-    "Qwen3OmniDSparkModel": "a DSpark draft in the HF layout (samples from the anchor, Markov and confidence heads)",
+    "Qwen3OmniDSparkModel": "a Qwen3-Omni DSpark draft (vLLM's standalone Omni thinker contract)",
     "Gemma4DSparkModel": "a Gemma 4 DSpark draft",
-    "DSparkDraftModel": "a DeepSeek DSpark draft",
+    "DSparkDraftModel": "a DeepSeek DSpark draft (DSparkDraftModel with a model_type other than qwen3)",
 }
+KINDS_SAID = "dflash, dflash2 and dspark"
 
 
 def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, str]:
@@ -96,17 +98,20 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
         if algo in HF_ARCHITECTURE:
             return "speculators", algo
         what = REFUSED_ALGORITHMS.get(algo, "an algorithm dflash-convert does not know")
-        raise DFlashError(f"speculators_model_type is {algo!r}: {what}; only dflash and dflash2 drafts are supported", file=file)
+        raise DFlashError(f"speculators_model_type is {algo!r}: {what}; only {KINDS_SAID} drafts are supported",
+                          file=file)
     archs = raw.get("architectures") or []
     if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise DFlashError(f"field `architectures`: expected a list of strings, got {_short(archs)}", file=file)
     for variant, arch in HF_ARCHITECTURE.items():
         if arch in archs:
             return "hf", variant
+    if DSPARK_QWEN3_ALIAS in archs and raw.get("model_type") == "qwen3":
+        return "hf", "dspark"
     refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
     if refused is not None:
         raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "
-                          "dflash-convert handles DFlashDraftModel and DFlash2DraftModel drafts", file=file)
+                          "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts", file=file)
     if "dflash_config" in raw:
         return "hf", "dflash"
     found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"
@@ -201,7 +206,7 @@ def spec_from_config(raw: dict[str, Any], file: str = "config.json") -> DraftSpe
 
 def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
     cfg = _parse(SpeculatorsDFlashConfig, raw, file)
-    if cfg.sample_from_anchor:
+    if cfg.anchor_predicts and variant != "dspark":
         raise DFlashError("field `sample_from_anchor` is true: the anchor slot predicts a token (DSpark style), "
                           "which DFlash engines do not run", file=file)
     decoder = dict(raw["transformer_layer_config"])
@@ -235,18 +240,51 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         num_target_layers=cfg.num_target_layers,
         target_hidden_size=cfg.target_hidden_size,
         verifier=VerifierRef.model_validate(verifier.model_dump()) if verifier and verifier.name_or_path else None,
-        variant_fields={k.name: raw[k.speculators] for k in keys.keys_for(variant)
-                        if k.speculators and raw.get(k.speculators) is not None},
+        variant_fields=_speculators_fields(raw, variant),
         extra={k: v for k, v in raw.items() if k not in SPECULATORS_KNOWN_KEYS},
         dtype=raw.get("dtype") or raw.get("torch_dtype"),
     )
+
+
+def _speculators_fields(raw: dict, variant: str) -> dict[str, Any]:
+    """The family keys of a speculators config under speculators' names, absent ones as its class fills them."""
+    out = {}
+    for k in keys.keys_for(variant):
+        if k.speculators and raw.get(k.speculators) is not None:
+            out[k.name] = raw[k.speculators]
+        elif k.filled:
+            out[k.name] = k.filled[0]
+    return out
+
+
+def _hf_fields(raw: dict, raw_dc: dict, variant: str, file: str) -> dict[str, Any]:
+    """The family keys of an HF config: DSpark's at the top level (or, failing that, in dflash_config, where
+    published drafts nest them and SGLang looks first), the rest in dflash_config."""
+    out = {}
+    for k in keys.keys_for(variant):
+        top, nested = raw.get(k.name) if k.hf_top else None, raw_dc.get(k.name)
+        if k.hf_top and top is not None and nested is not None and top != nested:
+            raise DFlashError(f"field `{k.name}` is {_short(top)} but `dflash_config.{k.name}` is {_short(nested)}: "
+                              "vLLM reads the top-level one, SGLang the dflash_config one; keep one", file=file)
+        value = top if top is not None else nested
+        if value is None and k.hf_filled:
+            value = k.hf_filled[0]
+        if value is not None:
+            out[k.name] = value
+    if variant == "dspark" and raw.get("dspark_bonus_anchor") is not None \
+            and raw["dspark_bonus_anchor"] == out.get("sample_from_anchor"):
+        raise DFlashError(f"field `dspark_bonus_anchor` is {_short(raw['dspark_bonus_anchor'])} while "
+                          f"sample_from_anchor is {_short(out.get('sample_from_anchor'))}: one says the anchor is the "
+                          "bonus token, the other that it drafts; they must be opposite", file=file)
+    return out
 
 
 def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
     cfg = _parse(HFDFlashConfig, raw, file)
     dc = cfg.dflash_config
     top, nested = cfg.block_size, dc.block_size  # equal when both are set (HFDFlashConfig checks)
-    decoder = {k: v for k, v in raw.items() if k not in HF_DFLASH_KEYS}
+    own = HF_DFLASH_KEYS + (keys.hf_top_names(variant) + ("dspark_bonus_anchor",) if variant == "dspark" else ())
+    decoder = {k: v for k, v in raw.items() if k not in own}
     layer_types = resolve_layer_types(decoder)
     raw_dc = raw.get("dflash_config") or {}
     return DraftSpec(
@@ -263,7 +301,7 @@ def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
         num_target_layers=cfg.num_target_layers,
         target_hidden_size=cfg.target_hidden_size,
         verifier=dc.verifier if dc.verifier and dc.verifier.name_or_path else None,
-        variant_fields={k.name: raw_dc[k.name] for k in keys.keys_for(variant) if raw_dc.get(k.name) is not None},
+        variant_fields=_hf_fields(raw, raw_dc, variant, file),
         # dflash_config keys no engine in the key table reads: carried to HF, said when written elsewhere
         extra={"dflash_config": unknown} if (unknown := {k: v for k, v in raw_dc.items() if k not in
                                                          HF_DFLASH_CONFIG_OWN and k not in keys.BY_NAME}) else {},
@@ -283,8 +321,8 @@ def non_qwen3_features(spec: DraftSpec) -> list[str]:
     """`key=value` for every decoder key whose value makes the draft differ from the Qwen3 math."""
     return [f"{k}={spec.decoder[k]!r}" for k, neutral in NEUTRAL_DECODER_KEYS.items()
             if k in spec.decoder and spec.decoder[k] != neutral] + [
-        f"{keys.BY_NAME[k].hf_path}={v!r}" for k, v in spec.variant_fields.items()
-        if not keys.BY_NAME[k].required and not keys.BY_NAME[k].is_neutral(v)]
+        f"{keys.key_for(spec.variant, k).hf_path}={v!r}" for k, v in spec.variant_fields.items()
+        if not keys.key_for(spec.variant, k).required and not keys.key_for(spec.variant, k).is_neutral(v)]
 
 
 def check_complete(spec: DraftSpec, file: str | None = None) -> None:
@@ -337,13 +375,18 @@ def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     if spec.verifier:
         dc["verifier"] = spec.verifier.model_dump(exclude_none=True)
     for name, value in spec.extra.items():
-        if keys.changes_computation(name, value):
+        if keys.changes_computation(name, value, spec.variant):
             raise DFlashError(f"field `{name}` = {_short(value)} sits at the top level of a speculators config, "
                               f"where neither speculators nor vLLM's speculators reader applies it (the draft was "
                               f"trained without it), but HF readers apply `dflash_config.{name}` "
                               f"({keys.BY_NAME[name].readers}: {keys.BY_NAME[name].effect}); remove it first")
     dc.update(spec.extra.get("dflash_config") or {})
-    dc.update({k: v for k, v in spec.variant_fields.items() if not keys.BY_NAME[k].is_neutral(v)})
+    for name, value in spec.variant_fields.items():
+        key = keys.key_for(spec.variant, name)
+        if key.hf_top:
+            out[name] = value  # DSpark: vLLM reads these only at the top level
+        elif not key.is_neutral(value):
+            dc[name] = value
     out["dflash_config"] = dc
     return out, warnings
 
@@ -379,6 +422,13 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     if not verifier.name_or_path:
         warnings.append("speculators_config.verifier.name_or_path is unknown (vLLM requires it): pass --verifier")
     draft_vocab = spec.draft_vocab
+    anchor = bool(spec.variant_fields.get("sample_from_anchor")) if spec.variant == "dspark" else False
+    if spec.variant == "dspark":
+        for k in keys.keys_for("dspark"):
+            if k.required and spec.variant_fields.get(k.name) is None:
+                raise DFlashError(f"field `{k.hf_path}` is absent: the HF readers disagree on what it means (vLLM, "
+                                  "SGLang and speculators default it differently), so the speculators config, which "
+                                  f"states it, cannot be written; set {k.name} in the source config first")
     out: dict[str, Any] = {
         "architectures": [SPECULATORS_ARCHITECTURE[spec.variant]],
         "speculators_model_type": spec.variant,
@@ -389,10 +439,10 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
         "draft_vocab_size": draft_vocab,
         "target_hidden_size": spec.target_hidden_size,
         "sliding_window_non_causal": non_causal,
-        "sample_from_anchor": False,
+        "sample_from_anchor": anchor,
         "speculators_config": {
             "algorithm": spec.variant,
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": spec.block_size - 1,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": spec.block_size - 1 + anchor,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier.name_or_path, "architectures": list(verifier.architectures)},
@@ -405,7 +455,7 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     if spec.dtype:
         out["dtype"] = spec.dtype
     for name, value in spec.variant_fields.items():
-        key = keys.BY_NAME[name]
+        key = keys.key_for(spec.variant, name)
         if key.speculators:
             out[key.speculators] = value
         elif not key.is_neutral(value):
@@ -435,7 +485,7 @@ CONFIG_ALIASES = {
     "target_layer_ids": ("aux_hidden_state_layer_ids", "dflash_config.target_layer_ids"),
     "mask_token_id": ("mask_token_id", "dflash_config.mask_token_id"),
     "verifier": ("speculators_config.verifier", "dflash_config.verifier"),
-    **{k.name: (k.speculators or k.name, k.hf_path) for k in keys.CONFIG_KEYS},
+    **{k.name: (k.speculators or k.name, k.hf_path) for k in keys.BY_NAME.values()},
 }
 # Why a key appears or disappears by design (canonical name or prefix -> reason).
 CONFIG_CHANGE_REASONS = {

@@ -145,19 +145,23 @@ def _tensor_set(ckpt: Checkpoint, problems: list[TensorProblem]) -> list[Check]:
 
 
 
+FAMILY_MODULES = {"dflash2": "convolution and selector", "dspark": "Markov and confidence head"}
+
+
 def _family(spec: DraftSpec, problems: list[TensorProblem]) -> list[Check]:
     """A family draft's own keys against their rules, and its convolution / selector tensors against the keys."""
     if spec.variant == "dflash":
         return []
     broken = keys.family_problems(spec.variant, spec.variant_fields, hidden=spec.hidden_size, vocab=spec.vocab_size,
                                   block=spec.block_size, pruned=spec.is_pruned_vocab)
-    wrong = [f"{p.tensor} {list(p.have)} != {list(p.want)}" for p in problems if p.check == "family_shapes"]
+    wrong = [f"{p.tensor} {list(p.have)} != {list(p.want)}" if p.kind == "shape" else p.message.removeprefix("tensor ")
+             for p in problems if p.check == "family_shapes"]
     return [
         _check("family_config", not broken, "; ".join(broken) if broken else
                f"{spec.variant} keys: " + ", ".join(f"{k}={v!r}" for k, v in sorted(spec.variant_fields.items())),
                value=spec.variant_fields or None),
         _check("family_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
-               f"{spec.variant} convolution and selector tensors match their keys", value=wrong[:5] or None),
+               f"{spec.variant} {FAMILY_MODULES[spec.variant]} tensors match their keys", value=wrong[:5] or None),
     ]
 
 def _vocab_map(ckpt: Checkpoint) -> list[Check]:
