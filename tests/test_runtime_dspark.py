@@ -5,8 +5,6 @@ vLLM counts dspark, and decoding is lossless on every CPU backend and compiled."
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,10 +16,6 @@ from test_runtime_model import speculators_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
-SPECULATORS_HEADS = {"markov_w1": "markov_head.markov_w1.weight", "markov_w2": "markov_head.markov_w2.weight",
-                     "gated": ("markov_head.gate_proj.weight", "markov_head.gate_proj.bias"),
-                     "rnn": ("markov_head.joint_proj.weight", "markov_head.joint_proj.bias"),
-                     "confidence": ("confidence_head.proj.weight", "confidence_head.proj.bias")}
 
 
 @pytest.fixture(scope="module")
@@ -114,39 +108,29 @@ def test_the_markov_walk_follows_the_previous_pick():
     assert picked.tolist() == [11, 21, 30] and torch.isinf(logits).sum() == 3 * (40 - 6)
 
 
-def stand_in(path: Path, tmp: Path):
-    """A dspark draft saved by speculators, loaded with its heads. Until the format side reads dspark configs,
-    the backbone loads as the dflash draft it is (config and tensors minus the heads) and the heads are
-    attached from the checkpoint as the runtime's loader would."""
-    from safetensors.torch import load_file, save_file
+@pytest.mark.parametrize("name", ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf",
+                                  "dspark_bonus_anchor", "dspark_pruned"])
+def test_loader_reads_the_heads_speculators_saved(name, family_drafts):
+    """Every head speculators' DSparkDraftModel built is the runtime's, weight for weight, with its type and layout."""
+    from speculators.model import SpeculatorModel
 
-    cfg = json.loads((path / "config.json").read_text())
-    tensors = load_file(path / "model.safetensors")
-    dst = tmp / path.name
-    shutil.copytree(path, dst, dirs_exist_ok=True)
-    plain = {k: v for k, v in cfg.items() if k not in ("markov_rank", "markov_head_type", "enable_confidence_head",
-                                                        "confidence_head_with_markov", "sample_from_anchor")}
-    plain.update(speculators_model_type="dflash", architectures=["DFlashDraftModel"])
-    plain["speculators_config"] = dict(cfg["speculators_config"], algorithm="dflash")
-    plain["speculators_config"]["proposal_methods"] = [dict(m, speculative_tokens=cfg["block_size"] - 1)
-                                                       for m in cfg["speculators_config"]["proposal_methods"]]
-    (dst / "config.json").write_text(json.dumps(plain))
-    save_file({k: v for k, v in tensors.items() if not k.startswith(("markov_head.", "confidence_head."))},
-              dst / "model.safetensors", metadata={"format": "pt"})
-
-    def load(**kw):
-        draft = load_draft(dst, **kw)
-        kind = cfg["markov_head_type"]
-        if cfg["markov_rank"] > 0:
-            extra = SPECULATORS_HEADS.get(kind, ())
-            draft.markov = dspark.Markov(tensors[SPECULATORS_HEADS["markov_w1"]], tensors[SPECULATORS_HEADS["markov_w2"]],
-                                         kind, *(tensors[k] for k in extra) if kind != "vanilla" else ())
-        if cfg["enable_confidence_head"]:
-            draft.confidence_head = dspark.Confidence(*(tensors[k] for k in SPECULATORS_HEADS["confidence"]),
-                                                      with_markov=cfg["confidence_head_with_markov"])
-        draft.anchor_predicts = cfg["sample_from_anchor"]
-        return draft
-    return load
+    draft = load_draft(family_drafts[name])
+    model = SpeculatorModel.from_pretrained(str(family_drafts[name]))
+    cfg = model.config
+    assert draft.anchor_predicts is cfg.sample_from_anchor
+    assert draft.proposals() == (cfg.block_size if cfg.sample_from_anchor else cfg.block_size - 1)
+    assert draft.markov.kind == cfg.markov_head_type
+    theirs = model.markov_head
+    assert torch.equal(draft.markov.w1, theirs.markov_w1.weight) and torch.equal(draft.markov.w2, theirs.markov_w2.weight)
+    proj = {"gated": getattr(theirs, "gate_proj", None), "rnn": getattr(theirs, "joint_proj", None)}.get(cfg.markov_head_type)
+    assert (draft.markov.proj is None) == (proj is None)
+    if proj is not None:
+        assert torch.equal(draft.markov.proj, proj.weight) and torch.equal(draft.markov.proj_bias, proj.bias)
+    assert (draft.confidence_head is None) == (model.confidence_head is None)
+    if model.confidence_head is not None:
+        assert torch.equal(draft.confidence_head.weight, model.confidence_head.proj.weight)
+        assert torch.equal(draft.confidence_head.bias, model.confidence_head.proj.bias)
+        assert draft.confidence_head.with_markov is cfg.confidence_head_with_markov
 
 
 DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
@@ -154,13 +138,13 @@ DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_n
 
 
 @pytest.mark.parametrize("name", ["dspark", "dspark_bonus_anchor", "dspark_pruned"])
-def test_block_logits_equal_speculators_forward(name, family_drafts, target, tmp_path):
+def test_block_logits_equal_speculators_forward(name, family_drafts, target):
     """The backbone's logits of every proposing slot (all B with sample_from_anchor, B-1 without) against
     speculators' own forward; then the Markov walk over them against speculators' block_bias fed the tokens the
     walk picked (its previous tokens: the anchor, then the picks)."""
     from speculators.model import SpeculatorModel  # noqa: F401 (registers the dspark classes)
 
-    draft = stand_in(family_drafts[name], tmp_path)()
+    draft = load_draft(family_drafts[name])
     target.set_capture(draft.target_layer_ids)
     target.reset()
     torch.manual_seed(0)
@@ -192,8 +176,8 @@ def test_block_logits_equal_speculators_forward(name, family_drafts, target, tmp
 
 @pytest.mark.parametrize("name", DSPARK)
 @pytest.mark.parametrize("backend, compile", [("eager", False), ("sdpa", False), ("flex", False), ("sdpa", True)])
-def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, target, tmp_path):
-    draft = stand_in(family_drafts[name], tmp_path)(backend=backend, compile=compile)
+def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, target):
+    draft = load_draft(family_drafts[name], backend=backend, compile=compile)
     prompt = [3, 14, 15, 92, 65, 35]
     ours = speculative_generate(draft, target, prompt, max_new_tokens=20)
     assert ours.tokens == target_generate(target, prompt, max_new_tokens=20).tokens
@@ -208,9 +192,9 @@ def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, targ
         assert predicted == []
 
 
-def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, target, tmp_path, monkeypatch):
+def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, target, monkeypatch):
     """At temperature 1 the proposals are the walk's samples (each slot after the previous pick), not redrawn."""
-    draft = stand_in(family_drafts["dspark_rnn"], tmp_path)()
+    draft = load_draft(family_drafts["dspark_rnn"])
     seen = []
     original = dspark.sequential
 
@@ -224,13 +208,13 @@ def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, target, t
     assert len(g.tokens) == 12 and seen and all(t == 1.0 for t, _ in seen)
 
 
-def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, target, tmp_path, monkeypatch):
+def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, target, monkeypatch):
     """vLLM 0.33 (config/speculative.py: num_speculative_tokens defaults to the dspark block_size; the DFlash
     prepare-inputs kernel samples at every query offset when sample_from_anchor): a block of B slots proposes B
     tokens. An oracle draft proposing the target's own greedy continuation is accepted whole at every step:
     B + 1 tokens committed per step (B proposals + the target's bonus), tau = B + 1, every one of the B
     per-position rates 1, and B tokens drafted per step."""
-    draft = stand_in(family_drafts["dspark"], tmp_path)()
+    draft = load_draft(family_drafts["dspark"])
     b = draft.block_size
     prompt, n = [3, 14, 15], 3 * (b + 1)
     truth = target_generate(target, prompt, max_new_tokens=n + b).tokens
@@ -246,7 +230,7 @@ def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, targe
     assert g.stats.tau == b + 1 and g.stats.per_position_rates == [1.0] * b
 
 
-def test_zero_markov_bonus_anchor_dspark_is_the_dflash_draft_it_was_made_from(tmp_path):
+def test_zero_markov_bonus_anchor_dspark_is_the_dflash_draft_it_was_made_from():
     """A dspark with sample_from_anchor false (the anchor is the bonus token, as in dflash) and a Markov head that
     adds nothing is the dflash draft: the trained pair's draft with a zero Markov head gives the same tokens
     and the same acceptance at every step, greedy."""
@@ -264,3 +248,23 @@ def test_zero_markov_bonus_anchor_dspark_is_the_dflash_draft_it_was_made_from(tm
         assert (a.stats.accepted, a.stats.num_drafts, a.stats.per_position_rates) == \
             (b.stats.accepted, b.stats.num_drafts, b.stats.per_position_rates)
         assert a.stats.tau > 2
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("dspark", ["--sampling", "greedy", "--backend", "eager"]),
+    ("dspark_rnn", ["--sampling", "greedy", "--backend", "sdpa", "--compile"]),
+    ("dspark_pruned", ["--sampling", "greedy", "--backend", "flex"]),
+    ("dspark_gated", ["--temperature", "1.0", "--draft-sampling", "probabilistic", "--seed", "0"]),
+])
+def test_validate_runs_a_dspark_end_to_end(name, extra, cli, family_drafts, tiny_target):
+    """Greedy: every output equals the target's own greedy output; sampled: the greedy exactness pass still runs.
+    Rates are over block_size positions (the anchor's slot proposes), beside the confidence head's prediction."""
+    r = cli("validate", family_drafts[name], "--target", tiny_target, "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "16", "--json", *extra)
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    greedy = next(c for c in report["checks"] if c["name"] == "greedy_output_equal")
+    assert greedy["status"] == "pass", greedy
+    acceptance = report["acceptance"]
+    assert len(acceptance["per_position_rates"]) == 8 == acceptance["block_size"]
+    assert len(acceptance["predicted_position_rates"]) == 8
