@@ -121,8 +121,10 @@ def test_loader_reads_the_heads_speculators_saved(name, family_drafts):
     assert draft.proposals() == (cfg.block_size if cfg.sample_from_anchor else cfg.block_size - 1)
     assert draft.markov.kind == cfg.markov_head_type
     theirs = model.markov_head
-    assert torch.equal(draft.markov.w1, theirs.markov_w1.weight) and torch.equal(draft.markov.w2, theirs.markov_w2.weight)
-    proj = {"gated": getattr(theirs, "gate_proj", None), "rnn": getattr(theirs, "joint_proj", None)}.get(cfg.markov_head_type)
+    assert torch.equal(draft.markov.w1, theirs.markov_w1.weight)
+    assert torch.equal(draft.markov.w2, theirs.markov_w2.weight)
+    proj = {"gated": getattr(theirs, "gate_proj", None),
+            "rnn": getattr(theirs, "joint_proj", None)}.get(cfg.markov_head_type)
     assert (draft.markov.proj is None) == (proj is None)
     if proj is not None:
         assert torch.equal(draft.markov.proj, proj.weight) and torch.equal(draft.markov.proj_bias, proj.bias)

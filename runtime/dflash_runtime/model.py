@@ -318,7 +318,8 @@ class DFlashDraft:
             raise NotRunnable(f"markov_head_type {kind!r} is not one the runtime runs "
                               f"({', '.join(dspark.MARKOV_HEAD_TYPES)}: speculators 0.9.0's)")
         if (f.get("markov_rank") or 0) > 0:
-            extra = {"gated": ("markov_gate", "markov_gate_bias"), "rnn": ("markov_joint", "markov_joint_bias")}.get(kind)
+            extra = {"gated": ("markov_gate", "markov_gate_bias"),
+                     "rnn": ("markov_joint", "markov_joint_bias")}.get(kind)
             self.markov = dspark.Markov(tensors[name("markov_w1")], tensors[name("markov_w2")], kind,
                                         *(tensors[name(k)] for k in extra or ()))
         if f.get("enable_confidence_head", True) and name("confidence_proj") in tensors:
