@@ -270,3 +270,19 @@ def test_validate_runs_a_dspark_end_to_end(name, extra, cli, family_drafts, tiny
     acceptance = report["acceptance"]
     assert len(acceptance["per_position_rates"]) == 8 == acceptance["block_size"]
     assert len(acceptance["predicted_position_rates"]) == 8
+
+
+@pytest.mark.parametrize("name", ["dspark_rnn", "dspark_pruned", "dspark_bonus_anchor"])
+def test_hf_layout_runs_as_the_speculators_draft(name, cli, family_drafts, target, tmp_path):
+    """`convert --to hf` (vLLM's Qwen3DSparkModel layout, the DSpark keys at the top level): the runtime reads the
+    same heads and anchor layout from it, so decoding gives the same tokens, rates and confidence predictions."""
+    out = tmp_path / "hf"
+    assert cli("convert", family_drafts[name], "--to", "hf", "-o", out).code == 0
+    a, b = load_draft(family_drafts[name]), load_draft(out)
+    assert b.spec.source_format == "hf" and b.anchor_predicts is a.anchor_predicts
+    for prompt in ([3, 14, 15, 92], [7, 8, 9]):
+        x = speculative_generate(a, target, prompt, max_new_tokens=24)
+        y = speculative_generate(b, target, prompt, max_new_tokens=24)
+        assert x.tokens == y.tokens
+        assert (x.stats.per_position_rates, x.stats.predicted_rates) == (y.stats.per_position_rates,
+                                                                          y.stats.predicted_rates)
