@@ -223,7 +223,9 @@ class SpeculatorsDFlashConfig(_Open):
             said = "" if "block_size" in self.model_fields_set else " (absent: speculators' default)"
             raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods[0]"
                              f".speculative_tokens is {methods[0].speculative_tokens}; a block is the anchor plus "
-                             "the speculative tokens, so they must satisfy block_size = speculative_tokens + 1")
+                             "the speculative tokens, so they must satisfy block_size = speculative_tokens + 1"
+                             + (" (sample_from_anchor is false: the anchor is the bonus token)"
+                                if self.speculators_model_type == "dspark" else ""))
         return self
 
 

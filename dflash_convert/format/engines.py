@@ -129,6 +129,12 @@ class MaskEmbedding(RuleKind):
     IGNORED = auto()
 
 
+class DSpark(RuleKind):
+    V2_RUNNER_VANILLA = auto()
+    ALL_HEADS_TARGET_LM_HEAD = auto()
+    NOT_SERVED = auto()
+
+
 class Verifier(RuleKind):
     HUB_REPO_ID = auto()
     SERVING_FLAG = auto()
@@ -163,6 +169,7 @@ class EngineRules:
     mask: Mask  # mask_token_id
     mask_embedding: MaskEmbedding  # a trained mask embedding shipped as mask_embedding.pt
     verifier: Verifier  # how the target model is found
+    dspark: DSpark  # what it serves of a DSpark draft
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_NAMES:
@@ -190,7 +197,7 @@ ENGINES: tuple[EngineRules, ...] = (
         layer_types=LayerTypes.EXPLICIT, window=Window.RAW, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.REFUSE, block_size=BlockSize.SPECULATIVE_TOKENS, vocab=Vocab.OWN_LM_HEAD_D2T,
         fc_width=FcWidth.TARGET_HIDDEN_SIZE, mixed=Mixed.INEXPRESSIBLE, mask=Mask.REQUIRED,
-        mask_embedding=MaskEmbedding.USED, verifier=Verifier.HUB_REPO_ID),
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.HUB_REPO_ID, dspark=DSpark.V2_RUNNER_VANILLA),
     EngineRules(
         key="vllm-hf", engine="vllm", title="vLLM (HF format)", version="0.33.0",
         reads="hf", layer_ids=LayerIds.EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.MODEL_DEFAULT,
@@ -199,7 +206,7 @@ ENGINES: tuple[EngineRules, ...] = (
         window=Window.SWA_WINDOW_SIZE_OR_QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.REFUSE, block_size=BlockSize.SERVING_FLAG, vocab=Vocab.OWN_LM_HEAD_D2T,
         fc_width=FcWidth.TARGET_HIDDEN_SIZE, mixed=Mixed.V2_RUNNER, mask=Mask.REQUIRED,
-        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG),
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG, dspark=DSpark.V2_RUNNER_VANILLA),
     EngineRules(
         key="sglang", engine="sglang", title="SGLang", version="0.5.23",
         reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.DERIVE,
@@ -207,7 +214,7 @@ ENGINES: tuple[EngineRules, ...] = (
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.REFUSE, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
         vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.TOKEN_FALLBACK,
-        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG),
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG, dspark=DSpark.ALL_HEADS_TARGET_LM_HEAD),
     EngineRules(
         key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
         reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.REFUSE,
@@ -215,7 +222,7 @@ ENGINES: tuple[EngineRules, ...] = (
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.FULL_CONTEXT, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
         vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.REQUIRED,
-        mask_embedding=MaskEmbedding.IGNORED, verifier=Verifier.CALLER),
+        mask_embedding=MaskEmbedding.IGNORED, verifier=Verifier.CALLER, dspark=DSpark.NOT_SERVED),
 )
 ENGINES_BY_KEY = {e.key: e for e in ENGINES}
 
@@ -298,6 +305,13 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
         MaskEmbedding.IGNORED: "`mask_embedding.pt` ignored: the mask slots get the target's embedding of "
                                "`mask_token_id`",
     },
+    "dspark": {
+        DSpark.V2_RUNNER_VANILLA: "V2 model runner only (V1: 'Model Runner V1 does not support: dspark speculative "
+                                  "decoding'); vanilla Markov head only; DSpark keys read at the top level",
+        DSpark.ALL_HEADS_TARGET_LM_HEAD: "vanilla, gated and rnn Markov heads; the target's lm_head; the confidence "
+                                         "head built whatever `enable_confidence_head` says",
+        DSpark.NOT_SERVED: "not served",
+    },
     "verifier": {
         Verifier.HUB_REPO_ID: "`speculators_config.verifier.name_or_path`; `vllm serve DRAFT` refuses a local path",
         Verifier.SERVING_FLAG: "the serving command's target model",
@@ -311,7 +325,7 @@ FIELD_TITLES = {
     "window_missing": "sliding layers without a window size",
     "block_size": "block size", "vocab": "pruned vocab", "fc_width": "fc input width",
     "mixed": "mixed sliding + full layers", "mask": "mask token", "mask_embedding": "trained mask embedding",
-    "verifier": "target model",
+    "verifier": "target model", "dspark": "DSpark drafts",
 }
 MASK_EMBEDDING_FILE = catalogue.MASK_EMBEDDING_FILE  # vLLM and SGLang read it from the draft's directory
 TRAINED_WINDOW = WindowSemantics.ANCHOR  # what speculators trains and the runtime implements
@@ -322,7 +336,7 @@ TOP_LEVEL_READ = frozenset({
     "architectures", "block_size", "is_causal", "target_hidden_size", "draft_vocab_size", "num_target_layers",
     "target_layer_ids", "mask_token_id", "mask_token", "aux_hidden_state_layer_ids", "sliding_window_non_causal",
     "sample_from_anchor", "speculators_model_type", "dtype", "torch_dtype", "eagle_aux_hidden_state_layer_ids",
-    *mapping.DFLASH2_FIELDS,
+    *mapping.DFLASH2_FIELDS, *(k.name for k in keys.CONFIG_KEYS if k.hf_top), "dspark_bonus_anchor",
 })
 DECODER_READ = frozenset({
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -490,6 +504,8 @@ def _causal_hf(raw: dict, types: list[str], dc_causal: bool | None) -> tuple[lis
 def _block_speculative_tokens(raw: dict, dc: dict) -> tuple[int | None, str]:
     try:
         tokens = raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        if raw.get("speculators_model_type") == "dspark" and raw.get("sample_from_anchor") is True:
+            return int(tokens), "speculative_tokens (the anchor slot drafts too)"
         return int(tokens) + 1, "speculative_tokens + 1"
     except (KeyError, IndexError, TypeError, ValueError):
         return None, "missing speculators_config.proposal_methods[0]"
@@ -618,6 +634,8 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
     _view_mask_token(view, rules, spec, r)
     _view_mask_embedding(view, rules, spec, r, set(files))
     _view_verifier(view, rules, spec, r)
+    if spec.variant == "dspark":
+        _view_dspark(view, rules, spec, raw)
     if view.via_conversion:
         div.insert(0, Divergence(field="format", severity="warning", trained=spec.source_format, applied=rules.reads,
                                  consequence=f"{rules.title} reads only the {rules.reads} format; shown: what it "
@@ -738,7 +756,10 @@ def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: C
     """The block size and where it comes from."""
     div = view.divergences
     view.block_size, view.block_size_source = r.block, r.block_source
-    if r.block is None and rules.block_size == BlockSize.SERVING_FLAG:
+    if r.block is None and rules.block_size == BlockSize.SERVING_FLAG and spec.variant == "dspark":
+        # vLLM's DSpark takes num_speculative_tokens from the top-level block_size when the flag is absent
+        view.block_size, view.block_size_source = spec.block_size, "block_size (num_speculative_tokens default)"
+    elif r.block is None and rules.block_size == BlockSize.SERVING_FLAG:
         div.append(Divergence(field="block_size", severity="warning", trained=spec.block_size, applied=None,
                               consequence="the block size is whatever the serving command asks for",
                               fix=f"serve with num_speculative_tokens={spec.block_size - 1 if spec.block_size else '?'}"
@@ -814,6 +835,70 @@ def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Con
                                               "(vLLM wants a Hub repo id)",
                                   fix="convert --verifier ORG/NAME (or serve with --model TARGET "
                                       "--speculative-config)"))
+
+
+VLLM_V1_DSPARK = "Model Runner V1 does not support: dspark speculative decoding"
+VLLM_V1_CANDIDATE = "Model Runner V1 does not support: DFlash candidate-head drafts"
+
+
+def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dict[str, Any]) -> None:
+    """What the engine serves of a DSpark draft: its runner, Markov head, confidence head and anchor slot."""
+    div, f = view.divergences, spec.variant_fields
+    head, anchor = f.get("markov_head_type"), f.get("sample_from_anchor")
+    if rules.dspark == DSpark.NOT_SERVED:
+        view.loads = False
+        div.append(Divergence(field="architectures", severity="error", trained="dspark", applied=None,
+                              consequence=f"{rules.title} has no DSpark model", fix="serve it with vLLM or SGLang"))
+        return
+    top = lambda key, default: raw.get(key, default)  # noqa: E731  both engines read DSpark keys at the top level
+    if rules.reads == "speculators":  # vLLM's speculators reader copies them to the top level; anchor default false
+        applied_anchor = top("sample_from_anchor", False)
+    else:
+        applied_anchor = top("sample_from_anchor", True)
+    if applied_anchor != anchor:
+        div.append(Divergence(field="sample_from_anchor", severity="error", trained=anchor, applied=applied_anchor,
+                              consequence="the engine lays the block out the other way (anchor drafting vs bonus "
+                                          "anchor): every slot predicts another position than trained",
+                              fix="write sample_from_anchor explicitly (convert does)"))
+    if rules.dspark == DSpark.V2_RUNNER_VANILLA:
+        div.append(Divergence(field="architectures", severity="warning", trained="DSpark", applied="V2 model runner only",
+                              consequence="vLLM's V1 model runner (the only one without Triton, so the CPU build's) "
+                                          f"refuses it: '{VLLM_V1_DSPARK}'",
+                              fix="serve it where the V2 model runner runs (a GPU build: VLLM_USE_V2_MODEL_RUNNER=1)"))
+        if rules.reads == "hf" and raw.get("markov_rank") is None:
+            view.loads = False
+            div.append(Divergence(field="markov_rank", severity="error", trained=f.get("markov_rank"), applied=None,
+                                  consequence="vLLM reads markov_rank only at the top level of config.json (this one "
+                                              "has it in dflash_config): Qwen3DSparkModel fails to build",
+                                  fix="convert --to hf (writes the DSpark keys at the top level)"))
+        if head != "vanilla":
+            view.loads = False
+            div.append(Divergence(field="markov_head_type", severity="error", trained=head, applied="vanilla",
+                                  consequence=f"vLLM 0.33's Qwen3DSparkModel builds the vanilla Markov head only: the "
+                                              f"{head} head's tensors have no parameter there and the load fails",
+                                  fix="serve it with SGLang"))
+        if rules.reads == "hf" and anchor is False:
+            div.append(Divergence(field="block_size", severity="warning", trained=spec.block_size,
+                                  applied=(spec.block_size or 0) + 1,
+                                  consequence="vLLM's DSpark drafts num_speculative_tokens (default: block_size) "
+                                              "slots after the bonus anchor, a block one longer than trained",
+                                  fix=f"serve with num_speculative_tokens={(spec.block_size or 1) - 1}"))
+    elif rules.dspark == DSpark.ALL_HEADS_TARGET_LM_HEAD and f.get("enable_confidence_head") is False:
+        view.loads = False
+        div.append(Divergence(field="enable_confidence_head", severity="error", trained=False, applied=True,
+                              consequence="SGLang 0.5.23 builds the confidence head whatever enable_confidence_head "
+                                          "says and refuses a checkpoint without confidence_head.proj (unless its "
+                                          "ragged verify mode is static)",
+                              fix="serve it with vLLM, or SGLang with the static ragged verify mode"))
+
+
+def vllm_cannot_serve_here(spec: DraftSpec) -> str | None:
+    """One line saying why the vLLM CPU build (V1 model runner only: no Triton) cannot serve this draft, or None."""
+    if spec.variant == "dspark":
+        return f"vLLM's CPU build runs the V1 model runner only, which refuses DSpark drafts: '{VLLM_V1_DSPARK}'"
+    if spec.variant == "dflash2":
+        return f"vLLM's CPU build runs the V1 model runner only, which refuses DFlash2 drafts: '{VLLM_V1_CANDIDATE}'"
+    return None
 
 
 def rules_for(engine: str | None, source_format: str | None = None) -> list[EngineRules]:

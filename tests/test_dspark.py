@@ -1,0 +1,241 @@
+"""DSpark drafts (speculators `dspark`): both formats, bit-exact round trips, the keys engines read, inspect.
+
+Fixtures are saved by speculators 0.9.0's own DSparkDraftModel (tests/conftest.py `family_drafts`): vanilla,
+gated and rnn Markov heads, a confidence head over [hidden; Markov] or hidden alone or none, a bonus anchor
+(sample_from_anchor false) and a pruned vocabulary. The HF layout is the one vLLM 0.33's and SGLang 0.5.23's
+Qwen3DSparkModel load: the same tensor names, the DSpark keys at the top level of config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from factories import read_config
+from test_convert import assert_bit_identical, tensors_of
+from dflash_convert.format import keys
+
+DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
+          "dspark_pruned"]
+KEYS = ("sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
+        "confidence_head_with_markov")
+
+
+def _failed(r) -> dict[str, str]:
+    return {c["name"]: c["message"] for c in r.json()["checks"] if c["status"] == "fail"}
+
+
+def _edit(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    cfg = read_config(dst)
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+@pytest.mark.parametrize("name", DSPARK)
+def test_speculators_hf_speculators_is_bit_exact(cli, family_drafts, tmp_path, name):
+    src, hf, back = family_drafts[name], tmp_path / "hf", tmp_path / "back"
+    assert cli("convert", src, "-o", hf).code == 0
+    assert cli("convert", hf, "-o", back).code == 0
+    a, h, b = tensors_of(src), tensors_of(hf), tensors_of(back)
+    assert set(a) == set(b)  # a pruned draft's t2d comes back, rebuilt from d2t
+    assert_bit_identical(a, b)
+    assert set(h) == set(a) - {"t2d"}  # vLLM skips t2d; every Markov / confidence tensor ships
+    assert_bit_identical(a, h, set(h))
+    ca, cb = read_config(src), read_config(back)
+    for key in (*KEYS, "speculators_model_type", "architectures", "block_size", "speculators_config",
+                "aux_hidden_state_layer_ids", "mask_token_id", "draft_vocab_size", "transformer_layer_config"):
+        assert ca[key] == cb[key], key
+    cfg = read_config(hf)
+    assert cfg["architectures"] == ["Qwen3DSparkModel"]
+    assert {k: cfg[k] for k in KEYS} == {k: ca[k] for k in KEYS}  # top level, where vLLM reads them
+    assert cli("diff", src, hf).code == 0 and cli("diff", src, back).code == 0
+
+
+@pytest.mark.parametrize("name", ["dspark", "dspark_rnn", "dspark_pruned"])
+def test_hf_speculators_hf_is_bit_exact(cli, family_drafts, tmp_path, name):
+    hf, spec, back = tmp_path / "hf", tmp_path / "spec", tmp_path / "back"
+    assert cli("convert", family_drafts[name], "-o", hf).code == 0
+    assert cli("convert", hf, "-o", spec).code == 0
+    assert cli("convert", spec, "-o", back).code == 0
+    a, b = tensors_of(hf), tensors_of(back)
+    assert set(a) == set(b)
+    assert_bit_identical(a, b)
+    assert read_config(hf) == read_config(back)
+
+
+def test_speculators_loads_our_output_with_exactly_our_tensors(cli, family_drafts, tmp_path):
+    """speculators' own SpeculatorModel.from_pretrained builds the same DSpark heads from what we write."""
+    import torch
+    from speculators.model import SpeculatorModel
+
+    for name in ("dspark_gated", "dspark_plain_conf", "dspark_bonus_anchor", "dspark_pruned"):
+        hf, spec = tmp_path / f"{name}-hf", tmp_path / f"{name}-spec"
+        assert cli("convert", family_drafts[name], "-o", hf).code == 0
+        assert cli("convert", hf, "-o", spec).code == 0
+        model = SpeculatorModel.from_pretrained(str(spec))
+        assert type(model).__name__ == "DSparkDraftModel"
+        theirs = read_config(family_drafts[name])
+        assert {k: getattr(model.config, k) for k in KEYS} == {k: theirs[k] for k in KEYS}
+        state = model.state_dict()
+        for k, v in tensors_of(spec).items():
+            assert torch.equal(state[k], v), k
+
+
+def test_hf_output_reads_as_the_engines_read_it(cli, family_drafts, tmp_path):
+    """transformers' AutoConfig (through which vLLM and SGLang load an HF draft config) exposes the DSpark keys as
+    the attributes vLLM's Qwen3DSparkModel reads (getattr(config, 'markov_rank'), ...)."""
+    from transformers import AutoConfig
+
+    out = tmp_path / "hf"
+    assert cli("convert", family_drafts["dspark_plain_conf"], "-o", out).code == 0
+    cfg = AutoConfig.from_pretrained(out)
+    assert cfg.architectures == ["Qwen3DSparkModel"]
+    assert (cfg.markov_rank, cfg.markov_head_type, cfg.enable_confidence_head, cfg.confidence_head_with_markov,
+            cfg.sample_from_anchor) == (16, "vanilla", True, False, True)
+    assert cfg.block_size == 8 and cfg.dflash_config["target_layer_ids"] == [0, 3, 5]
+
+
+def test_keys_nested_in_dflash_config_are_read_and_written_where_vllm_reads_them(cli, family_drafts, tmp_path):
+    """Published DSpark drafts may nest markov_rank / markov_head_type in dflash_config (SGLang reads there first);
+    vLLM reads only the top level: inspect says so, convert writes them at the top level."""
+    hf = tmp_path / "hf"
+    assert cli("convert", family_drafts["dspark"], "-o", hf).code == 0
+
+    def nest(cfg):
+        cfg["dflash_config"].update(markov_rank=cfg.pop("markov_rank"), markov_head_type=cfg.pop("markov_head_type"))
+    src = _edit(hf, tmp_path / "nested", nest)
+    r = cli("inspect", src, "--engine", "vllm")
+    assert "vLLM reads markov_rank only at the top level" in r.out, r.out
+    assert cli("convert", src, "-o", tmp_path / "out", "--to", "hf").code == 0
+    assert read_config(tmp_path / "out")["markov_rank"] == 16
+    assert cli("diff", hf, src).code == 0
+    both = _edit(hf, tmp_path / "both", lambda c: c["dflash_config"].update(markov_rank=8))
+    r = cli("convert", both, "-o", tmp_path / "out2")
+    assert r.code == 1 and "markov_rank" in r.err and "dflash_config.markov_rank" in r.err, r.err
+
+
+@pytest.mark.parametrize("key, value", [("markov_head_type", "gated"), ("sample_from_anchor", False),
+                                        ("enable_confidence_head", False), ("confidence_head_with_markov", False)])
+def test_diff_counts_a_dspark_key(cli, family_drafts, tmp_path, key, value):
+    def edit(cfg):
+        cfg[key] = value
+        if key == "sample_from_anchor":  # the bonus anchor drafts one slot fewer: speculators' own rule
+            cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = cfg["block_size"] - 1
+    other = _edit(family_drafts["dspark"], tmp_path / "other", edit)
+    r = cli("diff", family_drafts["dspark"], other, "--json")
+    assert r.code == 3 and key in r.json()["config_differences"], r.out[-1500:]
+
+
+def test_absent_keys_take_speculators_defaults_and_hf_keys_it_cannot_state_are_refused(cli, family_drafts, tmp_path):
+    """speculators fills its class defaults (markov_rank 256, anchor drafting, ...); an HF config without
+    enable_confidence_head cannot become a speculators config stating it (vLLM reads absent as false, speculators
+    as true): refused naming the key, nothing written."""
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    src = _edit(family_drafts["dspark"], tmp_path / "src", lambda c: [c.pop(k) for k in KEYS[1:]])
+    spec = open_checkpoint(src).spec
+    assert spec.variant == "dspark" and spec.variant_fields == {
+        "sample_from_anchor": True, "markov_rank": 256, "markov_head_type": "vanilla",
+        "enable_confidence_head": True, "confidence_head_with_markov": True}
+    hf = tmp_path / "hf"
+    assert cli("convert", family_drafts["dspark"], "-o", hf).code == 0
+    bare = _edit(hf, tmp_path / "bare", lambda c: c.pop("enable_confidence_head"))
+    r = cli("convert", bare, "-o", tmp_path / "spec")
+    assert r.code == 1 and "enable_confidence_head" in r.err and not (tmp_path / "spec").exists(), r.err
+
+
+# ----------------------------------------------------------------------------- inspect sees DSpark
+
+def test_saved_dspark_drafts_inspect_clean(cli, family_drafts):
+    for name in DSPARK:
+        r = cli("inspect", family_drafts[name], "--json")
+        assert r.code == 0 and not _failed(r), (name, r.out[-2000:])
+        checks = {c["name"]: c for c in r.json()["checks"]}
+        assert checks["family_config"]["status"] == "pass" and checks["family_shapes"]["status"] == "pass"
+
+
+def test_a_dspark_without_its_heads_names_them(cli, family_drafts, tmp_path):
+    from test_checks import copy_draft
+
+    def drop(tensors):
+        for n in [n for n in tensors if n.startswith(("markov_head.", "confidence_head."))]:
+            del tensors[n]
+    bad = copy_draft(family_drafts["dspark_gated"], tmp_path / "bad", edit_tensors=drop)
+    r = cli("inspect", bad, "--json")
+    assert r.code == 3, r.err
+    missing = _failed(r)["missing_tensors"]
+    assert "markov_head.markov_w1.weight" in missing, missing
+
+
+@pytest.mark.parametrize("name, update, check, needle", [
+    ("dspark", {"markov_rank": 8}, "family_shapes", "markov_head.markov_w1.weight"),  # saved with rank 16
+    ("dspark", {"confidence_head_with_markov": False}, "family_shapes", "confidence_head.proj.weight"),
+    ("dspark_gated", {"markov_head_type": "vanilla"}, "family_shapes", "markov_head.gate_proj.weight"),
+    ("dspark_no_conf", {"enable_confidence_head": True}, "missing_tensors", "confidence_head.proj.weight"),
+    ("dspark", {"markov_head_type": "lstm"}, "family_config", "markov_head_type is vanilla, gated or rnn"),
+    ("dspark", {"markov_rank": 0}, "family_config", "markov_rank is a positive integer"),
+])
+def test_a_dspark_whose_keys_disagree_with_its_tensors_fails_naming_both(cli, family_drafts, tmp_path, name, update,
+                                                                        check, needle):
+    src = _edit(family_drafts[name], tmp_path / "src", lambda c: c.update(update))
+    r = cli("inspect", src, "--json")
+    assert r.code == 3, (r.code, r.err)
+    assert check in _failed(r) and needle in _failed(r)[check], _failed(r)
+
+
+def test_inspect_says_which_engine_serves_which_dspark(cli, family_drafts):
+    r = cli("inspect", family_drafts["dspark"], "--engine", "vllm")
+    assert r.code == 0, r.err
+    assert "vLLM (speculators format) 0.33.0: as trained (V2 model runner only)" in r.out, r.out
+    assert "Model Runner V1 does not support: dspark speculative decoding" in r.out
+    r = cli("inspect", family_drafts["dspark_rnn"], "--engine", "vllm")
+    assert "does not load" in r.out and "vanilla Markov head only" in r.out, r.out
+    r = cli("inspect", family_drafts["dspark_rnn"], "--engine", "sglang")
+    assert "SGLang 0.5.23 (as converted by `convert --to hf`): as trained" in r.out, r.out
+    r = cli("inspect", family_drafts["dspark_no_conf"], "--engine", "sglang")
+    assert "does not load" in r.out and "confidence head" in r.out, r.out
+
+
+def test_the_line_validate_gives_for_vllm_on_cpu(family_drafts):
+    from dflash_convert.format.engines import vllm_cannot_serve_here
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    line = vllm_cannot_serve_here(open_checkpoint(family_drafts["dspark"]).spec)
+    assert "Model Runner V1 does not support: dspark speculative decoding" in line and "\n" not in line
+    assert "candidate-head" in vllm_cannot_serve_here(open_checkpoint(family_drafts["dflash2"]).spec)
+
+
+# ----------------------------------------------------------------------------- every DSpark key survives or stops
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 40), st.sampled_from(["vanilla", "gated", "rnn", "x"]))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(KEYS), value=VALUES)
+def test_any_dspark_key_value_round_trips_or_stops_by_name(family_drafts, tmp_path_factory, name, value):
+    """Any value of any DSpark key: speculators -> HF -> speculators keeps every key's value, or a command stops
+    naming the key (a value that does not fit the tensors stops at the tensor it sizes)."""
+    from dflash_convert.convert.conversion import convert
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    tmp = tmp_path_factory.mktemp("dsk")
+    src = _edit(family_drafts["dspark"], tmp / "src", lambda c: c.update({name: value}))
+    try:
+        before = open_checkpoint(src).spec.variant_fields
+        convert(src, tmp / "hf")
+        convert(tmp / "hf", tmp / "back")
+    except DFlashError as exc:
+        said = str(exc)
+        assert name in said or "markov_head." in said or "confidence_head." in said, said
+        return
+    assert open_checkpoint(tmp / "hf").spec.variant_fields == before
+    assert open_checkpoint(tmp / "back").spec.variant_fields == before
+    assert keys.effective("dspark", before) == keys.effective("dspark", open_checkpoint(tmp / "back").spec.variant_fields)
