@@ -286,3 +286,19 @@ def test_hf_layout_runs_as_the_speculators_draft(name, cli, family_drafts, targe
         assert x.tokens == y.tokens
         assert (x.stats.per_position_rates, x.stats.predicted_rates) == (y.stats.per_position_rates,
                                                                           y.stats.predicted_rates)
+
+
+@pytest.mark.parametrize("name", ["dspark", "dflash2"])
+def test_validate_with_vllm_says_why_the_cpu_build_cannot_serve_it_and_still_emulates(name, cli, family_drafts,
+                                                                                      tiny_target):
+    """vLLM's CPU build has only the V1 model runner, which refuses DSpark and candidate-head drafts: validate says so
+    in one line (engine_served: skip), starts no vLLM, and still reports the emulation counted as vLLM counts."""
+    r = cli("validate", family_drafts[name], "--target", tiny_target, "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "8", "--sampling", "greedy", "--engine", "vllm", "--engine-python", "self", "--json")
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    served = next(c for c in report["checks"] if c["name"] == "engine_served")
+    assert served["status"] == "skip" and "V1 model runner" in served["message"]
+    assert "\n" not in served["message"]
+    assert report["acceptance"]["vllm_counting"]["num_drafts"] > 0
+    assert report.get("engine_run") is None

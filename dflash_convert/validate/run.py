@@ -319,11 +319,19 @@ def _served_level(run: Run) -> None:
     """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py)."""
     opts, spec = run.opts, run.ckpt.spec
     block = run.stats.block_size
+    refusal = engines.vllm_cannot_serve_here(spec)
+    if refusal is not None:  # vLLM would refuse before serving a token: no verdict from it, the emulation stands
+        run.say(f"engine: {refusal}; vLLM not started (the emulation above ran)")
+        run.checks.append(_check("engine_served", None, f"{refusal}: vLLM was not started here; the emulation above "
+                                 "ran, counted as vLLM counts (acceptance.vllm_counting)", value="not started",
+                                 level="end_to_end"))
+        return
     python = served.engine_python(opts.engine_python)
     request = served.EngineRequest(
         target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
         stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
-        drafts=[{"draft": str(run.path), "num_speculative_tokens": block - 1,
+        # vLLM's num_speculative_tokens: the proposals of a block (block_size - 1; block_size when the anchor drafts)
+        drafts=[{"draft": str(run.path), "num_speculative_tokens": len(run.stats.per_position_rates),
                  "mixed_layer_types": len(set(spec.layer_types)) > 1}])
     answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
                              kv_cache_gib=opts.engine_kv_cache_gib, say=run.say)
