@@ -238,4 +238,84 @@ def test_any_dspark_key_value_round_trips_or_stops_by_name(family_drafts, tmp_pa
         return
     assert open_checkpoint(tmp / "hf").spec.variant_fields == before
     assert open_checkpoint(tmp / "back").spec.variant_fields == before
-    assert keys.effective("dspark", before) == keys.effective("dspark", open_checkpoint(tmp / "back").spec.variant_fields)
+    after = open_checkpoint(tmp / "back").spec.variant_fields
+    assert keys.effective("dspark", before) == keys.effective("dspark", after)
+
+
+# ----------------------------------------------------------------------------- vLLM's own config reader
+
+VLLM_READS = """
+import json, sys
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+print(json.dumps(SpeculatorsConfig.extract_transformers_pre_trained_config(json.load(open(sys.argv[1])))))
+"""
+
+
+@pytest.mark.parametrize("name", ["dspark_plain_conf", "dspark_bonus_anchor", "dspark_pruned"])
+def test_vllm_reads_the_speculators_draft_as_our_hf_config_says(cli, family_drafts, tmp_path, name):
+    """vLLM's own speculators reader (SpeculatorsConfig, the installed vLLM) turns the draft's config into the
+    HF config it serves; every DSpark key and the layout of our HF output agree with it."""
+    import subprocess
+
+    from test_vllm_engine import VLLM_PYTHON, needs_vllm
+
+    if needs_vllm.args[0]:
+        pytest.skip(needs_vllm.kwargs["reason"])
+    hf = tmp_path / "hf"
+    assert cli("convert", family_drafts[name], "-o", hf).code == 0
+    run = subprocess.run([VLLM_PYTHON, "-c", VLLM_READS, str(family_drafts[name] / "config.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs, ours = json.loads(run.stdout.strip().splitlines()[-1]), read_config(hf)
+    assert theirs["architectures"] == ours["architectures"] == ["Qwen3DSparkModel"]
+    for key in (*KEYS, "block_size", "mask_token_id", "draft_vocab_size"):
+        want = ours.get(key, ours["dflash_config"].get(key))
+        if key == "draft_vocab_size" and want is None:  # we write it only for a pruned vocabulary
+            want = ours["vocab_size"]
+        assert theirs[key] == want, key
+    assert theirs["target_layer_ids"] == ours["dflash_config"]["target_layer_ids"]
+    assert theirs["dspark_bonus_anchor"] is (not ours["sample_from_anchor"])
+
+
+def test_model_card_serves_dspark_with_its_own_method_and_counts(family_drafts):
+    """The card's commands: vLLM method dspark with num_speculative_tokens = tokens drafted per block (block_size
+    when the anchor drafts, one fewer with a bonus anchor); SGLang DSPARK with gamma + 1 draft tokens."""
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    card = model_card(open_checkpoint(family_drafts["dspark"]).spec, repo_id="org/d")
+    assert '"method": "dspark", "model": "org/d", "num_speculative_tokens": 8' in card
+    assert "--speculative-algorithm DSPARK" in card and "--speculative-num-draft-tokens 9" in card
+    assert "up to 8 speculative tokens per step" in card
+    card = model_card(open_checkpoint(family_drafts["dspark_bonus_anchor"]).spec, repo_id="org/d")
+    assert '"num_speculative_tokens": 7' in card and "up to 7 speculative tokens per step" in card
+
+
+def test_validate_says_in_one_line_why_vllm_cannot_serve_a_family_draft_here(cli, family_drafts, tiny_target):
+    """Without a GPU vLLM runs its V1 model runner only: validate --engine vllm --engine-python keeps the emulation's
+    verdict and says why real vLLM is not run (the interpreter is never started: any executable will do)."""
+    import sys
+
+    r = cli("validate", family_drafts["dflash2"], "--target", tiny_target, "--levels", "end_to_end", "--threads", "1",
+            "--max-new-tokens", "8", "--sampling", "greedy", "--engine", "vllm", "--engine-python", sys.executable,
+            "--json")
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    assert "Model Runner V1 does not support: DFlash candidate-head drafts" in report["levels_skipped"]["served"]
+    assert report.get("engine_run") is None
+
+
+def test_an_hf_dspark_draft_model_named_as_speculators_names_it(cli, family_drafts, tmp_path):
+    """vLLM serves an HF config naming DSparkDraftModel with model_type qwen3 as Qwen3DSparkModel; so do we. The
+    same name on another decoder (DeepSeek's DSpark) is refused naming the architecture."""
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    hf = tmp_path / "hf"
+    assert cli("convert", family_drafts["dspark"], "-o", hf).code == 0
+    alias = _edit(hf, tmp_path / "alias", lambda c: c.update(architectures=["DSparkDraftModel"]))
+    assert open_checkpoint(alias).spec.variant == "dspark"
+    assert cli("diff", hf, alias).code == 0
+    other = _edit(hf, tmp_path / "other", lambda c: c.update(architectures=["DSparkDraftModel"],
+                                                             model_type="deepseek_v4"))
+    r = cli("inspect", other)
+    assert r.code == 1 and "DSparkDraftModel" in r.err and "DeepSeek" in r.err, r.err

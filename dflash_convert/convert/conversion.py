@@ -173,10 +173,6 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
         raise DFlashError("field `speculators_config.verifier.name_or_path` would be empty: vLLM serves a "
                           "speculators draft only with its verifier named. Pass --verifier (target directory, "
                           "config.json or Hub id), or --no-verifier to write it anyway", file=ckpt.config_file)
-    if spec.variant == "dflash2" and dest == "hf":
-        warnings.append("dflash2 draft: written with architectures ['DFlash2DraftModel'] and its convolution and "
-                        "selector fields under dflash_config, where vLLM 0.33.0 and SGLang 0.5.23 read them; the "
-                        "bundled runtime (validate) runs only dflash drafts")
     mapping.check_complete(spec, file=ckpt.config_file)
     config, config_warnings = mapping.spec_to_config(spec, dest)
     warnings += config_warnings

@@ -106,7 +106,8 @@ def _markov_hint(spec: DraftSpec) -> str:
 def _confidence_hint(spec: DraftSpec) -> str:
     f = spec.variant_fields
     return (f"enable_confidence_head={f.get('enable_confidence_head')}, confidence_head_with_markov="
-            f"{f.get('confidence_head_with_markov')}, markov_rank={f.get('markov_rank')}, hidden_size={spec.hidden_size}")
+            f"{f.get('confidence_head_with_markov')}, markov_rank={f.get('markov_rank')}, "
+            f"hidden_size={spec.hidden_size}")
 
 
 def _selector_hint(spec: DraftSpec) -> str:

@@ -861,7 +861,8 @@ def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dic
                                           "anchor): every slot predicts another position than trained",
                               fix="write sample_from_anchor explicitly (convert does)"))
     if rules.dspark == DSpark.V2_RUNNER_VANILLA:
-        div.append(Divergence(field="architectures", severity="warning", trained="DSpark", applied="V2 model runner only",
+        div.append(Divergence(field="architectures", severity="warning", trained="DSpark",
+                              applied="V2 model runner only",
                               consequence="vLLM's V1 model runner (the only one without Triton, so the CPU build's) "
                                           f"refuses it: '{VLLM_V1_DSPARK}'",
                               fix="serve it where the V2 model runner runs (a GPU build: VLLM_USE_V2_MODEL_RUNNER=1)"))

@@ -8,14 +8,14 @@ docs/formats.md's key table is generated from it (`python -m dflash_convert.form
 Where the keys live:
 - HF / z-lab format: inside `dflash_config` (vLLM's `qwen3_dflash*.py` and SGLang's `dflash_utils.py`
   read them there); DSpark's own keys (`hf_top`) at the top level, where vLLM's `qwen3_dspark.py` reads them.
-- speculators format: top-level, but only the keys vLLM's speculators reader copies into the
-  `dflash_config` it builds (`transformers_utils/configs/speculators/algos.py`: the dflash2 convolution
-  and selector sizes, `sample_from_anchor`; for dspark the Markov and confidence keys, copied to the top). speculators 0.9.0's config classes accept extra top-level
-  fields (pydantic `extra="allow"`) and save them, but neither its own model nor vLLM's reader applies
-  them: a key with `speculators=None` is therefore refused when converting to the speculators format with
-  a value that changes the computation (writing it there would be a key nobody reads), and refused when
-  found at the top level of a speculators config being converted to HF (it was not used in training, yet
-  an HF reader would apply it).
+- speculators format: top-level, but only the keys vLLM's speculators reader copies into the `dflash_config`
+  it builds (`transformers_utils/configs/speculators/algos.py`: the dflash2 convolution and selector sizes,
+  `sample_from_anchor`; for dspark the Markov and confidence keys, copied to the top). speculators 0.9.0's
+  config classes accept extra top-level fields (pydantic `extra="allow"`) and save them, but neither its own
+  model nor vLLM's reader applies them: a key with `speculators=None` is therefore refused when converting to
+  the speculators format with a value that changes the computation (writing it there would be a key nobody
+  reads), and refused when found at the top level of a speculators config being converted to HF (it was not
+  used in training, yet an HF reader would apply it).
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
     refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
     if refused is not None:
         raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "
-                          "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts", file=file)
+                          "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts",
+                          file=file)
     if "dflash_config" in raw:
         return "hf", "dflash"
     found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"
@@ -500,6 +501,8 @@ CONFIG_CHANGE_REASONS = {
     "transformers_version": "version stamp of the writer",
     "auto_map": "points at modeling / config code that a converted checkpoint does not ship",
     "sample_from_anchor": "speculators-only flag (always false for DFlash)",
+    "dspark_bonus_anchor": "what vLLM's speculators reader derives (not sample_from_anchor); no reader of this layout "
+                           "needs it",
     "tie_word_embeddings": "speculators' field (DFlash drafts never tie)",
     "model_type": "the HF format's flat Qwen3 config needs it",
     "layer_types": "written explicitly so no reader falls back to a default",

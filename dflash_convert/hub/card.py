@@ -45,6 +45,11 @@ def _causality(spec: DraftSpec) -> str:
 CHART_NAME = "acceptance.svg"  # written beside README.md when the validation has end-to-end figures
 
 
+def _anchor_drafts(spec: DraftSpec) -> bool:
+    """A DSpark draft whose anchor slot drafts too (sample_from_anchor): block_size tokens per block, not one fewer."""
+    return spec.variant == "dspark" and spec.variant_fields.get("sample_from_anchor") is True
+
+
 def _render_validation(validation: dict[str, Any]) -> list[str]:
     """The card's Validation section from a validation summary (`ValidationReport.summary()` as JSON):
     the verdict in words, the end-to-end figures with their thresholds and the chart, the checks that
@@ -101,7 +106,8 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
         ("format", fmt),
         ("variant", spec.variant),
         ("target model", f"`{target}`" if _verifier_id(spec) else "not recorded in config.json"),
-        ("block size", f"{block} (up to {block - 1} speculative tokens per step)" if block else "not recorded"),
+        ("block size", f"{block} (up to {block - 1 + _anchor_drafts(spec)} speculative tokens per step)"
+         if block else "not recorded"),
         ("target layer ids", f"{spec.target_layer_ids} (0-based target layers whose outputs feed the draft)"
          if spec.target_layer_ids is not None else "not recorded"),
         ("mask token id", str(spec.mask_token_id) if spec.mask_token_id is not None else "not recorded"),
@@ -117,14 +123,19 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
              "and the target verifies them.", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines.append("")
-    if spec.variant != "dflash":
+    if spec.variant == "dflash2":
         lines += [f"This is a `{spec.variant}` draft: the commands below are those for DFlash drafts; check that "
                   f"your engine version supports `{spec.variant}`.", ""]
-    num_spec = f"{block - 1}" if block else "<BLOCK_SIZE - 1>"
-    draft_tokens = f"{block}" if block else "<BLOCK_SIZE>"
+    # DSpark: vLLM's method "dspark", SGLang's DSPARK; with sample_from_anchor every slot drafts (block tokens),
+    # and SGLang's draft tokens are its gamma + 1
+    dspark = spec.variant == "dspark"
+    anchor = _anchor_drafts(spec)
+    method = "dspark" if dspark else "dflash"
+    num_spec = (f"{block - 1 + anchor}" if block else "<BLOCK_SIZE>" if anchor else "<BLOCK_SIZE - 1>")
+    draft_tokens = f"{block + dspark}" if block else "<BLOCK_SIZE>"  # SGLang's DSpark: gamma (block_size) + 1
     non_causal = not all(spec.layer_causal)
     lines += ["### Serve with vLLM", "", "```bash", f"vllm serve {target} \\",
-              f"  --speculative-config '{{\"method\": \"dflash\", \"model\": \"{repo_id}\", "
+              f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{repo_id}\", "
               f"\"num_speculative_tokens\": {num_spec}}}'" + (" \\" if non_causal else ""),
               *(["  --attention-backend FLASH_ATTN"] if non_causal else []), "```", ""]
     if non_causal:
@@ -132,11 +143,16 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
                   "support, e.g. `FLASH_ATTN` or `FLEX_ATTENTION` (`--attention-backend`); backends without it are "
                   "refused or give wrong drafts.", ""]
     lines += ["### Serve with SGLang", "", "```bash", "python -m sglang.launch_server \\",
-              f"  --model-path {target} \\", "  --speculative-algorithm DFLASH \\",
+              f"  --model-path {target} \\", f"  --speculative-algorithm {'DSPARK' if dspark else 'DFLASH'} \\",
               f"  --speculative-draft-model-path {repo_id} \\", f"  --speculative-num-draft-tokens {draft_tokens}",
               "```", "",
-              f"`--speculative-num-draft-tokens` is the block size ({draft_tokens}) for DFlash in SGLang; "
-              f"vLLM's `num_speculative_tokens` is the block size minus one ({num_spec}).", ""]
+              (f"`--speculative-num-draft-tokens` is DSpark's gamma plus one in SGLang ({draft_tokens}: gamma is the "
+               f"config's block_size, as SGLang reads it); vLLM's `num_speculative_tokens` is the tokens drafted "
+               f"per block ({num_spec}: "
+               + ("every slot drafts, the anchor's included)." if anchor else "the anchor is the bonus token).")
+               if dspark else
+               f"`--speculative-num-draft-tokens` is the block size ({draft_tokens}) for DFlash in SGLang; "
+               f"vLLM's `num_speculative_tokens` is the block size minus one ({num_spec})."), ""]
     if validation:
         lines += _render_validation(validation)
     if record is not None:

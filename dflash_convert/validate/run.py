@@ -327,6 +327,12 @@ def _served_level(run: Run) -> None:
                                  level="end_to_end"))
         return
     python = served.engine_python(opts.engine_python)
+    refused = engines.vllm_cannot_serve_here(spec)
+    if refused is not None and not _has_cuda():
+        # no GPU here, so vLLM runs its CPU build (V1 model runner only): say why, keep the emulation's verdict
+        run.skipped["served"] = refused
+        run.say(f"engine: {refused}; the emulation above is the vLLM verdict")
+        return
     request = served.EngineRequest(
         target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
         stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
@@ -341,6 +347,11 @@ def _served_level(run: Run) -> None:
     run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, outputs "
             f"equal on {run.engine_run.outputs_equal}/{run.engine_run.prompts} prompts")
     run.checks += checks
+
+
+def _has_cuda() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
 
 
 # ----------------------------------------------------------------------------- target
