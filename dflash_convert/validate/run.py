@@ -319,13 +319,6 @@ def _served_level(run: Run) -> None:
     """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py)."""
     opts, spec = run.opts, run.ckpt.spec
     block = run.stats.block_size
-    refusal = engines.vllm_cannot_serve_here(spec)
-    if refusal is not None:  # vLLM would refuse before serving a token: no verdict from it, the emulation stands
-        run.say(f"engine: {refusal}; vLLM not started (the emulation above ran)")
-        run.checks.append(_check("engine_served", None, f"{refusal}: vLLM was not started here; the emulation above "
-                                 "ran, counted as vLLM counts (acceptance.vllm_counting)", value="not started",
-                                 level="end_to_end"))
-        return
     python = served.engine_python(opts.engine_python)
     refused = engines.vllm_cannot_serve_here(spec)
     if refused is not None and not _has_cuda():
