@@ -25,6 +25,9 @@ Parts (--parts, default all but pair):
   dflash2 the same draft step for a dflash2 draft of the same size (speculators' default convolution
           and selector sizes: 2 taps, groups of 16, rank 256, top-16; the walk included) against the
           dflash draft: the cost of the convolutions and the candidate selector.
+  dspark  the same for a dspark draft (speculators' defaults: vanilla Markov head of rank 256, confidence head
+          over [hidden; Markov embedding], the anchor's slot proposing): B proposals per block, the Markov walk
+          (one [V, 256] bias per slot, in turn) and the confidence head included.
 
     python benchmarks/runtime_bench.py                          # 8b shape on the GPU (bf16)
     python benchmarks/runtime_bench.py --shape small --device cpu   # code paths on a CPU
@@ -228,6 +231,27 @@ def bench_dflash2(cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool,
     for mode in plain:
         print(f"dflash2 / dflash draft step, {mode}: {two[mode] / plain[mode]:.2f}x "
               f"({two[mode] * 1e3:.2f} vs {plain[mode] * 1e3:.2f} ms)")
+
+
+def bench_dspark(cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth) -> None:
+    """The dflash step against a dspark draft of the same body (its heads random), in vLLM's HF layout."""
+    cfg2 = {**cfg, "architectures": ["Qwen3DSparkModel"], "markov_rank": 256, "markov_head_type": "vanilla",
+            "enable_confidence_head": True, "confidence_head_with_markov": True, "sample_from_anchor": True}
+    spec2 = spec_from_config(cfg2)
+    tensors2 = dict(tensors)
+    offset = 5
+    for name, shape in expected_shapes(spec2).items():
+        if name not in tensors2:
+            tensors2[name] = torch.empty(shape, device=device, dtype=dtype)
+            offset = fill_random(tensors2[name], pool, offset)
+    print("\n== dflash (below: the same step as dspark) ==")
+    plain = bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
+    print("== dspark ==")
+    spark = bench_step(spec2, tensors2, lm_head, embed, device, dtype, args.modes, args.backend, args.steps,
+                       bandwidth)
+    for mode in plain:
+        print(f"dspark / dflash draft step, {mode}: {spark[mode] / plain[mode]:.2f}x "
+              f"({spark[mode] * 1e3:.2f} vs {plain[mode] * 1e3:.2f} ms; {BLOCK} vs {BLOCK - 1} proposals)")
 
 
 def bench_zlab(path: Path, cfg: dict, tensors, lm_head, embed, device, dtype, steps, bandwidth) -> None:
@@ -439,7 +463,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--parts", nargs="+", default=["step", "verify", "hybrid", "decode", "zlab"],
-                    choices=["step", "verify", "hybrid", "decode", "zlab", "pair", "dflash2"])
+                    choices=["step", "verify", "hybrid", "decode", "zlab", "pair", "dflash2", "dspark"])
     ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
     ap.add_argument("--backend", default="sdpa", help="draft attention backend")
     ap.add_argument("--steps", type=int, default=20, help="timed steady steps (median reported)")
@@ -487,6 +511,8 @@ def main() -> None:
             bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
         if "dflash2" in args.parts:
             bench_dflash2(cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
+        if "dspark" in args.parts:
+            bench_dspark(cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
         if "zlab" in args.parts and args.zlab_model is not None:
             bench_zlab(args.zlab_model, cfg, tensors, lm_head, embed, device, dtype, args.steps, bandwidth)
         if needs_target:

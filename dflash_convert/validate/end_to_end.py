@@ -56,6 +56,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
     block = opts.block_size or draft.block_size
+    slots = draft.proposals(block)  # proposals per block: block - 1, or block when the anchor's slot predicts (dspark)
     decode = Decode(draft, target, opts, sampling, block)
     base_n = min(BASELINE_PROMPTS, len(prompt_ids))
     with warnings.catch_warnings():
@@ -83,7 +84,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         same = equal = None
         _greedy_check(checks, target, prompt_ids[:base_n], *_greedy_pass(decode, prompt_ids[:base_n], say),
                       sampled_at=sampling.temperature)
-    _acceptance_checks(checks, whole, block, opts)
+    _acceptance_checks(checks, whole, block, opts, slots)
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
     base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
     speedup = _ratio(spec.tokens_per_s, base.tokens_per_s)
@@ -97,8 +98,11 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     stats = AcceptanceStats(
         prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
         temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
-        per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, block - 1)],
-        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, block) if full else None, outputs_equal=equal,
+        per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, slots)],
+        predicted_position_rates=[round(r, 4) for r in _padded(whole.predicted_rates, slots)]
+        if whole.predicted_rates else None,
+        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, slots) if full else None,
+        outputs_equal=equal,
         baseline_prompts=base_n,
         timing_rounds=opts.timing_rounds, target_attention=target.attention,
         target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
@@ -106,7 +110,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
         target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
-        prompt_format=prompt_format, per_prompt_set={name: _set_stats(source, runs[first:end], block)
+        prompt_format=prompt_format, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
                                                      for name, source, first, end in prompt_sets},
         per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
                                 steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
@@ -115,18 +119,19 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     return checks, stats, [r.tokens for r in runs]
 
 
-def counts(stats: DecodeStats, block: int) -> AcceptanceCounts:
+def counts(stats: DecodeStats, slots: int) -> AcceptanceCounts:
+    """The figures of `stats`, rates over the `slots` proposals of a block."""
     return AcceptanceCounts(num_drafts=stats.num_drafts, drafted=stats.drafted, accepted=stats.accepted,
                             acceptance_length=round(stats.tau, 4),
-                            per_position_rates=[round(r, 4) for r in _padded(stats.per_position_rates, block - 1)])
+                            per_position_rates=[round(r, 4) for r in _padded(stats.per_position_rates, slots)])
 
 
-def _set_stats(source: str, runs, block: int) -> PromptSetAcceptance:
+def _set_stats(source: str, runs, slots: int) -> PromptSetAcceptance:
     merged = DecodeStats.merge([r.stats for r in runs])
     return PromptSetAcceptance(source=source, prompts=len(runs), new_tokens=merged.new_tokens,
                                num_drafts=merged.num_drafts, accepted=merged.accepted,
                                acceptance_length=round(merged.tau, 4),
-                               per_position_rates=[round(r, 4) for r in _padded(merged.per_position_rates, block - 1)])
+                               per_position_rates=[round(r, 4) for r in _padded(merged.per_position_rates, slots)])
 
 
 class Decode:
@@ -271,10 +276,13 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, s
     return [i not in wrong for i in range(len(runs))]
 
 
-def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions) -> None:
+def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions,
+                       slots: int | None = None) -> None:
     """acceptance_length (a gate with --min-acceptance-length, else a warning when almost nothing is
-    accepted) and position_rates (with --min-position-rates)."""
-    tau, num, rates = whole.tau, whole.num_drafts, _padded(whole.per_position_rates, block - 1)
+    accepted) and position_rates (with --min-position-rates); `slots`: proposals per block (block - 1 unless
+    the anchor's slot predicts)."""
+    slots = block - 1 if slots is None else slots
+    tau, num, rates = whole.tau, whole.num_drafts, _padded(whole.per_position_rates, slots)
     if opts.min_acceptance_length is not None:
         # compared as reported (4 decimals): a threshold equal to the tau a report showed passes
         checks.append(_check("acceptance_length", round(tau, 4) >= opts.min_acceptance_length,
@@ -282,11 +290,11 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
                              f">= {opts.min_acceptance_length}", value=round(tau, 4),
                              threshold=opts.min_acceptance_length, level="end_to_end"))
     else:
-        floor = auto_tau_floor(block)
+        floor = auto_tau_floor(slots + 1)
         checks.append(_check("acceptance_length", tau >= floor,
                              f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
                              f"given" if tau >= floor else f"tau {tau:.3f} at block {block} (below {floor}, 1 + "
-                             f"{AUTO_ACCEPTED_SHARE_WARN:.0%} of the {block - 1} draft slots): the draft accepts almost "
+                             f"{AUTO_ACCEPTED_SHARE_WARN:.0%} of the {slots} draft slots): the draft accepts almost "
                              f"nothing; likely mis-wired: {MISWIRING_CAUSES}; `inspect` and `validate --engine` show "
                              "how an engine reads it; --min-acceptance-length makes this a failure",
                              value=round(tau, 4), threshold=floor, level="end_to_end", bad="warn"))

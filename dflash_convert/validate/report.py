@@ -85,8 +85,15 @@ class AcceptanceStats(BaseModel):
     draft_sampling: Literal[DRAFT_SAMPLING] = Field(
         "greedy", description="greedy: the draft's argmax, accepted when equal to the target's token; "
         "probabilistic: sampled at the temperature, accepted by speculative rejection sampling")
-    acceptance_length: float = Field(description="tau: mean tokens committed per draft+verify step (max block_size)")
-    per_position_rates: list[float] = Field(description="fraction of steps whose draft at block slot k+1 was accepted")
+    acceptance_length: float = Field(description="tau: mean tokens committed per draft+verify step (max block_size; "
+                                     "block_size + 1 for a dspark draft whose anchor slot proposes)")
+    per_position_rates: list[float] = Field(
+        description="fraction of steps whose k+1-th proposal was accepted (block_size - 1 positions; block_size when "
+        "the anchor's slot proposes)")
+    predicted_position_rates: list[float] | None = Field(
+        None, description="dspark: the confidence head's estimate of each per-position rate (mean over steps of the "
+        "product of its confidences up to that proposal, what vLLM's adaptive verification ranks proposals by); "
+        "None without a confidence head")
     num_drafts: int
     accepted: int
     vllm_counting: AcceptanceCounts | None = Field(
@@ -326,7 +333,9 @@ def acceptance_lines(report: ValidationReport) -> list[str]:
             f"tok/s over {a.timing_rounds} interleaved round(s){spread}"
             + (f", {threads} thread(s)" if threads else "") + ")",
             "acceptance per draft position (fraction of steps whose draft token there was accepted):",
-            *text_chart(a.per_position_rates, t.get("min_position_rates"))]
+            *text_chart(a.per_position_rates, t.get("min_position_rates")),
+            *([f"the draft's confidence head predicted per position: {_short(a.predicted_position_rates, 200)}"]
+              if a.predicted_position_rates else [])]
 
 
 def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:

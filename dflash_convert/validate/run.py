@@ -167,7 +167,9 @@ def _prepare(run: Run) -> None:
     run.draft_options = {"window_per_query": per_query}
     run.mask_check, run.draft_options["mask_embedding"] = _mask_embedding(
         run.ckpt, allow_pickle=opts.allow_pickle,
-        ignored=rule is not None and rule.mask_embedding == engines.MaskEmbedding.IGNORED)
+        # vLLM 0.33's and SGLang 0.5.23's DSpark loaders drop a mask embedding (the mask slots embed the vocab row)
+        ignored=rule is not None and rule.mask_embedding == engines.MaskEmbedding.IGNORED
+        or run.ckpt.spec.variant == "dspark")
     run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
@@ -328,7 +330,8 @@ def _served_level(run: Run) -> None:
         target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
         stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
         sampling=served.engine_sampling(run.sampling, opts.seed),
-        drafts=[{"draft": str(run.path), "num_speculative_tokens": block - 1,
+        # vLLM's num_speculative_tokens: the proposals of a block (block_size - 1; block_size when the anchor drafts)
+        drafts=[{"draft": str(run.path), "num_speculative_tokens": len(run.stats.per_position_rates),
                  "mixed_layer_types": len(set(spec.layer_types)) > 1}])
     answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
                              kv_cache_gib=opts.engine_kv_cache_gib, say=run.say)

@@ -8,6 +8,9 @@ Per step, with the anchor (last committed token, no target KV yet) at position `
     crop the target KV cache to start; the draft context gains the features of the a + 1 inputs
 Every emitted token is the target's: greedy output equals target-only greedy output, and at
 temperature > 0 every token is a target sample (a proposal is accepted when it equals it).
+A draft whose anchor slot predicts (dspark's sample_from_anchor) proposes B tokens per block instead of B-1:
+the target then verifies [anchor, B proposals] at start..start+B, and acceptance counts over B positions,
+as vLLM counts dspark (num_speculative_tokens = B; tau = 1 + accepted / drafts, at most B + 1).
 
 Draft sampling (vLLM's names): "greedy" (default) proposes the draft's argmax and, at temperature > 0,
 accepts a proposal when it equals the target's sample at that slot; this is rejection sampling with
@@ -151,11 +154,13 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     stop = set(int(t) for t in stop_token_ids)
     probabilistic = draft_sampling == "probabilistic" and temperature > 0
     target.set_capture(draft.target_layer_ids if draft is not None else [])
-    max_len = prompt.numel() + max_new_tokens + block_size  # the last block may reach this far
-    target.reset(max_len, block_size)
+    per_block = draft.proposals(block_size) if draft is not None else 0  # proposals of a full block
+    max_len = prompt.numel() + max_new_tokens + per_block + 1  # the last verify block may reach this far
+    target.reset(max_len, per_block + 1)
     if draft is not None:
         draft.reset(max_len, block_size)
     accepted_per_step: list[int] = []
+    survival_per_step: list[list[float]] = []  # dspark confidence heads: product of the confidences up to each slot
     drafted = 0
     draft_time = verify_time = 0.0
 
@@ -174,30 +179,33 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     while len(tokens) < max_new_tokens and anchor not in stop:
         remaining = max_new_tokens - len(tokens)
         # no point verifying more than can be emitted; vLLM drafts full blocks and counts acceptances past the end
-        size = block_size if full_last_block else min(block_size, remaining + 1)
+        n_prop = per_block if full_last_block else min(per_block, remaining)
+        size = n_prop + block_size - per_block  # the draft's block: the proposing slots (and the anchor's)
         block = torch.tensor([anchor], dtype=torch.long, device=device)
         draft_probs = None
-        if draft is not None and size > 1:
+        if draft is not None and n_prop > 0:
             t = _now(device)
-            # dflash2 samples slot by slot in its walk (each slot after the previous pick)
-            walk = probabilistic and getattr(draft, "selector", None) is not None
+            # dflash2 and dspark sample slot by slot in their walks (each slot after the previous pick)
+            walk = probabilistic and (draft.selector is not None or draft.markov is not None)
             sampled = dict(temperature=temperature, generator=generator) if walk else {}
             proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
-                                                    block_size=size, draft_window=draft_window, **sampled)  # [size-1]
+                                                    block_size=size, draft_window=draft_window, **sampled)  # [P]
             if probabilistic:  # the block sampled at the request's temperature; accept_block reuses the probs
-                draft_probs = torch.softmax(draft_logits / temperature, dim=-1).to(logits.device)  # [size-1, V]
+                draft_probs = torch.softmax(draft_logits / temperature, dim=-1).to(logits.device)  # [P, V]
                 if not walk:
                     proposals = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
             block = torch.cat([block, proposals.to(device)])
+            if getattr(draft, "last_confidence", None) is not None:
+                survival_per_step.append(draft.last_confidence.double().cumprod(0).tolist())
             draft_time += _now(device) - t
         t = _now(device)
-        logits, features = target.forward(block, start)  # [size, V], [size, A*Ht]
+        logits, features = target.forward(block, start)  # [P+1, V], [P+1, A*Ht]
         accepted, new = accept_block(block, logits, draft_probs, temperature=temperature, generator=generator,
                                      sampling=draft_sampling, **filters)
         verify_time += _now(device) - t
-        if size > 1:
+        if draft is not None and n_prop > 0:
             accepted_per_step.append(accepted)
-            drafted += size - 1
+            drafted += n_prop
         new = new[:remaining]
         for i, tok in enumerate(new):
             if tok in stop:
@@ -216,9 +224,10 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         start = committed
 
     total = _now(device) - t0
-    stats = DecodeStats.from_steps(accepted_per_step, block_size if draft is not None else 1,
+    stats = DecodeStats.from_steps(accepted_per_step, per_block + 1,
                                    new_tokens=len(tokens), prefill_time_s=prefill_time, draft_time_s=draft_time,
-                                   verify_time_s=verify_time, total_time_s=total, drafted=drafted)
+                                   verify_time_s=verify_time, total_time_s=total, drafted=drafted,
+                                   survival_per_step=survival_per_step)
     return Generation(tokens=tokens, stats=stats)
 
 

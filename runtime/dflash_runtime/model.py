@@ -22,7 +22,7 @@ from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.format.configs import DraftSpec
 from dflash_convert.errors import DFlashError, NotRunnable
 
-from . import dflash2
+from . import dflash2, dspark
 from .attention import BACKENDS, select_backend
 
 # scaled RoPE types (transformers' names): static ones fix their frequencies; "dynamic" (NTK) and
@@ -270,6 +270,13 @@ class DFlashDraft:
         self.embed_scale, self.logit_multiplier, self.softcap = 1.0, 1.0, None
         if spec.variant == "dflash2":
             self._load_dflash2(spec, tensors)
+        # dspark: the Markov head walks the proposing slots; the anchor's slot proposes too (sample_from_anchor)
+        self.markov: dspark.Markov | None = None
+        self.confidence_head: dspark.Confidence | None = None
+        self.anchor_predicts = False
+        self.last_confidence: torch.Tensor | None = None  # [P] the confidence head's estimates of the last block
+        if spec.variant == "dspark":
+            self._load_dspark(spec, tensors)
         # Pruned vocab: own lm_head [Vd, H] and the draft -> target id map built from d2t.
         self.lm_head = tensors.get(name("lm_head")) if spec.is_pruned_vocab else None
         self.draft_to_target = None
@@ -304,6 +311,29 @@ class DFlashDraft:
         self.logit_multiplier = float(f.get("output_multiplier") or 1.0)
         self.softcap = float(f.get("final_logit_softcapping") or 0.0) or None
 
+    def _load_dspark(self, spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
+        f, name = spec.variant_fields, catalogue.name
+        kind = f.get("markov_head_type") or "vanilla"
+        if kind not in dspark.MARKOV_HEAD_TYPES:
+            raise NotRunnable(f"markov_head_type {kind!r} is not one the runtime runs "
+                              f"({', '.join(dspark.MARKOV_HEAD_TYPES)}: speculators 0.9.0's)")
+        if (f.get("markov_rank") or 0) > 0:
+            extra = {"gated": ("markov_gate", "markov_gate_bias"),
+                     "rnn": ("markov_joint", "markov_joint_bias")}.get(kind)
+            self.markov = dspark.Markov(tensors[name("markov_w1")], tensors[name("markov_w2")], kind,
+                                        *(tensors[name(k)] for k in extra or ()))
+        if f.get("enable_confidence_head", True) and name("confidence_proj") in tensors:
+            self.confidence_head = dspark.Confidence(tensors[name("confidence_proj")],
+                                                     tensors.get(name("confidence_bias")),
+                                                     with_markov=bool(f.get("confidence_head_with_markov", True)))
+        self.anchor_predicts = bool(f.get("sample_from_anchor", True))
+
+    def proposals(self, block_size: int | None = None) -> int:
+        """How many tokens a block of `block_size` slots proposes: all of them when the anchor's slot predicts
+        (dspark's sample_from_anchor), else all but the anchor's."""
+        block_size = block_size or self.block_size
+        return block_size if self.anchor_predicts else block_size - 1
+
     def with_backend(self, name: str, *, compile: bool | None = None) -> "DFlashDraft":
         """The same draft attending with another backend, checked against the capability table: built
         over the same weights and context cache; `compile` None keeps this draft's setting."""
@@ -331,6 +361,10 @@ class DFlashDraft:
         if self.selector is not None:
             weights += [self.selector.predecessor_codebook, self.selector.successor_codebook,
                         self.selector.hidden_projection]
+        if self.markov is not None:
+            weights += [self.markov.w1, self.markov.w2, self.markov.proj, self.markov.proj_bias]
+        if self.confidence_head is not None:
+            weights += [self.confidence_head.weight, self.confidence_head.bias]
         for t in weights:
             if t is not None:
                 torch._dynamo.mark_static_address(t)
@@ -424,12 +458,22 @@ class DFlashDraft:
                 lm_head: Callable[[torch.Tensor], torch.Tensor], block_size: int | None = None,
                 draft_window: int | None = None, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft B-1 tokens after `anchor_id` at position `start` (the cache must hold the context up
-        to start-1). Returns (greedy ids [B-1], logits [B-1, V]). A dflash2 draft walks its candidates
-        here, sampled at `temperature` with `generator` when it is > 0 (each slot depends on the previous
-        pick), and its logits are the walk's realized scores (-inf outside the k candidates)."""
+        """Draft P = proposals(B) tokens after `anchor_id` at position `start` (the cache must hold the context
+        up to start-1). Returns (greedy ids [P], logits [P, V]). A dflash2 draft walks its candidates here,
+        and a dspark draft its Markov head, sampled at `temperature` with `generator` when it is > 0 (each slot
+        depends on the previous pick); their logits are what each slot was drawn from (dflash2: the walk's
+        realized scores, -inf outside the k candidates; dspark: base + Markov bias). A dspark draft's
+        confidence head's estimates are left in `last_confidence` [P]."""
         out, logits = self._step(anchor_id, start, embed=embed, lm_head=lm_head, block_size=block_size,
                                  draft_window=draft_window)
+        if self.markov is not None:
+            picked, logits, self.last_confidence = dspark.sequential(
+                self.markov, torch.as_tensor(anchor_id, device=self.device), logits, out, self.draft_to_target,
+                self.confidence_head, temperature=temperature, generator=generator)
+            return picked, logits
+        if self.confidence_head is not None:  # a dspark draft without a Markov head: confidence over hidden alone
+            self.last_confidence = dspark.confidence(self.confidence_head, out, out[:, :0])
+            out = logits.argmax(dim=-1)
         if self.selector is None:
             return out, logits
         candidates, top, projected = out, *logits
@@ -544,18 +588,23 @@ def block_logits(d: DFlashDraft, hidden: torch.Tensor, target_lm_head: Callable[
 def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int,
                embed: Callable[[torch.Tensor], torch.Tensor], lm_head: Callable[[torch.Tensor], torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [B] (anchor, then mask ids) -> (greedy ids [B-1], float32 logits [B-1, V]); slot 0's output is discarded.
-    dflash2: -> (candidate ids [B-1, k], (their unary logits [B-1, k], projected hidden [B-1, R])) for the walk."""
+    """ids [B] (anchor, then mask ids) -> (greedy ids [P], float32 logits [P, V]) of the P = B-1 proposing slots
+    (slot 0's output is discarded), or of all B slots when the anchor's slot predicts (dspark).
+    dflash2: -> (candidate ids [B-1, k], (their unary logits [B-1, k], projected hidden [B-1, R])) for the walk.
+    dspark: -> (final-normed hidden [P, H], base logits [P, V]) for the Markov head's walk."""
     x = embed(ids)  # [B, H]
     if d.mask_embedding is not None:
         x = torch.where((ids == d.mask_token_id)[:, None], d.mask_embedding.to(x.dtype), x)
     if d.embed_scale != 1.0:
         x = x * d.embed_scale
     hidden = block_forward(d, x, start, ctx_first, kv_lo, kv_hi)  # [B, H]
-    logits = block_logits(d, hidden[1:], lm_head)  # [B-1, V]
+    rows = hidden if d.anchor_predicts else hidden[1:]  # [P, H] the proposing slots
+    logits = block_logits(d, rows, lm_head)  # [P, V]
+    if d.markov is not None or d.confidence_head is not None:
+        return rows, logits
     if d.selector is not None:
         unary = dflash2.unary_logits(logits, multiplier=d.logit_multiplier, softcap=d.softcap)
-        candidates, top, projected = dflash2.candidate_scores(d.selector, unary, hidden[1:])
+        candidates, top, projected = dflash2.candidate_scores(d.selector, unary, rows)
         return candidates, (top, projected)
     return logits.argmax(dim=-1), logits
 
@@ -576,7 +625,7 @@ RUNTIME_APPLIES = {"dflash2": ("dflash_config.input_embedding_scale", "dflash_co
 
 
 def _check_runnable(spec: DraftSpec, file: str) -> None:
-    if spec.variant not in ("dflash", "dflash2"):
+    if spec.variant not in ("dflash", "dflash2", "dspark"):
         raise NotRunnable(f"{spec.variant} drafts are not supported by the runtime", file=file)
     try:
         mapping.check_complete(spec)  # block size, mask id and target ids: what every engine needs
