@@ -191,3 +191,30 @@ def test_console_script_and_module_entry_points():
     for cmd in (["dflash-convert", "--version"], [sys.executable, "-m", "dflash_convert", "--version"]):
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.strip() == __import__("dflash_convert").__version__
+
+
+def test_pyproject_ships_every_package_and_the_readme_names_every_module():
+    """A wheel carries every package folder (a missing one installs a console script that cannot import),
+    package data globs match files, and the README's layout names every module and folder of the package."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(project["packages"])
+    found = {module_name(p) for p in [*PKG.rglob("__init__.py"), *RUNTIME.rglob("__init__.py")]
+             if "__pycache__" not in p.parts}
+    assert found == declared, f"packages in pyproject.toml: missing {found - declared}, stale {declared - found}"
+    for package, globs in project.get("package-data", {}).items():
+        base = PKG if package == "dflash_convert" else RUNTIME
+        for pattern in globs:
+            assert list(base.glob(pattern)), f"package-data {package}: {pattern} matches no file"
+    layout = (ROOT / "README.md").read_text().partition("## Layout")[2]
+    for path in sorted(PKG.iterdir()):
+        if path.name.startswith("__pycache__") or path.name == "__init__.py":
+            continue
+        name = path.name + "/" if path.is_dir() else path.name
+        assert name in layout, f"README's layout does not name dflash_convert/{name}"
+        if path.is_dir():
+            for module in sorted(path.glob("*.py")):
+                stem = module.stem
+                if stem != "__init__" and not stem.startswith("_"):
+                    assert stem in layout, f"README's layout does not name {path.name}/{module.name}"
