@@ -218,3 +218,16 @@ def test_pyproject_ships_every_package_and_the_readme_names_every_module():
                 stem = module.stem
                 if stem != "__init__" and not stem.startswith("_"):
                     assert stem in layout, f"README's layout does not name {path.name}/{module.name}"
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A leading underscore means 'this module's own': another module importing it couples the two
+    behind the name's back (what checks._check and the Hub client's _api/_hub_call/_say were)."""
+    found = []
+    for path in all_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in
+                                                     ("dflash_convert", "dflash_runtime")):
+                found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, found

@@ -77,7 +77,7 @@ class PushResult:
 say_info = True
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     if say_info:
         print(message, file=sys.stderr, flush=True)
 
@@ -86,7 +86,7 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _api(token: str | None, endpoint: str | None):
+def hub_api(token: str | None, endpoint: str | None):
     from huggingface_hub import HfApi
 
     from dflash_convert import __version__
@@ -176,7 +176,7 @@ def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str, file: 
     return DFlashError(f"failed to {action} {where}: {type(exc).__name__}: {_one_line(exc)}")
 
 
-def _hub_call(fn, *, where: str, endpoint: str, action: str, file: str | None = None, retry: bool = False):
+def hub_call(fn, *, where: str, endpoint: str, action: str, file: str | None = None, retry: bool = False):
     """Run fn() with every network wait bounded; any client error becomes one DFlashError line (our own
     DFlashErrors pass through). retry: fn's requests are not retried by the client itself (its first
     request, the revision), so retry it here as the client retries the others."""
@@ -472,15 +472,15 @@ def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: st
 
     check_revision(revision)
     token = hub_token(token)
-    api = _api(token, endpoint)
+    api = hub_api(token, endpoint)
     where = f"{repo_id}@{revision or 'main'}"
     call = dict(where=where, endpoint=api.endpoint, action="download")
     offline = is_offline_mode()
-    sha = _hub_call(lambda: api.resolve_revision(repo_id, revision=revision, local_files_only=offline), retry=True,
+    sha = hub_call(lambda: api.resolve_revision(repo_id, revision=revision, local_files_only=offline), retry=True,
                     **call).resolved
     if offline:
         return _Snapshot(repo_id, revision or "main", sha, patterns, token, api.endpoint)
-    tree = _hub_call(lambda: [f for f in api.list_repo_tree(repo_id, revision=sha, recursive=True)
+    tree = hub_call(lambda: [f for f in api.list_repo_tree(repo_id, revision=sha, recursive=True)
                               if isinstance(f, RepoFile)], **call)
     listing = [f.path for f in tree]
     wanted = list(filter_repo_objects(listing, allow_patterns=patterns))
@@ -495,7 +495,7 @@ def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: st
         raise DFlashError(f"Hub repo {where} has only pickle weights (.bin/.pt); they can run code when loaded. "
                           "Pass --allow-pickle to fetch them and load with torch.load(weights_only=True)")
     files = {f.path: (("sha256", f.lfs.sha256) if f.lfs else ("git", f.blob_id)) for f in tree if f.path in wanted}
-    _say(f"fetching {len(wanted)} files of {where} ({sha[:12]}) from {api.endpoint}")
+    say(f"fetching {len(wanted)} files of {where} ({sha[:12]}) from {api.endpoint}")
     return _Snapshot(repo_id, revision or "main", sha, patterns, token, api.endpoint, files)
 
 
@@ -529,14 +529,14 @@ def _fetch(snap: _Snapshot, local_dir: Path | None = None, *, hash_later: tuple[
 
     call = dict(where=snap.where, endpoint=snap.endpoint, action="download")
     if snap.files is None:  # offline: the cache alone
-        folder = Path(_hub_call(lambda: snapshot_download(snap.repo_id, revision=snap.sha, allow_patterns=snap.patterns,
+        folder = Path(hub_call(lambda: snapshot_download(snap.repo_id, revision=snap.sha, allow_patterns=snap.patterns,
                                                           local_files_only=True), **call))
         names = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file()]
     else:
         folder, names = local_dir, list(snap.files)
         for name in names:
             try:
-                path = _hub_call(lambda: hf_hub_download(snap.repo_id, name, revision=snap.sha, local_dir=local_dir,
+                path = hub_call(lambda: hf_hub_download(snap.repo_id, name, revision=snap.sha, local_dir=local_dir,
                                                          token=snap.token, endpoint=snap.endpoint,
                                                          library_name="dflash-convert"), file=name, **call)
             except Interrupted as exc:  # the client removes the partial file on the way out
@@ -643,36 +643,36 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
     if not any(p.is_file() for p in directory.rglob("*")):
         raise DFlashError("nothing to push: the directory is empty", file=directory)
 
-    api = _api(hub_token(token), endpoint)
+    api = hub_api(hub_token(token), endpoint)
     branch = revision or "main"
     call = dict(where=f"{repo_id}@{branch}", endpoint=api.endpoint, action="push to")
-    repo_url = _hub_call(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), **call)
+    repo_url = hub_call(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), **call)
     if revision is not None and not revision.startswith("refs/pr/"):
-        refs = _hub_call(lambda: api.list_repo_refs(repo_id), **call)
+        refs = hub_call(lambda: api.list_repo_refs(repo_id), **call)
         if revision in {t.name for t in refs.tags}:
             raise DFlashError(f"--revision {revision} is a tag of {repo_id}, not a branch; push to a branch")
         if revision not in {b.name for b in refs.branches}:
-            _hub_call(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True), **call)
-            _say(f"created branch {revision} of {repo_id} (from main)")
-    info = _hub_call(lambda: api.repo_info(repo_id, revision=branch), **call)
+            hub_call(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True), **call)
+            say(f"created branch {revision} of {repo_id} (from main)")
+    info = hub_call(lambda: api.repo_info(repo_id, revision=branch), **call)
     if private and not info.private:
         _warn(f"{repo_id} already exists and is public; --private does not change an existing repo")
     if model_card and (directory / CONFIG_NAME).exists():
         remote_readme = None
         remote = {s.rfilename for s in info.siblings or []}
         if not (directory / card.README_NAME).exists() and card.README_NAME in remote:  # keep what users wrote
-            path = _hub_call(lambda: api.hf_hub_download(repo_id, card.README_NAME, revision=info.sha), **call)
+            path = hub_call(lambda: api.hf_hub_download(repo_id, card.README_NAME, revision=info.sha), **call)
             remote_readme = Path(path).read_text(encoding="utf-8")
         readme = card.write_model_card(directory, repo_id=repo_id, validation=validation, existing=remote_readme)
-        _say(f"model card written: {readme}")
-    _say(f"pushing {directory} to {repo_id}@{branch}" + (" as a pull request" if create_pr else ""))
+        say(f"model card written: {readme}")
+    say(f"pushing {directory} to {repo_id}@{branch}" + (" as a pull request" if create_pr else ""))
     message = commit_message or f"Upload DFlash draft with dflash-convert {__version__}"
-    commit = _hub_call(lambda: api.upload_folder(repo_id=repo_id, folder_path=directory, revision=revision,
+    commit = hub_call(lambda: api.upload_folder(repo_id=repo_id, folder_path=directory, revision=revision,
                                                  commit_message=message, commit_description=commit_description,
                                                  create_pr=create_pr, parent_commit=info.sha,
                                                  delete_patterns=WEIGHT_PATTERNS), **call)
     changed = commit.oid != info.sha
     if not changed:
-        _say(f"{repo_id}@{branch} already has these files: nothing to commit")
+        say(f"{repo_id}@{branch} already has these files: nothing to commit")
     return PushResult(commit_url=commit.commit_url, pr_url=commit.pr_url, commit_sha=commit.oid,
                       repo_url=str(repo_url), repo_id=repo_id, revision=branch, changed=changed)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_convert.errors import DFlashError, UsageError
-from dflash_convert.hub.client import _api, _hub_call, _say, unsafe_repo_path
+from dflash_convert.hub.client import hub_api, hub_call, say, unsafe_repo_path
 from dflash_convert.hub.tokens import hub_token
 from dflash_convert.io.reading import read_bounded
 
@@ -84,15 +84,15 @@ def dataset_prompts(spec: str, *, num_prompts: int | None = None, seed: int = 0,
     entry = DATASETS[name]
     revision = revision or entry.revision
     token = hub_token(token)
-    api = _api(token, endpoint)
+    api = hub_api(token, endpoint)
     where = f"{entry.repo_id}@{revision}"
     call = dict(where=where, endpoint=api.endpoint, action="download")
     offline = is_offline_mode()
-    sha = _hub_call(lambda: api.resolve_revision(entry.repo_id, repo_type="dataset", revision=revision,
+    sha = hub_call(lambda: api.resolve_revision(entry.repo_id, repo_type="dataset", revision=revision,
                                                  local_files_only=offline), **call).resolved
     listed: dict[str, Any] = {}
     if not offline:
-        tree = _hub_call(lambda: [f for f in api.list_repo_tree(entry.repo_id, repo_type="dataset", revision=sha,
+        tree = hub_call(lambda: [f for f in api.list_repo_tree(entry.repo_id, repo_type="dataset", revision=sha,
                                                                 recursive=True) if isinstance(f, RepoFile)], **call)
         listed = {f.path: f for f in tree if fnmatch.fnmatchcase(f.path, entry.files)}
         bad = [p for p in listed if unsafe_repo_path(p)]
@@ -101,8 +101,8 @@ def dataset_prompts(spec: str, *, num_prompts: int | None = None, seed: int = 0,
                               f"directory or holds control characters: {bad[0]!r}; nothing was downloaded")
         if not listed:
             raise DFlashError(f"Hub dataset {where} ({sha[:12]}) has no file matching {entry.files!r}")
-        _say(f"fetching {len(listed)} file(s) of dataset {where} ({sha[:12]}) from {api.endpoint}")
-    folder = Path(_hub_call(lambda: snapshot_download(entry.repo_id, repo_type="dataset", revision=sha,
+        say(f"fetching {len(listed)} file(s) of dataset {where} ({sha[:12]}) from {api.endpoint}")
+    folder = Path(hub_call(lambda: snapshot_download(entry.repo_id, repo_type="dataset", revision=sha,
                                                       allow_patterns=[entry.files], token=token,
                                                       endpoint=api.endpoint, local_files_only=offline,
                                                       library_name="dflash-convert"), **call))

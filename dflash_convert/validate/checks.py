@@ -12,7 +12,7 @@ from dflash_convert.format import catalogue, compat, keys, mapping
 from dflash_convert.format.catalogue import TensorProblem
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.format.compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
-from dflash_convert.format.compat import make_check as _check
+from dflash_convert.format.compat import make_check
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftSpec
 from dflash_convert.format.dtypes import DTYPES
 
@@ -52,15 +52,15 @@ def _block_size(spec: DraftSpec) -> Check:
     """Present (its range, MIN_BLOCK_SIZE..MAX_BLOCK_SIZE, is enforced when the config is parsed)."""
     b, bounds = spec.block_size, f"[{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]"
     if b is None:
-        return _check("block_size", False, "config has no block_size: engines fall back to their own default (16 in "
-                      "SGLang), which may not be what the draft was trained for", threshold=bounds)
-    return _check("block_size", True, f"field `block_size` = {b}", value=b, threshold=bounds)
+        return make_check("block_size", False, "config has no block_size: engines fall back to their own default "
+                          "(16 in SGLang), which may not be what the draft was trained for", threshold=bounds)
+    return make_check("block_size", True, f"field `block_size` = {b}", value=b, threshold=bounds)
 
 
 def _mask_token(spec: DraftSpec) -> list[Check]:
     m, vocab = spec.mask_token_id, spec.vocab_size
     if m is None:
-        return [_check("mask_token_id", False, "config has no mask_token_id: engines cannot fill the block "
+        return [make_check("mask_token_id", False, "config has no mask_token_id: engines cannot fill the block "
                        "(pass --mask-token-id when converting)", threshold=f"< {vocab}")]
     pad, eos = mapping.special_ids(spec.decoder.get("pad_token_id"), spec.decoder.get("eos_token_id"))
     return [compat.mask_range_check(m, vocab, source="the draft config"),
@@ -70,7 +70,7 @@ def _mask_token(spec: DraftSpec) -> list[Check]:
 def _layer_ids(spec: DraftSpec) -> list[Check]:
     ids = spec.target_layer_ids
     if ids is None:
-        return [_check("target_layer_ids", False, "config has no target layer ids; engines would guess them "
+        return [make_check("target_layer_ids", False, "config has no target layer ids; engines would guess them "
                        "(acceptance collapses when the guess is wrong: sglang #37475, z-lab/dflash #156)")]
     problems = []
     if any(i < 0 for i in ids):
@@ -80,13 +80,13 @@ def _layer_ids(spec: DraftSpec) -> list[Check]:
     if list(ids) != sorted(ids):
         problems.append("not in increasing order (engines capture target layers in layer order, so features "
                         "reach fc in a different order than listed)")
-    checks = [_check("target_layer_ids", not problems and len(ids) > 0,
+    checks = [make_check("target_layer_ids", not problems and len(ids) > 0,
                      f"target layer ids {ids}: " + ("; ".join(problems) if problems else
                                                    "non-empty, unique, increasing" if ids else "empty"),
                      value=list(ids), threshold="unique, increasing, >= 0")]
     n = spec.num_target_layers
     if n is None:
-        checks.append(_check("target_layer_ids_range", None, "num_target_layers unknown: pass --target to check "
+        checks.append(make_check("target_layer_ids_range", None, "num_target_layers unknown: pass --target to check "
                              "the ids against the target's layers", value=list(ids)))
     else:
         checks.append(compat.layer_ids_check(ids, n, "the target (num_target_layers)", name="target_layer_ids_range"))
@@ -96,9 +96,9 @@ def _layer_ids(spec: DraftSpec) -> list[Check]:
 def _fc_width(ckpt: Checkpoint) -> Check:
     spec, fc = ckpt.spec, ckpt.tensors.get(FC)
     if fc is None:
-        return _check("fc_width", False, f"tensor `{FC}` is missing", threshold=spec.context_width)
+        return make_check("fc_width", False, f"tensor `{FC}` is missing", threshold=spec.context_width)
     if spec.context_width is None:
-        return _check("fc_width", None, f"no target layer ids: the width of `{FC}` cannot be checked",
+        return make_check("fc_width", None, f"no target layer ids: the width of `{FC}` cannot be checked",
                       value=list(fc.shape))
     target_h = spec.target_hidden
     want = (spec.hidden_size, spec.context_width)
@@ -107,14 +107,14 @@ def _fc_width(ckpt: Checkpoint) -> Check:
     msg = f"tensor `{FC}` is {list(fc.shape)}; {n_ids} target ids x target hidden {target_h} -> {list(want)}"
     if not ok and len(fc.shape) == 2 and fc.shape[1] % target_h == 0 and fc.shape[1] != spec.context_width:
         msg += f" (the weight was made for {fc.shape[1] // target_h} ids)"
-    return _check("fc_width", ok, msg, value=list(fc.shape), threshold=list(want))
+    return make_check("fc_width", ok, msg, value=list(fc.shape), threshold=list(want))
 
 
 def _attention_shapes(spec: DraftSpec, problems: list[TensorProblem]) -> Check:
     bad = [f"{p.tensor} {list(p.have)} != {list(p.want)}" for p in problems
            if p.kind == "shape" and p.check == "attention_shapes"]
     dims = f"heads {spec.num_heads}, kv heads {spec.num_kv_heads}, head_dim {spec.head_dim}, hidden {spec.hidden_size}"
-    return _check("attention_shapes", not bad, ("tensor " + _first(bad) + f" (config: {dims})") if bad else
+    return make_check("attention_shapes", not bad, ("tensor " + _first(bad) + f" (config: {dims})") if bad else
                   f"q/k/v/o projections of {spec.num_layers} layers match {dims}",
                   value=bad[:5] or None, threshold=f"q/o {spec.num_heads * spec.head_dim}, k/v {spec.num_kv_heads * spec.head_dim}")
 
@@ -128,16 +128,16 @@ def _tensor_set(ckpt: Checkpoint, problems: list[TensorProblem]) -> list[Check]:
     unknown = [p.tensor for p in problems if p.check == "unexpected_tensors"]
     expected = catalogue.expected_shapes(spec)
     checks = [
-        _check("missing_tensors", not missing, ("tensor " + _first(missing) + " missing") if missing else
+        make_check("missing_tensors", not missing, ("tensor " + _first(missing) + " missing") if missing else
                f"all {len(expected)} expected tensors present", value=missing or None),
-        _check("tensor_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
+        make_check("tensor_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
                "norms, MLP and other tensors have the shapes the config implies", value=wrong[:5] or None),
-        _check("unexpected_tensors", not unknown, ("tensor " + _first(unknown) + " is not part of a "
+        make_check("unexpected_tensors", not unknown, ("tensor " + _first(unknown) + " is not part of a "
                f"{spec.variant} draft; engines' loaders refuse unknown weights") if unknown else
                "no unknown tensors", value=unknown or None),
     ]
     leftovers = sorted(n for n in have if catalogue.is_leftover(n, spec))
-    checks.append(_check("training_only_tensors", not leftovers, ("tensor " + _first(leftovers)
+    checks.append(make_check("training_only_tensors", not leftovers, ("tensor " + _first(leftovers)
                          + " should not be shipped (training-only or a copy of the target's; "
                          "`dflash-convert convert` drops it)") if leftovers else "no training-only tensors",
                          value=leftovers or None, bad="warn"))
@@ -157,10 +157,10 @@ def _family(spec: DraftSpec, problems: list[TensorProblem]) -> list[Check]:
     wrong = [f"{p.tensor} {list(p.have)} != {list(p.want)}" if p.kind == "shape" else p.message.removeprefix("tensor ")
              for p in problems if p.check == "family_shapes"]
     return [
-        _check("family_config", not broken, "; ".join(broken) if broken else
+        make_check("family_config", not broken, "; ".join(broken) if broken else
                f"{spec.variant} keys: " + ", ".join(f"{k}={v!r}" for k, v in sorted(spec.variant_fields.items())),
                value=spec.variant_fields or None),
-        _check("family_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
+        make_check("family_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
                f"{spec.variant} {FAMILY_MODULES[spec.variant]} tensors match their keys", value=wrong[:5] or None),
     ]
 
@@ -185,11 +185,11 @@ def _vocab_map(ckpt: Checkpoint) -> list[Check]:
                             "and acceptance collapses (vllm-ascend #9795)")
         elif tuple(have[D2T].shape) != (vd,):
             problems.append(f"tensor `{D2T}` is {list(have[D2T].shape)}, expected [{vd}]")
-        checks.append(_check("vocab_map", not problems, "; ".join(problems) if problems else
+        checks.append(make_check("vocab_map", not problems, "; ".join(problems) if problems else
                              f"pruned vocab: lm_head [{vd}, {spec.hidden_size}] with d2t [{vd}]",
                              value={"draft_vocab": vd, "d2t": D2T in have}, threshold="lm_head rows == d2t size"))
     else:
-        checks.append(_check("vocab_map", True, f"full vocab ({vocab}): the target's lm_head is used",
+        checks.append(make_check("vocab_map", True, f"full vocab ({vocab}): the target's lm_head is used",
                              value={"draft_vocab": vocab}))
     checks += _d2t_values(ckpt, vocab)
     return checks
@@ -214,7 +214,7 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
         bad = _int_tensor(ckpt, D2T) or (None if DTYPES[have[D2T].dtype].kind == "int" else
                                           f"tensor `{D2T}` is {have[D2T].dtype}; expected integers")
         if bad:
-            checks.append(_check("d2t_range", False, bad, value=have[D2T].dtype))
+            checks.append(make_check("d2t_range", False, bad, value=have[D2T].dtype))
         else:
             target_ids = catalogue.d2t_target_ids(ckpt.int_values(D2T))
             lo, hi, dup = catalogue.target_id_span(target_ids)
@@ -222,13 +222,13 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
             msg = (f"tensor `{D2T}` maps draft ids to target ids [{lo}, {hi}]" +
                    ("" if ok else f", outside the target vocab [0, {vocab})") +
                    (f"; {dup} target ids repeated" if dup else ""))
-            checks.append(_check("d2t_range", ok and not dup, msg, value=[lo, hi], threshold=f"[0, {vocab})",
+            checks.append(make_check("d2t_range", ok and not dup, msg, value=[lo, hi], threshold=f"[0, {vocab})",
                                  bad="fail" if not ok else "warn"))
     if T2D in have:
         info = have[T2D]
         bad = _int_tensor(ckpt, T2D)
         if bad:
-            checks.append(_check("t2d_consistency", False, bad, value=info.dtype))
+            checks.append(make_check("t2d_consistency", False, bad, value=info.dtype))
             return checks
         t2d = ckpt.int_values(T2D).astype(bool).reshape(-1)
         problems = []
@@ -240,7 +240,7 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
         if target_ids is not None and len(t2d) == vocab and target_ids.min(initial=0) >= 0 \
                 and target_ids.max(initial=0) < vocab and not t2d[target_ids].all():
             problems.append(f"tensor `{T2D}` disagrees with `{D2T}` (a draft id maps to a target id t2d excludes)")
-        checks.append(_check("t2d_consistency", not problems, "; ".join(problems) if problems else
+        checks.append(make_check("t2d_consistency", not problems, "; ".join(problems) if problems else
                              f"t2d marks the {vd} target ids d2t maps to", value=int(t2d.sum()), threshold=vd))
     return checks
 
@@ -257,36 +257,36 @@ def _dtypes(ckpt: Checkpoint) -> Check:
         if _shipped_float(ckpt, name):
             counts[info.dtype] = counts.get(info.dtype, 0) + info.numel
     if not counts:
-        return _check("dtype", False, "no floating-point tensors", value=None)
+        return make_check("dtype", False, "no floating-point tensors", value=None)
     main = max(counts, key=counts.get)
     if len(counts) > 1:
         odd = sorted(n for n, i in ckpt.tensors.items() if _shipped_float(ckpt, n) and i.dtype != main)
-        return _check("dtype", False, f"mixed float dtypes {sorted(counts)}: tensor {_first(odd)} is not {main}",
+        return make_check("dtype", False, f"mixed float dtypes {sorted(counts)}: tensor {_first(odd)} is not {main}",
                       value=sorted(counts), threshold="one float dtype", bad="warn")
     half = "/".join(c for c, d in DTYPES.items() if d.cast_target and d.itemsize == 2)
     if DTYPES[main].itemsize > 2:
-        return _check("dtype", False, f"all weights are {main}: drafts are served in bf16/fp16, this doubles the "
+        return make_check("dtype", False, f"all weights are {main}: drafts are served in bf16/fp16, this doubles the "
                       "download (speculators #136; convert with --dtype bfloat16)", value=main,
                       threshold=half, bad="warn")
-    return _check("dtype", True, f"all weights {main}", value=main)
+    return make_check("dtype", True, f"all weights {main}", value=main)
 
 
 def _causality(spec: DraftSpec) -> Check:
     causal = list(spec.layer_causal)
     mixed = len(set(causal)) > 1
     desc = ", ".join(f"{i}:{'causal' if c else 'non-causal'}" for i, c in enumerate(causal))
-    return _check("causality", not mixed, f"per-layer block causality {desc}" + (
+    return make_check("causality", not mixed, f"per-layer block causality {desc}" + (
         "; mixed drafts run wrongly on vLLM versions that apply one flag to every layer (vLLM #47745/#56692)"
         if mixed else ""), value=causal, bad="warn")
 
 
 def _verifier(spec: DraftSpec) -> Check:
     if spec.verifier is not None:
-        return _check("verifier", True, f"verifier {spec.verifier.name_or_path}", value=spec.verifier.name_or_path)
+        return make_check("verifier", True, f"verifier {spec.verifier.name_or_path}", value=spec.verifier.name_or_path)
     if spec.source_format == "speculators":
-        return _check("verifier", False, "speculators config names no verifier: vLLM needs "
+        return make_check("verifier", False, "speculators config names no verifier: vLLM needs "
                       "verifier.name_or_path to find the target (pass --verifier when converting)", bad="warn")
-    return _check("verifier", None, "no verifier recorded (HF configs need none)")
+    return make_check("verifier", None, "no verifier recorded (HF configs need none)")
 
 
 # ----------------------------------------------------------------------------- values (numpy, from the bit patterns)
@@ -349,14 +349,14 @@ def scan_checks(ckpt: Checkpoint) -> list[Check]:
             (constant_mat if len(info.shape) > 1 else constant_vec).append(
                 f"{name} (= {_as_float(const, info.dtype):g})")
     return [
-        _check("finite_values", not nonfinite, ("tensor " + _first(nonfinite) + " has NaN/Inf values")
+        make_check("finite_values", not nonfinite, ("tensor " + _first(nonfinite) + " has NaN/Inf values")
                if nonfinite else "every float tensor is finite", value=nonfinite or None, threshold=0,
                level="numeric"),
-        _check("degenerate_values", not (zero or constant_mat),
+        make_check("degenerate_values", not (zero or constant_mat),
                ("tensor " + _first(zero + constant_mat) + " is all zeros or constant: untrained or lost weights")
                if zero or constant_mat else "no all-zero or constant weight matrices",
                value=(zero + constant_mat) or None, level="numeric"),
-        _check("constant_norms", not constant_vec, ("tensor " + _first(constant_vec) +
+        make_check("constant_norms", not constant_vec, ("tensor " + _first(constant_vec) +
                " is constant: a norm that was never trained?") if constant_vec else "no constant 1-D tensors",
                value=constant_vec or None, level="numeric", bad="warn"),
     ]
@@ -369,7 +369,7 @@ def target_checks(spec: DraftSpec, target: mapping.TargetInfo, *, ckpt: Checkpoi
     checks = compat.compatibility_checks(spec, target)
     if ckpt is not None and D2T in ckpt.tensors and not _int_tensor(ckpt, D2T):
         lo, hi, _ = catalogue.target_id_span(catalogue.d2t_target_ids(ckpt.int_values(D2T)))
-        checks.append(_check("target_d2t_range", lo >= 0 and hi < target.vocab_size,
+        checks.append(make_check("target_d2t_range", lo >= 0 and hi < target.vocab_size,
                              f"tensor `{D2T}` maps into target ids [{lo}, {hi}]; target {target.name_or_path} vocab "
                              f"{target.vocab_size}", value=[lo, hi], threshold=f"[0, {target.vocab_size})"))
     return checks
@@ -387,7 +387,7 @@ def duplicate_tensors_check(path) -> Check:
     if path.is_file():
         path = path.parent
     if not path.is_dir():
-        return _check("duplicate_tensors", None, f"{path} is not a directory")
+        return make_check("duplicate_tensors", None, f"{path} is not a directory")
     files = find_weight_files(path, allow_pickle=True).files
     seen: dict[str, str] = {}
     dups = []
@@ -399,5 +399,5 @@ def duplicate_tensors_check(path) -> Check:
             if canon in seen:
                 dups.append(f"{name} ({seen[canon]} and {f.name})")
             seen.setdefault(canon, f.name)
-    return _check("duplicate_tensors", not dups, ("tensor " + _first(dups) + " is stored twice") if dups else
+    return make_check("duplicate_tensors", not dups, ("tensor " + _first(dups) + " is stored twice") if dups else
                   f"no tensor stored twice across {len(files)} file(s)", value=dups or None)

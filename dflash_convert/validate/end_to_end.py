@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
-from dflash_convert.validate.checks import Check, _check
+from dflash_convert.validate.checks import Check, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
                                             SamplingUsed)
@@ -52,8 +52,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
         raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
-        return [_check("pair_compatible", False, str(exc), level="end_to_end")], None, []
-    checks = [_check("pair_compatible", True, f"draft and target {target_dir} run together "
+        return [make_check("pair_compatible", False, str(exc), level="end_to_end")], None, []
+    checks = [make_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
     block = opts.block_size or draft.block_size
     slots = draft.proposals(block)  # proposals per block: block - 1, or block when the anchor's slot predicts (dspark)
@@ -92,7 +92,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     checks.append(_speedup_check(speedup, per_round, spec.tokens_per_s, base.tokens_per_s, base_n,
                                  opts.timing_rounds, opts.min_speedup))
     if block != draft.block_size:
-        checks.append(_check("block_size_override", False, f"run at block size {block}; the draft was trained "
+        checks.append(make_check("block_size_override", False, f"run at block size {block}; the draft was trained "
                              f"at {draft.block_size}", value=block, threshold=draft.block_size,
                              level="end_to_end", bad="warn"))
     stats = AcceptanceStats(
@@ -270,7 +270,7 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, s
     if sampled_at is not None:
         msg += (f" (a greedy pass made for this check: the run itself samples at temperature {sampled_at}, whose "
                 "outputs cannot be compared token by token)")
-    checks.append(_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
+    checks.append(make_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
                          threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
     wrong = {i for i, _ in bad}
     return [i not in wrong for i in range(len(runs))]
@@ -285,13 +285,13 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
     tau, num, rates = whole.tau, whole.num_drafts, _padded(whole.per_position_rates, slots)
     if opts.min_acceptance_length is not None:
         # compared as reported (4 decimals): a threshold equal to the tau a report showed passes
-        checks.append(_check("acceptance_length", round(tau, 4) >= opts.min_acceptance_length,
+        checks.append(make_check("acceptance_length", round(tau, 4) >= opts.min_acceptance_length,
                              f"tau {tau:.3f} over {num} draft steps (block {block}); required "
                              f">= {opts.min_acceptance_length}", value=round(tau, 4),
                              threshold=opts.min_acceptance_length, level="end_to_end"))
     else:
         floor = auto_tau_floor(slots + 1)
-        checks.append(_check("acceptance_length", tau >= floor,
+        checks.append(make_check("acceptance_length", tau >= floor,
                              f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
                              f"given" if tau >= floor else f"tau {tau:.3f} at block {block} (below {floor}, 1 + "
                              f"{AUTO_ACCEPTED_SHARE_WARN:.0%} of the {slots} draft slots): the draft accepts almost "
@@ -303,7 +303,7 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
         low = [f"position {k + 1}: {rates[k]:.3f} < {m}" for k, m in enumerate(wanted)
                if k < len(rates) and rates[k] < m]
         extra = len(wanted) > len(rates)
-        checks.append(_check("position_rates", not low and not extra,
+        checks.append(make_check("position_rates", not low and not extra,
                              "; ".join(low) if low else (f"{len(wanted)} thresholds for {len(rates)} "
                              "draft positions" if extra else "every position meets its threshold"),
                              value=[round(r, 4) for r in rates], threshold=list(wanted), level="end_to_end"))
@@ -356,9 +356,9 @@ def _speedup_check(speedup: float, per_round: list[float], spec_tps: float, base
         msg += (f"; load average {load:.1f} on {usable_cores()} core(s): other work competes for the CPU, timings "
                 "are unreliable")
     if min_speedup is not None:
-        return _check("speedup", speedup >= min_speedup, msg + f"; required >= {min_speedup}",
+        return make_check("speedup", speedup >= min_speedup, msg + f"; required >= {min_speedup}",
                       value=round(speedup, 4), threshold=min_speedup, level="end_to_end")
-    return _check("speedup", not busy, msg + "; informational (no --min-speedup given)", value=round(speedup, 4),
+    return make_check("speedup", not busy, msg + "; informational (no --min-speedup given)", value=round(speedup, 4),
                   level="end_to_end", bad="warn")
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
-from dflash_convert.validate.checks import Check, _check
+from dflash_convert.validate.checks import Check, make_check
 
 # Relative tolerance (max |a - b| / max |eager|) for backends vs eager, per dtype name.
 # bfloat16 keeps 8 significant bits (eps 2**-8): backends that sum in another order differ by several
@@ -48,7 +48,7 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     try:
         chosen = select_backend(backend, layer_causal, sliding, device, dtype)
     except DFlashError as exc:
-        return [_check("backend", False, str(exc), value=backend, level="numeric")], capable, None
+        return [make_check("backend", False, str(exc), value=backend, level="numeric")], capable, None
     say = progress or (lambda message: None)
     say(f"numeric: loading the draft ({dtype_name}, {device})")
     try:
@@ -56,8 +56,8 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
         raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
-        return [_check("draft_loads", False, str(exc), level="numeric")], capable, None
-    checks.append(_check("draft_loads", True, f"draft loaded ({dtype_name}, {device}); backend for decoding: "
+        return [make_check("draft_loads", False, str(exc), level="numeric")], capable, None
+    checks.append(make_check("draft_loads", True, f"draft loaded ({dtype_name}, {device}); backend for decoding: "
                          f"{chosen}", value=chosen, level="numeric"))
     names = ["eager"] + ([n for n in BACKENDS if n != "eager" and capable[n]] if backend == "auto"
                          else [chosen] if chosen != "eager" else [])
@@ -103,7 +103,7 @@ def _run_backends(draft, names: list[str], layer_causal: list[bool], inputs, say
             out = d.block_hidden(x, CONTEXT_TOKENS).float()  # [B, H]
             outputs[name] = out
             bad = int((~torch.isfinite(out)).sum())
-            checks.append(_check(f"finite_output.{name}", bad == 0, f"{name}: {bad} of {out.numel()} block outputs "
+            checks.append(make_check(f"finite_output.{name}", bad == 0, f"{name}: {bad} of {out.numel()} block outputs "
                                  "are NaN/Inf" if bad else f"{name}: all block outputs finite", value=bad,
                                  threshold=0, level="numeric"))
             units = [None] if uniform else [[i] for i in range(len(layer_causal))]  # all layers, or each alone
@@ -124,7 +124,7 @@ def _agreement_checks(outputs: dict, dtype_name: str) -> list[Check]:
             continue
         diff = float((out - ref).abs().max() / scale)
         ok = diff <= tol if diff == diff else False
-        checks.append(_check(f"backend_agreement.{name}", ok, f"{name} vs eager: max relative difference "
+        checks.append(make_check(f"backend_agreement.{name}", ok, f"{name} vs eager: max relative difference "
                              f"{diff:.2e} ({dtype_name} tolerance {tol:g})", value=diff, threshold=tol,
                              level="numeric"))
     return checks
@@ -145,7 +145,7 @@ def _causality_checks(probes: dict, layer_causal: list[bool], probe_tol: float) 
             if not layer_causal[i] and not change > probe_tol:
                 wrong.append(f"{what} is declared non-causal but earlier block slots did not see the last slot "
                              f"(change {change:.1e})")
-        checks.append(_check(f"causality_behaviour.{name}", not wrong, f"{name}: " + "; ".join(wrong) if wrong else
+        checks.append(make_check(f"causality_behaviour.{name}", not wrong, f"{name}: " + "; ".join(wrong) if wrong else
                              f"{name}: block attention behaves as declared ({mode})", value=changes,
                              threshold=probe_tol, level="numeric"))
     return checks

@@ -37,7 +37,7 @@ from dflash_convert.format import catalogue, engines, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
-from dflash_convert.validate.checks import (Check, _check, checkpoint_checks, duplicate_tensors_check, scan_checks,
+from dflash_convert.validate.checks import (Check, make_check, checkpoint_checks, duplicate_tensors_check, scan_checks,
                                             target_checks)
 from dflash_convert.validate.end_to_end import end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
@@ -391,7 +391,7 @@ def _causal_override_check(ckpt: Checkpoint, causal: bool | None) -> Check | Non
     declared = list(ckpt.spec.layer_causal)
     differ = [i for i, c in enumerate(declared) if c != causal]
     mode = "causal" if causal else "non-causal"
-    return _check("causal_override", not differ,
+    return make_check("causal_override", not differ,
                   f"run forced {mode}; layers {differ} were trained " + ("non-causal" if causal else "causal") +
                   ": a deployment forcing this mode runs the draft unlike its training" if differ else
                   f"run forced {mode}, as every layer declares", value=mode, threshold=declared, level="static")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
-from dflash_convert.validate.checks import Check, _check
+from dflash_convert.validate.checks import Check, make_check
 from dflash_convert.validate.report import AcceptanceCounts, EngineStats
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
@@ -231,7 +231,7 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
         base = answer["target_only"]["outputs"]
         equal = sum(s == b == o for s, b, o in zip(spec, base, ours))
         first = next((i for i in range(n) if not spec[i] == base[i] == ours[i]), None)
-        checks.append(_check(
+        checks.append(make_check(
             "engine_outputs_equal", equal == n, f"vLLM's speculative output, vLLM's target-only output and "
             f"our target's greedy output are equal on all {n} prompts" if first is None else
             f"prompt {first + 1}: " + ("vLLM's speculative and target-only outputs differ"
@@ -239,14 +239,14 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
                                        "vLLM's target-only output is not our target's greedy output")
             + f" ({equal}/{n} prompts equal)", value=f"{equal}/{n}", threshold=f"{n}/{n}", level="end_to_end"))
     agrees, detail, tolerance = agreement(counts, emulated, sampled)
-    checks.append(_check(
+    checks.append(make_check(
         "engine_acceptance_agrees", agrees,
         f"vLLM: {counts.num_drafts} drafts, {counts.accepted} accepted, tau {counts.acceptance_length:.3f}; "
         f"emulation counted as vLLM counts (full last block): {emulated.num_drafts} drafts, {emulated.accepted} "
         f"accepted, tau {emulated.acceptance_length:.3f}; {detail}",
         value=counts.acceptance_length, threshold=emulated.acceptance_length, level="end_to_end"))
     if min_acceptance_length is not None:
-        checks.append(_check("engine_acceptance_length", counts.acceptance_length >= min_acceptance_length,
+        checks.append(make_check("engine_acceptance_length", counts.acceptance_length >= min_acceptance_length,
                              f"vLLM's tau {counts.acceptance_length:.3f} over {counts.num_drafts} draft steps (block "
                              f"{block}); required >= {min_acceptance_length}", value=counts.acceptance_length,
                              threshold=min_acceptance_length, level="end_to_end"))
@@ -254,7 +254,7 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
         got = counts.per_position_rates
         low = [f"position {k + 1}: {got[k]:.3f} < {m}" for k, m in enumerate(min_position_rates)
                if k >= len(got) or got[k] < m]
-        checks.append(_check("engine_position_rates", not low, "; ".join(low) if low else
+        checks.append(make_check("engine_position_rates", not low, "; ".join(low) if low else
                              "every position of vLLM's figures meets its threshold", value=got,
                              threshold=list(min_position_rates), level="end_to_end"))
     stats = EngineStats(engine="vllm", version=answer["vllm_version"], python=python, engine_args=engine_args,
