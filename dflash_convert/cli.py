@@ -709,6 +709,12 @@ def validate(
                                                  "Default: per --sampling.")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Top-p (1: off). Default: per --sampling.")] = None,
     min_p: Annotated[Optional[float], typer.Option("--min-p", help="Min-p (0: off). Default: per --sampling.")] = None,
+    repetition_penalty: Annotated[Optional[float], typer.Option("--repetition-penalty", help="vLLM's (1: off). "
+                                                                "Default: generation_config.json.")] = None,
+    presence_penalty: Annotated[Optional[float], typer.Option("--presence-penalty", help="vLLM's (0: off). "
+                                                              "Default: generation_config.json.")] = None,
+    frequency_penalty: Annotated[Optional[float], typer.Option("--frequency-penalty", help="vLLM's (0: off). "
+                                                               "Default: generation_config.json.")] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
     dtype: Annotated[DType, typer.Option("--dtype", help="Compute dtype (auto: each checkpoint's own, from "
                                          "its config or weights).")] = DType.auto,
@@ -791,7 +797,8 @@ def validate(
         prompts=prompts, prompt_sets=prompt_sets, chat_template=chat_template,
         chat_template_kwargs=chat_template_kwargs, levels=levels or list(LEVELS), max_new_tokens=max_new_tokens,
         block_size=block_size, sampling=sampling.value, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, draft_sampling=_value(draft_sampling), seed=seed, device=device, dtype=_value(dtype),
+        min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, draft_sampling=_value(draft_sampling), seed=seed, device=device, dtype=_value(dtype),
         backend=_value(backend), target_backend=target_backend, causal=causal, engine=_value(engine), compile=compile,
         engine_python=engine_python, engine_args=engine_args or {}, engine_timeout=engine_timeout,
         engine_kv_cache_gib=engine_kv_cache,

@@ -135,7 +135,9 @@ def test_sampling_resolves_as_vllm_does():
     used = resolve_sampling(ValidateOptions(), QWEN3_GENERATION, "g.json")
     assert (used.temperature, used.top_k, used.top_p, used.min_p) == (0.6, 20, 0.95, 0.0)
     assert used.sources == {"temperature": "generation_config.json", "top_k": "generation_config.json",
-                            "top_p": "generation_config.json", "min_p": "vLLM default"}
+                            "top_p": "generation_config.json", "min_p": "vLLM default",
+                            "repetition_penalty": "vLLM default", "presence_penalty": "vLLM default",
+                            "frequency_penalty": "vLLM default"}
     used = resolve_sampling(ValidateOptions(top_k=5, min_p=0.1), QWEN3_GENERATION, "g.json")
     assert (used.top_k, used.min_p, used.sources["top_k"], used.sources["min_p"]) == (5, 0.1, "--top-k", "--min-p")
     used = resolve_sampling(ValidateOptions(sampling="greedy"), QWEN3_GENERATION, "g.json")

@@ -64,6 +64,12 @@ class ValidateOptions(BaseModel):
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None
+    repetition_penalty: float | None = Field(None, description="vLLM's repetition penalty (1: off; prompt and "
+                                             "output tokens); default: generation_config.json, else off")
+    presence_penalty: float | None = Field(None, description="vLLM's presence penalty in [-2, 2] (0: off; output "
+                                           "tokens); default: generation_config.json, else off")
+    frequency_penalty: float | None = Field(None, description="vLLM's frequency penalty in [-2, 2] (0: off; output "
+                                            "tokens); default: generation_config.json, else off")
     draft_sampling: str = Field("greedy", description=f"{' or '.join(DRAFT_SAMPLING)}")
     seed: int = 0
     device: str = "auto"
@@ -100,9 +106,9 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {self.block_size}")
         if not 1 <= self.max_new_tokens <= MAX_PROMPT_TOKENS:
             raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {self.max_new_tokens}")
-        from dflash_convert.validate.sampling import FIELDS, check_value
+        from dflash_convert.validate.sampling import FIELDS, PENALTY_FIELDS, check_value
 
-        for name in FIELDS:
+        for name in FIELDS + PENALTY_FIELDS:
             if getattr(self, name) is not None:
                 check_value(name, getattr(self, name))
         if self.sampling == "greedy" and self.temperature not in (None, 0):

@@ -29,8 +29,14 @@ class SamplingUsed(BaseModel):
     top_k: int = Field(description="0: off")
     top_p: float = Field(description="1: off")
     min_p: float = Field(description="0: off")
+    repetition_penalty: float = Field(1.0, description="1: off; prompt and output tokens, as vLLM counts them")
+    presence_penalty: float = Field(0.0, description="0: off; output tokens only, as vLLM counts them")
+    frequency_penalty: float = Field(0.0, description="0: off; output tokens only, as vLLM counts them")
     sources: dict[str, str] = Field(description="field -> where its value came from: a flag, "
                                     "generation_config.json, vLLM default, --sampling greedy")
+    not_applied: dict[str, str] = Field(
+        default_factory=dict, description="generation_config.json keys this run does not apply -> why (those vLLM "
+        "reads but that do not bear on acceptance, and those only transformers' generate applies)")
     stop_token_ids: list[int] = Field(default_factory=list, description="every id decoding stops on")
     stop_token_sources: dict[str, list[int]] = Field(
         default_factory=dict, description="config.json / generation_config.json / tokenizer -> its eos ids")
@@ -271,9 +277,8 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             console.print(line, markup=False)
         if a.sampling is not None:
             u = a.sampling
-            console.print(f"sampling ({u.mode}): " + ", ".join(f"{k} {getattr(u, k):g} ({u.sources[k]})" for k in
-                          ("temperature", "top_k", "top_p", "min_p")) + f"; stop ids {u.stop_token_ids}"
-                          + (f"; prompts: {a.prompt_format}" if a.prompt_format else ""), markup=False)
+            console.print(sampling_line(u) + (f"; prompts: {a.prompt_format}" if a.prompt_format else ""),
+                          markup=False)
         for name, s in a.per_prompt_set.items():
             console.print(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} draft "
                           f"steps), per-position {_short(s.per_position_rates, 200)}; {s.source}", markup=False)
@@ -288,6 +293,16 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     console.print(f"{verdict}: {escape(verdict_text(report))}")
+
+
+def sampling_line(u: SamplingUsed) -> str:
+    """The sampling of a run in one line: each value with its source, the penalties, what was not applied."""
+    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    line = f"sampling ({u.mode}): " + ", ".join(f"{k} {getattr(u, k):g} ({u.sources.get(k, 'vLLM default')})"
+                                                for k in keys) + f"; stop ids {u.stop_token_ids}"
+    if u.not_applied:
+        line += "; not applied: " + "; ".join(f"{k} {why}" for k, why in u.not_applied.items())
+    return line
 
 
 def verdict_text(report: ValidationReport) -> str:
@@ -353,6 +368,8 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
                   + f" | {a.speedup:.2f}x" + (f" (min {t['min_speedup']})" if "min_speedup" in t else "")
                   + f" | {'n/a (sampling)' if a.outputs_equal is None else f'{a.outputs_equal}/{a.prompts}'}"
                   f" | {a.prompts} | {a.block_size} | {a.max_new_tokens} |", ""]
+        if a.sampling is not None:
+            lines += [_cell(sampling_line(a.sampling)), ""]
         if image:
             lines += [f"![acceptance per draft position]({image})", ""]
         lines += ["Acceptance per draft position:", "", "```text",
