@@ -754,6 +754,10 @@ def validate(
     min_speedup: Annotated[Optional[float], typer.Option(
         "--min-speedup", help="Fail when the measured speedup is lower (otherwise it is "
         "informational).")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", help="An earlier `validate --json` report of "
+                        "the same prompts and settings: fail (exit 3) on a drop beyond what the counts explain.")] = None,
+    max_regression: Annotated[float, typer.Option("--max-regression", help="With --baseline: a drop tolerated "
+                              "beyond the statistical bound, as a fraction of the baseline's value.")] = 0.0,
     keep_going: Annotated[bool, _flag("--keep-going", help="Run numeric and end-to-end levels even when static "
                                       "checks failed.")] = False,
     engine: EngineOpt = None,
@@ -804,7 +808,7 @@ def validate(
         engine_kv_cache_gib=engine_kv_cache,
         device_map=_value(device_map), max_memory=max_memory, threads=threads,
         min_acceptance_length=min_acceptance_length, min_position_rates=min_position_rates, min_speedup=min_speedup,
-        keep_going=keep_going, allow_pickle=allow_pickle)
+        baseline=baseline, max_regression=max_regression, keep_going=keep_going, allow_pickle=allow_pickle)
     report = run_validation(ckpt_path, opts, progress=None if quiet else out.status)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)

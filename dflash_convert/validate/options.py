@@ -94,6 +94,11 @@ class ValidateOptions(BaseModel):
     min_position_rates: list[float] | None = None
     min_speedup: float | None = None
     timing_rounds: int = TIMING_ROUNDS
+    baseline: str | Path | None = Field(None, description="an earlier `validate --json` report of the same prompts "
+                                        "and settings: fail (exit 3) when tau or a position's rate dropped beyond "
+                                        "what the counts explain")
+    max_regression: float = Field(0.0, description="with baseline: a drop tolerated on top of the statistical "
+                                  "bound, as a fraction of the baseline's value (0.05: 5 %)")
     keep_going: bool = Field(False, description="run numeric and end to end even when static checks fail")
     allow_pickle: bool = Field(False, description="load pickle weights and mask_embedding.pt (weights_only)")
 
@@ -133,6 +138,10 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--device-map {self.device_map!r}: choose {', '.join(DEVICE_MAPS)}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
+        if not (math.isfinite(self.max_regression) and 0 <= self.max_regression < 1):
+            raise UsageError(f"--max-regression must be a fraction in [0, 1), got {self.max_regression}")
+        if self.max_regression and self.baseline is None:
+            raise UsageError("--max-regression is the tolerance of --baseline: give --baseline with it")
         if self.timing_rounds < 1:
             raise UsageError(f"timing rounds must be at least 1, got {self.timing_rounds}")
         if self.engine_python is not None:

@@ -120,6 +120,8 @@ class AcceptanceStats(BaseModel):
     prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
+    prompt_ids_sha256: str | None = Field(None, description="SHA-256 of the prompts' token ids (JSON, compact): "
+                                          "--baseline checks that two runs decoded the same prompts")
 
 
 class EngineStats(BaseModel):
@@ -135,6 +137,29 @@ class EngineStats(BaseModel):
     outputs_equal: int = Field(description="prompts whose engine speculative output, engine target-only output "
                                "and our target's greedy output are all equal")
     counts: AcceptanceCounts = Field(description="the engine's own spec-decode counters")
+
+
+class BaselineComparison(BaseModel):
+    """This run against an earlier report (--baseline): the figures of both and the drops allowed."""
+
+    path: str
+    created_at: str | None = None
+    tool_version: str | None = None
+    baseline_counted: str = Field(description="which figures of the baseline: the engine's counters, the emulation "
+                                  "counted as vLLM counts, or the emulation's own")
+    counted: str = Field(description="which figures of this run")
+    baseline_num_drafts: int
+    num_drafts: int
+    baseline_tau: float
+    tau: float
+    tau_allowed_drop: float = Field(description="the drop of tau the counts explain (+ max_regression x baseline)")
+    baseline_rates: list[float]
+    rates: list[float]
+    rates_allowed_drop: list[float] = Field(description="per position, as tau_allowed_drop")
+    z: float = Field(description="standard errors allowed (one-sided, Bonferroni over tau and positions)")
+    max_regression: float = Field(description="the extra tolerance asked for: a fraction of the baseline value")
+    rule: str
+    regressed: list[str] = Field(default_factory=list, description="what dropped beyond the bound")
 
 
 class Environment(BaseModel):
@@ -188,6 +213,7 @@ class ValidationReport(BaseModel):
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
     engine_run: EngineStats | None = Field(None, description="the real engine's figures (--engine-python)")
+    baseline: BaselineComparison | None = Field(None, description="this run against an earlier report (--baseline)")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -344,6 +370,10 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
     if a is None:
         return None
     t = report.thresholds() if isinstance(report, ValidationReport) else report.thresholds
+    b = getattr(report, "baseline", None)
+    if b is not None:
+        return svg_chart(b.rates, t.get("min_position_rates"), baseline=b.baseline_rates,
+                         title=f"acceptance per draft position: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f})")
     return svg_chart(a.per_position_rates, t.get("min_position_rates"),
                      title=f"acceptance per draft position: tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x")
 
@@ -372,8 +402,12 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
             lines += [_cell(sampling_line(a.sampling)), ""]
         if image:
             lines += [f"![acceptance per draft position]({image})", ""]
-        lines += ["Acceptance per draft position:", "", "```text",
-                  *text_chart(a.per_position_rates, t.get("min_position_rates")), "```", ""]
+        b = report.baseline
+        lines += ["Acceptance per draft position" + (" (`was`: the baseline's)" if b else "") + ":", "", "```text",
+                  *text_chart(b.rates if b else a.per_position_rates, t.get("min_position_rates"),
+                              baseline=b.baseline_rates if b else None), "```", ""]
+        if b is not None:
+            lines += baseline_markdown(b)
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
@@ -386,6 +420,20 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
                   f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} |" for p in a.per_prompt]
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def baseline_markdown(b: BaselineComparison) -> list[str]:
+    """The comparison with the baseline report as a Markdown table: both runs' figures, the allowed drops."""
+    verdict = "REGRESSED" if b.regressed else "no regression"
+    lines = [f"Against the baseline `{b.path}` ({b.created_at}, dflash-convert {b.tool_version}): **{verdict}**", "",
+             f"This run: {b.counted}, {b.num_drafts} draft steps; baseline: {b.baseline_counted}, "
+             f"{b.baseline_num_drafts} draft steps. Rule: {_cell(b.rule)}.", "",
+             "| figure | baseline | this run | drop | allowed drop |", "|---|---|---|---|---|",
+             f"| tau | {b.baseline_tau:.3f} | {b.tau:.3f} | {b.baseline_tau - b.tau:+.3f} | "
+             f"{b.tau_allowed_drop:.3f} |"]
+    lines += [f"| position {k + 1} | {x:.3f} | {y:.3f} | {x - y:+.3f} | {d:.3f} |"
+              for k, (x, y, d) in enumerate(zip(b.baseline_rates, b.rates, b.rates_allowed_drop))]
+    return lines + [""]
 
 
 def _cell(text: str) -> str:

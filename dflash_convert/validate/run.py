@@ -43,6 +43,8 @@ from dflash_convert.validate.end_to_end import end_to_end, machine_load, usable_
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
 from dflash_convert.validate import served
+from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
+from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prompts import chat_template, load_tokenizer, read_prompts, tokenize_prompts
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
 from dflash_convert.validate.sampling import (PENALTY_FIELDS, generation_config, penalties, resolve_sampling,
@@ -89,6 +91,7 @@ class Run:
     stats: AcceptanceStats | None = None
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
     engine_run: EngineStats | None = None
+    baseline: ValidationReport | None = None  # --baseline, read before any slow work
 
     def skip(self, levels, why: str) -> None:
         for lv in levels:
@@ -140,13 +143,29 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     for lv in LEVELS:
         if lv not in run.run and lv not in run.skipped:
             run.skipped[lv] = "not requested"
-    return ValidationReport(
+    if run.stats is not None:
+        run.stats.prompt_ids_sha256 = prompt_ids_sha256(run.prompt_ids)
+    report = ValidationReport(
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
         engine_run=run.engine_run,
         environment=_environment(opts, run), options=opts.model_dump(mode="json"),
         duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in run.checks))
+    if run.baseline is not None:
+        _baseline_gate(run, report)
+    return report
+
+
+def _baseline_gate(run: Run, report: ValidationReport) -> None:
+    """--baseline: the regression check of this run's figures against the earlier report's."""
+    if report.acceptance is None:
+        check = _check("regression", None, f"no end-to-end figures in this run to compare with {run.opts.baseline}",
+                       level="end_to_end")
+    else:
+        check, report.baseline = compare_baseline(run.baseline, run.opts.baseline, report, run.opts.max_regression)
+    report.checks.append(check)
+    report.passed = not any(c.status == "fail" for c in report.checks)
 
 
 def _target_name(opts: ValidateOptions) -> str | None:
@@ -172,8 +191,21 @@ def _prepare(run: Run) -> None:
     run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
+    if opts.baseline is not None:
+        run.baseline = load_baseline(opts.baseline)
     if run.end_to_end_runs:
         _prepare_decoding(run, prompt_list, str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
+        if run.baseline is not None:
+            check_same_settings(run.baseline, opts.baseline, _settings(run))
+
+
+def _settings(run: Run) -> dict[str, Any]:
+    """This run's settings as baseline.settings names them, known before decoding."""
+    s = run.sampling
+    out = {"prompt token ids (SHA-256)": prompt_ids_sha256(run.prompt_ids), "prompts": len(run.prompt_ids),
+           "block size": run.opts.block_size or run.ckpt.spec.block_size, "max new tokens": run.opts.max_new_tokens,
+           "draft sampling": run.opts.draft_sampling, "prompt lengths": [len(p) for p in run.prompt_ids]}
+    return out | {k: getattr(s, k) for k in SAMPLING_KEYS}
 
 
 def _prepare_decoding(run: Run, prompt_list, source: str) -> None:
