@@ -1,0 +1,111 @@
+"""Every chat shape vLLM's chat API accepts for a text model: content as text parts (joined with "\\n" for
+templates that take content as a string, as parts for templates that loop over it), tool turns with
+tool_call_id, assistant tool_calls (arguments decoded to an object), a name; keys vLLM drops are dropped; a
+refusal names the line, the message and the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_convert.errors import DFlashError
+from test_validate_chat import chat_target
+
+WORDS_TEMPLATE = (  # takes content as a string (vLLM's "string" format): renders every field it is handed
+    "{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }}"
+    "{% if m.name is defined %} name={{ m.name }}{% endif %}"
+    "{% if m.tool_call_id is defined %} id={{ m.tool_call_id }}{% endif %}"
+    "{% if m.tool_calls is defined %}{% for c in m.tool_calls %} call={{ c.function.name }}"
+    "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}"
+    "{% if m.extra is defined %} EXTRA{% endif %} {% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
+PARTS_TEMPLATE = (  # loops over content (vLLM's "openai" format)
+    "{{ bos_token }}{% for m in messages %}{{ m.role }}{% if m.content is string %} {{ m.content }}{% else %}"
+    "{% for p in m.content %} [{{ p.text }}]{% endfor %}{% endif %} {% endfor %}"
+    "{% if add_generation_prompt %}assistant{% endif %}")
+
+CHAT = [
+    {"role": "system", "content": [{"type": "text", "text": "the cat"}, "sat"]},
+    {"role": "user", "content": "hello", "name": "world", "extra": 1},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "the", "arguments": "{\"cat\": 1}"}},
+        {"id": "c2", "type": "function", "function": {"name": "sat", "arguments": "not json"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "hello"},
+                                                       {"type": "text", "text": "world"}]},
+    {"role": "assistant", "content": "the", "tool_calls": []},
+    {"role": "user", "content": "sat"},
+]
+
+
+def test_the_conversation_vllm_hands_the_template():
+    from dflash_convert.validate.prompts import content_format, conversation
+
+    assert content_format(WORDS_TEMPLATE) == "string" and content_format(PARTS_TEMPLATE) == "openai"
+    assert conversation(CHAT, "string") == [
+        {"role": "system", "content": "the cat\nsat"},
+        {"role": "user", "content": "hello", "name": "world"},  # `extra` dropped, as vLLM drops it
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "the", "arguments": {"cat": 1}}},
+            {"id": "c2", "type": "function", "function": {"name": "sat", "arguments": {}}}]},
+        {"role": "tool", "content": "hello\nworld", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "the"},  # an empty tool_calls list dropped
+        {"role": "user", "content": "sat"}]
+    parts = conversation(CHAT, "openai")
+    assert parts[0]["content"] == [{"type": "text", "text": "the cat"}, {"type": "text", "text": "sat"}]
+    assert parts[1]["content"] == [{"type": "text", "text": "hello"}]  # a string wrapped as one part
+    assert parts[2]["content"] == [] and parts[3]["content"] == "hello\nworld"  # tool turns: always joined
+
+
+@pytest.mark.parametrize("template", [WORDS_TEMPLATE, PARTS_TEMPLATE])
+def test_ids_equal_transformers_rendering_of_that_conversation(tiny_target, tmp_path, template):
+    """The ids fed to the target are transformers' apply_chat_template (what vLLM 0.33 calls) of the
+    conversation vLLM builds; parts handed to a string template (a planted 'always openai') fail here, a
+    planted ' '-join of parts fails the test above (this word-level tokenizer splits on any whitespace)."""
+    from transformers import AutoTokenizer
+
+    from dflash_convert.validate.prompts import load_tokenizer, read_prompts, tokenize_prompts
+
+    target = chat_target(tiny_target, tmp_path / "target", template=template)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"messages": CHAT}) + "\n")
+    tokenizer = load_tokenizer(target)
+    ids, _ = tokenize_prompts(read_prompts(prompts), target, 512, set(), tokenizer=tokenizer, template=template)
+    own = AutoTokenizer.from_pretrained(target)
+    expected_conversation = [
+        {"role": "system", "content": "the cat\nsat"}, {"role": "user", "content": "hello", "name": "world"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "the", "arguments": {"cat": 1}}},
+            {"id": "c2", "type": "function", "function": {"name": "sat", "arguments": {}}}]},
+        {"role": "tool", "content": "hello\nworld", "tool_call_id": "c1"}, {"role": "assistant", "content": "the"},
+        {"role": "user", "content": "sat"}]
+    if template is PARTS_TEMPLATE:
+        for turn in expected_conversation:
+            if turn["role"] != "tool":
+                turn["content"] = [{"type": "text", "text": t} for t in turn["content"].split("\n") if t]
+    text = own.apply_chat_template(expected_conversation, add_generation_prompt=True, tokenize=False)
+    assert ids[0] == own(text, add_special_tokens=False)["input_ids"]
+    if template is WORDS_TEMPLATE:  # what the template saw
+        assert "the cat\nsat" in text and "id=c1" in text and 'call=the{"cat": 1}' in text and "EXTRA" not in text
+    else:
+        assert "[the cat] [sat]" in text and "tool hello\nworld" in text
+
+
+@pytest.mark.parametrize("turn,needle", [
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+     "message 2: field `content` part 1 ('image_url')"),
+    ({"role": "tool", "content": "x"}, "message 2: field `tool_call_id`"),
+    ({"role": "assistant", "content": "x", "tool_calls": [{"type": "retrieval"}]},
+     "message 2: field `tool_calls` entry 1"),
+    ({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}, "`function.name`"),
+    ({"role": "developer", "content": "x"}, "message 2: field `role` is 'developer'"),
+    ({"role": "user"}, "message 2: field `content` is missing"),
+    ({"role": "user", "content": 5}, "message 2: field `content` must be text"),
+])
+def test_a_refusal_names_the_line_the_message_and_the_field(tmp_path, turn, needle):
+    from dflash_convert.validate.prompts import read_prompts
+
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "x"}\n' + json.dumps({"messages": [{"role": "user", "content": "x"}, turn]}) + "\n")
+    with pytest.raises(DFlashError) as err:
+        read_prompts(p)
+    assert "line 2" in str(err.value) and needle in str(err.value) and str(p) in str(err.value)
