@@ -98,3 +98,22 @@ def test_the_bound_from_the_counts():
     mean, second = 0.2 * 0 + 0.2 * 1 + 0.3 * 2 + 0.3 * 3, 0.2 * 1 + 0.3 * 4 + 0.3 * 9
     n = 10 ** 6
     assert abs(_tau_variance(rates, n) - (second - mean ** 2)) < 1e-4
+
+
+def test_per_request_histograms(first_run, cli, tmp_path):
+    """Per prompt: its verify steps by drafts accepted (vLLM's per-request summary), summing to its steps;
+    over the prompts: how many fell in each tau band. Both in the JSON and the Markdown report."""
+    from dflash_convert.validate.histogram import request_histogram, step_histogram
+
+    steps = [0, 3, 1, 0, 2, 2, 5]  # drafts accepted per step, block 6
+    rates = [sum(a > k for a in steps) / len(steps) for k in range(5)]
+    assert step_histogram(rates, len(steps)) == [steps.count(a) for a in range(6)]
+    assert request_histogram([1.0, 1.99, 2.0, 6.0, 5.5], 6) == [2, 1, 0, 0, 2]
+    args, path, report = first_run
+    a = report["acceptance"]
+    assert sum(a["per_request_histogram"]) == a["prompts"] == 3
+    for p in a["per_prompt"]:
+        assert sum(p["accepted_histogram"]) == p["steps"] and len(p["accepted_histogram"]) == a["block_size"]
+    md = tmp_path / "r.md"
+    assert cli(*args, "--report-md", md).code == 0
+    assert "Per-request acceptance" in md.read_text() and "steps by drafts accepted" in md.read_text()

@@ -17,6 +17,7 @@ from dflash_convert.validate.checks import Check, _check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
                                             SamplingUsed)
+from dflash_convert.validate.histogram import step_histogram
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -111,7 +112,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                                                      for name, source, first, end in prompt_sets},
         per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
                                 steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
-                                output_equal=None if same is None else same[i])
+                                output_equal=None if same is None else same[i],
+                                accepted_histogram=step_histogram(r.stats.per_position_rates, r.stats.num_drafts))
                     for i, (p, r) in enumerate(zip(prompt_ids, runs))])
     return checks, stats, [r.tokens for r in runs]
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from dflash_runtime import DRAFT_SAMPLING
 
-from dflash_convert.chart import svg_chart, text_chart
+from dflash_convert.chart import bar, svg_chart, text_chart
 from dflash_convert.validate.checks import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
 
@@ -78,6 +78,8 @@ class PromptStats(BaseModel):
     acceptance_length: float = Field(description="tau of this prompt: new tokens per step")
     output_equal: bool | None = Field(None, description="the output is the target's greedy output (None when "
                                       "sampling)")
+    accepted_histogram: list[int] = Field(default_factory=list, description="verify steps by drafts accepted: "
+                                          "entry a = steps that accepted exactly a (vLLM's per-request summary)")
 
 
 class AcceptanceStats(BaseModel):
@@ -120,6 +122,8 @@ class AcceptanceStats(BaseModel):
     prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
+    per_request_histogram: list[int] = Field(default_factory=list, description="prompts per tau band: entry i = "
+                                             "prompts whose tau is in [i + 1, i + 2) (the last band includes block)")
     prompt_ids_sha256: str | None = Field(None, description="SHA-256 of the prompts' token ids (JSON, compact): "
                                           "--baseline checks that two runs decoded the same prompts")
 
@@ -413,13 +417,27 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
         lines += [f"| {c.name} | {c.level} | {c.status} | {_cell(c.message)} |" for c in notable]
         lines.append("")
+    if a is not None and a.per_request_histogram:
+        lines += histogram_markdown(a)
     if a is not None and a.per_prompt:
         lines += ["<details><summary>Per prompt</summary>", "",
-                  "| prompt | prompt tokens | new tokens | steps | tau | output equal |", "|---|---|---|---|---|---|"]
+                  "| prompt | prompt tokens | new tokens | steps | tau | output equal | steps by drafts accepted |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {p.prompt} | {p.prompt_tokens} | {p.new_tokens} | {p.steps} | {p.acceptance_length:.2f} | "
-                  f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} |" for p in a.per_prompt]
+                  f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} | "
+                  f"{' '.join(map(str, p.accepted_histogram))} |" for p in a.per_prompt]
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def histogram_markdown(a: AcceptanceStats) -> list[str]:
+    """Prompts per tau band as a Markdown table with bars."""
+    most = max(a.per_request_histogram) or 1
+    last = len(a.per_request_histogram) - 1
+    lines = ["Per-request acceptance (prompts per tau band):", "", "| tau | prompts | |", "|---|---|---|"]
+    lines += [f"| {i + 1}-{i + 2}{'' if i == last else ' (excl.)'} | {n} | `{bar(n / most, 20).rstrip()}` |"
+              for i, n in enumerate(a.per_request_histogram)]
+    return lines + [""]
 
 
 def baseline_markdown(b: BaselineComparison) -> list[str]:

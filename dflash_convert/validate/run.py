@@ -43,6 +43,7 @@ from dflash_convert.validate.end_to_end import end_to_end, machine_load, usable_
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
 from dflash_convert.validate import served
+from dflash_convert.validate.histogram import request_histogram
 from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prompts import chat_template, load_tokenizer, read_prompts, tokenize_prompts
@@ -145,6 +146,8 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
             run.skipped[lv] = "not requested"
     if run.stats is not None:
         run.stats.prompt_ids_sha256 = prompt_ids_sha256(run.prompt_ids)
+        run.stats.per_request_histogram = request_histogram([p.acceptance_length for p in run.stats.per_prompt],
+                                                            run.stats.block_size)
     report = ValidationReport(
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
