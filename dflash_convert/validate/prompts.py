@@ -76,6 +76,9 @@ def messages_problem(value: Any) -> str | None:
             return f"{where}: field `content` must be text or a list of text parts, got {type(content).__name__}"
         if role == "tool" and not isinstance(m.get("tool_call_id"), str):
             return f"{where}: field `tool_call_id` (text) is required on a tool turn"
+        if m.get("generate") is not None and not (m["generate"] is True and role == "assistant" and content is None):
+            return (f"{where}: field `generate` (true) marks an assistant turn without content for the target to "
+                    "answer")
         calls = m.get("tool_calls") if role == "assistant" else None
         if calls is not None:
             if not isinstance(calls, list):
@@ -92,6 +95,13 @@ def messages_problem(value: Any) -> str | None:
 
 def _messages(value: Any) -> bool:
     return messages_problem(value) is None
+
+
+def pending_turn(messages: Any) -> int | None:
+    """Index of the first assistant turn the target is to answer (`"generate": true`), else None."""
+    if not isinstance(messages, list):
+        return None
+    return next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("generate") is True), None)
 
 
 def _texts(content: Any) -> list[str]:
@@ -306,7 +316,9 @@ def tokenize_prompts(prompts: Sequence[str | list[int] | list[dict[str, str]]] |
                                   "--chat-template none): give --chat-template FILE"), file=source)
             if sum(len(t) for m in p for t in _texts(m.get("content"))) > MAX_PROMPT_CHARS:
                 raise DFlashError(f"prompt {n}: more than {MAX_PROMPT_CHARS} characters", file=source)
-            ids = _render(tokenizer, p, template, template_kwargs or {}, template_name, n)
+            pending = pending_turn(p)  # a turn the target answers first: the prompt it answers, for now
+            ids = _render(tokenizer, p if pending is None else p[:pending], template, template_kwargs or {},
+                          template_name, n)
         else:
             problem = messages_problem(p) if isinstance(p, list) and p and isinstance(p[0], dict) else None
             raise DFlashError(f"prompt {n}: " + (f"`messages`: {problem}" if problem else "neither text, a list of "

@@ -44,9 +44,11 @@ from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
 from dflash_convert.validate import served
 from dflash_convert.validate.histogram import request_histogram
+from dflash_convert.validate.turns import answer_turns
 from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
-from dflash_convert.validate.prompts import chat_template, load_tokenizer, read_prompts, tokenize_prompts
+from dflash_convert.validate.prompts import (chat_template, load_tokenizer, pending_turn, read_prompts,
+                                             tokenize_prompts)
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
 from dflash_convert.validate.sampling import (PENALTY_FIELDS, generation_config, penalties, resolve_sampling,
                                               stop_token_ids)
@@ -93,6 +95,8 @@ class Run:
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
     engine_run: EngineStats | None = None
     baseline: ValidationReport | None = None  # --baseline, read before any slow work
+    pending: dict[int, list] = field(default_factory=dict)  # prompt index -> chat with turns the target answers
+    render: dict[str, Any] = field(default_factory=dict)  # how prompts were rendered (tokenizer, template, ...)
 
     def skip(self, levels, why: str) -> None:
         for lv in levels:
@@ -198,7 +202,7 @@ def _prepare(run: Run) -> None:
         run.baseline = load_baseline(opts.baseline)
     if run.end_to_end_runs:
         _prepare_decoding(run, prompt_list, str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
-        if run.baseline is not None:
+        if run.baseline is not None and not run.pending:  # else once the target answered the earlier turns
             check_same_settings(run.baseline, opts.baseline, _settings(run))
 
 
@@ -223,15 +227,17 @@ def _prepare_decoding(run: Run, prompt_list, source: str) -> None:
         run.prompt_format += f" with {json.dumps(opts.chat_template_kwargs, sort_keys=True)}"
     how = dict(tokenizer=tokenizer, template=template, template_kwargs=opts.chat_template_kwargs,
                template_name=opts.chat_template if opts.chat_template not in ("auto", "none") else str(run.target_dir))
-    groups: list[tuple[str | None, str, list[list[int]]]] = []
+    groups: list[tuple[str | None, str, list[list[int]], list]] = []
     if prompt_list is not None or not opts.prompt_sets:
         ids, described = tokenize_prompts(prompt_list, run.target_dir, info.vocab_size, avoid, source=source, **how)
-        groups.append((None, described, ids))
+        groups.append((None, described, ids, list(prompt_list or [])))
     for named in opts.prompt_sets:
         ids, _ = tokenize_prompts(named.prompts, run.target_dir, info.vocab_size, avoid, source=named.source, **how)
-        groups.append((named.name, named.source, ids))
+        groups.append((named.name, named.source, ids, named.prompts))
     run.prompt_ids = []
-    for name, described, ids in groups:
+    run.render = how
+    for name, described, ids, raw in groups:
+        run.pending |= {len(run.prompt_ids) + k: p for k, p in enumerate(raw) if pending_turn(p) is not None}
         if name is not None:
             run.prompt_sets.append((name, described, len(run.prompt_ids), len(run.prompt_ids) + len(ids)))
         run.prompt_ids += ids
@@ -304,6 +310,7 @@ def _memory_plan(run: Run) -> memory.MemoryPlan:
     draft_tensors = [run.ckpt.tensors[n] for n in catalogue.expected_shapes(spec) if n in run.ckpt.tensors]
     block = opts.block_size or spec.block_size
     sequence = (max(map(len, run.prompt_ids)) if run.prompt_ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
+    sequence += opts.max_new_tokens if run.pending else 0  # an earlier turn's answer joins the prompt
     return memory.plan(draft_tensors, run.dtype_name, device=run.device, target_dir=run.target_dir if e2e else None,
                        target_dtype=run.target_dtype_name, draft_layers=spec.num_layers,
                        draft_kv_width=spec.num_kv_heads * spec.head_dim, sequence=sequence, block=block,
@@ -337,6 +344,8 @@ def _end_to_end_level(run: Run) -> None:
     elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in run.checks):
         run.skipped["end_to_end"] = "the draft cannot be loaded (see the numeric checks)"
     else:
+        if run.pending:
+            _answer_earlier_turns(run)
         checks, run.stats, run.outputs = end_to_end(
             run.ckpt, run.target_dir, run.prompt_ids, run.opts, draft=run.loaded, device=run.device,
             dtype=run.torch_dtype, target_dtype=run.target_torch_dtype, sampling=run.sampling,
@@ -347,6 +356,27 @@ def _end_to_end_level(run: Run) -> None:
         run.run.append("end_to_end")
         if run.opts.engine_python is not None and run.stats is not None:
             _served_level(run)
+
+
+def _answer_earlier_turns(run: Run) -> None:
+    """Multi-turn prompts: the target answers the turns before the one measured (turns.py), then the
+    baseline's prompts are checked again against the prompts as completed."""
+    from dflash_runtime import load_target
+
+    from dflash_convert.validate.end_to_end import sampling_penalties
+
+    opts, s = run.opts, run.sampling
+    run.say(f"end to end: the target answers the earlier turns of {len(run.pending)} multi-turn prompt(s)")
+    target = load_target(run.target_dir, device=run.device, dtype=run.target_torch_dtype or run.torch_dtype,
+                         attn_implementation=opts.target_backend, device_map=opts.placed_by_device_map,
+                         max_memory=opts.max_memory)
+    decode_kw = dict(max_new_tokens=opts.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                     min_p=s.min_p, stop_token_ids=tuple(s.stop_token_ids), seed=opts.seed,
+                     penalties=sampling_penalties(s))
+    answer_turns(target, run.pending, run.prompt_ids, how=run.render, decode_kw=decode_kw, say=run.say)
+    del target
+    if run.baseline is not None:
+        check_same_settings(run.baseline, opts.baseline, _settings(run))
 
 
 def _served_level(run: Run) -> None:
