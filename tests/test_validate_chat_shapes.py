@@ -6,6 +6,8 @@ refusal names the line, the message and the field."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +111,58 @@ def test_a_refusal_names_the_line_the_message_and_the_field(tmp_path, turn, need
     with pytest.raises(DFlashError) as err:
         read_prompts(p)
     assert "line 2" in str(err.value) and needle in str(err.value) and str(p) in str(err.value)
+
+
+VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).parent.parent / "build" / "vllm-venv" /
+                                                          "bin" / "python")
+VLLM_RENDER = """
+import json, sys
+from transformers import AutoTokenizer
+from vllm.config import ModelConfig
+from vllm.renderers.hf import parse_chat_messages, resolve_chat_template_content_format, safe_apply_chat_template
+target, chats = sys.argv[1], json.loads(open(sys.argv[2]).read())
+tok = AutoTokenizer.from_pretrained(target)
+mc = ModelConfig(model=target, tokenizer=target)
+out = []
+for messages in chats:
+    fmt = resolve_chat_template_content_format(tok.chat_template, None, "auto", tok, model_config=mc)
+    conv, _, _ = parse_chat_messages(messages, mc, fmt)
+    text = safe_apply_chat_template(mc, tok, conv, tokenize=False, add_generation_prompt=True)
+    ids = safe_apply_chat_template(mc, tok, conv, tokenize=True, add_generation_prompt=True)
+    out.append({"format": fmt, "text": text, "ids": list(ids)})
+print("RESULT " + json.dumps(out))
+"""
+SHAPES = [CHAT, [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}],
+          [{"role": "system", "content": "the"}, {"role": "user", "content": "cat", "name": "sat"},
+           {"role": "assistant", "content": "hello", "reasoning": "world"}, {"role": "user", "content": "the cat"}],
+          [{"role": "user", "content": "hello"}, {"role": "assistant", "content": None, "tool_calls": [
+              {"id": "x", "type": "function", "function": {"name": "cat", "arguments": {"the": [1, 2]}}}]},
+           {"role": "tool", "tool_call_id": "x", "content": "sat"}]]
+
+
+@pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK), reason=f"no Python with vLLM at {VLLM_PYTHON}: set "
+                    "DFLASH_VLLM_PYTHON or run scripts/setup-vllm.sh")
+@pytest.mark.parametrize("template", [WORDS_TEMPLATE, PARTS_TEMPLATE])
+def test_ids_equal_vllms_own_rendering(tiny_target, tmp_path, template):
+    """vLLM's own chat path (parse_chat_messages with the content format it detects, then
+    safe_apply_chat_template) in its venv gives the text and the ids this tool feeds the target."""
+    import subprocess
+    import sys
+
+    from dflash_convert.validate.prompts import content_format, conversation, load_tokenizer, tokenize_prompts
+
+    target = chat_target(tiny_target, tmp_path / "target", template=template)
+    (tmp_path / "chats.json").write_text(json.dumps(SHAPES))
+    (tmp_path / "render.py").write_text(VLLM_RENDER)
+    done = subprocess.run([VLLM_PYTHON, str(tmp_path / "render.py"), str(target), str(tmp_path / "chats.json")],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ""})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, (done.stdout + done.stderr)[-3000:]
+    theirs = json.loads(line.removeprefix("RESULT "))
+    tokenizer = load_tokenizer(target)
+    ours, _ = tokenize_prompts(SHAPES, target, 512, set(), tokenizer=tokenizer, template=template)
+    fmt = content_format(template)
+    for chat, mine, vllm in zip(SHAPES, ours, theirs):
+        text = tokenizer.apply_chat_template(conversation(chat, fmt), chat_template=template, tokenize=False,
+                                             add_generation_prompt=True)
+        assert (fmt, text, mine) == (vllm["format"], vllm["text"], vllm["ids"]), sys.version
