@@ -6,6 +6,8 @@ baseline and the self-check's `generate` reference with the same rule."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +135,50 @@ def test_flags_override_and_what_is_not_applied_is_named(speculators_drafts, tin
     (target / "generation_config.json").write_text(json.dumps({"repetition_penalty": 0}))
     r = cli(*args)
     assert r.code == 1 and "generation_config.json" in r.err and "repetition_penalty" in r.err, r.err[-500:]
+
+
+VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).parent.parent / "build" / "vllm-venv" /
+                                                          "bin" / "python")
+VLLM_PENALIZE = """
+import json, sys, torch
+from vllm.v1.sample.ops.penalties import apply_all_penalties
+from vllm.v1.sample.rejection_sampler import RejectionSampler
+d = json.load(open(sys.argv[1]))
+logits = torch.tensor(d["logits"], dtype=torch.float32)
+n, vocab = logits.shape
+# the draft slots as the rejection sampler counts them, then the bonus token as the sampler does
+rows = RejectionSampler._combine_outputs_with_spec_tokens([d["output"]], [d["spec"]]) + [d["output"] + d["spec"]]
+prompt = torch.tensor([d["prompt"]] * n)
+pen = {k: torch.full((n,), d[k], dtype=torch.float32) for k in ("presence", "frequency", "repetition")}
+out = apply_all_penalties(logits.clone(), prompt, pen["presence"], pen["frequency"], pen["repetition"], rows)
+print("RESULT " + json.dumps(out.tolist()))
+"""
+
+
+@pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK), reason=f"no Python with vLLM at {VLLM_PYTHON}: set "
+                    "DFLASH_VLLM_PYTHON or run scripts/setup-vllm.sh")
+def test_penalize_equals_vllms_own_penalties(tmp_path):
+    """vLLM's own apply_all_penalties, fed the rows its rejection sampler builds (committed output plus the
+    proposals before each draft slot, then all of them for the bonus token), gives the same float32 logits,
+    bit for bit."""
+    import subprocess
+
+    import torch
+
+    from dflash_runtime.penalties import Penalties, penalize
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 40, generator=g) * 3
+    logits[:, :3] = 0.0  # a zero logit: neither scaled up nor down
+    d = {"logits": logits.tolist(), "prompt": [1, 2, 2, 7, 30], "output": [3, 7, 3], "spec": [5, 3, 39],
+         "presence": 0.5, "frequency": 0.25, "repetition": 1.1}
+    (tmp_path / "d.json").write_text(json.dumps(d))
+    (tmp_path / "p.py").write_text(VLLM_PENALIZE)
+    done = subprocess.run([VLLM_PYTHON, str(tmp_path / "p.py"), str(tmp_path / "d.json")], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ""})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, (done.stdout + done.stderr)[-3000:]
+    theirs = torch.tensor(json.loads(line.removeprefix("RESULT ")), dtype=torch.float32)
+    ours = penalize(torch.tensor(d["logits"]), Penalties(repetition=1.1, presence=0.5, frequency=0.25),
+                    torch.tensor(d["prompt"]), torch.tensor(d["output"] + d["spec"]), len(d["output"]))
+    assert torch.equal(ours, theirs)
