@@ -117,3 +117,30 @@ def test_per_request_histograms(first_run, cli, tmp_path):
     md = tmp_path / "r.md"
     assert cli(*args, "--report-md", md).code == 0
     assert "Per-request acceptance" in md.read_text() and "steps by drafts accepted" in md.read_text()
+
+
+def test_an_engine_run_is_gated_on_an_emulation_report(first_run, tmp_path):
+    """Each report's most engine-like figures: the real engine's counters, else the emulation counted as vLLM
+    counts, else the emulation's own; an engine run whose counters dropped fails against an emulation report."""
+    from dflash_convert.validate.baseline import compare, figures
+    from dflash_convert.validate.report import AcceptanceCounts, EngineStats, ValidationReport
+
+    _, path, report = first_run
+    block = report["acceptance"]["block_size"]
+    emulation = ValidationReport.model_validate(report)
+    rates = [0.8] + [0.4] * (block - 2)
+    emulation.acceptance.vllm_counting = AcceptanceCounts(num_drafts=300, drafted=300 * (block - 1), accepted=0,
+                                                          acceptance_length=1 + sum(rates), per_position_rates=rates)
+    assert figures(emulation)[0] == "the emulation, counted as vLLM counts"
+    engine = emulation.model_copy(deep=True)
+    same = AcceptanceCounts(**emulation.acceptance.vllm_counting.model_dump())
+    engine.engine_run = EngineStats(engine="vLLM", version="0.33.0", python="p", prompts=3, outputs_equal=3,
+                                    counts=same)
+    assert figures(engine)[0] == "vLLM 0.33.0's own counters"
+    check, comparison = compare(emulation, path, engine)
+    assert check.status == "pass" and comparison.counted == "vLLM 0.33.0's own counters"
+    low = [0.5] + [0.1] * (block - 2)
+    engine.engine_run.counts = AcceptanceCounts(num_drafts=300, drafted=0, accepted=0,
+                                                acceptance_length=1 + sum(low), per_position_rates=low)
+    check, comparison = compare(emulation, path, engine)
+    assert check.status == "fail" and comparison.regressed and "position 1" in " ".join(comparison.regressed)
