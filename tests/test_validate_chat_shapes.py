@@ -58,6 +58,21 @@ def test_the_conversation_vllm_hands_the_template():
     assert parts[2]["content"] == [] and parts[3]["content"] == "hello\nworld"  # tool turns: always joined
 
 
+def test_developer_turns_become_system_as_vllm_does():
+    from dflash_convert.validate.prompts import conversation, developer_as_system
+
+    chat = [{"role": "user", "content": "a"}, {"role": "developer", "content": "b", "tools": [1]},
+            {"role": "system", "content": ["c", "d"]}, {"role": "system", "content": ""}]
+    turns = conversation(chat, "string")
+    assert developer_as_system(turns, WORDS_TEMPLATE) == [{"role": "system", "content": "b\n\nc\nd"},
+                                                          {"role": "user", "content": "a"}]
+    kept = developer_as_system(turns, "{% if m.role == 'developer' %}{% endif %}")  # the template names the role
+    assert kept[1] == {"role": "developer", "content": "b", "tools": [1]}
+    first = conversation([{"role": "developer", "content": "b"}, {"role": "user", "content": "a"}], "string")
+    assert developer_as_system(first, WORDS_TEMPLATE) == [{"role": "system", "content": "b"},
+                                                          {"role": "user", "content": "a"}]
+
+
 @pytest.mark.parametrize("template", [WORDS_TEMPLATE, PARTS_TEMPLATE])
 def test_ids_equal_transformers_rendering_of_that_conversation(tiny_target, tmp_path, template):
     """The ids fed to the target are transformers' apply_chat_template (what vLLM 0.33 calls) of the
@@ -99,7 +114,7 @@ def test_ids_equal_transformers_rendering_of_that_conversation(tiny_target, tmp_
     ({"role": "assistant", "content": "x", "tool_calls": [{"type": "retrieval"}]},
      "message 2: field `tool_calls` entry 1"),
     ({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}, "`function.name`"),
-    ({"role": "developer", "content": "x"}, "message 2: field `role` is 'developer'"),
+    ({"role": "robot", "content": "x"}, "message 2: field `role` is 'robot'"),
     ({"role": "user"}, "message 2: field `content` is missing"),
     ({"role": "user", "content": 5}, "message 2: field `content` must be text"),
 ])
@@ -137,7 +152,10 @@ SHAPES = [CHAT, [{"role": "user", "content": [{"type": "text", "text": "hello"},
            {"role": "assistant", "content": "hello", "reasoning": "world"}, {"role": "user", "content": "the cat"}],
           [{"role": "user", "content": "hello"}, {"role": "assistant", "content": None, "tool_calls": [
               {"id": "x", "type": "function", "function": {"name": "cat", "arguments": {"the": [1, 2]}}}]},
-           {"role": "tool", "tool_call_id": "x", "content": "sat"}]]
+           {"role": "tool", "tool_call_id": "x", "content": "sat"}],
+          [{"role": "user", "content": "hello"}, {"role": "developer", "content": "the cat"},
+           {"role": "system", "content": [{"type": "text", "text": "sat"}, {"type": "text", "text": "world"}]}],
+          [{"role": "developer", "content": "the"}, {"role": "user", "content": "cat"}]]
 
 
 @pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK), reason=f"no Python with vLLM at {VLLM_PYTHON}: set "
@@ -149,7 +167,8 @@ def test_ids_equal_vllms_own_rendering(tiny_target, tmp_path, template):
     import subprocess
     import sys
 
-    from dflash_convert.validate.prompts import content_format, conversation, load_tokenizer, tokenize_prompts
+    from dflash_convert.validate.prompts import (content_format, conversation, developer_as_system, load_tokenizer,
+                                                 tokenize_prompts)
 
     target = chat_target(tiny_target, tmp_path / "target", template=template)
     (tmp_path / "chats.json").write_text(json.dumps(SHAPES))
@@ -163,6 +182,6 @@ def test_ids_equal_vllms_own_rendering(tiny_target, tmp_path, template):
     ours, _ = tokenize_prompts(SHAPES, target, 512, set(), tokenizer=tokenizer, template=template)
     fmt = content_format(template)
     for chat, mine, vllm in zip(SHAPES, ours, theirs):
-        text = tokenizer.apply_chat_template(conversation(chat, fmt), chat_template=template, tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(developer_as_system(conversation(chat, fmt), template),
+                                             chat_template=template, tokenize=False, add_generation_prompt=True)
         assert (fmt, text, mine) == (vllm["format"], vllm["text"], vllm["ids"]), sys.version

@@ -38,7 +38,7 @@ MAX_PROMPT_CHARS = 256 << 10  # characters of one text prompt
 _TOKEN_IDS = re.compile(r"-?[0-9]+(?:\s+-?[0-9]+)*")
 
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_TEMPLATE_BYTES = 1 << 20  # real chat templates are a few KB
 
 
@@ -59,8 +59,7 @@ def messages_problem(value: Any) -> str | None:
             return f"{where} is not an object"
         role = m.get("role")
         if role not in ROLES:
-            extra = " (vLLM's developer role is not supported here: give it as system)" if role == "developer" else ""
-            return f"{where}: field `role` is {role!r}, not one of {', '.join(ROLES)}{extra}"
+            return f"{where}: field `role` is {role!r}, not one of {', '.join(ROLES)}"
         content = m.get("content")
         if content is None and role != "assistant":
             return f"{where}: field `content` is missing (only an assistant turn may omit it)"
@@ -145,10 +144,33 @@ def conversation(messages: list[dict[str, Any]], content_format: str) -> list[di
         elif role == "tool":
             turn["tool_call_id"] = m["tool_call_id"]
             turn["content"] = "\n".join(texts)
+        elif role == "developer":
+            turn["tools"] = m.get("tools")
         if isinstance(m.get("name"), str):
             turn["name"] = m["name"]
         out.append(turn)
     return out
+
+
+def developer_as_system(turns: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """vLLM's handling of developer turns for a template that never names the role ('"developer"' or
+    "'developer'" not in its text): each becomes a system turn (its `tools` dropped), then, when a system turn
+    is not first or there are several, all system turns merge into one at the start, their non-empty texts
+    joined with a blank line (a list of parts: its texts joined with "\n" first)."""
+    if not any(t["role"] == "developer" for t in turns) or '"developer"' in template or "'developer'" in template:
+        return turns
+    turns = [{k: v for k, v in t.items() if k != "tools"} | {"role": "system"} if t["role"] == "developer" else t
+             for t in turns]
+    systems = [i for i, t in enumerate(turns) if t["role"] == "system"]
+    if systems == [0] or not systems:
+        return turns
+    texts = []
+    for i in systems:
+        content = turns[i]["content"]
+        text = content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+        if text:
+            texts.append(text)
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(t for t in turns if t["role"] != "system")]
 
 
 def content_format(template: str) -> str:
@@ -265,7 +287,7 @@ def chat_template(tokenizer, choice: str, target_dir: Path) -> tuple[str | None,
 def _render(tokenizer, messages: list[dict[str, str]], template: str, kwargs: dict[str, Any], name: str,
             n: int) -> list[int]:
     """Token ids of the chat as vLLM's chat endpoint renders it."""
-    messages = conversation(messages, content_format(template))
+    messages = developer_as_system(conversation(messages, content_format(template)), template)
     try:
         text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                              add_generation_prompt=True, **kwargs)
