@@ -182,3 +182,18 @@ def test_penalize_equals_vllms_own_penalties(tmp_path):
     ours = penalize(torch.tensor(d["logits"]), Penalties(repetition=1.1, presence=0.5, frequency=0.25),
                     torch.tensor(d["prompt"]), torch.tensor(d["output"] + d["spec"]), len(d["output"]))
     assert torch.equal(ours, theirs)
+
+
+def test_sampled_runs_apply_penalties_too(speculators_drafts, tiny_target, tmp_path, cli):
+    """At temperature > 0 (generation_config's temperature and penalties) the run samples the penalized
+    target distribution and its greedy exactness pass applies the penalties as well (else it would report
+    the runtime's own greedy output as wrong)."""
+    target = chat_target(tiny_target, tmp_path / "target", generation=dict(PENALTIES, temperature=0.8))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("5 6 7 8 9 10\n11 12 13 14 15\n")
+    r = cli("validate", speculators_drafts["full"], "--target", target, "--prompts", prompts, "--levels",
+            "end_to_end", "--max-new-tokens", "24", "--threads", "1", "--draft-sampling", "probabilistic", "--json")
+    assert r.code == 0, r.err[-2000:]
+    a = r.json()["acceptance"]
+    assert a["temperature"] == 0.8 and a["sampling"]["presence_penalty"] == 0.5
+    assert next(c for c in r.json()["checks"] if c["name"] == "greedy_output_equal")["status"] == "pass"
