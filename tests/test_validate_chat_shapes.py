@@ -20,7 +20,8 @@ WORDS_TEMPLATE = (  # takes content as a string (vLLM's "string" format): render
     "{% if m.tool_call_id is defined %} id={{ m.tool_call_id }}{% endif %}"
     "{% if m.tool_calls is defined %}{% for c in m.tool_calls %} call={{ c.function.name }}"
     "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}"
-    "{% if m.extra is defined %} EXTRA{% endif %} {% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
+    "{% if m.task is defined %} task={{ m.task }}{% endif %}{% if m.extra is defined %} EXTRA{% endif %} "
+    "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
 PARTS_TEMPLATE = (  # loops over content (vLLM's "openai" format)
     "{{ bos_token }}{% for m in messages %}{{ m.role }}{% if m.content is string %} {{ m.content }}{% else %}"
     "{% for p in m.content %} [{{ p.text }}]{% endfor %}{% endif %} {% endfor %}"
@@ -148,7 +149,7 @@ for messages in chats:
 print("RESULT " + json.dumps(out))
 """
 SHAPES = [CHAT, [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}],
-          [{"role": "system", "content": "the"}, {"role": "user", "content": "cat", "name": "sat"},
+          [{"role": "system", "content": "the"}, {"role": "user", "content": "cat", "name": "sat", "task": "hello"},
            {"role": "assistant", "content": "hello", "reasoning": "world"}, {"role": "user", "content": "the cat"}],
           [{"role": "user", "content": "hello"}, {"role": "assistant", "content": None, "tool_calls": [
               {"id": "x", "type": "function", "function": {"name": "cat", "arguments": {"the": [1, 2]}}}]},

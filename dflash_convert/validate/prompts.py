@@ -84,7 +84,8 @@ def messages_problem(value: Any) -> str | None:
                 return f"{where}: field `tool_calls` must be a list"
             for j, call in enumerate(calls, 1):
                 fn = call.get("function") if isinstance(call, dict) else None
-                if not (isinstance(call, dict) and call.get("type", "function") == "function" and isinstance(fn, dict)):
+                if not (isinstance(call, dict) and call.get("type", "function") == "function"
+                        and isinstance(fn, dict)):
                     return (f"{where}: field `tool_calls` entry {j} is not a "
                             '{"type": "function", "function": {...}} call')
                 if not isinstance(fn.get("name"), str):
@@ -127,7 +128,7 @@ def conversation(messages: list[dict[str, Any]], content_format: str) -> list[di
     joined with "\n"; "openai": a list of {"type": "text", "text": ...} parts, a plain string wrapped as one;
     a tool turn's parts always joined). Kept per turn: role, content, an assistant's tool_calls (arguments
     decoded to an object; an empty list dropped) and text `reasoning` (also as `reasoning_content`), a tool
-    turn's tool_call_id, a text `name`; other keys are dropped, as vLLM drops them."""
+    turn's tool_call_id, a text `name` and `task`; other keys are dropped, as vLLM drops them."""
     out = []
     for m in messages:
         texts = _texts(m.get("content"))
@@ -146,8 +147,9 @@ def conversation(messages: list[dict[str, Any]], content_format: str) -> list[di
             turn["content"] = "\n".join(texts)
         elif role == "developer":
             turn["tools"] = m.get("tools")
-        if isinstance(m.get("name"), str):
-            turn["name"] = m["name"]
+        for key in ("name", "task"):  # kept when text, as vLLM keeps them
+            if isinstance(m.get(key), str):
+                turn[key] = m[key]
         out.append(turn)
     return out
 
