@@ -116,7 +116,7 @@ def test_quiet_silences_progress_and_info(cli, speculators_drafts, tmp_path, mon
     from rich.console import Console
 
     # stderr as a terminal: rich draws its progress bar there
-    monkeypatch.setattr(cli_module, "err", Console(stderr=True, force_terminal=True, force_interactive=True))
+    monkeypatch.setattr(cli_module._output, "err", Console(stderr=True, force_terminal=True, force_interactive=True))
     r = cli("convert", speculators_drafts["full"], "-o", tmp_path / "loud")
     assert r.code == 0 and "converting" in r.err and "converted speculators -> hf" in r.out, r.err
     assert "  config " in r.out  # the details of the summary

@@ -332,6 +332,37 @@ def test_a_long_retry_after_is_shortened_to_the_cap(asked, obeyed, monkeypatch, 
     assert client._retry_delay(exc, backoff=2.0) == obeyed + 1
 
 
+@pytest.mark.parametrize("ratelimit, retry_after, obeyed", [
+    ('"api";r=0;t=100001', None, 60), ('"api";r=0;t=61', "5", 60), ('"api";r=0;t=55', None, 55),
+    ('"api";r=0;t=5', "100001", 5),  # the client sleeps for the reset and reads no Retry-After
+    ('"api";r=3;t=100001', "7", 7),  # requests left: the client ignores the reset
+])
+def test_a_ratelimit_reset_is_the_wait_and_is_capped(ratelimit, retry_after, obeyed, monkeypatch, capsys):
+    """On a 429 whose `RateLimit` says no request is left (r=0) the client sleeps for its reset (t), before
+    any Retry-After: that is the wait shown, checked against the patience, capped at RETRY_AFTER_CAP in
+    the header the client reads, and the delay of this tool's own retry."""
+    from huggingface_hub import errors
+    from huggingface_hub.utils import httpx as http
+
+    from dflash_convert.hub import client
+
+    monkeypatch.setenv(client.PATIENCE_VARIABLE, "1000")
+    client._watch.start()
+    url = "https://hub.test/api/models/org/d/revision/main"
+    headers = {"RateLimit": ratelimit, **({"Retry-After": retry_after} if retry_after else {})}
+    response = http.Response(429, headers=headers, request=http.Request("GET", url))
+    client._on_response(response)
+    err = capsys.readouterr().err
+    assert f"retrying in {obeyed:g} s" in err
+    t = int(ratelimit.rpartition("t=")[2])
+    if "r=0" in ratelimit:
+        assert response.headers["RateLimit"] == ratelimit.replace(f"t={t}", f"t={min(t, 60)}")
+        assert f"RateLimit reset: {t} s" in err and ("capped at 60 s" in err) == (t > 60)
+    exc = errors.HfHubHTTPError("slow down", response=response)
+    response.headers.update(headers)  # as sent, before any rewriting
+    assert client._retry_delay(exc, backoff=2.0) == obeyed + 1
+
+
 @pytest.mark.parametrize("revision", ["a/", "main/", "refs/pr/1/", "/a", "a//b", "a/./b", "a/../b", "a.lock",
                                       "a.", ".a", "a b", "a@{1}"])
 def test_revisions_git_would_refuse_are_usage_errors(revision):

@@ -89,7 +89,8 @@ def test_help_at_80_columns_shows_every_flag_whole():
     for name, command in group.commands.items():
         r = run(name, "-h", env={"COLUMNS": "80"})
         assert r.returncode == 0, r.stderr
-        flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+        flags = {o for p in command.params if not getattr(p, "hidden", False)  # a former spelling is hidden
+                 for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
         missing = {f for f in flags if not re.search(rf"(^|[\s,/]){re.escape(f)}([\s,/=]|$)", r.stdout, re.M)}
         assert not missing, (name, missing, r.stdout)
         assert "…" not in r.stdout and "\x1b[" not in r.stdout
@@ -182,22 +183,26 @@ def _raise(exc):
     return hook
 
 
-@pytest.mark.parametrize("where", ["redaction", "command"])
+@pytest.mark.parametrize("where", ["redaction", "command", "app"])
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_an_interrupt_that_escapes_the_app_is_the_same_one_line(cli, monkeypatch, where, as_json):
     """A Ctrl-C the app does not turn into its exit code (raised while the output redaction is set up,
-    before typer runs; or a typer.Abort out of a command) ends the same way as any other: exit 130, one
-    `Error: interrupted` line, and under --json one JSON error object on stdout."""
+    before typer runs; a typer.Abort out of a command; one out of the typer app itself, whatever module
+    the entry point lives in) ends the same way as any other: exit 130, one `Error: interrupted` line,
+    and under --json one JSON error object on stdout."""
     import typer
 
     if where == "redaction":
         monkeypatch.setattr("dflash_convert.hub.tokens.redact_output", _raise(KeyboardInterrupt()))
-    else:
+    elif where == "command":
         monkeypatch.setattr("dflash_convert.validate.inspect.inspect_checkpoint", _raise(typer.Abort()))
+    else:
+        monkeypatch.setattr(typer.Typer, "__call__", _raise(KeyboardInterrupt()))
     r = cli("inspect", str(PAIR / "draft"), *(["--json"] if as_json else []))
     assert r.code == 130, (r.code, r.err)
     assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C); nothing was written at the destination"
     if as_json:
+        assert r.out.startswith("{"), f"no JSON error object on stdout: {r.out!r}"  # json.loads: one, nothing else
         assert json.loads(r.out) == {"error": {"message": "interrupted (Ctrl-C); nothing was written at the "
                                                           "destination", "file": None, "exit_code": 130}}
     else:
@@ -379,12 +384,11 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
 def test_progress_on_a_terminal_counts_prompts_with_an_eta(cli, monkeypatch):
     from rich.console import Console
 
-    from dflash_convert import cli as cli_module
+    from dflash_convert.cli import _output
 
     args = ["validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--threads", "1",
             "--max-new-tokens", "16", "--sampling", "greedy"]
-    monkeypatch.setattr(cli_module, "err", Console(stderr=True, force_terminal=True, force_interactive=True,
-                                                   width=120))
+    monkeypatch.setattr(_output, "err", Console(stderr=True, force_terminal=True, force_interactive=True, width=120))
     r = cli(*args)
     assert r.code == 0, r.err[-2000:]
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", r.err)
@@ -407,5 +411,6 @@ def test_a_passing_run_with_a_warning_shows_the_warning_in_markdown(cli, tmp_pat
     assert r.code == 0, r.err[-2000:]
     text = md.read_text()
     assert text.startswith("## dflash-convert validate: PASSED")
-    row = next(line for line in text.splitlines() if line.startswith("| verifier |"))
-    assert "| static | warn |" in row and "names no verifier" in row
+    rows = [line for line in text.splitlines() if line.startswith("| verifier |")]
+    assert len(rows) == 1, f"the warned check is not in the Markdown report:\n{text}"
+    assert "| static | warn |" in rows[0] and "names no verifier" in rows[0]

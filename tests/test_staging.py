@@ -66,18 +66,18 @@ if mode == "mkdir":  # the signal arrives the instant the staging directory exis
 
     Path.mkdir = signalled_mkdir
 
-import dflash_convert.cli as cli
+import dflash_convert.cli._entry as entry
 from dflash_convert.cli import main
 
 if mode == "twice":  # a second signal while the first one's error line is being printed
-    real_fail = cli._fail
+    real_fail = entry._fail
 
     def fail_signalled_again(*args, **kwargs):
         os.kill(os.getpid(), sig)
         time.sleep(0.05)
         real_fail(*args, **kwargs)
 
-    cli._fail = fail_signalled_again
+    entry._fail = fail_signalled_again
 
 sys.argv = ["dflash-convert", "convert", src, "-o", out, *sys.argv[5:]]
 main()

@@ -19,12 +19,13 @@ RUNTIME = ROOT / "runtime" / "dflash_runtime"
 # Each unit (a folder, or a top-level module) and its layer; a unit may import its own layer's
 # layer and any lower one, except that the middle layer's three folders stay apart.
 LAYERS = {
-    "dflash_convert.errors": 1, "dflash_convert.chart": 1, "dflash_convert.format": 1, "dflash_convert.io": 1,
+    "dflash_convert.errors": 1, "dflash_convert.flags": 1, "dflash_convert.chart": 1, "dflash_convert.format": 1,
+    "dflash_convert.io": 1,
     "dflash_runtime": 2,
     "dflash_convert.convert": 3, "dflash_convert.validate": 3, "dflash_convert.hub": 3,
     "dflash_convert.publish": 4, "dflash_convert.schemas": 4,
     "dflash_convert.cli": 5, "dflash_convert.__main__": 5, "dflash_convert": 0,  # the root: __version__ only
-}
+}  # dflash_convert.cli is a package: its modules (commands, _output, _entry, ...) are all layer 5, by unit_of
 MIDDLE = 3  # convert/, validate/ and hub/ do not import each other: what two of them need lives below
 
 
@@ -106,6 +107,14 @@ def test_the_layer_check_sees_an_import_up_or_across(folder, line):
             test_no_import_runs_up_or_across_a_layer()
     finally:
         probe.unlink()
+
+
+def test_the_cli_does_not_import_the_process_entry():
+    """`__main__` imports the cli (after its early Ctrl-C handler); the cli never imports `__main__` back."""
+    for path in [*(PKG / "cli").rglob("*.py")]:
+        up = {m for m in imports_of(path) if m.startswith("dflash_convert.__main__")}
+        assert not up, f"{path.relative_to(ROOT)} imports {sorted(up)}: take the name from io.staging"
+    assert unit_of("dflash_convert.cli._output") == "dflash_convert.cli"
 
 
 def test_the_bottom_layer_needs_no_torch():

@@ -14,17 +14,21 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, get_args
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_convert import __version__
 from dflash_convert.format import catalogue, compat, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint, read_companion
 from dflash_convert.io.staging import check_destination, staged_directory
 from dflash_convert.io.reading import announced_by_cache_name, discard, hasher, read_json
-from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConversionRecord, DraftSpec, VerifierRef
-from dflash_convert.format.dtypes import CAST_TARGETS, DTYPES, torch_dtype
+from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, Flag
+from dflash_convert.format.configs import (
+    MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConversionRecord, DraftSpec, Format, VerifierRef
+)
+from dflash_convert.format.dtypes import CAST_TARGETS, DTYPE_CHOICES, DTYPES, torch_dtype
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.io.safetensors import (
     TensorInfo,
@@ -39,25 +43,42 @@ from dflash_convert.io.safetensors import (
 RECORD_NAME = "conversion.json"
 
 
-@dataclass
-class ConvertOptions:
-    to: str | None = None  # "hf" | "speculators"; None = the other format
-    verifier: str | Path | None = None  # target model dir or its config.json
-    verifier_name: str | None = None  # what to record as verifier.name_or_path (default: the path / hub id)
-    mask_token_id: int | None = None
-    target_layer_ids: list[int] | None = None  # z-lab convention
-    derive_target_layer_ids: bool = False
-    block_size: int | None = None
-    causal: bool | None = None
-    dtype: str = "auto"
-    max_shard_size: str | None = None
-    overwrite: bool = False
-    allow_pickle: bool = False
-    no_verifier: bool = False  # write a speculators config without a verifier (vLLM cannot serve it)
-    source_revision: str | None = None  # resolved commit sha when the source came from the Hub
-    source_id: str | None = None  # the Hub repo id the source came from (recorded instead of the cache path)
+class ConvertOptions(BaseModel):
+    """Options of `convert`, each declared once: type, default and help here, its flag in its `Flag` (the CLI's
+    options are generated from this model; tests/test_cli_options.py holds them together)."""
 
-    def __post_init__(self) -> None:
+    model_config = ConfigDict(extra="forbid")
+
+    to: Annotated[str | None, Flag("--to", choices=get_args(Format))] = Field(
+        None, description="Destination format (default: the other one).")
+    verifier: Annotated[str | Path | None, Flag("--verifier", type=str)] = Field(
+        None, description="Target model directory, its config.json, or Hub id: fills num_target_layers and the "
+        "verifier block, and checks the pair.")
+    verifier_name: Annotated[str | None, Flag(None, why="the CLI: the --verifier as given (a Hub id)")] = Field(
+        None, description="what to record as verifier.name_or_path (default: the path / hub id)")
+    mask_token_id: Annotated[int | None, Flag("--mask-token-id")] = Field(
+        None, description="Override/supply the mask token id.")
+    target_layer_ids: Annotated[list[int] | None, Flag("--target-layer-ids", parse="ints")] = Field(
+        None, description="Override/supply z-lab target layer ids (0-based layer outputs), e.g. 1,9,17,25,33.")
+    derive_target_layer_ids: Annotated[bool, Flag("--derive-target-layer-ids")] = Field(
+        False, description="Derive missing ids with the published z-lab/SGLang rule (needs --verifier); never done "
+        "silently.")
+    block_size: Annotated[int | None, Flag("--block-size")] = Field(
+        None, description="Override/supply the block size.")
+    causal: Annotated[bool | None, Flag("--causal/--non-causal")] = Field(None, description=CAUSAL_HELP)
+    dtype: Annotated[str, Flag("--dtype", choices=DTYPE_CHOICES, parse="dtype")] = Field(
+        "auto", description="Floating-point dtype written (auto keeps each tensor's).")
+    max_shard_size: Annotated[str | None, Flag("--max-shard-size")] = Field(
+        None, description="Shard the output, HF syntax (e.g. 5GB).")
+    overwrite: Annotated[bool, Flag("--overwrite")] = Field(False, description="Replace a non-empty destination.")
+    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=ALLOW_PICKLE_HELP)
+    no_verifier: Annotated[bool, Flag("--no-verifier")] = Field(
+        False, description="Write a speculators output that names no verifier (vLLM cannot serve it).")
+    source_revision: Annotated[str | None, Flag(None, why="the CLI: the source's resolved commit")] = None
+    source_id: Annotated[str | None, Flag(None, why="the CLI: the Hub repo id the source came from (recorded "
+                                          "instead of the cache path)")] = None
+
+    def model_post_init(self, context: Any) -> None:  # noqa: ARG002
         if self.max_shard_size is not None:
             try:
                 parse_size(self.max_shard_size)

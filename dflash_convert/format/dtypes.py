@@ -62,6 +62,8 @@ DTYPES: dict[str, DType] = {d.code: d for d in (
 )}
 # --dtype choices, by torch name: float32, bfloat16, float16.
 CAST_TARGETS: dict[str, str] = {d.torch: c for c, d in DTYPES.items() if d.cast_target}
+# what a --dtype flag accepts: auto (each tensor/checkpoint its own), the torch names and the short ones
+DTYPE_CHOICES: tuple[str, ...] = ("auto", *CAST_TARGETS, *(d.short for d in DTYPES.values() if d.cast_target))
 _BY_TORCH = {d.torch: c for c, d in DTYPES.items() if d.torch}
 
 

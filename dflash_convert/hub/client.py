@@ -139,14 +139,15 @@ def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str, file: 
             return DFlashError(f"the Hub at {endpoint} rejected the token (401 Unauthorized) while trying to {action} "
                                f"{where}; check --token, HF_TOKEN or the stored token (`hf auth login`)")
         if status == 403 and action == "push to":
-            return DFlashError(f"the token has no write access to {repo_id} (403 Forbidden) while trying to {action} {where}")
+            return DFlashError(f"the token has no write access to {repo_id} (403 Forbidden) while trying to "
+                               f"{action} {where}")
         if status == 403:
             what = f"{file!r} of {where}" if file else where
             return DFlashError(f"the Hub at {endpoint} refused access (403 Forbidden) while trying to {action} {what}: "
                                f"{_one_line(exc.server_message or 'no reason given')}")
         if status == 412:
-            return DFlashError(f"{where} moved while pushing (412: another commit landed first); nothing was committed, "
-                               "rerun the push")
+            return DFlashError(f"{where} moved while pushing (412: another commit landed first); nothing was "
+                               "committed, rerun the push")
         detail = _one_line(exc.server_message or exc.response.reason_phrase or "")
         what = f"{file!r} of {where}" if file else where
         return DFlashError(f"Hub request failed while trying to {action} {what}: HTTP {status} {detail}".rstrip())
@@ -284,8 +285,31 @@ def _retry_after(headers) -> float | None:
         return None
 
 
+# the IETF draft's `RateLimit: "api";r=0;t=55`, as the client matches it
+_RATE_LIMIT = re.compile(r"\"\w+\"\s*;\s*r\s*=\s*(?P<r>\d+)\s*;\s*t\s*=\s*(?P<t>\d+)")
+
+
+def _asked_wait(status: int, headers) -> tuple[float | None, str]:
+    """(seconds, the header that asks) the client waits before retrying: on a 429 whose RateLimit says nothing
+    is left (r=0), its reset t, before any Retry-After; else the Retry-After."""
+    limit = _RATE_LIMIT.search(headers.get("RateLimit", "")) if status == 429 else None
+    if limit and int(limit.group("r")) == 0:
+        return float(limit.group("t")), "RateLimit reset"
+    return _retry_after(headers), "Retry-After"
+
+
+def _cap_waits(headers) -> None:
+    """Rewrite the answer's waits longer than RETRY_AFTER_CAP to the cap, before the client reads them."""
+    limit = _RATE_LIMIT.search(headers.get("RateLimit", ""))
+    if limit and int(limit.group("t")) > RETRY_AFTER_CAP:
+        raw = headers["RateLimit"]
+        headers["RateLimit"] = raw[:limit.start("t")] + f"{RETRY_AFTER_CAP:.0f}" + raw[limit.end("t"):]
+    if (_retry_after(headers) or 0) > RETRY_AFTER_CAP:
+        headers["Retry-After"] = f"{RETRY_AFTER_CAP:.0f}"
+
+
 def _on_response(response) -> None:
-    """Progress is an answer the client does not retry, or a byte of a body; a long Retry-After is capped."""
+    """Progress is an answer the client does not retry, or a byte of a body; a long wait asked is capped."""
     from huggingface_hub.utils import httpx as http
 
     status = response.status_code
@@ -296,20 +320,14 @@ def _on_response(response) -> None:
         if not repeated:  # a retry's answer is progress only by the new bytes it brings
             _watch.heard()
     else:
-        wait = _retry_after(response.headers)
-        m = re.search(r";\s*t=(\d+)", response.headers.get("RateLimit", ""))  # the client reads this on a 429
-        if m and int(m.group(1)) > RETRY_AFTER_CAP:
-            capped_limit = response.headers["RateLimit"].replace(m.group(0), f";t={RETRY_AFTER_CAP:.0f}")
-            response.headers["RateLimit"] = capped_limit
-            wait = max(wait or 0, float(m.group(1)))
+        wait, asking = _asked_wait(status, response.headers)
         if wait is not None:
             capped = min(wait, RETRY_AFTER_CAP)
             if capped > _watch.left():
                 raise _GaveUp(f"the Hub answered HTTP {status} asking to retry in {wait:g} s, after the patience "
                               f"left ({max(_watch.left(), 0):.0f} s)")
-            if wait > RETRY_AFTER_CAP:
-                response.headers["Retry-After"] = f"{RETRY_AFTER_CAP:.0f}"
-            _warn(f"the Hub answered HTTP {status} with Retry-After: {wait:g} s; retrying in {capped:g} s"
+            _cap_waits(response.headers)
+            _warn(f"the Hub answered HTTP {status} with {asking}: {wait:g} s; retrying in {capped:g} s"
                   + (f" (capped at {RETRY_AFTER_CAP:g} s)" if wait > RETRY_AFTER_CAP else ""))
     m = re.match(r"bytes=(\d+)-", response.request.headers.get("range", "")) if status == 206 else None
     response.stream = _watched_stream(http, response.stream, str(response.request.url), int(m.group(1)) if m else 0)
@@ -370,7 +388,7 @@ def _retry_delay(exc: BaseException, backoff: float) -> float | None:
         if response is not None:
             if response.status_code not in RETRY_STATUSES:
                 return None
-            wait = _retry_after(response.headers)
+            wait, _ = _asked_wait(response.status_code, response.headers)
             return min(wait, RETRY_AFTER_CAP) + 1 if wait is not None else backoff
         if isinstance(seen, http_error):
             return backoff

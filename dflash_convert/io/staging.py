@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
 import signal
 import socket
+import sys
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,6 +129,26 @@ def _write_error(exc: OSError, dest: Path) -> DFlashError:
 # The first stop signal of the process ends it; later ones are ignored, so that a second Ctrl-C
 # a few milliseconds after the first cannot cut the cleanup short, or kill the process by the signal
 # with a traceback. `_written` are the destinations this process completed (the message says so).
+# Ctrl-C: the one line (and JSON error object under --json) the process ends with, from its first instant
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, what shells report for a Ctrl-C
+INTERRUPTED = "interrupted (Ctrl-C); nothing was written at the destination"
+
+
+def interrupted_now(signum=None, frame=None) -> None:  # noqa: ARG001 - a signal handler's signature
+    """Say `Error: interrupted` (and the JSON error object under --json) and end the process at once."""
+    args = sys.argv[1:]
+    args = args[: args.index("--")] if "--" in args else args
+    try:
+        sys.stderr.write(f"Error: {INTERRUPTED}\n")
+        sys.stderr.flush()
+        if "--json" in args:
+            error = {"error": {"message": INTERRUPTED, "file": None, "exit_code": INTERRUPTED_EXIT}}
+            sys.stdout.write(json.dumps(error, indent=2) + "\n")
+            sys.stdout.flush()
+    finally:
+        os._exit(INTERRUPTED_EXIT)
+
+
 _stopping: list[int] = []
 _written: list[Path] = []
 

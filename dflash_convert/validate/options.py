@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_convert.errors import UsageError
+from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, Flag
 from dflash_convert.format.compat import Level
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
-from dflash_runtime import DEVICE_MAPS, DRAFT_SAMPLING
+from dflash_convert.format.dtypes import DTYPE_CHOICES
+from dflash_convert.format.engines import ENGINE_NAMES
+from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
 
 LEVELS: tuple[str, ...] = get_args(Level)  # in the order they run
 MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized; also the cap on --max-new-tokens
@@ -35,72 +38,109 @@ class PromptSet(BaseModel):
 
 
 class ValidateOptions(BaseModel):
-    """Options of `validate`. Defaults are the CLI's. `check()` turns an out-of-range value into the
+    """Options of `validate`, each declared once: type, default and help here, its flag in its `Flag`
+    (the CLI's options are generated from this model; tests/test_cli_options.py holds them together).
+    `check()` turns an out-of-range value into the
     usage error the CLI prints (exit 2), before anything is read."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    target: str | Path | None = Field(None, description="target model directory, its config.json (static pair "
-                                      "checks only) or, resolved by the caller, a Hub download")
-    target_name: str | None = Field(None, description="how the report names the target (a Hub id)")
-    target_revision: str | None = None
-    checkpoint_revision: str | None = None
-    prompts: str | Path | list[Prompt] | None = Field(
-        None, description="a prompts file, or the prompts (text, token ids or chat messages); None: a built-in set "
-        "(unless prompt_sets are given)")
-    prompt_sets: list[PromptSet] = Field(default_factory=list, description="named prompt sets (--dataset), run "
-                                         "after `prompts` and reported per set")
-    chat_template: str = Field("auto", description="auto: the tokenizer's chat template when it has one; none: "
-                               "raw text; else a Jinja template file")
-    chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra template variables, as vLLM's "
-                                                        "chat_template_kwargs (e.g. enable_thinking)")
-    levels: list[str] = Field(default_factory=lambda: list(LEVELS), description=f"of {', '.join(LEVELS)}")
-    max_new_tokens: int = 64
-    block_size: int | None = Field(None, description="run-time block size (default: the draft's)")
-    sampling: SamplingMode = Field("auto", description="auto: temperature, top_k, top_p, min_p from "
-                                                "the target's generation_config.json as vLLM does; greedy: "
-                                                "temperature 0; a value given below overrides either")
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = Field(None, description="vLLM's repetition penalty (1: off; prompt and "
-                                             "output tokens); default: generation_config.json, else off")
-    presence_penalty: float | None = Field(None, description="vLLM's presence penalty in [-2, 2] (0: off; output "
-                                           "tokens); default: generation_config.json, else off")
-    frequency_penalty: float | None = Field(None, description="vLLM's frequency penalty in [-2, 2] (0: off; output "
-                                            "tokens); default: generation_config.json, else off")
-    draft_sampling: str = Field("greedy", description=f"{' or '.join(DRAFT_SAMPLING)}")
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = Field("auto", description="auto: each checkpoint in its own dtype")
-    backend: str = Field("auto", description="the draft's attention backend")
-    target_backend: str | None = Field(None, description="the target's attn_implementation; None: sdpa where its "
-                                       "model class supports it, else eager")
-    causal: bool | None = Field(None, description="force every draft layer causal (True) or not (False)")
-    engine: str | None = Field(None, description="run the draft as this engine serves it (vllm, sglang, zlab)")
-    engine_python: str | None = Field(None, description="with engine vllm: also serve the pair in real vLLM with "
-                                      "the Python interpreter at this path (`self`: this one) and check it against "
-                                      "the emulation")
-    engine_args: dict[str, Any] = Field(default_factory=dict, description="passed to vLLM's LLM(...) (dtype, "
-                                        "tensor_parallel_size, max_model_len, ...)")
-    engine_timeout: float = Field(ENGINE_TIMEOUT_S, description="seconds the engine run may take")
-    engine_kv_cache_gib: float = Field(1.0, description="vLLM's KV cache on CPU (VLLM_CPU_KVCACHE_SPACE), GiB")
-    compile: bool = False
-    device_map: str | None = Field(None, description=f"the target's placement: {', '.join(DEVICE_MAPS)}")
-    max_memory: dict[str, int] | None = Field(None, description="device -> bytes the target may take")
-    threads: int | None = Field(None, description="CPU threads; None: 1 for tiny pairs, else torch's default")
-    min_acceptance_length: float | None = None
-    min_position_rates: list[float] | None = None
-    min_speedup: float | None = None
-    timing_rounds: int = TIMING_ROUNDS
-    baseline: str | Path | None = Field(None, description="an earlier `validate --json` report of the same prompts "
-                                        "and settings: fail (exit 3) when tau or a position's rate dropped beyond "
-                                        "what the counts explain")
-    max_regression: float = Field(0.0, description="with baseline: a drop tolerated on top of the statistical "
-                                  "bound, as a fraction of the baseline's value (0.05: 5 %)")
-    keep_going: bool = Field(False, description="run numeric and end to end even when static checks fail")
-    allow_pickle: bool = Field(False, description="load pickle weights and mask_embedding.pt (weights_only)")
+    target: Annotated[str | Path | None, Flag("--target", type=str)] = Field(
+        None, description="Target model directory, its config.json, or Hub id. A config alone enables the static pair "
+        "checks; weights enable end to end.")
+    target_name: Annotated[str | None, Flag(None, why="the CLI: the --target as given (a Hub id)")] = Field(
+        None, description="how the report names the target (a Hub id)")
+    target_revision: Annotated[str | None, Flag(None, why="the CLI: the target's resolved commit")] = None
+    checkpoint_revision: Annotated[str | None, Flag(None, why="the CLI: the draft's resolved commit")] = None
+    prompts: Annotated[str | Path | list[Prompt] | None, Flag("--prompts", type=Path)] = Field(
+        None, description="One prompt per line (text, or token ids as space-separated ints / a JSON list), or JSONL "
+        "with a `prompt` field or OpenAI-style `messages`. Default: a built-in set.")
+    prompt_sets: Annotated[list[PromptSet], Flag(None, why="the CLI: each --dataset, pulled from the Hub")] = Field(
+        default_factory=list, description="named prompt sets (--dataset), run after `prompts` and reported per set")
+    chat_template: Annotated[str, Flag("--chat-template", metavar="auto|none|FILE")] = Field(
+        "auto", description="Render text prompts and messages with the target tokenizer's chat template (auto, when "
+        "it has one), none, or a Jinja FILE; as vLLM's chat endpoint.")
+    chat_template_kwargs: Annotated[dict[str, Any] | None, Flag("--chat-template-kwargs", parse="json")] = Field(
+        None, description='Template variables, as vLLM\'s chat_template_kwargs, e.g. \'{"enable_thinking": false}\'.')
+    levels: Annotated[list[str], Flag("--levels", parse="levels")] = Field(
+        default_factory=lambda: list(LEVELS),
+        description=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")
+    max_new_tokens: Annotated[int, Flag("--max-new-tokens")] = Field(
+        64, description="Tokens generated per prompt (end to end).")
+    block_size: Annotated[int | None, Flag("--block-size")] = Field(
+        None, description="Run-time block size (default: the draft's).")
+    sampling: Annotated[SamplingMode, Flag("--sampling")] = Field(
+        "auto", description="auto: temperature, top-k, top-p, min-p from the target's generation_config.json, as "
+        "vLLM serves it; greedy: temperature 0. Flags below override.")
+    temperature: Annotated[float | None, Flag("--temperature")] = Field(
+        None, description="0 = greedy (output must equal the target's). Default: per --sampling.")
+    top_k: Annotated[int | None, Flag("--top-k")] = Field(
+        None, description="Top-k of the target's distribution (0: off). Default: per --sampling.")
+    top_p: Annotated[float | None, Flag("--top-p")] = Field(
+        None, description="Top-p (1: off). Default: per --sampling.")
+    min_p: Annotated[float | None, Flag("--min-p")] = Field(
+        None, description="Min-p (0: off). Default: per --sampling.")
+    repetition_penalty: Annotated[float | None, Flag("--repetition-penalty")] = Field(
+        None, description="vLLM's repetition penalty (1: off; prompt and output tokens). Default: the target's "
+        "generation_config.json, else off, in both --sampling modes.")
+    presence_penalty: Annotated[float | None, Flag("--presence-penalty")] = Field(
+        None, description="vLLM's presence penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+        "generation_config.json, else off.")
+    frequency_penalty: Annotated[float | None, Flag("--frequency-penalty")] = Field(
+        None, description="vLLM's frequency penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+        "generation_config.json, else off.")
+    draft_sampling: Annotated[str, Flag("--draft-sampling", choices=DRAFT_SAMPLING)] = Field(
+        "greedy", description="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at --temperature, "
+        "accepted by rejection sampling.")
+    seed: Annotated[int, Flag("--seed")] = Field(0, description="Seed of the synthetic inputs and of sampling.")
+    device: Annotated[str, Flag("--device")] = Field("auto", description="auto, cpu, cuda or cuda:N.")
+    dtype: Annotated[str, Flag("--dtype", choices=DTYPE_CHOICES)] = Field(
+        "auto", description="Compute dtype (auto: each checkpoint's own, from its config or weights).")
+    backend: Annotated[str, Flag("--backend", choices=("auto", *BACKEND_NAMES))] = Field(
+        "auto", description="Draft attention backend (auto: the numeric level tries every available one).")
+    target_backend: Annotated[str | None, Flag("--target-backend")] = Field(
+        None, description="The target's attn_implementation (eager, sdpa, flex_attention, ...); default: sdpa where "
+        "its model supports it, else eager.")
+    causal: Annotated[bool | None, Flag("--causal/--non-causal")] = Field(None, description=CAUSAL_HELP)
+    engine: Annotated[str | None, Flag("--engine", choices=ENGINE_NAMES)] = Field(
+        None, description="A serving engine: run the draft as it would.")
+    engine_python: Annotated[str | None, Flag("--engine-python", metavar="PATH")] = Field(
+        None, description="With --engine vllm: also serve the pair in real vLLM, run by the Python interpreter at "
+        "PATH (`self`: this one), and check its outputs and acceptance against ours.")
+    engine_args: Annotated[dict[str, Any], Flag("--engine-args", parse="json")] = Field(
+        default_factory=dict, description="Arguments for vLLM's LLM(...), e.g. "
+        "'{\"dtype\": \"float32\", \"tensor_parallel_size\": 2}'.")
+    engine_timeout: Annotated[float, Flag("--engine-timeout")] = Field(
+        ENGINE_TIMEOUT_S, description="Seconds the engine run may take; then it is killed (exit 1).")
+    engine_kv_cache_gib: Annotated[float, Flag("--engine-kv-cache-gib", aliases=("--engine-kv-cache",),
+                                               metavar="GIB")] = Field(
+        1.0, description="vLLM's CPU KV cache in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    compile: Annotated[bool, Flag("--compile")] = Field(
+        False, description="End to end with static caches and torch.compile'd draft and verify steps (CUDA graphs "
+        "on a GPU); compiling takes a while.")
+    device_map: Annotated[str | None, Flag("--device-map", choices=DEVICE_MAPS)] = Field(
+        None, description="Place the target with transformers + accelerate (GPUs, then CPU, then disk).")
+    max_memory: Annotated[dict[str, int] | None, Flag("--max-memory", parse="memory")] = Field(
+        None, description="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto).")
+    threads: Annotated[int | None, Flag("--threads")] = Field(
+        None, description="CPU threads for torch (default: 1 for tiny pairs, else torch's; shown in the report).")
+    min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length")] = Field(
+        None, description="Fail when tau (mean tokens per step) is lower.")
+    min_position_rates: Annotated[list[float] | None, Flag("--min-position-rates", parse="floats")] = Field(
+        None, description="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7.")
+    min_speedup: Annotated[float | None, Flag("--min-speedup")] = Field(
+        None, description="Fail when the measured speedup is lower (otherwise it is informational).")
+    timing_rounds: Annotated[int, Flag(None, why="library callers: rounds of the speedup measurement")] = \
+        TIMING_ROUNDS
+    baseline: Annotated[str | Path | None, Flag("--baseline", type=Path)] = Field(
+        None, description="An earlier `validate --json` report of the same prompts and settings: fail (exit 3) on a "
+        "drop of tau or a position's rate beyond what the counts explain.")
+    max_regression: Annotated[float, Flag("--max-regression")] = Field(
+        0.0, description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "
+        "baseline's value (0.05: 5 %).")
+    keep_going: Annotated[bool, Flag("--keep-going")] = Field(
+        False, description="Run numeric and end-to-end levels even when static checks failed.")
+    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=ALLOW_PICKLE_HELP)
 
     def check(self) -> None:
         """Raise UsageError naming the flag of the first value out of its range."""
@@ -147,15 +187,16 @@ class ValidateOptions(BaseModel):
         if self.engine_python is not None:
             if self.engine != "vllm":
                 raise UsageError("--engine-python runs the pair in real vLLM: give --engine vllm with it")
-            if not (self.sampling == "greedy" or self.temperature == 0):
-                raise UsageError("--engine-python compares greedy decoding: give --sampling greedy")
+            if self.draft_sampling != "greedy":
+                raise UsageError("--engine-python compares with vLLM, whose DFlash drafter proposes greedily "
+                                 "(no draft probabilities): drop --draft-sampling")
         if self.engine_args and self.engine_python is None:
             raise UsageError("--engine-args are for the real engine: give --engine-python with them")
         owned = [k for k in self.engine_args if k in ENGINE_ARGS_OWNED]
         if owned:
             raise UsageError(f"--engine-args: {', '.join(owned)} are set by validate itself")
         if not (self.engine_timeout > 0 and self.engine_kv_cache_gib > 0):
-            raise UsageError("--engine-timeout and --engine-kv-cache must be positive")
+            raise UsageError("--engine-timeout and --engine-kv-cache-gib must be positive")
         if self.engine is not None and self.causal is not None:
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
 

@@ -129,7 +129,7 @@ class AcceptanceStats(BaseModel):
 
 
 class EngineStats(BaseModel):
-    """The pair served by the real engine (`--engine-python`): greedy, the same prompts and max tokens."""
+    """The pair served by the real engine (`--engine-python`): the same prompts, max tokens and sampling."""
 
     engine: str
     version: str
@@ -138,9 +138,15 @@ class EngineStats(BaseModel):
     engine_config: dict[str, Any] = Field(default_factory=dict, description="what the engine was built with: dtype, "
                                           "max_model_len, parallel sizes, executor backend, prefix caching")
     prompts: int
-    outputs_equal: int = Field(description="prompts whose engine speculative output, engine target-only output "
-                               "and our target's greedy output are all equal")
+    outputs_equal: int | None = Field(description="greedy: prompts whose engine speculative output, engine "
+                                      "target-only output and our target's greedy output are all equal; None when "
+                                      "sampled (samples of different random streams are not compared)")
     counts: AcceptanceCounts = Field(description="the engine's own spec-decode counters")
+    sampling: dict[str, Any] = Field(default_factory=dict, description="the engine's sampling: temperature, "
+                                     "top_k, top_p, min_p and seed (prompt i seeded seed + i); temperature 0: greedy")
+    tolerance: dict[str, Any] = Field(default_factory=dict, description="the agreement's tolerance: mode (greedy: "
+                                      "fixed; sampled: derived from the counts), tau (absolute), per_position, z "
+                                      "(standard errors, sampled)")
 
 
 class BaselineComparison(BaseModel):
@@ -474,9 +480,13 @@ def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) ->
             table.add_row(name, str(c.num_drafts), str(c.accepted), f"{c.acceptance_length:.3f}",
                           _short(c.per_position_rates, 200))
     console.print(table)
-    if engine is not None:
+    if engine is not None and engine.outputs_equal is not None:
         console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
                       "prompts (speculative, target-only, our target's greedy)", markup=False)
+    elif engine is not None:
+        console.print(f"{engine.engine} {engine.version}: sampled at temperature {engine.sampling.get('temperature')} "
+                      f"(prompt i seeded {engine.sampling.get('seed', 0)} + i); acceptance compared within "
+                      f"tau +/- {engine.tolerance.get('tau')}", markup=False)
 
 
 def to_json(report: ValidationReport) -> dict[str, Any]:

@@ -392,15 +392,18 @@ def _served_level(run: Run) -> None:
     request = served.EngineRequest(
         target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
         stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
+        sampling=served.engine_sampling(run.sampling, opts.seed),
         drafts=[{"draft": str(run.path), "num_speculative_tokens": block - 1,
                  "mixed_layer_types": len(set(spec.layer_types)) > 1}])
     answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
                              kv_cache_gib=opts.engine_kv_cache_gib, say=run.say)
     checks, run.engine_run = served.served_checks(
         answer, run.outputs, run.stats.vllm_counting, block=block, engine_args=opts.engine_args, python=python,
-        min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates)
-    run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, outputs "
-            f"equal on {run.engine_run.outputs_equal}/{run.engine_run.prompts} prompts")
+        min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates,
+        sampling=request.sampling)
+    equal = run.engine_run.outputs_equal
+    run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, "
+            + (f"outputs equal on {equal}/{run.engine_run.prompts} prompts" if equal is not None else "sampled"))
     run.checks += checks
 
 

@@ -7,18 +7,23 @@ group and its own KV-cache size; a timeout, Ctrl-C or a stop signal kills the wh
 
 vLLM counts acceptance over full blocks: it always drafts block - 1 tokens and counts acceptances past
 max_tokens, where our loop shortens the last block. Its figures are compared with the emulation
-counted the same way (`full_last_block`), within ENGINE_TAU_TOLERANCE / ENGINE_RATE_TOLERANCE.
+counted the same way (`full_last_block`). Greedy: within ENGINE_TAU_TOLERANCE / ENGINE_RATE_TOLERANCE
+(bf16 kernels break near-ties differently; the outputs themselves must be equal). Sampled (each prompt
+seeded, vLLM's random stream is not ours): within an interval derived from the counts
+(`sampled_tolerance`). Either way agreement needs tau AND every per-position rate within tolerance.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
@@ -29,6 +34,7 @@ from dflash_convert.validate.report import AcceptanceCounts, EngineStats
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 ENGINE_TAU_TOLERANCE = 0.02  # relative: vLLM's tau against the emulation's under vLLM's counting
 ENGINE_RATE_TOLERANCE = 0.02  # absolute, per draft position
+SAMPLED_ALPHA = 0.01  # sampled: chance that agreeing runs fail the check, split over tau and the positions
 LOG_TAIL = 2000  # characters of the engine's stderr kept for an error message
 
 
@@ -42,6 +48,16 @@ class EngineRequest:
     stop_token_ids: list[int]
     drafts: list[dict[str, Any]]  # {"draft": DIR, "num_speculative_tokens": K, "mixed_layer_types": bool}
     engine_args: dict[str, Any]
+    sampling: dict[str, Any] | None = None  # SamplingParams fields + "seed" (prompt i: seed + i); None: greedy
+
+
+def engine_sampling(used, seed: int) -> dict[str, Any] | None:
+    """The engine's SamplingParams fields for the run's resolved sampling (None: greedy), and the seed of
+    prompt 0 (prompt i: seed + i)."""
+    if used.temperature <= 0:
+        return None
+    return {"temperature": used.temperature, "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p,
+            "seed": seed}
 
 
 def engine_python(spec: str) -> str:
@@ -61,7 +77,7 @@ def run_vllm(request: EngineRequest, *, python: str, timeout_s: float, kv_cache_
     or gives no answer in `timeout_s` seconds, Interrupted on a stop signal (the child group killed)."""
     body = json.dumps({"target": str(Path(request.target).resolve()), "prompts": request.prompts,
                        "max_tokens": request.max_tokens, "stop_token_ids": request.stop_token_ids,
-                       "engine_args": request.engine_args,
+                       "engine_args": request.engine_args, "sampling": request.sampling,
                        "drafts": [{**d, "draft": str(Path(d["draft"]).resolve())} for d in request.drafts]})
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=f"{kv_cache_gib:g}", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     say(f"engine: vLLM at {python} ({len(request.drafts)} draft(s), {len(request.prompts)} prompts, "
@@ -140,35 +156,94 @@ def engine_counts(run: dict[str, Any]) -> AcceptanceCounts:
                                                 for a in run["num_accepted_tokens_per_pos"]])
 
 
+def _length_variance(rates: list[float]) -> float:
+    """Variance of the accepted length of one draft, from the per-position rates: P(L >= k) = rate k, so
+    E[L] = sum rate_k and E[L^2] = sum (2k - 1) rate_k (k from 1)."""
+    mean = sum(rates)
+    return max(sum((2 * k + 1) * r for k, r in enumerate(rates)) - mean * mean, 0.0)
+
+
+def sampled_tolerance(engine: AcceptanceCounts, emulated: AcceptanceCounts) -> tuple[float, list[float], float]:
+    """(tau tolerance, per-position tolerances, z) for two sampled runs of the same prompts: z standard errors
+    of the difference, z two-sided at SAMPLED_ALPHA split (Bonferroni) over tau and the K positions. A position:
+    two proportions over the runs' draft counts (pooled rate). Tau: the accepted length's variance from each
+    run's rates over its drafts. Drafts are taken as independent (those of one prompt are not quite), and each
+    tolerance is at least the greedy one (near-ties)."""
+    k = max(len(engine.per_position_rates), len(emulated.per_position_rates), 1)
+    z = NormalDist().inv_cdf(1 - SAMPLED_ALPHA / (2 * (k + 1)))
+    n_e, n_m = max(engine.num_drafts, 1), max(emulated.num_drafts, 1)
+    rates = []
+    for r_e, r_m in zip(engine.per_position_rates, emulated.per_position_rates):
+        pooled = (r_e * n_e + r_m * n_m) / (n_e + n_m)
+        rates.append(round(max(z * math.sqrt(pooled * (1 - pooled) * (1 / n_e + 1 / n_m)), ENGINE_RATE_TOLERANCE), 4))
+    se_tau = math.sqrt(_length_variance(engine.per_position_rates) / n_e +
+                       _length_variance(emulated.per_position_rates) / n_m)
+    tau = round(max(z * se_tau, ENGINE_TAU_TOLERANCE * emulated.acceptance_length), 4)
+    return tau, rates, round(z, 3)
+
+
+def agreement(counts: AcceptanceCounts, emulated: AcceptanceCounts, sampled: bool) -> tuple[bool, str, dict]:
+    """Whether the engine's figures agree with the emulation's: tau AND every position within tolerance (a draft
+    whose acceptance moved between positions at the same tau disagrees). The message states the tolerance."""
+    tau_gap = abs(counts.acceptance_length - emulated.acceptance_length)
+    pairs = list(zip(counts.per_position_rates, emulated.per_position_rates))
+    gaps = [abs(a - b) for a, b in pairs]
+    if sampled:
+        tau_tol, rate_tols, z = sampled_tolerance(counts, emulated)
+        rule = (f"sampled, so a tolerance from the counts: {z:g} standard errors of each difference (two-sided "
+                f"{SAMPLED_ALPHA:g} over tau and {len(rate_tols)} positions; drafts taken as independent): tau within "
+                f"{tau_tol:.3f}, positions within {min(rate_tols, default=0):.3f}..{max(rate_tols, default=0):.3f}")
+    else:
+        tau_tol = ENGINE_TAU_TOLERANCE * emulated.acceptance_length
+        rate_tols, z = [ENGINE_RATE_TOLERANCE] * len(pairs), None
+        rule = f"greedy: tau within {ENGINE_TAU_TOLERANCE:.0%}, each position within {ENGINE_RATE_TOLERANCE}"
+    off = [k for k, (g, t) in enumerate(zip(gaps, rate_tols)) if g > t + 1e-9]
+    agrees = (tau_gap <= tau_tol + 1e-9 and not off
+              and len(counts.per_position_rates) == len(emulated.per_position_rates))
+    worst = max(gaps, default=0.0)
+    detail = (f"tau gap {tau_gap:.3f}; largest per-position gap {worst:.3f}"
+              + (f"; outside at position(s) {', '.join(str(k + 1) for k in off)}" if off else "")
+              + f" (tolerance, {rule})")
+    tolerance = {"mode": "sampled" if sampled else "greedy", "tau": round(tau_tol, 4), "per_position": rate_tols,
+                 "z": z}
+    return agrees, detail, tolerance
+
+
 def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: AcceptanceCounts, *, block: int,
                   engine_args: dict[str, Any], python: str, min_acceptance_length: float | None,
-                  min_position_rates: list[float] | None) -> tuple[list[Check], EngineStats]:
-    """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting."""
+                  min_position_rates: list[float] | None,
+                  sampling: dict[str, Any] | None = None) -> tuple[list[Check], EngineStats]:
+    """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting.
+    Greedy: outputs equal and counts within the greedy tolerance. Sampled: the counts within an interval from
+    the counts (the outputs are samples of different random streams: not compared)."""
     run = answer["drafts"][0]
     if "error" in run:
         # the engine refused what the static level let through, or cannot run it here: no verdict on the draft
-        raise DFlashError(f"vLLM {answer.get('vllm_version')}: {run['error']}")
-    spec, base = run["outputs"], answer["target_only"]["outputs"]
+        raise DFlashError(f"vLLM {answer.get('vllm_version')}: {run['error']}"
+                          if not run.get("broken_sampler") else run["error"])
+    sampled = bool(sampling and float(sampling.get("temperature") or 0) > 0)
+    spec = run["outputs"]
     counts = engine_counts(run)
-    equal = sum(s == b == o for s, b, o in zip(spec, base, ours))
     n = len(ours)
-    first = next((i for i in range(n) if not spec[i] == base[i] == ours[i]), None)
-    checks = [_check("engine_outputs_equal", equal == n, f"vLLM's speculative output, vLLM's target-only output and "
-                     f"our target's greedy output are equal on all {n} prompts" if first is None else
-                     f"prompt {first + 1}: " + ("vLLM's speculative and target-only outputs differ"
-                     if spec[first] != base[first] else "vLLM's target-only output is not our target's greedy output")
-                     + f" ({equal}/{n} prompts equal)", value=f"{equal}/{n}", threshold=f"{n}/{n}", level="end_to_end")]
-    tau_gap = abs(counts.acceptance_length - emulated.acceptance_length)
-    rates = list(zip(counts.per_position_rates, emulated.per_position_rates))
-    worst = max((abs(a - b) for a, b in rates), default=0.0)
-    agrees = (tau_gap <= ENGINE_TAU_TOLERANCE * emulated.acceptance_length and worst <= ENGINE_RATE_TOLERANCE
-              and len(counts.per_position_rates) == len(emulated.per_position_rates))
+    checks = []
+    equal = None
+    if not sampled:
+        base = answer["target_only"]["outputs"]
+        equal = sum(s == b == o for s, b, o in zip(spec, base, ours))
+        first = next((i for i in range(n) if not spec[i] == base[i] == ours[i]), None)
+        checks.append(_check(
+            "engine_outputs_equal", equal == n, f"vLLM's speculative output, vLLM's target-only output and "
+            f"our target's greedy output are equal on all {n} prompts" if first is None else
+            f"prompt {first + 1}: " + ("vLLM's speculative and target-only outputs differ"
+                                       if spec[first] != base[first] else
+                                       "vLLM's target-only output is not our target's greedy output")
+            + f" ({equal}/{n} prompts equal)", value=f"{equal}/{n}", threshold=f"{n}/{n}", level="end_to_end"))
+    agrees, detail, tolerance = agreement(counts, emulated, sampled)
     checks.append(_check(
         "engine_acceptance_agrees", agrees,
         f"vLLM: {counts.num_drafts} drafts, {counts.accepted} accepted, tau {counts.acceptance_length:.3f}; "
         f"emulation counted as vLLM counts (full last block): {emulated.num_drafts} drafts, {emulated.accepted} "
-        f"accepted, tau {emulated.acceptance_length:.3f}; largest per-position gap {worst:.3f} (tolerance: tau "
-        f"within {ENGINE_TAU_TOLERANCE:.0%}, each position within {ENGINE_RATE_TOLERANCE})",
+        f"accepted, tau {emulated.acceptance_length:.3f}; {detail}",
         value=counts.acceptance_length, threshold=emulated.acceptance_length, level="end_to_end"))
     if min_acceptance_length is not None:
         checks.append(_check("engine_acceptance_length", counts.acceptance_length >= min_acceptance_length,
@@ -183,5 +258,6 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
                              "every position of vLLM's figures meets its threshold", value=got,
                              threshold=list(min_position_rates), level="end_to_end"))
     stats = EngineStats(engine="vllm", version=answer["vllm_version"], python=python, engine_args=engine_args,
-                        engine_config=run.get("engine_config") or {}, prompts=n, outputs_equal=equal, counts=counts)
+                        engine_config=run.get("engine_config") or {}, prompts=n, outputs_equal=equal, counts=counts,
+                        sampling=sampling or {"temperature": 0.0}, tolerance=tolerance)
     return checks, stats

@@ -5,20 +5,25 @@ vllm --engine-python PATH`): it imports only the standard library and vLLM, neve
 One JSON request on stdin:
 
     {"target": DIR, "prompts": [[ids], ...], "max_tokens": N, "stop_token_ids": [...], "engine_args": {...},
+     "sampling": {"temperature": T, "top_k": ..., "seed": S, ...},   (absent or temperature 0: greedy)
      "drafts": [{"draft": DIR, "num_speculative_tokens": K, "mixed_layer_types": bool}, ...]}
 
 One JSON object on the original stdout (everything else the engine prints goes to stderr):
 
-    {"vllm_version": V, "drafts": [RUN or ERROR, ...], "target_only": RUN}
+    {"vllm_version": V, "drafts": [RUN or ERROR, ...], "target_only": RUN}    (no target_only when sampled)
     RUN = {"outputs": [[ids]], "engine_config": {...}, "num_drafts": ..., "num_draft_tokens": ..., "num_accepted_tokens": ...,
            "num_accepted_tokens_per_pos": [...]}          ERROR = {"error": MESSAGE, "cannot_run": bool}
 
 One engine at a time (several drafts are served one after the other against the same target: the
 tests batch their cases so that vLLM is imported once).
 
-Greedy (temperature 0); token-id prompts with no tokenizer (the target need not ship one). The caller
-sets VLLM_CPU_KVCACHE_SPACE (its KV-cache size) and VLLM_ENABLE_V1_MULTIPROCESSING=0 in the
-environment, bounds the time and kills the process group on Ctrl-C.
+Greedy, or sampled with the request's SamplingParams fields and prompt i seeded `seed + i` (vLLM's per-request
+generator). Before a sampled run the rejection sampler is probed (`broken_sampler`): a build whose sampled
+speculative decoding computes garbage is answered as "cannot run here", never served. Token-id prompts with no
+tokenizer (the target need not ship one). The caller sets VLLM_CPU_KVCACHE_SPACE (its KV-cache size) and
+VLLM_ENABLE_V1_MULTIPROCESSING=0 in the environment, bounds the time and kills the process group on Ctrl-C.
+With several workers on a CPU build and no VLLM_CPU_OMP_THREADS_BIND given, the driver binds one range of the
+allowed cores per worker (`bind_cpu_workers`): without it vLLM stops ("Not enough allowed NUMA nodes").
 """
 
 import os
@@ -66,7 +71,7 @@ def since(before: dict, after: dict) -> dict:
 
 
 def generate(request: dict, draft: dict | None) -> dict:
-    """Greedy outputs of the prompts, target-only (draft None) or with the draft speculating."""
+    """Outputs of the prompts, target-only (draft None) or with the draft speculating."""
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=request["target"], skip_tokenizer_init=True, disable_log_stats=False, seed=0)
@@ -78,8 +83,14 @@ def generate(request: dict, draft: dict | None) -> dict:
                                         "num_speculative_tokens": draft["num_speculative_tokens"]}
     llm = LLM(**kwargs)
     before = counters(llm)
-    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"],
-                            stop_token_ids=request.get("stop_token_ids") or None, detokenize=False)
+    sampling = dict(request.get("sampling") or {})
+    seed = sampling.pop("seed", 0)
+    common = dict(max_tokens=request["max_tokens"], stop_token_ids=request.get("stop_token_ids") or None,
+                  detokenize=False)
+    if sampled(request):  # one generator per request, as a deployment seeding its requests
+        params = [SamplingParams(**sampling, seed=seed + i, **common) for i in range(len(request["prompts"]))]
+    else:
+        params = SamplingParams(temperature=0.0, **common)
     results = llm.generate([{"prompt_token_ids": p} for p in request["prompts"]], params, use_tqdm=False)
     run = {"outputs": [list(r.outputs[0].token_ids) for r in results], "engine_config": engine_config(llm)}
     if draft is not None:
@@ -138,7 +149,47 @@ def no_triton_hybrid(request: dict) -> bool:
     return False
 
 
+def sampled(request: dict) -> bool:
+    return float((request.get("sampling") or {}).get("temperature") or 0.0) > 0.0
+
+
+def cpu_build() -> bool:
+    """vLLM's CPU build, told from its distribution without importing vLLM (vllm-cpu, or a +cpu version)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return "cpu" in (installed_version() or "")
+
+
+def unrunnable_parallelism(request: dict) -> str | None:
+    """A parallel layout vLLM's CPU build cannot run with a draft, named before vLLM starts."""
+    args = request.get("engine_args") or {}
+    if not cpu_build():
+        return None
+    if str(args.get("distributed_executor_backend")) == "ray":
+        return ('distributed_executor_backend "ray": vLLM\'s CPU build refuses it ("current platform cpu does not '
+                'support ray"): cannot run here; Ray needs vLLM\'s GPU build (multi-node recipe in docs/engines.md)')
+    if int(args.get("pipeline_parallel_size") or 1) > 1:
+        return (f"pipeline_parallel_size {args['pipeline_parallel_size']} with a draft: vLLM's CPU model runner has "
+                "no drafter under pipeline parallelism (\"'CPUModelRunner' object has no attribute 'drafter'\"): "
+                "cannot run here; use tensor_parallel_size")
+    return None
+
+
+KNOWN_ENGINE_FAILURES = {  # vLLM's own error for a layout it cannot run -> why, as "cannot run here"
+    "object has no attribute 'drafter'": "vLLM has no drafter under this parallel layout (pipeline parallel with a "
+                                         "draft): cannot run here",
+    "does not support ray": "this vLLM platform does not support the Ray executor: cannot run here",
+    "Not enough allowed NUMA nodes": "vLLM found fewer allowed NUMA nodes than workers: cannot run here; set "
+                                     "VLLM_CPU_OMP_THREADS_BIND to one core range per worker",
+}
+
+
 def cannot_run(draft: dict, request: dict | None = None) -> dict | None:
+    if request is not None and unrunnable_parallelism(request):
+        return {"error": unrunnable_parallelism(request), "cannot_run": True}
     if request is not None and (request.get("engine_args") or {}).get("enable_prefix_caching") and \
             no_triton_hybrid(request):
         return {"error": "the target has linear-attention layers, whose state vLLM keeps for prefix caching with "
@@ -157,6 +208,73 @@ def serve(request: dict, draft: dict) -> dict:
         return error(exc)
 
 
+def broken_sampler(sampling: dict) -> str | None:
+    """None when vLLM's rejection sampler applies the request's sampling parameters correctly, else one line
+    saying what it computed. Calls vLLM's own functions on small known inputs, after registering the platform's
+    kernel overrides as each worker does at start (on a CPU build without Triton, C++ fallbacks):
+    - `expand_batch_to_tokens` spreads each request's temperature, top-k and top-p over its draft positions.
+      vLLM 0.32's CPU fallback writes into an int64 copy of the output and never copies back: temperatures
+      come out garbage (tau 1.2 instead of 14.6 at temperature 1) and top-k indexes out of bounds.
+    - with top-k on, `apply_top_k_top_p` must take a step with no draft tokens (0 rows), as the sampler passes
+      it; vLLM 0.32 on CPU raises there (max() of an empty tensor).
+    A probe that cannot run is also answered: then nothing says the sampler works."""
+    try:
+        import torch
+        from vllm.platforms import current_platform
+        from vllm.v1.sample import rejection_sampler as rs
+
+        current_platform.register_triton_kernel_overrides()
+        device = current_platform.device_type
+        cu = torch.tensor([2, 3], dtype=torch.int32, device=device)  # request 1: 2 draft positions, request 2: 1
+        wrong = []
+        for name, values, dtype, kwargs in (("temperature", [0.5, 2.0], torch.float32, {"replace_from": 0,
+                                                                                          "replace_to": 1}),
+                                            ("top_k", [5, 7], torch.int32, {}), ("top_p", [0.5, 0.9], torch.float32,
+                                                                                {})):
+            x = torch.tensor(values, dtype=dtype, device=device)
+            got = rs.expand_batch_to_tokens(x, cu, 3, **kwargs).cpu()
+            want = torch.tensor([values[0], values[0], values[1]], dtype=dtype)
+            if not torch.equal(got, want):
+                wrong.append(f"expand_batch_to_tokens: {name} {values} expanded to "
+                             f"{[round(v, 4) for v in got.tolist()]}, not {[values[0], values[0], values[1]]}")
+        if int(sampling.get("top_k") or 0) > 0:
+            top_p = None if float(sampling.get("top_p", 1.0)) >= 1 else torch.zeros(0, device=device)
+            try:
+                rs.apply_top_k_top_p(torch.zeros(0, 8, device=device), torch.zeros(0, dtype=torch.int32,
+                                                                                     device=device), top_p)
+            except Exception as exc:
+                wrong.append(f"apply_top_k_top_p with top-k on a step with no draft tokens raises "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    except Exception as exc:
+        return f"its rejection sampler could not be probed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+    if wrong:
+        return "its rejection sampler is broken: " + "; ".join(wrong)
+    return None
+
+
+def bind_cpu_workers(engine_args: dict, environ=os.environ) -> None:
+    """One core range per worker in VLLM_CPU_OMP_THREADS_BIND ("0-3|4-7"), where a CPU build runs several
+    workers and the user bound none: vLLM's automatic binding wants one NUMA node per worker."""
+    workers = int(engine_args.get("tensor_parallel_size") or 1) * int(engine_args.get("pipeline_parallel_size") or 1)
+    if workers < 2 or environ.get("VLLM_CPU_OMP_THREADS_BIND") or not cpu_build():
+        return
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(len(cores) // workers, 1)
+    ranges = []
+    for w in range(workers):
+        mine = cores[(w * per) % len(cores):][:per]
+        ranges.append(str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}")
+    environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(ranges)
+
+
+def known_failure(run: dict) -> dict:
+    """An engine error vLLM raises for a layout it cannot run: 'cannot run here', not a verdict."""
+    for needle, why in KNOWN_ENGINE_FAILURES.items():
+        if "error" in run and needle in run["error"]:
+            return {"error": f"{why} ({run['error'][:200]})", "cannot_run": True}
+    return run
+
+
 def main() -> int:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the engine's own prints go to stderr: stdout carries the one JSON object
@@ -167,13 +285,22 @@ def main() -> int:
         if all(cannot_run(d, request) for d in request["drafts"]):  # nothing to serve: vLLM is not even imported
             result["drafts"] = [cannot_run(d, request) for d in request["drafts"]]
         else:
+            bind_cpu_workers(request.get("engine_args") or {})
             import vllm
 
             result["vllm_version"] = vllm.__version__
-            result["drafts"] = [serve(request, d) for d in request["drafts"]]
-            result["target_only"] = generate(request, None)
+            broken = broken_sampler(request["sampling"]) if sampled(request) else None
+            if broken:
+                result["drafts"] = [{"error": f"vLLM {vllm.__version__}: {broken}: sampled speculative decoding "
+                                     "cannot be compared here (compare with --sampling greedy, or a vLLM build "
+                                     "whose sampler works)", "cannot_run": True, "broken_sampler": True}
+                                    for _ in request["drafts"]]
+            else:
+                result["drafts"] = [known_failure(serve(request, d)) for d in request["drafts"]]
+                if not sampled(request):  # sampled outputs differ run to run: nothing to compare them with
+                    result["target_only"] = generate(request, None)
     except Exception as exc:
-        result = error(exc)
+        result = known_failure(error(exc))
     out.write(json.dumps(result) + "\n")
     out.flush()
     return 0

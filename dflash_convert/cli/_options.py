@@ -1,0 +1,134 @@
+"""A command's options generated from its options model (as mergekit's MergeOptions gives its flags):
+each field with a `Flag` becomes one typer option, its help the field's description, its default the
+field's, its choices the field's Literal (or the Flag's). The command takes the values as one dict
+of field values, ready for the model."""
+
+import enum
+import inspect
+import types
+from functools import wraps
+from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args, get_origin
+
+import typer
+from pydantic import BaseModel
+
+from dflash_convert.cli._params import choices, csv, dtype_name, flag, json_object, max_memory
+from dflash_convert.flags import Flag, flag_of
+from dflash_convert.validate.options import LEVELS
+
+PARSERS: dict[str, Callable[[Optional[str]], Any]] = {
+    "ints": csv(int), "floats": csv(float), "levels": csv(str, LEVELS), "json": json_object, "memory": max_memory,
+}
+METAVARS = {"ints": "IDS", "floats": "RATES", "levels": "LEVELS", "json": "JSON", "memory": "BUDGET"}
+ALIAS = "_alias_"  # the parameter name prefix of a hidden former spelling
+
+
+def flagged_fields(model: type[BaseModel]) -> dict[str, tuple[Flag, Any]]:
+    """name -> (its Flag, its pydantic FieldInfo), for every field that is on the command line."""
+    found = {}
+    for name, info in model.model_fields.items():
+        spelling = flag_of(info.metadata)
+        if spelling is not None and spelling.name is not None:
+            found[name] = (spelling, info)
+    return found
+
+
+def _plain(annotation: Any) -> tuple[Any, bool]:
+    """The annotation without None, and whether None was allowed."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return (args[0] if len(args) == 1 else Union[tuple(args)]), len(args) < len(get_args(annotation))
+    return annotation, False
+
+
+def _default(info) -> Any:
+    return info.get_default(call_default_factory=True)
+
+
+def _option(name: str, spelling: Flag, info) -> tuple[Any, Any]:
+    """(the typer annotation, the default) of one field's option."""
+    kind, optional = _plain(info.annotation)
+    default = _default(info)
+    names = [n for n in (spelling.name, spelling.short) if n]
+    text = dict(help=info.description or "")
+    if spelling.parse is not None and spelling.parse != "dtype":  # text, parsed into the value
+        option = typer.Option(*names, metavar=spelling.metavar or METAVARS[spelling.parse],
+                              callback=PARSERS[spelling.parse], **text)
+        return Annotated[Optional[str], option], None if not isinstance(default, str) else default
+    allowed = spelling.choices or (get_args(kind) if get_origin(kind) is Literal else None)
+    if allowed is not None:
+        values = choices("".join(p.title() for p in name.split("_")), allowed)
+        option = typer.Option(*names, metavar=spelling.metavar, **text) if spelling.metavar else \
+            typer.Option(*names, **text)
+        return (Annotated[Optional[values] if optional else values, option],
+                None if default is None else values(default))
+    if kind is bool:
+        return Annotated[Optional[bool] if optional else bool, flag(*names, help=text["help"])], default
+    kind = spelling.type or kind
+    extra = {"metavar": spelling.metavar} if spelling.metavar else {}
+    return Annotated[Optional[kind] if optional else kind, typer.Option(*names, **extra, **text)], default
+
+
+def option_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
+    """The typer parameters of every flagged field, then one hidden parameter per former spelling."""
+    params, aliases = [], []
+    for name, (spelling, info) in flagged_fields(model).items():
+        annotation, default = _option(name, spelling, info)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                        default=default))
+        kind = get_args(annotation)[0]
+        for alias in spelling.aliases:
+            hidden = typer.Option(alias, hidden=True, help=f"Former name of {spelling.name}.",
+                                  **({"metavar": spelling.metavar} if spelling.metavar else {}))
+            aliases.append(inspect.Parameter(ALIAS + alias.lstrip("-").replace("-", "_"),
+                                             inspect.Parameter.KEYWORD_ONLY, default=None,
+                                             annotation=Annotated[Optional[_plain(kind)[0]], hidden]))
+    return params + aliases
+
+
+def field_values(model: type[BaseModel], given: dict[str, Any]) -> dict[str, Any]:
+    """The options' values as the model's fields (popped from `given`); an unset or empty text flag leaves
+    the field's own default, a former spelling stands in for its flag."""
+    values = {}
+    for name, (spelling, info) in flagged_fields(model).items():
+        value = given.pop(name)
+        for alias in spelling.aliases:
+            former = given.pop(ALIAS + alias.lstrip("-").replace("-", "_"))
+            if former is not None:
+                value = former
+        if isinstance(value, enum.Enum):
+            value = value.value
+        if spelling.parse == "dtype":
+            value = dtype_name(value)
+        if (value is None or (spelling.parse is not None and not value)) and _default(info) is not None:
+            continue  # an unset (or empty) text flag: the field's own default (all levels, no engine args)
+        values[name] = value
+    return values
+
+
+def with_options(model: type[BaseModel]) -> Callable[[Callable], Callable]:
+    """Replace the command's `options` parameter by the model's generated options; the command gets their
+    values as `options`, a dict of field values."""
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command)
+        params = []
+        for param in signature.parameters.values():
+            if param.name == "options":
+                params += option_parameters(model)
+            else:
+                params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        names = {p.name for p in option_parameters(model)}
+
+        @wraps(command)
+        def run(**kwargs: Any) -> Any:
+            given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            return command(**kwargs, options=field_values(model, given))
+
+        run.__signature__ = signature.replace(parameters=params)
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        del run.__wrapped__  # typer reads the generated signature, not the command's own
+        return run
+
+    return decorate
+

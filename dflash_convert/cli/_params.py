@@ -1,0 +1,109 @@
+"""The command line's parameter kinds: choice enums made from the library's own names, the parsers of
+list / JSON / memory-budget options, and the options several commands share (declared once here)."""
+
+import enum
+import json
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from dflash_convert.flags import ALLOW_PICKLE_HELP
+from dflash_convert.format.dtypes import DTYPES, code_for_name
+from dflash_convert.format.engines import ENGINE_NAMES
+
+
+def choices(name: str, values) -> type[enum.Enum]:
+    """An Enum of the library's own names, so --help lists the choices and click checks them."""
+    return enum.Enum(name, {v: v for v in values}, type=str)
+
+
+Engine = choices("Engine", ENGINE_NAMES)
+
+
+def value(choice: enum.Enum | None) -> str | None:
+    return None if choice is None else choice.value
+
+
+def dtype_name(choice: enum.Enum | str) -> str:
+    """auto, or the torch name of a --dtype spelling (bf16 -> bfloat16)."""
+    name = choice.value if isinstance(choice, enum.Enum) else choice
+    return "auto" if name == "auto" else DTYPES[code_for_name(name)].torch
+
+
+def csv(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None):
+    """Parse a comma-separated option ("1,9,17" or "[1, 9, 17]") into a list, checking each item."""
+
+    def parse(text: Optional[str]) -> Optional[list]:
+        if text is None:
+            return None
+        try:
+            items = [kind(x) for x in text.replace(" ", "").strip("[]").split(",") if x != ""]
+        except ValueError:
+            raise typer.BadParameter(f"expected comma-separated {kind.__name__} values, got {text!r}") from None
+        bad = [x for x in items if allowed is not None and x not in allowed]
+        if bad:
+            raise typer.BadParameter(f"unknown {', '.join(map(str, bad))}; choose from {', '.join(allowed)}")
+        return items
+
+    return parse
+
+
+def one_of(allowed: tuple[str, ...]):
+    """Check a value against `allowed` (for lists too long for a metavar: the help names them, wrapped)."""
+
+    def check(text: Optional[str]) -> Optional[str]:
+        if text is not None and text not in allowed:
+            raise typer.BadParameter(f"{text!r} is not one of the choices: {', '.join(allowed)}")
+        return text
+
+    return check
+
+
+def json_object(text: Optional[str]) -> Optional[dict[str, Any]]:
+    """Parse a JSON object option ('{"enable_thinking": false}')."""
+    if text is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc.msg} at character {exc.pos}") from None
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter("a JSON object is needed, e.g. '{\"dtype\": \"float32\"}'")
+    return parsed
+
+
+def max_memory(text: Optional[str]) -> Optional[dict[str, int]]:
+    from dflash_convert.validate.memory import parse_max_memory
+
+    try:
+        return None if text is None else parse_max_memory(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def flag(*names: str, help: str, **kw: Any):
+    """A boolean switch, shown as a flag (no `<bool>` value column in --help)."""
+    return typer.Option(*names, help=help, metavar="", show_default=False, **kw)
+
+
+def examples(*lines: str) -> str:
+    return "Examples:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)  # \b: click keeps the lines
+
+
+# ----------------------------------------------------------------------------- shared options (declared once)
+
+Source = Annotated[str, typer.Argument(metavar="SRC", help="Checkpoint directory or Hub repo id (org/name).")]
+Revision = Annotated[Optional[str], typer.Option("--revision", help="Hub revision: branch, tag or commit sha "
+                                                 "(default: main).")]
+Token = Annotated[Optional[str], typer.Option("--token", help="Hub token (default: HF_TOKEN, then the stored "
+                                              "token).")]
+Json = Annotated[bool, flag("--json", help="Print one JSON object on stdout (errors too).")]
+Quiet = Annotated[bool, flag("-q", "--quiet", help="Print only the verdict line, failures, warnings and errors "
+                             "(no progress, no passing checks).")]
+AllowPickle = Annotated[bool, flag("--allow-pickle", help=ALLOW_PICKLE_HELP)]
+Private = Annotated[bool, flag("--private", help="Create the Hub repo private.")]
+CommitMessage = Annotated[Optional[str], typer.Option("--commit-message", help="Commit title.")]
+CommitDescription = Annotated[Optional[str], typer.Option("--commit-description", help="Commit description.")]
+CreatePr = Annotated[bool, flag("--create-pr", help="Open a pull request instead of committing to the branch.")]
+EngineOpt = Annotated[Optional[Engine], typer.Option("--engine", help="A serving engine: show only its view "
+                                                     "(inspect), or run the draft as it would (validate).")]

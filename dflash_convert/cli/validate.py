@@ -1,0 +1,101 @@
+"""`validate`: the static, numeric and end-to-end checks of a draft, and the reports they write."""
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dflash_convert.cli._options import with_options
+from dflash_convert.cli._output import Output, err, live
+from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples
+from dflash_convert.validate.options import PromptSet, ValidateOptions
+
+EPILOG = examples(
+    "dflash-convert validate ./draft",
+    "dflash-convert validate ./draft --target Qwen/Qwen3-8B --min-acceptance-length 3 --junit report.xml",
+    "dflash-convert validate org/draft --target ./qwen3-8b --levels static,numeric --backend sdpa --json")
+
+
+@with_options(ValidateOptions)
+def validate(
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="Draft checkpoint (either format): "
+                                              "directory or Hub id.")],
+    options: dict,  # ValidateOptions' own flags, generated (cli._options)
+    dataset: Annotated[Optional[list[str]], typer.Option(
+        "--dataset", metavar="NAME[@REV]", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
+        "gsm8k, math500, humaneval, mt-bench, mt-bench-2, mbpp, alpaca.")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Prompts drawn from each --dataset "
+                                                       "(with --seed; default: all).")] = None,
+    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write a JUnit XML report "
+                                                  "(one testcase per check) to FILE.")] = None,
+    report_md: Annotated[Optional[Path], typer.Option(
+        "--report-md", metavar="FILE", help="Also write a Markdown report to FILE (the acceptance chart beside it, "
+        "as FILE with the suffix .svg). GITHUB_STEP_SUMMARY set: the report is appended there too.")] = None,
+    revision: Revision = None,
+    token: Token = None,
+    as_json: Json = False,
+    quiet: Quiet = False,
+) -> None:
+    """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
+    from dflash_convert.errors import ValidationFailed
+    from dflash_convert.validate.report import render_table, to_json, to_junit
+    from dflash_convert.validate.run import validate as run_validation
+
+    out = Output(as_json, quiet)
+    ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token,
+                                    allow_pickle=options.get("allow_pickle", False))
+    target = options.get("target")
+    if target is not None:
+        options["target"], options["target_revision"] = out.local(target, token=token, for_target=True)
+        options["target_name"] = target
+    if num_prompts is not None and num_prompts < 1:
+        raise typer.BadParameter(f"must be at least 1, got {num_prompts}", param_hint="--num-prompts")
+    opts = ValidateOptions(**options, checkpoint_revision=ckpt_sha,
+                           prompt_sets=_prompt_sets(dataset or [], num_prompts, options.get("seed", 0), token, out))
+    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status)
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(to_junit(report))
+    _markdown_reports(report, report_md, out)
+    if as_json and not quiet:  # stdout holds the JSON: the log still shows the report and its verdict
+        live.stop()
+        render_table(report, err)
+    out.result(to_json(report), render=lambda console, q: render_table(report, console, q))
+    if not report.passed:
+        raise typer.Exit(ValidationFailed.exit_code)
+
+
+def _prompt_sets(specs: list[str], num_prompts: Optional[int], seed: int, token: Optional[str],
+                 out: Output) -> list[PromptSet]:
+    """Each --dataset, pulled from the Hub here: validate reads local prompts, never the Hub."""
+    if not specs:
+        return []
+    out.hub()  # its info lines and progress bars follow -q / --json
+    from dflash_convert.hub.datasets import dataset_prompts
+
+    sets = []
+    for spec in specs:
+        pulled = dataset_prompts(spec, num_prompts=num_prompts, seed=seed, token=token)
+        sets.append(PromptSet(name=pulled.name, source=pulled.source, prompts=pulled.prompts))
+    return sets
+
+
+def _markdown_reports(report, path: Optional[Path], out: Output) -> None:
+    """--report-md FILE (+ FILE.svg, the chart), and the GitHub Actions step summary when one is open."""
+    from dflash_convert.validate.report import acceptance_svg, to_markdown
+
+    svg = acceptance_svg(report)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image = None
+        if svg is not None:
+            image_path = path.with_suffix(".svg")
+            image_path.write_text(svg, encoding="utf-8")
+            image = image_path.name
+        path.write_text(to_markdown(report, image), encoding="utf-8")
+        out.info(f"Markdown report written: {path}")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:  # an image beside a step summary is not served: the unicode chart stands in
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(to_markdown(report) + "\n")

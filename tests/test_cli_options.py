@@ -1,0 +1,128 @@
+"""Each option of validate and convert is declared once, in its options model (type, default, help, and its
+spelling in a `Flag`); the CLI's flags are generated from it. These tests hold the two together: a flag
+that disagrees with its field (name, default, help), a field without a flag (or a reason for none), or a
+hand-written option shadowing a field fails here."""
+
+import enum
+from typing import Annotated
+
+import pytest
+import typer
+from pydantic import BaseModel, Field
+
+from dflash_convert.cli import app
+from dflash_convert.cli._options import ALIAS, flagged_fields, with_options
+from dflash_convert.convert.conversion import ConvertOptions
+from dflash_convert.flags import Flag, flag_of
+from dflash_convert.validate.options import ValidateOptions
+
+COMMANDS = {"validate": ValidateOptions, "convert": ConvertOptions}
+
+
+def _plain(default):
+    return default.value if isinstance(default, enum.Enum) else default
+
+
+def disagreements(command, model: type[BaseModel]) -> list[str]:
+    """Every way the click command's options and the model's fields disagree, in words."""
+    found = []
+    params = {p.name: p for p in command.params}
+    for name, info in model.model_fields.items():
+        spelling = flag_of(info.metadata)
+        if spelling is None:
+            found.append(f"{name}: no Flag (give Flag(None, why=...) where the caller fills it in)")
+    for name, (spelling, info) in flagged_fields(model).items():
+        param = params.get(name)
+        if param is None:
+            found.append(f"{name}: no option")
+            continue
+        long = "--" + name.replace("_", "-")
+        if spelling.field_flag != long or long not in param.opts:
+            found.append(f"{name}: flag {param.opts} is not {long}")
+        if param.help != info.description:
+            found.append(f"{name}: help {param.help!r} is not the field's {info.description!r}")
+        default, own = _plain(param.default), info.get_default(call_default_factory=True)
+        if spelling.parse == "dtype":
+            own = default if own == "auto" else own
+        if default != own and not (default is None and spelling.parse is not None):  # text unset: field default
+            found.append(f"{name}: default {default!r} is not the field's {own!r}")
+        for alias in spelling.aliases:
+            hidden = params.get(ALIAS + alias.lstrip("-").replace("-", "_"))
+            if hidden is None or alias not in hidden.opts or not hidden.hidden:
+                found.append(f"{name}: former spelling {alias} is not a hidden option")
+    fields = set(model.model_fields)
+    spellings = [o for p in command.params for o in [*p.opts, *p.secondary_opts]]
+    found += [f"{o}: given twice" for o in sorted(set(spellings)) if spellings.count(o) > 1]
+    for param in command.params:
+        if param.name not in fields and not param.name.startswith(ALIAS):
+            shadow = [n for n in fields if any(o == "--" + n.replace("_", "-") for o in param.opts)]
+            found += [f"{param.name}: a hand-written option for the field {n}" for n in shadow]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_flag_agrees_with_its_field(name):
+    command = typer.main.get_command(app).commands[name]
+    assert disagreements(command, COMMANDS[name]) == []
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_field_is_a_flag_or_says_who_fills_it(name):
+    for field, info in COMMANDS[name].model_fields.items():
+        spelling = flag_of(info.metadata)
+        assert spelling is not None, f"{name}: {field} has no Flag"
+        assert spelling.name is not None or spelling.why, field
+
+
+class Planted(BaseModel):
+    size: Annotated[int, Flag("--size")] = Field(3, description="The size.")
+    extra: int = 0  # no Flag at all
+
+
+def test_the_check_sees_a_disagreement():
+    """A flag renamed, its help or default changed by hand, a field without a flag: each one is named."""
+    drift = typer.Typer()
+
+    @drift.command()
+    @with_options(Planted)
+    def run(options: dict, size2: Annotated[int, typer.Option("--size-2")] = 0) -> None:  # noqa: ARG001
+        pass
+
+    @drift.command()
+    def other(size: Annotated[int, typer.Option("--sizes", help="Size.")] = 4) -> None:  # noqa: ARG001
+        pass
+
+    group = typer.main.get_command(drift)
+    assert disagreements(group.commands["run"], Planted) == ["extra: no Flag (give Flag(None, why=...) where the "
+                                                             "caller fills it in)"]
+    found = disagreements(group.commands["other"], Planted)
+    assert any("flag ['--sizes'] is not --size" in f for f in found), found
+    assert any("help 'Size.'" in f for f in found) and any("default 4" in f for f in found), found
+
+
+def test_a_flag_without_a_name_says_who_fills_it_in():
+    with pytest.raises(ValueError, match="why"):
+        Flag(None)
+
+
+@pytest.mark.parametrize("spelling", ["--engine-kv-cache-gib", "--engine-kv-cache"])
+def test_the_renamed_flag_and_its_former_spelling(cli, speculators_drafts, spelling):
+    r = cli("validate", speculators_drafts["full"], "--levels", "static", spelling, "2.5", "--json", "-q")
+    assert r.code in (0, 3), r.err
+    assert r.json()["options"]["engine_kv_cache_gib"] == 2.5
+    bad = cli("validate", speculators_drafts["full"], "--levels", "static", spelling, "0")
+    assert bad.code == 2 and "--engine-kv-cache-gib must be positive" in bad.err, bad.err
+
+
+def test_the_former_spelling_is_hidden_from_help(cli):
+    r = cli("validate", "--help")
+    assert r.code == 0 and "--engine-kv-cache-gib" in r.out and "--engine-kv-cache " not in r.out, r.out
+
+
+def test_unset_text_options_leave_the_field_defaults(cli, speculators_drafts):
+    r = cli("validate", speculators_drafts["full"], "--levels", "static", "--json", "-q")
+    options = r.json()["options"]
+    defaults = ValidateOptions().model_dump(mode="json")
+    for name in ("engine_args", "chat_template_kwargs", "max_memory", "min_position_rates", "dtype", "backend",
+                 "draft_sampling", "sampling", "engine_timeout", "engine_kv_cache_gib", "max_new_tokens"):
+        assert options[name] == defaults[name], name
