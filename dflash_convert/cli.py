@@ -687,7 +687,7 @@ def validate(
                                                     "field or OpenAI-style `messages`. Default: a built-in set.")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", metavar="NAME[@REV]", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
-        "gsm8k, math500, humaneval, mt-bench, alpaca.")] = None,
+        "gsm8k, math500, humaneval, mt-bench, mt-bench-2, mbpp, alpaca.")] = None,
     num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Prompts drawn from each --dataset "
                                                        "(with --seed; default: all).")] = None,
     chat_template: Annotated[str, typer.Option("--chat-template", metavar="auto|none|FILE", help="Render text prompts "
