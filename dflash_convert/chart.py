@@ -20,22 +20,29 @@ def bar(fraction: float, width: int) -> str:
     return ("█" * full + (EIGHTHS[rest] if rest else "")).ljust(width)
 
 
-def text_chart(rates: list[float], minimums: list[float] | None = None, width: int = 40) -> list[str]:
-    """One line per draft position: its rate as a bar (full width = every step accepted) and, where a
-    minimum was asked for, `min X` with `ok` or `LOW`."""
+def text_chart(rates: list[float], minimums: list[float] | None = None, width: int = 40,
+               baseline: list[float] | None = None) -> list[str]:
+    """One line per draft position: its rate as a bar (full width = every step accepted), an earlier
+    run's rate as `was X` when given, and, where a minimum was asked for, `min X` with `ok` or `LOW`."""
     minimums = list(minimums or [])
+    baseline = list(baseline or [])
     lines = [f"{'pos':>4}  {'rate':>4}  {'0':<{width // 2}}{'1':>{width - width // 2}}"]
     for k, rate in enumerate(rates):
         line = f"{k + 1:>4}  {rate:4.2f}  {bar(rate, width)}"
+        if k < len(baseline):
+            line += f"  was {baseline[k]:.2f}"
         if k < len(minimums):
             line += f"  min {minimums[k]:.2f} {'ok' if rate >= minimums[k] else 'LOW'}"
         lines.append(line.rstrip())
     return lines
 
 
-def svg_chart(rates: list[float], minimums: list[float] | None = None, title: str = "") -> str:
-    """A bar chart of `rates` (0..1) per draft position, minimums as red ticks; about 2 KB of SVG."""
+def svg_chart(rates: list[float], minimums: list[float] | None = None, title: str = "",
+              baseline: list[float] | None = None) -> str:
+    """A bar chart of `rates` (0..1) per draft position, an earlier run's rates as grey bars beside
+    them, minimums as red ticks; about 2 KB of SVG."""
     minimums = list(minimums or [])
+    baseline = list(baseline or [])
     n = max(len(rates), 1)
     left, top, plot_w, plot_h = 44, 34, max(24 * n, 380), 180
     width, height = left + plot_w + 16, top + plot_h + 40
@@ -51,7 +58,13 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
     for k, rate in enumerate(rates):
         x = left + k * step
         h = plot_h * max(0.0, min(1.0, rate))
-        parts.append(f'<rect x="{x + step * 0.15:.1f}" y="{top + plot_h - h:.1f}" width="{step * 0.7:.1f}" '
+        if k < len(baseline):  # the earlier run left, this run right
+            hb = plot_h * max(0.0, min(1.0, baseline[k]))
+            parts.append(f'<rect x="{x + step * 0.1:.1f}" y="{top + plot_h - hb:.1f}" width="{step * 0.4:.1f}" '
+                         f'height="{hb:.1f}" fill="#bbbbbb"><title>position {k + 1}, baseline: {baseline[k]:.3f}'
+                         '</title></rect>')
+        bx, bw = (x + step * 0.5, step * 0.4) if k < len(baseline) else (x + step * 0.15, step * 0.7)
+        parts.append(f'<rect x="{bx:.1f}" y="{top + plot_h - h:.1f}" width="{bw:.1f}" '
                      f'height="{h:.1f}" fill="#4c78a8"><title>position {k + 1}: {rate:.3f}</title></rect>')
         if k < len(minimums):
             y = top + plot_h * (1 - max(0.0, min(1.0, minimums[k])))
@@ -59,6 +72,7 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
                          'stroke="#d62728" stroke-width="2"/>')
         parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{k + 1}</text>')
     parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">draft position '
-                 '(block slot); bar: share of steps accepted' + (', red: minimum' if minimums else '') + '</text>')
+                 '(block slot); bar: share of steps accepted' + (', grey: baseline' if baseline else '')
+                 + (', red: minimum' if minimums else '') + '</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

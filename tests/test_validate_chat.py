@@ -135,7 +135,9 @@ def test_sampling_resolves_as_vllm_does():
     used = resolve_sampling(ValidateOptions(), QWEN3_GENERATION, "g.json")
     assert (used.temperature, used.top_k, used.top_p, used.min_p) == (0.6, 20, 0.95, 0.0)
     assert used.sources == {"temperature": "generation_config.json", "top_k": "generation_config.json",
-                            "top_p": "generation_config.json", "min_p": "vLLM default"}
+                            "top_p": "generation_config.json", "min_p": "vLLM default",
+                            "repetition_penalty": "vLLM default", "presence_penalty": "vLLM default",
+                            "frequency_penalty": "vLLM default"}
     used = resolve_sampling(ValidateOptions(top_k=5, min_p=0.1), QWEN3_GENERATION, "g.json")
     assert (used.top_k, used.min_p, used.sources["top_k"], used.sources["min_p"]) == (5, 0.1, "--top-k", "--min-p")
     used = resolve_sampling(ValidateOptions(sampling="greedy"), QWEN3_GENERATION, "g.json")
@@ -279,3 +281,45 @@ def test_datasets_table_tau_per_set_end_to_end(hub, speculators_drafts, tiny_tar
     r = cli("validate", speculators_drafts["full"], "--target", target, "--dataset", "humaneval", "--levels",
             "end_to_end")
     assert r.code == 1 and "openai/openai_humaneval" in r.err  # no such repo on this Hub: one line naming it
+
+
+MT_BENCH = [{"prompt": [f"hello world {i}", f"the cat sat {i}"]} for i in range(4)]
+
+
+def test_mbpp_and_mt_bench_second_turns(hub, speculators_drafts, tiny_target, tmp_path, cli):
+    """mbpp as z-lab's benchmark reads it (sanitized config, test split, `prompt` as the user turn); MT-Bench's
+    second turn after the target's own answer to the first (decoded without special tokens and rendered as
+    the assistant turn, as z-lab's benchmark feeds it back): the measured prompt holds the first turn, the
+    target's greedy answer and the second turn."""
+    from transformers import AutoTokenizer
+
+    from dflash_convert.hub.datasets import dataset_prompts
+    from dflash_runtime import load_target, target_generate
+    import torch
+
+    hub.seed_repo("google-research-datasets/mbpp", {"sanitized/test-00000-of-00001.parquet": parquet(
+        [{"prompt": f"the cat {i}", "code": "x"} for i in range(3)])})
+    hub.seed_repo("HuggingFaceH4/mt_bench_prompts", {"data/train-00000-of-00001.parquet": parquet(MT_BENCH)})
+    assert dataset_prompts("mbpp").prompts == ["the cat 0", "the cat 1", "the cat 2"]
+    second = dataset_prompts("mt-bench-2").prompts
+    assert second[0] == [{"role": "user", "content": "hello world 0"},
+                         {"role": "assistant", "content": None, "generate": True},
+                         {"role": "user", "content": "the cat sat 0"}]
+    target = chat_target(tiny_target, tmp_path / "target")
+    r = cli("validate", speculators_drafts["full"], "--target", target, "--dataset", "mt-bench-2", "--dataset",
+            "mbpp", "--num-prompts", "2", "--levels", "end_to_end", "--max-new-tokens", "5", "--threads", "1",
+            "--sampling", "greedy", "--json")
+    assert r.code == 0, r.err[-2000:]
+    a = r.json()["acceptance"]
+    assert list(a["per_prompt_set"]) == ["mt-bench-2", "mbpp"] and a["prompts"] == 4
+    # the first measured prompt, rebuilt: the target's greedy answer to its first turn, then its second turn
+    tok = AutoTokenizer.from_pretrained(target)
+    rows = dataset_prompts("mt-bench-2", num_prompts=2).prompts
+    model = load_target(target, device="cpu", dtype=torch.float32)
+    first = tok.apply_chat_template([rows[0][0]], add_generation_prompt=True, tokenize=False)
+    answer = target_generate(model, tok(first, add_special_tokens=False)["input_ids"], max_new_tokens=5,
+                             stop_token_ids=(2, 510)).tokens
+    chat = [rows[0][0], {"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)}, rows[0][2]]
+    full = tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
+               add_special_tokens=False)["input_ids"]
+    assert a["per_prompt"][0]["prompt_tokens"] == len(full) > len(tok(first, add_special_tokens=False)["input_ids"])

@@ -24,7 +24,7 @@ def validate(
     options: dict,  # ValidateOptions' own flags, generated (cli._options)
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", metavar="NAME[@REV]", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
-        "gsm8k, math500, humaneval, mt-bench, alpaca.")] = None,
+        "gsm8k, math500, humaneval, mt-bench, mt-bench-2, mbpp, alpaca.")] = None,
     num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Prompts drawn from each --dataset "
                                                        "(with --seed; default: all).")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write a JUnit XML report "

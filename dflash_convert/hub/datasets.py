@@ -4,7 +4,8 @@ remote names checked before anything is written, each downloaded file checked ag
 lists for it (sha256 for LFS files, the git blob id otherwise), the client's errors as one line.
 
 The table is data: which repo, which file(s) of the split, which field holds the prompt and how the
-prompt is worded around it (as z-lab's DFlash benchmark words each set; MT-Bench: its first turn). Each
+prompt is worded around it (as z-lab's DFlash benchmark words each set; MT-Bench: its first turn, or its
+second as a chat whose first answer the target gives, validate/turns.py). Each
 entry pins `main` unless a commit is given (`--dataset NAME@REVISION`): the report records the commit
 the revision resolved to, so a run can be repeated exactly.
 """
@@ -37,6 +38,7 @@ class PromptDataset:
     template: str = "{prompt}"  # the prompt's wording around the field's text
     revision: str = "main"
     extra: str | None = None  # a second column, appended as "\n\nInput:\n<it>" when not empty (Alpaca's `input`)
+    turn: int = 1  # multi-turn sets: the turn measured; the turns before it are answered by the target
 
 
 DATASETS: dict[str, PromptDataset] = {
@@ -46,6 +48,10 @@ DATASETS: dict[str, PromptDataset] = {
                                "Write a solution to the following problem and make sure that it passes the "
                                "tests:\n```python\n{prompt}\n```"),
     "mt-bench": PromptDataset("HuggingFaceH4/mt_bench_prompts", "data/train-*.parquet", "prompt"),
+    # the second turn after the target's own answer to the first (z-lab's benchmark feeds it back the same way)
+    "mt-bench-2": PromptDataset("HuggingFaceH4/mt_bench_prompts", "data/train-*.parquet", "prompt", turn=2),
+    # z-lab's benchmark: the sanitized config's test split, its `prompt` as the whole user turn
+    "mbpp": PromptDataset("google-research-datasets/mbpp", "sanitized/test-*.parquet", "prompt"),
     "alpaca": PromptDataset("tatsu-lab/alpaca", "data/train-*.parquet", "instruction", extra="input"),
 }
 
@@ -53,7 +59,7 @@ DATASETS: dict[str, PromptDataset] = {
 @dataclass
 class DatasetPrompts:
     name: str
-    prompts: list[str]
+    prompts: list[Any]  # text, or chat messages for a later turn of a multi-turn set
     repo_id: str
     revision: str
     commit_sha: str
@@ -110,7 +116,7 @@ def dataset_prompts(spec: str, *, num_prompts: int | None = None, seed: int = 0,
                    if p.is_file() and fnmatch.fnmatchcase(p.relative_to(folder).as_posix(), entry.files))
     if not files:
         raise DFlashError(f"Hub dataset {where} ({sha[:12]}): no file matching {entry.files!r} in the local cache")
-    rows: list[str] = []
+    rows: list[Any] = []
     for rel in files:
         data = read_bounded(folder / rel, MAX_DATASET_FILE_BYTES, "a benchmark split")
         if rel in listed:
@@ -153,8 +159,17 @@ def _rows(data: bytes, rel: str, entry: PromptDataset) -> list[dict[str, Any]]:
                           file=rel) from None
 
 
-def _worded(entry: PromptDataset, row: Any, where: str, n: int) -> str:
+def _worded(entry: PromptDataset, row: Any, where: str, n: int) -> Any:
     value = row.get(entry.field) if isinstance(row, dict) else None
+    if entry.turn > 1:  # the turns up to the one measured, each earlier one answered by the target
+        if not (isinstance(value, list) and len(value) >= entry.turn and all(isinstance(t, str) and t.strip()
+                                                                               for t in value[:entry.turn])):
+            raise DFlashError(f"row {n}: field `{entry.field}` has no turn {entry.turn} (a list of text turns)",
+                              file=where)
+        chat: list[dict[str, Any]] = []
+        for t in value[:entry.turn - 1]:
+            chat += [{"role": "user", "content": t}, {"role": "assistant", "content": None, "generate": True}]
+        return chat + [{"role": "user", "content": value[entry.turn - 1]}]
     if isinstance(value, list) and value:  # multi-turn sets: the first user turn
         value = value[0]
     if not isinstance(value, str) or not value.strip():

@@ -17,6 +17,7 @@ from dflash_convert.validate.checks import Check, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
                                             SamplingUsed)
+from dflash_convert.validate.histogram import step_histogram
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -46,7 +47,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
     say = progress or (lambda message: None)
     target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
                           last_layer_post_norm=last_layer_post_norm)
-    _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(sampling.stop_token_ids), say)
+    _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(sampling.stop_token_ids), say,
+                       penalties=sampling_penalties(sampling))
     try:
         draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
     except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
@@ -78,12 +80,12 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
     whole = DecodeStats.merge([r.stats for r in runs])
     if sampling.temperature == 0:
-        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0])
+        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], penalties=decode.kw["penalties"])
         equal = sum(same)
     else:  # samples cannot be compared token by token: the decode loop's exactness is checked greedily
         same = equal = None
         _greedy_check(checks, target, prompt_ids[:base_n], *_greedy_pass(decode, prompt_ids[:base_n], say),
-                      sampled_at=sampling.temperature)
+                      sampled_at=sampling.temperature, penalties=decode.kw["penalties"])
     _acceptance_checks(checks, whole, block, opts, slots)
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
     base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
@@ -114,7 +116,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                                                      for name, source, first, end in prompt_sets},
         per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
                                 steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
-                                output_equal=None if same is None else same[i])
+                                output_equal=None if same is None else same[i],
+                                accepted_histogram=step_histogram(r.stats.per_position_rates, r.stats.num_drafts))
                     for i, (p, r) in enumerate(zip(prompt_ids, runs))])
     return checks, stats, [r.tokens for r in runs]
 
@@ -141,7 +144,7 @@ class Decode:
         self.draft, self.target = draft, target
         self.kw = dict(max_new_tokens=opts.max_new_tokens, temperature=sampling.temperature,
                        stop_token_ids=tuple(sampling.stop_token_ids), seed=opts.seed, top_k=sampling.top_k,
-                       top_p=sampling.top_p, min_p=sampling.min_p)
+                       top_p=sampling.top_p, min_p=sampling.min_p, penalties=sampling_penalties(sampling))
         self.spec_kw = dict(self.kw, block_size=block, draft_sampling=opts.draft_sampling)
 
     def speculative(self, prompt: list[int], **over):
@@ -177,25 +180,37 @@ def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype,
 
 
 def _check_target_path(target, prompt_ids: list[list[int]], max_new_tokens: int, stop: tuple[int, ...],
-                       say) -> None:
+                       say, penalties=None) -> None:
     """Before any verdict: the runtime can undo rejected proposals in this target's cache, and its
     target-only greedy decoding of the first prompt (after another one, so that a reused cache must
     start clean) is transformers' own `generate`. Otherwise a wrong output would be blamed on the draft;
-    raises DFlashError ("the runtime cannot run this target")."""
+    raises DFlashError ("the runtime cannot run this target"). `generate` runs with a neutral generation
+    config (the model's own would add what vLLM ignores) and the run's penalties as a logits processor
+    that applies vLLM's rule (dflash_runtime.penalties), the same the runtime applies."""
     import torch
     from dflash_runtime import check_target, target_generate
+    from transformers import GenerationConfig, LogitsProcessorList
 
     check_target(target)
     say("end to end: checking the runtime's target path against transformers' generate")
     prompt = prompt_ids[0]
-    target_generate(target, prompt_ids[-1] + prompt_ids[0], max_new_tokens=4, stop_token_ids=stop)
-    ours = target_generate(target, prompt, max_new_tokens=max_new_tokens, stop_token_ids=stop).tokens
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ids = torch.tensor([prompt], device=target.device)
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                    do_sample=False, eos_token_id=list(stop) or None,
-                                    pad_token_id=(list(stop) or [0])[0])
+    target_generate(target, prompt_ids[-1] + prompt_ids[0], max_new_tokens=4, stop_token_ids=stop,
+                    penalties=penalties)
+    ours = target_generate(target, prompt, max_new_tokens=max_new_tokens, stop_token_ids=stop,
+                           penalties=penalties).tokens
+    own = target.model.generation_config
+    processors = [VllmPenaltiesProcessor(penalties, len(prompt))] if penalties is not None and penalties.active else []
+    try:
+        target.model.generation_config = GenerationConfig()
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ids = torch.tensor([prompt], device=target.device)
+            out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                        do_sample=False, eos_token_id=list(stop) or None,
+                                        pad_token_id=(list(stop) or [0])[0],
+                                        logits_processor=LogitsProcessorList(processors))
+    finally:
+        target.model.generation_config = own
     theirs = out[0, len(prompt):].tolist()
     n = min(len(ours), len(theirs))  # one may stop at an eos the other's generation config does not name
     at = next((i for i in range(n) if ours[i] != theirs[i]), None)
@@ -251,13 +266,13 @@ def _greedy_pass(decode: Decode, prompts: list[list[int]], say) -> tuple[list, l
         return ([decode.speculative(p, **greedy) for p in prompts], [decode.target_only(p, **greedy) for p in prompts])
 
 
-def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, sampled_at: float | None = None
-                  ) -> list[bool]:
+def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, sampled_at: float | None = None,
+                  penalties=None) -> list[bool]:
     """Appends greedy_output_equal; returns, per prompt, whether its output is the target's greedy output.
     `sampled_at`: the run samples at this temperature and `runs` are a greedy pass made for this check."""
     bad = []  # (prompt, first token that is not the target's greedy choice)
     for i, (p, r) in enumerate(zip(prompt_ids, runs)):
-        at = _first_non_greedy(target, p, r.tokens)
+        at = _first_non_greedy(target, p, r.tokens, penalties)
         if at is None and i < len(baselines) and r.tokens != baselines[i].tokens:
             at = _first_difference(r.tokens, baselines[i].tokens)
         if at is not None:
@@ -362,18 +377,42 @@ def _speedup_check(speedup: float, per_round: list[float], spec_tps: float, base
                   level="end_to_end", bad="warn")
 
 
-def _first_non_greedy(target, prompt: list[int], tokens: list[int]) -> int | None:
+def _first_non_greedy(target, prompt: list[int], tokens: list[int], penalties=None) -> int | None:
     """Index of the first generated token that is not the target's argmax given everything before it
-    (one teacher-forced target pass), or None when the whole output is the target's greedy output."""
+    (one teacher-forced target pass; the run's penalties applied to each row as vLLM counts them), or None
+    when the whole output is the target's greedy output."""
     import torch
+    from dflash_runtime.penalties import penalize
 
     target.set_capture([])
     target.reset()
     ids = torch.tensor(prompt + tokens, dtype=torch.long)
     logits, _ = target.forward(ids, 0)  # [P+N, V]
-    greedy = logits[len(prompt) - 1:-1].argmax(dim=-1).tolist()  # the target's choice for each new token
+    rows = penalize(logits[len(prompt) - 1:-1], penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
+    greedy = rows.argmax(dim=-1).tolist()  # the target's choice for each new token
     target.reset()
     return next((i for i, (t, g) in enumerate(zip(tokens, greedy)) if t != g), None)
+
+
+def sampling_penalties(sampling: SamplingUsed):
+    from dflash_convert.validate.sampling import penalties
+
+    return penalties(sampling)
+
+
+class VllmPenaltiesProcessor:
+    """transformers' generate with vLLM's penalties (a logits processor: input_ids [1, P+O] -> scores [1, V]):
+    the prompt's first `prompt_len` ids count for repetition only, as the runtime counts them."""
+
+    def __init__(self, penalties, prompt_len: int):
+        self.penalties, self.prompt_len = penalties, prompt_len
+
+    def __call__(self, input_ids, scores):
+        from dflash_runtime.penalties import penalize
+
+        ids = input_ids[0]
+        out = ids[self.prompt_len:]
+        return penalize(scores, self.penalties, ids[:self.prompt_len], out, out.numel()).to(scores.dtype)
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

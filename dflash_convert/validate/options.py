@@ -80,6 +80,15 @@ class ValidateOptions(BaseModel):
         None, description="Top-p (1: off). Default: per --sampling.")
     min_p: Annotated[float | None, Flag("--min-p")] = Field(
         None, description="Min-p (0: off). Default: per --sampling.")
+    repetition_penalty: Annotated[float | None, Flag("--repetition-penalty")] = Field(
+        None, description="vLLM's repetition penalty (1: off; prompt and output tokens). Default: the target's "
+        "generation_config.json, else off, in both --sampling modes.")
+    presence_penalty: Annotated[float | None, Flag("--presence-penalty")] = Field(
+        None, description="vLLM's presence penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+        "generation_config.json, else off.")
+    frequency_penalty: Annotated[float | None, Flag("--frequency-penalty")] = Field(
+        None, description="vLLM's frequency penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+        "generation_config.json, else off.")
     draft_sampling: Annotated[str, Flag("--draft-sampling", choices=DRAFT_SAMPLING)] = Field(
         "greedy", description="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at --temperature, "
         "accepted by rejection sampling.")
@@ -123,6 +132,12 @@ class ValidateOptions(BaseModel):
         None, description="Fail when the measured speedup is lower (otherwise it is informational).")
     timing_rounds: Annotated[int, Flag(None, why="library callers: rounds of the speedup measurement")] = \
         TIMING_ROUNDS
+    baseline: Annotated[str | Path | None, Flag("--baseline", type=Path)] = Field(
+        None, description="An earlier `validate --json` report of the same prompts and settings: fail (exit 3) on a "
+        "drop of tau or a position's rate beyond what the counts explain.")
+    max_regression: Annotated[float, Flag("--max-regression")] = Field(
+        0.0, description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "
+        "baseline's value (0.05: 5 %).")
     keep_going: Annotated[bool, Flag("--keep-going")] = Field(
         False, description="Run numeric and end-to-end levels even when static checks failed.")
     allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=ALLOW_PICKLE_HELP)
@@ -136,9 +151,9 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {self.block_size}")
         if not 1 <= self.max_new_tokens <= MAX_PROMPT_TOKENS:
             raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {self.max_new_tokens}")
-        from dflash_convert.validate.sampling import FIELDS, check_value
+        from dflash_convert.validate.sampling import FIELDS, PENALTY_FIELDS, check_value
 
-        for name in FIELDS:
+        for name in FIELDS + PENALTY_FIELDS:
             if getattr(self, name) is not None:
                 check_value(name, getattr(self, name))
         if self.sampling == "greedy" and self.temperature not in (None, 0):
@@ -163,6 +178,10 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--device-map {self.device_map!r}: choose {', '.join(DEVICE_MAPS)}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
+        if not (math.isfinite(self.max_regression) and 0 <= self.max_regression < 1):
+            raise UsageError(f"--max-regression must be a fraction in [0, 1), got {self.max_regression}")
+        if self.max_regression and self.baseline is None:
+            raise UsageError("--max-regression is the tolerance of --baseline: give --baseline with it")
         if self.timing_rounds < 1:
             raise UsageError(f"timing rounds must be at least 1, got {self.timing_rounds}")
         if self.engine_python is not None:

@@ -38,7 +38,7 @@ MAX_PROMPT_CHARS = 256 << 10  # characters of one text prompt
 _TOKEN_IDS = re.compile(r"-?[0-9]+(?:\s+-?[0-9]+)*")
 
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_TEMPLATE_BYTES = 1 << 20  # real chat templates are a few KB
 
 
@@ -46,11 +46,161 @@ def _token_list(value: Any) -> bool:
     return isinstance(value, list) and all(type(i) is int for i in value)  # JSON true/false are not ids
 
 
+def messages_problem(value: Any) -> str | None:
+    """None when `value` is a chat vLLM's chat API accepts for a text model, else what is wrong, naming the
+    message (1-based) and the field: roles system/user/assistant/tool; `content` text, a list of
+    {"type": "text", "text": ...} parts (or plain strings), or null/absent on an assistant turn; a tool turn's
+    `tool_call_id`; an assistant's `tool_calls` (function calls, `arguments` a JSON string or an object)."""
+    if not isinstance(value, list) or not value:
+        return "must be a non-empty list of turns"
+    for i, m in enumerate(value, 1):
+        where = f"message {i}"
+        if not isinstance(m, dict):
+            return f"{where} is not an object"
+        role = m.get("role")
+        if role not in ROLES:
+            return f"{where}: field `role` is {role!r}, not one of {', '.join(ROLES)}"
+        content = m.get("content")
+        if content is None and role != "assistant":
+            return f"{where}: field `content` is missing (only an assistant turn may omit it)"
+        if isinstance(content, list):
+            for j, part in enumerate(content, 1):
+                if isinstance(part, str):
+                    continue
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    return (f"{where}: field `content` part {j} ({kind!r}) is not a {{\"type\": \"text\", \"text\": "
+                            "...}} part (the target is a text model)")
+        elif content is not None and not isinstance(content, str):
+            return f"{where}: field `content` must be text or a list of text parts, got {type(content).__name__}"
+        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            return f"{where}: field `tool_call_id` (text) is required on a tool turn"
+        if m.get("generate") is not None and not (m["generate"] is True and role == "assistant" and content is None):
+            return (f"{where}: field `generate` (true) marks an assistant turn without content for the target to "
+                    "answer")
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls is not None:
+            if not isinstance(calls, list):
+                return f"{where}: field `tool_calls` must be a list"
+            for j, call in enumerate(calls, 1):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not (isinstance(call, dict) and call.get("type", "function") == "function"
+                        and isinstance(fn, dict)):
+                    return (f"{where}: field `tool_calls` entry {j} is not a "
+                            '{"type": "function", "function": {...}} call')
+                if not isinstance(fn.get("name"), str):
+                    return f"{where}: field `tool_calls` entry {j}: `function.name` (text) is required"
+    return None
+
+
 def _messages(value: Any) -> bool:
-    """OpenAI-style chat turns: a non-empty list of {"role": system|user|assistant, "content": text}."""
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES and isinstance(m["content"], str)
-        for m in value)
+    return messages_problem(value) is None
+
+
+def pending_turn(messages: Any) -> int | None:
+    """Index of the first assistant turn the target is to answer (`"generate": true`), else None."""
+    if not isinstance(messages, list):
+        return None
+    return next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("generate") is True), None)
+
+
+def _texts(content: Any) -> list[str]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    return [part if isinstance(part, str) else part["text"] for part in content]
+
+
+def _arguments(value: Any) -> dict:
+    """A tool call's arguments as vLLM hands them to the template: an object (a JSON string decoded; empty,
+    invalid JSON or a non-object: {})."""
+    if isinstance(value, str) and value:
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def conversation(messages: list[dict[str, Any]], content_format: str) -> list[dict[str, Any]]:
+    """The turns as vLLM's chat endpoint hands them to the template (`content_format` "string": text parts
+    joined with "\n"; "openai": a list of {"type": "text", "text": ...} parts, a plain string wrapped as one;
+    a tool turn's parts always joined). Kept per turn: role, content, an assistant's tool_calls (arguments
+    decoded to an object; an empty list dropped) and text `reasoning` (also as `reasoning_content`), a tool
+    turn's tool_call_id, a text `name` and `task`; other keys are dropped, as vLLM drops them."""
+    out = []
+    for m in messages:
+        texts = _texts(m.get("content"))
+        role = m["role"]
+        content: Any = [{"type": "text", "text": t} for t in texts] if content_format == "openai" else "\n".join(texts)
+        turn: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant":
+            calls = m.get("tool_calls")
+            if calls:
+                turn["tool_calls"] = [dict(c, function=dict(c["function"], arguments=_arguments(
+                    c["function"].get("arguments")))) for c in calls]
+            if isinstance(m.get("reasoning"), str):
+                turn["reasoning"] = turn["reasoning_content"] = m["reasoning"]
+        elif role == "tool":
+            turn["tool_call_id"] = m["tool_call_id"]
+            turn["content"] = "\n".join(texts)
+        elif role == "developer":
+            turn["tools"] = m.get("tools")
+        for key in ("name", "task"):  # kept when text, as vLLM keeps them
+            if isinstance(m.get(key), str):
+                turn[key] = m[key]
+        out.append(turn)
+    return out
+
+
+def developer_as_system(turns: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """vLLM's handling of developer turns for a template that never names the role ('"developer"' or
+    "'developer'" not in its text): each becomes a system turn (its `tools` dropped), then, when a system turn
+    is not first or there are several, all system turns merge into one at the start, their non-empty texts
+    joined with a blank line (a list of parts: its texts joined with "\n" first)."""
+    if not any(t["role"] == "developer" for t in turns) or '"developer"' in template or "'developer'" in template:
+        return turns
+    turns = [{k: v for k, v in t.items() if k != "tools"} | {"role": "system"} if t["role"] == "developer" else t
+             for t in turns]
+    systems = [i for i, t in enumerate(turns) if t["role"] == "system"]
+    if systems == [0] or not systems:
+        return turns
+    texts = []
+    for i in systems:
+        content = turns[i]["content"]
+        text = content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+        if text:
+            texts.append(text)
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(t for t in turns if t["role"] != "system")]
+
+
+def content_format(template: str) -> str:
+    """"openai" when the template loops over a message's content (vLLM then hands content as a list of
+    parts), else "string". vLLM 0.33 detects this on the template's syntax tree (renderers/hf.py); this
+    reads the same tree for a `for` loop over `X.content`, `X['content']` or a variable named `content`
+    (vLLM also follows content passed into macros and aliases of `messages`: a template that only loops
+    over content inside such a macro is read here as "string")."""
+    from jinja2 import nodes
+
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        tree = _compile_jinja_template(template).environment.parse(template)
+    except Exception:  # noqa: BLE001 - vLLM's default when the template cannot be parsed
+        return "string"
+
+    def is_content(node) -> bool:
+        while isinstance(node, (nodes.Filter, nodes.Test)) or (isinstance(node, nodes.Getitem)
+                                                             and isinstance(node.arg, nodes.Slice)):
+            node = node.node
+        if isinstance(node, nodes.Getattr):
+            return node.attr == "content"
+        if isinstance(node, nodes.Getitem):
+            return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        return isinstance(node, nodes.Name) and node.name == "content"
+
+    return "openai" if any(is_content(loop.iter) for loop in tree.find_all(nodes.For)) else "string"
 
 
 def read_prompts(path: str | Path) -> list[str | list[int]]:
@@ -82,9 +232,9 @@ def read_prompts(path: str | Path) -> list[str | list[int]]:
                                       "or a `messages` field (chat turns): one of them", file=path)
                 if "messages" in value:
                     value = value["messages"]
-                    if not _messages(value):
-                        raise DFlashError(f"line {n}: `messages` must be a list of {{\"role\": "
-                                          f"{'|'.join(ROLES)}, \"content\": text}} turns", file=path)
+                    problem = messages_problem(value)
+                    if problem:
+                        raise DFlashError(f"line {n}: `messages`: {problem}", file=path)
                 else:
                     value = value["prompt"]
                     if not (isinstance(value, str) or _token_list(value)):
@@ -139,6 +289,7 @@ def chat_template(tokenizer, choice: str, target_dir: Path) -> tuple[str | None,
 def _render(tokenizer, messages: list[dict[str, str]], template: str, kwargs: dict[str, Any], name: str,
             n: int) -> list[int]:
     """Token ids of the chat as vLLM's chat endpoint renders it."""
+    messages = developer_as_system(conversation(messages, content_format(template)), template)
     try:
         text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                              add_generation_prompt=True, **kwargs)
@@ -187,12 +338,15 @@ def tokenize_prompts(prompts: Sequence[str | list[int] | list[dict[str, str]]] |
                 raise DFlashError(f"prompt {n} is a chat (messages) but " + ("the target ships no tokenizer" if
                                   tokenizer is None else "no chat template applies (the tokenizer has none, or "
                                   "--chat-template none): give --chat-template FILE"), file=source)
-            if sum(len(m["content"]) for m in p) > MAX_PROMPT_CHARS:
+            if sum(len(t) for m in p for t in _texts(m.get("content"))) > MAX_PROMPT_CHARS:
                 raise DFlashError(f"prompt {n}: more than {MAX_PROMPT_CHARS} characters", file=source)
-            ids = _render(tokenizer, p, template, template_kwargs or {}, template_name, n)
+            pending = pending_turn(p)  # a turn the target answers first: the prompt it answers, for now
+            ids = _render(tokenizer, p if pending is None else p[:pending], template, template_kwargs or {},
+                          template_name, n)
         else:
-            raise DFlashError(f"prompt {n}: neither text, a list of integer token ids nor chat messages",
-                              file=source)
+            problem = messages_problem(p) if isinstance(p, list) and p and isinstance(p[0], dict) else None
+            raise DFlashError(f"prompt {n}: " + (f"`messages`: {problem}" if problem else "neither text, a list of "
+                              "integer token ids nor chat messages"), file=source)
         if len(ids) > MAX_PROMPT_TOKENS:
             raise DFlashError(f"prompt {n}: {len(ids)} tokens (at most {MAX_PROMPT_TOKENS})", file=source)
         bad = [i for i in ids if not 0 <= i < vocab_size]

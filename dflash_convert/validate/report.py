@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from dflash_runtime import DRAFT_SAMPLING
 
-from dflash_convert.chart import svg_chart, text_chart
+from dflash_convert.chart import bar, svg_chart, text_chart
 from dflash_convert.validate.checks import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
 
@@ -29,8 +29,14 @@ class SamplingUsed(BaseModel):
     top_k: int = Field(description="0: off")
     top_p: float = Field(description="1: off")
     min_p: float = Field(description="0: off")
+    repetition_penalty: float = Field(1.0, description="1: off; prompt and output tokens, as vLLM counts them")
+    presence_penalty: float = Field(0.0, description="0: off; output tokens only, as vLLM counts them")
+    frequency_penalty: float = Field(0.0, description="0: off; output tokens only, as vLLM counts them")
     sources: dict[str, str] = Field(description="field -> where its value came from: a flag, "
                                     "generation_config.json, vLLM default, --sampling greedy")
+    not_applied: dict[str, str] = Field(
+        default_factory=dict, description="generation_config.json keys this run does not apply -> why (those vLLM "
+        "reads but that do not bear on acceptance, and those only transformers' generate applies)")
     stop_token_ids: list[int] = Field(default_factory=list, description="every id decoding stops on")
     stop_token_sources: dict[str, list[int]] = Field(
         default_factory=dict, description="config.json / generation_config.json / tokenizer -> its eos ids")
@@ -72,6 +78,8 @@ class PromptStats(BaseModel):
     acceptance_length: float = Field(description="tau of this prompt: new tokens per step")
     output_equal: bool | None = Field(None, description="the output is the target's greedy output (None when "
                                       "sampling)")
+    accepted_histogram: list[int] = Field(default_factory=list, description="verify steps by drafts accepted: "
+                                          "entry a = steps that accepted exactly a (vLLM's per-request summary)")
 
 
 class AcceptanceStats(BaseModel):
@@ -121,6 +129,10 @@ class AcceptanceStats(BaseModel):
     prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
+    per_request_histogram: list[int] = Field(default_factory=list, description="prompts per tau band: entry i = "
+                                             "prompts whose tau is in [i + 1, i + 2) (the last band includes block)")
+    prompt_ids_sha256: str | None = Field(None, description="SHA-256 of the prompts' token ids (JSON, compact): "
+                                          "--baseline checks that two runs decoded the same prompts")
 
 
 class EngineStats(BaseModel):
@@ -142,6 +154,29 @@ class EngineStats(BaseModel):
     tolerance: dict[str, Any] = Field(default_factory=dict, description="the agreement's tolerance: mode (greedy: "
                                       "fixed; sampled: derived from the counts), tau (absolute), per_position, z "
                                       "(standard errors, sampled)")
+
+
+class BaselineComparison(BaseModel):
+    """This run against an earlier report (--baseline): the figures of both and the drops allowed."""
+
+    path: str
+    created_at: str | None = None
+    tool_version: str | None = None
+    baseline_counted: str = Field(description="which figures of the baseline: the engine's counters, the emulation "
+                                  "counted as vLLM counts, or the emulation's own")
+    counted: str = Field(description="which figures of this run")
+    baseline_num_drafts: int
+    num_drafts: int
+    baseline_tau: float
+    tau: float
+    tau_allowed_drop: float = Field(description="the drop of tau the counts explain (+ max_regression x baseline)")
+    baseline_rates: list[float]
+    rates: list[float]
+    rates_allowed_drop: list[float] = Field(description="per position, as tau_allowed_drop")
+    z: float = Field(description="standard errors allowed (one-sided, Bonferroni over tau and positions)")
+    max_regression: float = Field(description="the extra tolerance asked for: a fraction of the baseline value")
+    rule: str
+    regressed: list[str] = Field(default_factory=list, description="what dropped beyond the bound")
 
 
 class Environment(BaseModel):
@@ -195,6 +230,7 @@ class ValidationReport(BaseModel):
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
     engine_run: EngineStats | None = Field(None, description="the real engine's figures (--engine-python)")
+    baseline: BaselineComparison | None = Field(None, description="this run against an earlier report (--baseline)")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -284,9 +320,8 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             console.print(line, markup=False)
         if a.sampling is not None:
             u = a.sampling
-            console.print(f"sampling ({u.mode}): " + ", ".join(f"{k} {getattr(u, k):g} ({u.sources[k]})" for k in
-                          ("temperature", "top_k", "top_p", "min_p")) + f"; stop ids {u.stop_token_ids}"
-                          + (f"; prompts: {a.prompt_format}" if a.prompt_format else ""), markup=False)
+            console.print(sampling_line(u) + (f"; prompts: {a.prompt_format}" if a.prompt_format else ""),
+                          markup=False)
         for name, s in a.per_prompt_set.items():
             console.print(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} draft "
                           f"steps), per-position {_short(s.per_position_rates, 200)}; {s.source}", markup=False)
@@ -301,6 +336,16 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
     console.print(f"{verdict}: {escape(verdict_text(report))}")
+
+
+def sampling_line(u: SamplingUsed) -> str:
+    """The sampling of a run in one line: each value with its source, the penalties, what was not applied."""
+    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    line = f"sampling ({u.mode}): " + ", ".join(f"{k} {getattr(u, k):g} ({u.sources.get(k, 'vLLM default')})"
+                                                for k in keys) + f"; stop ids {u.stop_token_ids}"
+    if u.not_applied:
+        line += "; not applied: " + "; ".join(f"{k} {why}" for k, why in u.not_applied.items())
+    return line
 
 
 def verdict_text(report: ValidationReport) -> str:
@@ -344,6 +389,10 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
     if a is None:
         return None
     t = report.thresholds() if isinstance(report, ValidationReport) else report.thresholds
+    b = getattr(report, "baseline", None)
+    if b is not None:
+        return svg_chart(b.rates, t.get("min_position_rates"), baseline=b.baseline_rates,
+                         title=f"acceptance per draft position: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f})")
     return svg_chart(a.per_position_rates, t.get("min_position_rates"),
                      title=f"acceptance per draft position: tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x")
 
@@ -368,22 +417,56 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
                   + f" | {a.speedup:.2f}x" + (f" (min {t['min_speedup']})" if "min_speedup" in t else "")
                   + f" | {'n/a (sampling)' if a.outputs_equal is None else f'{a.outputs_equal}/{a.prompts}'}"
                   f" | {a.prompts} | {a.block_size} | {a.max_new_tokens} |", ""]
+        if a.sampling is not None:
+            lines += [_cell(sampling_line(a.sampling)), ""]
         if image:
             lines += [f"![acceptance per draft position]({image})", ""]
-        lines += ["Acceptance per draft position:", "", "```text",
-                  *text_chart(a.per_position_rates, t.get("min_position_rates")), "```", ""]
+        b = report.baseline
+        lines += ["Acceptance per draft position" + (" (`was`: the baseline's)" if b else "") + ":", "", "```text",
+                  *text_chart(b.rates if b else a.per_position_rates, t.get("min_position_rates"),
+                              baseline=b.baseline_rates if b else None), "```", ""]
+        if b is not None:
+            lines += baseline_markdown(b)
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
         lines += [f"| {c.name} | {c.level} | {c.status} | {_cell(c.message)} |" for c in notable]
         lines.append("")
+    if a is not None and a.per_request_histogram:
+        lines += histogram_markdown(a)
     if a is not None and a.per_prompt:
         lines += ["<details><summary>Per prompt</summary>", "",
-                  "| prompt | prompt tokens | new tokens | steps | tau | output equal |", "|---|---|---|---|---|---|"]
+                  "| prompt | prompt tokens | new tokens | steps | tau | output equal | steps by drafts accepted |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {p.prompt} | {p.prompt_tokens} | {p.new_tokens} | {p.steps} | {p.acceptance_length:.2f} | "
-                  f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} |" for p in a.per_prompt]
+                  f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} | "
+                  f"{' '.join(map(str, p.accepted_histogram))} |" for p in a.per_prompt]
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def histogram_markdown(a: AcceptanceStats) -> list[str]:
+    """Prompts per tau band as a Markdown table with bars."""
+    most = max(a.per_request_histogram) or 1
+    last = len(a.per_request_histogram) - 1
+    lines = ["Per-request acceptance (prompts per tau band):", "", "| tau | prompts | |", "|---|---|---|"]
+    lines += [f"| {i + 1}-{i + 2}{'' if i == last else ' (excl.)'} | {n} | `{bar(n / most, 20).rstrip()}` |"
+              for i, n in enumerate(a.per_request_histogram)]
+    return lines + [""]
+
+
+def baseline_markdown(b: BaselineComparison) -> list[str]:
+    """The comparison with the baseline report as a Markdown table: both runs' figures, the allowed drops."""
+    verdict = "REGRESSED" if b.regressed else "no regression"
+    lines = [f"Against the baseline `{b.path}` ({b.created_at}, dflash-convert {b.tool_version}): **{verdict}**", "",
+             f"This run: {b.counted}, {b.num_drafts} draft steps; baseline: {b.baseline_counted}, "
+             f"{b.baseline_num_drafts} draft steps. Rule: {_cell(b.rule)}.", "",
+             "| figure | baseline | this run | drop | allowed drop |", "|---|---|---|---|---|",
+             f"| tau | {b.baseline_tau:.3f} | {b.tau:.3f} | {b.baseline_tau - b.tau:+.3f} | "
+             f"{b.tau_allowed_drop:.3f} |"]
+    lines += [f"| position {k + 1} | {x:.3f} | {y:.3f} | {x - y:+.3f} | {d:.3f} |"
+              for k, (x, y, d) in enumerate(zip(b.baseline_rates, b.rates, b.rates_allowed_drop))]
+    return lines + [""]
 
 
 def _cell(text: str) -> str:

@@ -43,9 +43,15 @@ from dflash_convert.validate.end_to_end import end_to_end, machine_load, usable_
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
 from dflash_convert.validate import served
-from dflash_convert.validate.prompts import chat_template, load_tokenizer, read_prompts, tokenize_prompts
+from dflash_convert.validate.histogram import request_histogram
+from dflash_convert.validate.turns import answer_turns
+from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
+from dflash_convert.validate.baseline import compare as compare_baseline
+from dflash_convert.validate.prompts import (chat_template, load_tokenizer, pending_turn, read_prompts,
+                                             tokenize_prompts)
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
-from dflash_convert.validate.sampling import generation_config, resolve_sampling, stop_token_ids
+from dflash_convert.validate.sampling import (PENALTY_FIELDS, generation_config, penalties, resolve_sampling,
+                                              stop_token_ids)
 
 TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
 EXPENSIVE = ("numeric", "end_to_end")
@@ -88,6 +94,9 @@ class Run:
     stats: AcceptanceStats | None = None
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
     engine_run: EngineStats | None = None
+    baseline: ValidationReport | None = None  # --baseline, read before any slow work
+    pending: dict[int, list] = field(default_factory=dict)  # prompt index -> chat with turns the target answers
+    render: dict[str, Any] = field(default_factory=dict)  # how prompts were rendered (tokenizer, template, ...)
 
     def skip(self, levels, why: str) -> None:
         for lv in levels:
@@ -139,13 +148,31 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     for lv in LEVELS:
         if lv not in run.run and lv not in run.skipped:
             run.skipped[lv] = "not requested"
-    return ValidationReport(
+    if run.stats is not None:
+        run.stats.prompt_ids_sha256 = prompt_ids_sha256(run.prompt_ids)
+        run.stats.per_request_histogram = request_histogram([p.acceptance_length for p in run.stats.per_prompt],
+                                                            run.stats.block_size)
+    report = ValidationReport(
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
         engine_run=run.engine_run,
         environment=_environment(opts, run), options=opts.model_dump(mode="json"),
         duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in run.checks))
+    if run.baseline is not None:
+        _baseline_gate(run, report)
+    return report
+
+
+def _baseline_gate(run: Run, report: ValidationReport) -> None:
+    """--baseline: the regression check of this run's figures against the earlier report's."""
+    if report.acceptance is None:
+        check = make_check("regression", None, f"no end-to-end figures in this run to compare with {run.opts.baseline}",
+                       level="end_to_end")
+    else:
+        check, report.baseline = compare_baseline(run.baseline, run.opts.baseline, report, run.opts.max_regression)
+    report.checks.append(check)
+    report.passed = not any(c.status == "fail" for c in report.checks)
 
 
 def _target_name(opts: ValidateOptions) -> str | None:
@@ -173,8 +200,21 @@ def _prepare(run: Run) -> None:
     run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
+    if opts.baseline is not None:
+        run.baseline = load_baseline(opts.baseline)
     if run.end_to_end_runs:
         _prepare_decoding(run, prompt_list, str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
+        if run.baseline is not None and not run.pending:  # else once the target answered the earlier turns
+            check_same_settings(run.baseline, opts.baseline, _settings(run))
+
+
+def _settings(run: Run) -> dict[str, Any]:
+    """This run's settings as baseline.settings names them, known before decoding."""
+    s = run.sampling
+    out = {"prompt token ids (SHA-256)": prompt_ids_sha256(run.prompt_ids), "prompts": len(run.prompt_ids),
+           "block size": run.opts.block_size or run.ckpt.spec.block_size, "max new tokens": run.opts.max_new_tokens,
+           "draft sampling": run.opts.draft_sampling, "prompt lengths": [len(p) for p in run.prompt_ids]}
+    return out | {k: getattr(s, k) for k in SAMPLING_KEYS}
 
 
 def _prepare_decoding(run: Run, prompt_list, source: str) -> None:
@@ -189,15 +229,17 @@ def _prepare_decoding(run: Run, prompt_list, source: str) -> None:
         run.prompt_format += f" with {json.dumps(opts.chat_template_kwargs, sort_keys=True)}"
     how = dict(tokenizer=tokenizer, template=template, template_kwargs=opts.chat_template_kwargs,
                template_name=opts.chat_template if opts.chat_template not in ("auto", "none") else str(run.target_dir))
-    groups: list[tuple[str | None, str, list[list[int]]]] = []
+    groups: list[tuple[str | None, str, list[list[int]], list]] = []
     if prompt_list is not None or not opts.prompt_sets:
         ids, described = tokenize_prompts(prompt_list, run.target_dir, info.vocab_size, avoid, source=source, **how)
-        groups.append((None, described, ids))
+        groups.append((None, described, ids, list(prompt_list or [])))
     for named in opts.prompt_sets:
         ids, _ = tokenize_prompts(named.prompts, run.target_dir, info.vocab_size, avoid, source=named.source, **how)
-        groups.append((named.name, named.source, ids))
+        groups.append((named.name, named.source, ids, named.prompts))
     run.prompt_ids = []
-    for name, described, ids in groups:
+    run.render = how
+    for name, described, ids, raw in groups:
+        run.pending |= {len(run.prompt_ids) + k: p for k, p in enumerate(raw) if pending_turn(p) is not None}
         if name is not None:
             run.prompt_sets.append((name, described, len(run.prompt_ids), len(run.prompt_ids) + len(ids)))
         run.prompt_ids += ids
@@ -270,6 +312,7 @@ def _memory_plan(run: Run) -> memory.MemoryPlan:
     draft_tensors = [run.ckpt.tensors[n] for n in catalogue.expected_shapes(spec) if n in run.ckpt.tensors]
     block = opts.block_size or spec.block_size
     sequence = (max(map(len, run.prompt_ids)) if run.prompt_ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
+    sequence += opts.max_new_tokens if run.pending else 0  # an earlier turn's answer joins the prompt
     return memory.plan(draft_tensors, run.dtype_name, device=run.device, target_dir=run.target_dir if e2e else None,
                        target_dtype=run.target_dtype_name, draft_layers=spec.num_layers,
                        draft_kv_width=spec.num_kv_heads * spec.head_dim, sequence=sequence, block=block,
@@ -303,6 +346,8 @@ def _end_to_end_level(run: Run) -> None:
     elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in run.checks):
         run.skipped["end_to_end"] = "the draft cannot be loaded (see the numeric checks)"
     else:
+        if run.pending:
+            _answer_earlier_turns(run)
         checks, run.stats, run.outputs = end_to_end(
             run.ckpt, run.target_dir, run.prompt_ids, run.opts, draft=run.loaded, device=run.device,
             dtype=run.torch_dtype, target_dtype=run.target_torch_dtype, sampling=run.sampling,
@@ -315,10 +360,36 @@ def _end_to_end_level(run: Run) -> None:
             _served_level(run)
 
 
+def _answer_earlier_turns(run: Run) -> None:
+    """Multi-turn prompts: the target answers the turns before the one measured (turns.py), then the
+    baseline's prompts are checked again against the prompts as completed."""
+    from dflash_runtime import load_target
+
+    from dflash_convert.validate.end_to_end import sampling_penalties
+
+    opts, s = run.opts, run.sampling
+    run.say(f"end to end: the target answers the earlier turns of {len(run.pending)} multi-turn prompt(s)")
+    target = load_target(run.target_dir, device=run.device, dtype=run.target_torch_dtype or run.torch_dtype,
+                         attn_implementation=opts.target_backend, device_map=opts.placed_by_device_map,
+                         max_memory=opts.max_memory)
+    decode_kw = dict(max_new_tokens=opts.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                     min_p=s.min_p, stop_token_ids=tuple(s.stop_token_ids), seed=opts.seed,
+                     penalties=sampling_penalties(s))
+    answer_turns(target, run.pending, run.prompt_ids, how=run.render, decode_kw=decode_kw, say=run.say)
+    del target
+    if run.baseline is not None:
+        check_same_settings(run.baseline, opts.baseline, _settings(run))
+
+
 def _served_level(run: Run) -> None:
     """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py)."""
     opts, spec = run.opts, run.ckpt.spec
     block = run.stats.block_size
+    if penalties(run.sampling).active:  # the driver's SamplingParams carry no penalties yet: no false mismatch
+        run.checks.append(Check(name="engine_outputs_equal", status="skip", level="end_to_end", message=(
+            "the run applies penalties (" + ", ".join(f"{k} {getattr(run.sampling, k):g}" for k in PENALTY_FIELDS)
+            + "); the real-engine driver does not pass them to vLLM yet, so its run is not compared")))
+        return
     python = served.engine_python(opts.engine_python)
     refused = engines.vllm_cannot_serve_here(spec)
     if refused is not None and not _has_cuda():

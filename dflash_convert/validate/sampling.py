@@ -1,7 +1,14 @@
 """The sampling a deployment uses, resolved as vLLM resolves a chat request's: each of temperature,
 top_k, top_p, min_p is the request's (here: the flag) when given, else the model's default from its
 `generation_config.json` (vLLM's `--generation-config auto`, its default), else vLLM's own default.
-`--sampling greedy` forces temperature 0. Stop tokens: every eos id of config.json,
+`--sampling greedy` forces temperature 0.
+
+Penalties (repetition, presence, frequency) resolve the same way, flag > generation_config.json > vLLM's
+neutral default, in both modes: vLLM applies the model's penalties to greedy requests too. The keys of
+generation_config.json that vLLM reads and the run does not apply are named in the report
+(`not_applied`), as are the keys transformers' `generate` would apply and vLLM ignores.
+
+Stop tokens: every eos id of config.json,
 generation_config.json and the tokenizer (vLLM stops on the tokenizer's eos and adds the generation
 config's eos ids to the stop ids).
 """
@@ -19,8 +26,18 @@ from dflash_convert.validate.report import SamplingUsed
 
 GENERATION_CONFIG = "generation_config.json"
 FIELDS = ("temperature", "top_k", "top_p", "min_p")
+PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 # vLLM's defaults for a chat request that sets none of these, where the model's generation config is silent
-VLLM_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+VLLM_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                                         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+# generation_config.json keys vLLM 0.33 reads (ModelConfig.get_diff_sampling_param) that this run does not apply
+VLLM_READS_NOT_APPLIED = {"max_new_tokens": "vLLM's default max_tokens of a request; this run decodes "
+                                            "--max-new-tokens",
+                          "skip_special_tokens": "detokenization only; acceptance is counted on token ids"}
+# keys transformers' generate applies from generation_config.json and vLLM ignores (so does this run)
+TRANSFORMERS_ONLY = ("no_repeat_ngram_size", "encoder_repetition_penalty", "bad_words_ids", "min_new_tokens",
+                     "min_length", "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "typical_p",
+                     "epsilon_cutoff", "eta_cutoff", "forced_bos_token_id", "forced_eos_token_id")
 GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature
 
 
@@ -31,9 +48,14 @@ def check_value(name: str, value: Any, *, file: str | None = None) -> float | in
     ok = {"temperature": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
           "top_k": lambda v: isinstance(v, int) and v >= -1,
           "top_p": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
-          "min_p": lambda v: isinstance(v, (int, float)) and 0 <= v <= 1}[name]
+          "min_p": lambda v: isinstance(v, (int, float)) and 0 <= v <= 1,
+          "repetition_penalty": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0,
+          "presence_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2,
+          "frequency_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2}[name]
     wanted = {"temperature": "a finite number >= 0", "top_k": "an integer >= -1 (-1 or 0: off)",
-              "top_p": "a number in (0, 1]", "min_p": "a number in [0, 1]"}[name]
+              "top_p": "a number in (0, 1]", "min_p": "a number in [0, 1]",
+              "repetition_penalty": "a finite number > 0 (1: off)", "presence_penalty": "a number in [-2, 2] (0: off)",
+              "frequency_penalty": "a number in [-2, 2] (0: off)"}[name]
     if isinstance(value, bool) or not ok(value):
         message = f"{where} must be {wanted}, got {value!r}"
         raise DFlashError(message, file=file) if file else UsageError(message)
@@ -63,9 +85,27 @@ def resolve_sampling(opts: ValidateOptions, gen: dict[str, Any], gen_path: str |
             values[name], sources[name] = check_value(name, gen[name], file=gen_path), GENERATION_CONFIG
         else:
             values[name], sources[name] = VLLM_DEFAULTS[name], "vLLM default"
+    for name in PENALTY_FIELDS:  # in both modes: vLLM applies the model's penalties to greedy requests too
+        if getattr(opts, name) is not None:
+            values[name], sources[name] = check_value(name, getattr(opts, name)), "--" + name.replace("_", "-")
+        elif gen.get(name) is not None:
+            values[name], sources[name] = check_value(name, gen[name], file=gen_path), GENERATION_CONFIG
+        else:
+            values[name], sources[name] = VLLM_DEFAULTS[name], "vLLM default"
     if values["temperature"] < GREEDY_BELOW:
         values["temperature"] = 0.0
-    return SamplingUsed(mode=opts.sampling, sources=sources, **values)
+    not_applied = {k: f"{gen[k]!r}: {why}" for k, why in VLLM_READS_NOT_APPLIED.items() if gen.get(k) is not None}
+    not_applied |= {k: f"{gen[k]!r}: transformers' generate applies it, vLLM ignores it (so does this run)"
+                    for k in TRANSFORMERS_ONLY if gen.get(k) not in (None, [], {})}
+    return SamplingUsed(mode=opts.sampling, sources=sources, not_applied=not_applied, **values)
+
+
+def penalties(used: SamplingUsed):
+    """The runtime's Penalties of the resolved sampling."""
+    from dflash_runtime import Penalties
+
+    return Penalties(repetition=used.repetition_penalty, presence=used.presence_penalty,
+                     frequency=used.frequency_penalty)
 
 
 def _ids(value: Any, name: str, file: str) -> list[int]:

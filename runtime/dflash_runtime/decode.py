@@ -42,6 +42,7 @@ from dflash_convert.errors import UsageError
 from . import DRAFT_SAMPLING
 from .metrics import DecodeStats
 from .model import DFlashDraft, warn_block_size
+from .penalties import Penalties, penalize
 from .target import Target, check_pair
 
 
@@ -139,8 +140,9 @@ def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
 def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, block_size: int,
             max_new_tokens: int, temperature: float, stop_token_ids, seed: int | None,
             draft_window: int | None, draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
-            min_p: float = 0.0, full_last_block: bool = False) -> Generation:
-    """The one loop; `draft=None` (block size 1) is target-only decoding."""
+            min_p: float = 0.0, full_last_block: bool = False, penalties: Penalties | None = None) -> Generation:
+    """The one loop; `draft=None` (block size 1) is target-only decoding. `penalties` (vLLM's repetition,
+    presence, frequency) apply to the target's logits in every role, counted as penalties.py says."""
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if temperature < 0:
@@ -167,7 +169,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     t0 = _now(device)
     logits, features = target.forward(prompt, 0, last_logits_only=True)
     generator = _generator(logits.device, temperature, seed)  # sampling happens where the logits are
-    anchor = int(_pick(logits[-1:], temperature, generator, **filters)[0])
+    first = penalize(logits[-1:], penalties, prompt, prompt[:0], 0)  # [1, V]: nothing generated yet
+    anchor = int(_pick(first, temperature, generator, **filters)[0])
     tokens = [anchor]
     start = prompt.numel()
     if draft is not None:
@@ -200,6 +203,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
             draft_time += _now(device) - t
         t = _now(device)
         logits, features = target.forward(block, start)  # [P+1, V], [P+1, A*Ht]
+        if penalties is not None and penalties.active:  # slot i sees the output + proposals before it
+            logits = penalize(logits, penalties, prompt, torch.tensor(tokens + block[1:].tolist()), len(tokens))
         accepted, new = accept_block(block, logits, draft_probs, temperature=temperature, generator=generator,
                                      sampling=draft_sampling, **filters)
         verify_time += _now(device) - t
@@ -235,7 +240,8 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
                          temperature: float = 0.0, stop_token_ids=(), block_size: int | None = None,
                          draft_window: int | None = None, seed: int | None = None,
                          draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
-                         min_p: float = 0.0, full_last_block: bool = False) -> Generation:
+                         min_p: float = 0.0, full_last_block: bool = False,
+                         penalties: Penalties | None = None) -> Generation:
     """Generate with the draft proposing and the target verifying. `block_size` overrides the
     draft's (with a warning: engines let a deployment choose it); `draft_window` W lets the draft
     see only the last W committed context tokens (the target always sees everything);
@@ -253,14 +259,14 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
                    temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=draft_window,
                    draft_sampling=draft_sampling, top_k=top_k, top_p=top_p, min_p=min_p,
-                   full_last_block=full_last_block)
+                   full_last_block=full_last_block, penalties=penalties)
 
 
 def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, temperature: float = 0.0,
                     stop_token_ids=(), seed: int | None = None, top_k: int = 0, top_p: float = 1.0,
-                    min_p: float = 0.0) -> Generation:
+                    min_p: float = 0.0, penalties: Penalties | None = None) -> Generation:
     """Target-only decoding through the same loop (one token per verify step): the speedup baseline."""
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=None, block_size=1, max_new_tokens=max_new_tokens,
                    temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=None,
-                   top_k=top_k, top_p=top_p, min_p=min_p)
+                   top_k=top_k, top_p=top_p, min_p=min_p, penalties=penalties)
