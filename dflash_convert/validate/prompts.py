@@ -286,7 +286,7 @@ def chat_template(tokenizer, choice: str, target_dir: Path) -> tuple[str | None,
     return own, f"the target tokenizer's chat template ({target_dir})"
 
 
-def _render(tokenizer, messages: list[dict[str, str]], template: str, kwargs: dict[str, Any], name: str,
+def render_chat(tokenizer, messages: list[dict[str, str]], template: str, kwargs: dict[str, Any], name: str,
             n: int) -> list[int]:
     """Token ids of the chat as vLLM's chat endpoint renders it."""
     messages = developer_as_system(conversation(messages, content_format(template)), template)
@@ -327,7 +327,7 @@ def tokenize_prompts(prompts: Sequence[str | list[int] | list[dict[str, str]]] |
             if len(p) > MAX_PROMPT_CHARS:
                 raise DFlashError(f"prompt {n}: {len(p)} characters (at most {MAX_PROMPT_CHARS})", file=source)
             if template is not None:
-                ids = _render(tokenizer, [{"role": "user", "content": p}], template, template_kwargs or {},
+                ids = render_chat(tokenizer, [{"role": "user", "content": p}], template, template_kwargs or {},
                               template_name, n)
             else:
                 ids = tokenizer(p, add_special_tokens=True)["input_ids"]
@@ -341,7 +341,7 @@ def tokenize_prompts(prompts: Sequence[str | list[int] | list[dict[str, str]]] |
             if sum(len(t) for m in p for t in _texts(m.get("content"))) > MAX_PROMPT_CHARS:
                 raise DFlashError(f"prompt {n}: more than {MAX_PROMPT_CHARS} characters", file=source)
             pending = pending_turn(p)  # a turn the target answers first: the prompt it answers, for now
-            ids = _render(tokenizer, p if pending is None else p[:pending], template, template_kwargs or {},
+            ids = render_chat(tokenizer, p if pending is None else p[:pending], template, template_kwargs or {},
                           template_name, n)
         else:
             problem = messages_problem(p) if isinstance(p, list) and p and isinstance(p[0], dict) else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from dflash_convert.validate.prompts import _render, pending_turn
+from dflash_convert.validate.prompts import render_chat, pending_turn
 
 
 def answer_turns(target, pending: dict[int, list[dict[str, Any]]], prompt_ids: list[list[int]], *, how: dict,
@@ -25,6 +25,6 @@ def answer_turns(target, pending: dict[int, list[dict[str, Any]]], prompt_ids: l
             answer = target_generate(target, prompt_ids[i], **decode_kw).tokens
             chat[k] = {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}
             rest = pending_turn(chat)
-            prompt_ids[i] = _render(tokenizer, chat if rest is None else chat[:rest], how["template"],
+            prompt_ids[i] = render_chat(tokenizer, chat if rest is None else chat[:rest], how["template"],
                                     how["template_kwargs"] or {}, how["template_name"], i + 1)
         say(f"end to end: earlier turns answered by the target: {n}/{len(pending)}")
