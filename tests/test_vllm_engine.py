@@ -627,3 +627,4 @@ def test_broken_sampler_answer_is_a_one_line_error_not_a_verdict():
                                                              "broken_sampler": True}]}, [[1]], None, block=4,
                       engine_args={}, python="py", min_acceptance_length=None, min_position_rates=None,
                       sampling=SAMPLED)
+

@@ -52,12 +52,17 @@ class EngineRequest:
 
 
 def engine_sampling(used, seed: int) -> dict[str, Any] | None:
-    """The engine's SamplingParams fields for the run's resolved sampling (None: greedy), and the seed of
-    prompt 0 (prompt i: seed + i)."""
+    """The engine's SamplingParams fields for the run's resolved sampling (None: greedy without penalties),
+    and the seed of prompt 0 (prompt i: seed + i). Penalties go to vLLM under greedy too: it applies a
+    model's penalties to greedy requests, and so does this run."""
+    from dflash_convert.validate.sampling import PENALTY_FIELDS, VLLM_DEFAULTS
+
+    penalties = {k: getattr(used, k) for k in PENALTY_FIELDS
+                 if getattr(used, k) is not None and getattr(used, k) != VLLM_DEFAULTS[k]}
     if used.temperature <= 0:
-        return None
+        return {"temperature": 0.0, **penalties} if penalties else None
     return {"temperature": used.temperature, "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p,
-            "seed": seed}
+            **penalties, "seed": seed}
 
 
 def engine_python(spec: str) -> str:

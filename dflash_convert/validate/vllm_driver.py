@@ -89,8 +89,8 @@ def generate(request: dict, draft: dict | None) -> dict:
                   detokenize=False)
     if sampled(request):  # one generator per request, as a deployment seeding its requests
         params = [SamplingParams(**sampling, seed=seed + i, **common) for i in range(len(request["prompts"]))]
-    else:
-        params = SamplingParams(temperature=0.0, **common)
+    else:  # greedy, with the run's penalties when it has any
+        params = SamplingParams(**{**sampling, "temperature": 0.0}, **common)
     results = llm.generate([{"prompt_token_ids": p} for p in request["prompts"]], params, use_tqdm=False)
     run = {"outputs": [list(r.outputs[0].token_ids) for r in results], "engine_config": engine_config(llm)}
     if draft is not None:
