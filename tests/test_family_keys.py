@@ -52,7 +52,7 @@ def hf_dflash(tmp_path_factory) -> Path:
 
 
 def test_every_key_an_engine_reads_has_a_value_here():
-    assert set(SET) == {k.name for k in keys.CONFIG_KEYS if not k.required}
+    assert set(SET) == {k.name for k in keys.CONFIG_KEYS if not k.required and "dflash" in k.kinds}
     assert all(not keys.BY_NAME[k].is_neutral(v) for k, v in SET.items())
 
 
@@ -256,3 +256,27 @@ def test_a_laguna_draft_is_named_never_an_unexpected_tensor(cli, tmp_path, arch,
     assert r.code == 1 and len(lines) == 1 and "Traceback" not in r.err, r.err
     assert arch in lines[0] and "Laguna DFlash draft" in lines[0] and "aux_hidden_norms" in lines[0]
     assert "unexpected tensor" not in r.err + r.out and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, value", [("dspark_draft_topk", 8), ("logit_scale", 0.5)])
+def test_dspark_keys_vllm_reads_at_the_top_level_are_carried_or_refused(cli, family_drafts, tiny_target, tmp_path,
+                                                                         name, value):
+    """vLLM's qwen3_dspark.py reads dspark_draft_topk and logit_scale from the top of an HF config: HF -> HF
+    keeps them, HF -> speculators (no field an engine reads) refuses them by name, and the runtime, which
+    applies neither, says it cannot run the draft (exit 1) instead of a verdict."""
+    from dflash_convert.convert.conversion import convert
+
+    convert(family_drafts["dspark"], tmp_path / "hf")
+    src = tmp_path / "src"
+    shutil.copytree(tmp_path / "hf", src)
+    cfg = read_config(src)
+    cfg[name] = value
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "conversion.json").unlink(missing_ok=True)
+    assert cli("convert", src, "-o", tmp_path / "again", "--to", "hf").code == 0
+    assert read_config(tmp_path / "again")[name] == value
+    r = cli("convert", src, "-o", tmp_path / "spec")
+    assert r.code == 1 and name in r.err and not (tmp_path / "spec").exists(), r.err
+    assert cli("diff", tmp_path / "hf", src).code == 3
+    r = cli("validate", src, "--target", tiny_target, "--levels", "numeric")
+    assert r.code == 1 and name in r.err, (r.code, r.err[-1500:])

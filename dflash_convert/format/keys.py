@@ -97,6 +97,11 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("confidence_head_with_markov", ("dspark",), "vLLM, SGLang, speculators",
               "the confidence head reads [hidden; Markov embedding of the previous token] instead of hidden",
               speculators="confidence_head_with_markov", required=True, hf_top=True, filled=(True,)),
+    ConfigKey("dspark_draft_topk", ("dspark",), "vLLM (qwen3_dspark.py, the DSpark speculator)",
+              "the Markov step scores only the top-k base candidates of each slot (a speculative-config "
+              "option too)", hf_top=True),
+    ConfigKey("logit_scale", ("dspark",), "vLLM (qwen3_dspark.py's logits processor)",
+              "multiplies the DSpark draft's logits", neutral=(1.0, 1), hf_top=True),
     # attention variants of published HF drafts
     ConfigKey("use_swa", FAMILY, "vLLM", "makes every layer sliding-window, whatever layer_types says",
               neutral=(False,)),
