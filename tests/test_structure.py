@@ -231,3 +231,57 @@ def test_no_private_name_is_imported_from_another_module():
                 found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports, at the top or inside a function (a lazy import is an
+    import all the same: it only moves the moment a circle bites)."""
+    modules = {module_name(p): p for p in all_modules()}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for imported in imports_of(path):
+            parts = imported.split(".")
+            owner = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                          if ".".join(parts[:i]) in modules), None)
+            if owner is not None and owner != name:
+                deps.add(owner)
+        graph[name] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_even_through_lazy_imports():
+    assert circles(import_graph()) == []
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check sees one

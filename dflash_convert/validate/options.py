@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
-from dflash_convert.errors import UsageError
+from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, Flag
 from dflash_convert.format.compat import Level
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
@@ -35,6 +35,32 @@ class PromptSet(BaseModel):
     name: str
     source: str = Field(description="where the prompts came from, as the report shows it")
     prompts: list[Prompt]
+
+
+# the sampling fields (vLLM's names) and their ranges; a generation_config.json value is checked the same way
+FIELDS = ("temperature", "top_k", "top_p", "min_p")
+PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def check_value(name: str, value: Any, *, file: str | None = None) -> float | int:
+    """A sampling value in vLLM's range (top_k -1 or 0: off, normalised to 0), else one error naming it:
+    a usage error for a flag, a DFlashError naming the file for generation_config.json."""
+    where = f"field `{name}`" if file else f"--{name.replace('_', '-')}"
+    ok = {"temperature": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
+          "top_k": lambda v: isinstance(v, int) and v >= -1,
+          "top_p": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+          "min_p": lambda v: isinstance(v, (int, float)) and 0 <= v <= 1,
+          "repetition_penalty": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0,
+          "presence_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2,
+          "frequency_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2}[name]
+    wanted = {"temperature": "a finite number >= 0", "top_k": "an integer >= -1 (-1 or 0: off)",
+              "top_p": "a number in (0, 1]", "min_p": "a number in [0, 1]",
+              "repetition_penalty": "a finite number > 0 (1: off)", "presence_penalty": "a number in [-2, 2] (0: off)",
+              "frequency_penalty": "a number in [-2, 2] (0: off)"}[name]
+    if isinstance(value, bool) or not ok(value):
+        message = f"{where} must be {wanted}, got {value!r}"
+        raise DFlashError(message, file=file) if file else UsageError(message)
+    return max(int(value), 0) if name == "top_k" else float(value)
 
 
 class ValidateOptions(BaseModel):
@@ -151,8 +177,6 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {self.block_size}")
         if not 1 <= self.max_new_tokens <= MAX_PROMPT_TOKENS:
             raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {self.max_new_tokens}")
-        from dflash_convert.validate.sampling import FIELDS, PENALTY_FIELDS, check_value
-
         for name in FIELDS + PENALTY_FIELDS:
             if getattr(self, name) is not None:
                 check_value(name, getattr(self, name))

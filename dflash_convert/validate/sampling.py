@@ -15,18 +15,15 @@ config's eos ids to the stop ids).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
-from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_json
-from dflash_convert.validate.options import ValidateOptions
+from dflash_convert.validate.options import FIELDS, PENALTY_FIELDS, ValidateOptions, check_value  # noqa: F401
 from dflash_convert.validate.report import SamplingUsed
 
 GENERATION_CONFIG = "generation_config.json"
-FIELDS = ("temperature", "top_k", "top_p", "min_p")
-PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 # vLLM's defaults for a chat request that sets none of these, where the model's generation config is silent
 VLLM_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
                                          "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -39,27 +36,6 @@ TRANSFORMERS_ONLY = ("no_repeat_ngram_size", "encoder_repetition_penalty", "bad_
                      "min_length", "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "typical_p",
                      "epsilon_cutoff", "eta_cutoff", "forced_bos_token_id", "forced_eos_token_id")
 GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature
-
-
-def check_value(name: str, value: Any, *, file: str | None = None) -> float | int:
-    """A sampling value in vLLM's range (top_k -1 or 0: off, normalised to 0), else one error naming it:
-    a usage error for a flag, a DFlashError naming the file for generation_config.json."""
-    where = f"field `{name}`" if file else f"--{name.replace('_', '-')}"
-    ok = {"temperature": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
-          "top_k": lambda v: isinstance(v, int) and v >= -1,
-          "top_p": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
-          "min_p": lambda v: isinstance(v, (int, float)) and 0 <= v <= 1,
-          "repetition_penalty": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0,
-          "presence_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2,
-          "frequency_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2}[name]
-    wanted = {"temperature": "a finite number >= 0", "top_k": "an integer >= -1 (-1 or 0: off)",
-              "top_p": "a number in (0, 1]", "min_p": "a number in [0, 1]",
-              "repetition_penalty": "a finite number > 0 (1: off)", "presence_penalty": "a number in [-2, 2] (0: off)",
-              "frequency_penalty": "a number in [-2, 2] (0: off)"}[name]
-    if isinstance(value, bool) or not ok(value):
-        message = f"{where} must be {wanted}, got {value!r}"
-        raise DFlashError(message, file=file) if file else UsageError(message)
-    return max(int(value), 0) if name == "top_k" else float(value)
 
 
 def generation_config(target_dir: Path | None) -> tuple[dict[str, Any], str | None]:
