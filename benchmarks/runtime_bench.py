@@ -211,47 +211,36 @@ def bench_step(spec, tensors, lm_head, embed, device, dtype, modes, backend, ste
     return results
 
 
-def bench_dflash2(cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth) -> None:
-    """The dflash step against a dflash2 draft of the same body (its extra tensors random)."""
-    cfg2 = {**cfg, "architectures": ["DFlash2DraftModel"],
-            "dflash_config": {**cfg["dflash_config"], "conv_kernel_size": 2, "conv_group_size": 16,
-                              "selector_rank": 256, "selector_top_k": 16}}
+# the family drafts benchmarked against the dflash step of the same body: extra config keys (HF layout),
+# and what the ratio line says beside the times
+FAMILY = {
+    "dflash2": ({"architectures": ["DFlash2DraftModel"],
+                 "dflash_config": {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256,
+                                   "selector_top_k": 16}}, ""),
+    "dspark": ({"architectures": ["Qwen3DSparkModel"], "markov_rank": 256, "markov_head_type": "vanilla",
+                "enable_confidence_head": True, "confidence_head_with_markov": True, "sample_from_anchor": True},
+               f"; {BLOCK} vs {BLOCK - 1} proposals"),
+}
+
+
+def bench_family(kind: str, cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth) -> None:
+    """The dflash step against a `kind` draft of the same body (its own modules random)."""
+    extra, note = FAMILY[kind]
+    cfg2 = {**cfg, **extra, "dflash_config": {**cfg["dflash_config"], **extra.get("dflash_config", {})}}
     spec2 = spec_from_config(cfg2)
-    tensors2 = dict(tensors)
-    offset = 3
+    tensors2, offset = dict(tensors), 3
     for name, shape in expected_shapes(spec2).items():
         if name not in tensors2:
             tensors2[name] = torch.empty(shape, device=device, dtype=dtype)
             offset = fill_random(tensors2[name], pool, offset)
-    print("\n== dflash (below: the same step as dflash2) ==")
+    print(f"\n== dflash (below: the same step as {kind}) ==")
     plain = bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
-    print("== dflash2 ==")
-    two = bench_step(spec2, tensors2, lm_head, embed, device, dtype, args.modes, args.backend, args.steps,
-                     bandwidth)
-    for mode in plain:
-        print(f"dflash2 / dflash draft step, {mode}: {two[mode] / plain[mode]:.2f}x "
-              f"({two[mode] * 1e3:.2f} vs {plain[mode] * 1e3:.2f} ms)")
-
-
-def bench_dspark(cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth) -> None:
-    """The dflash step against a dspark draft of the same body (its heads random), in vLLM's HF layout."""
-    cfg2 = {**cfg, "architectures": ["Qwen3DSparkModel"], "markov_rank": 256, "markov_head_type": "vanilla",
-            "enable_confidence_head": True, "confidence_head_with_markov": True, "sample_from_anchor": True}
-    spec2 = spec_from_config(cfg2)
-    tensors2 = dict(tensors)
-    offset = 5
-    for name, shape in expected_shapes(spec2).items():
-        if name not in tensors2:
-            tensors2[name] = torch.empty(shape, device=device, dtype=dtype)
-            offset = fill_random(tensors2[name], pool, offset)
-    print("\n== dflash (below: the same step as dspark) ==")
-    plain = bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
-    print("== dspark ==")
-    spark = bench_step(spec2, tensors2, lm_head, embed, device, dtype, args.modes, args.backend, args.steps,
+    print(f"== {kind} ==")
+    other = bench_step(spec2, tensors2, lm_head, embed, device, dtype, args.modes, args.backend, args.steps,
                        bandwidth)
     for mode in plain:
-        print(f"dspark / dflash draft step, {mode}: {spark[mode] / plain[mode]:.2f}x "
-              f"({spark[mode] * 1e3:.2f} vs {plain[mode] * 1e3:.2f} ms; {BLOCK} vs {BLOCK - 1} proposals)")
+        print(f"{kind} / dflash draft step, {mode}: {other[mode] / plain[mode]:.2f}x "
+              f"({other[mode] * 1e3:.2f} vs {plain[mode] * 1e3:.2f} ms{note})")
 
 
 def bench_zlab(path: Path, cfg: dict, tensors, lm_head, embed, device, dtype, steps, bandwidth) -> None:
@@ -510,9 +499,9 @@ def main() -> None:
         if "step" in args.parts:
             bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
         if "dflash2" in args.parts:
-            bench_dflash2(cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
+            bench_family("dflash2", cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
         if "dspark" in args.parts:
-            bench_dspark(cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
+            bench_family("dspark", cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
         if "zlab" in args.parts and args.zlab_model is not None:
             bench_zlab(args.zlab_model, cfg, tensors, lm_head, embed, device, dtype, args.steps, bandwidth)
         if needs_target:
