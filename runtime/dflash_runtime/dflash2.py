@@ -8,8 +8,9 @@ across a block boundary, so never into the context.
 After the final norm, the candidate selector re-ranks the unary top-k of each draft slot:
     unary = scale * softcap(target lm_head(hidden))          # output_multiplier, final_logit_softcapping
     score(prev, c) = unary[c] + <predecessor[prev] * (W_h hidden), successor[c]>
-over the k unary candidates c of each slot, and the walk picks slot by slot: the first slot's predecessor is the anchor, each later slot's the
-previous pick (greedy: the best score; sampled: softmax(score / T) over the k candidates). Only the k
+over the k unary candidates c of each slot, and the walk picks slot by slot: the first slot's predecessor
+is the anchor, each later slot's the previous pick (greedy: the best score; sampled: softmax(score / T)
+over the k candidates). Only the k
 candidates get finite draft logits: the realized row of scores, which is what a sampled walk drew from.
 """
 
@@ -58,17 +59,21 @@ def grouped_conv(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, *, 
     return out.reshape(n, hidden)
 
 
-def conv_prepare(conv: Conv, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """h [n, H] -> (input side convolved [n, H], the output side's dynamic taps [n, K, G])."""
+def conv_prepare(conv: Conv, h: torch.Tensor, block_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h [n, H] -> (input side convolved [n, H], the output side's dynamic taps [n, K, G]). `block_size`: the
+    block the rows are cut into (default the trained one; the runtime passes the block it runs, as vLLM
+    convolves over 1 + num_speculative_tokens)."""
     n, hidden = h.shape
     dynamic = F.linear(h, conv.kernel_projection).view(n, 2, conv.taps, hidden // conv.group_size)
-    x = grouped_conv(h, dynamic[:, 0], conv.base_kernel[0], block_size=conv.block_size, group_size=conv.group_size)
+    x = grouped_conv(h, dynamic[:, 0], conv.base_kernel[0], block_size=block_size or conv.block_size,
+                     group_size=conv.group_size)
     return x, dynamic[:, 1]
 
 
-def conv_finish(conv: Conv, y: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+def conv_finish(conv: Conv, y: torch.Tensor, dynamic: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
     """A sublayer's output y [n, H] convolved on the output side with the taps conv_prepare kept."""
-    return grouped_conv(y, dynamic, conv.base_kernel[1], block_size=conv.block_size, group_size=conv.group_size)
+    return grouped_conv(y, dynamic, conv.base_kernel[1], block_size=block_size or conv.block_size,
+                        group_size=conv.group_size)
 
 
 def unary_logits(logits: torch.Tensor, *, multiplier: float, softcap: float | None) -> torch.Tensor:

@@ -554,7 +554,7 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
         window = {"query_window": layer.sliding_window} if per_query else {}
         h = rms_norm(x, layer.input_layernorm, d.eps)
         if layer.attention_conv is not None:  # dflash2: the input side convolved, the output side's taps kept
-            h, taps = dflash2.conv_prepare(layer.attention_conv, h)
+            h, taps = dflash2.conv_prepare(layer.attention_conv, h, n)
         q = F.linear(h, layer.q_proj, layer.q_bias).view(1, n, d.n_heads, d.head_dim)
         q = apply_rope(rms_norm(q, layer.q_norm, d.eps).transpose(1, 2), cos, sin)  # [1, nH, B, d]
         k = F.linear(h, layer.k_proj, layer.k_bias).view(1, n, d.n_kv, d.head_dim)
@@ -564,12 +564,12 @@ def block_forward(d: DFlashDraft, x: torch.Tensor, start, ctx_first, kv_lo, kv_h
         o = d._attend(q, *d.cache.rows(layer.index, kv_lo, kv_hi), scale=d.scale, causal=layer.causal,
                       ctx_first=first - kv_lo, block_at=start - kv_lo, **window)  # [1, nH, B, d]
         o = F.linear(o.transpose(1, 2).reshape(n, -1), layer.o_proj, layer.o_bias)
-        x = x + (o if layer.attention_conv is None else dflash2.conv_finish(layer.attention_conv, o, taps))
+        x = x + (o if layer.attention_conv is None else dflash2.conv_finish(layer.attention_conv, o, taps, n))
         h = rms_norm(x, layer.post_attention_layernorm, d.eps)
         if layer.mlp_conv is not None:
-            h, taps = dflash2.conv_prepare(layer.mlp_conv, h)
+            h, taps = dflash2.conv_prepare(layer.mlp_conv, h, n)
         m = F.linear(d.act(F.linear(h, layer.gate_proj)) * F.linear(h, layer.up_proj), layer.down_proj)
-        x = x + (m if layer.mlp_conv is None else dflash2.conv_finish(layer.mlp_conv, m, taps))
+        x = x + (m if layer.mlp_conv is None else dflash2.conv_finish(layer.mlp_conv, m, taps, n))
     return rms_norm(x, d.norm, d.eps)
 
 
