@@ -102,3 +102,14 @@ def family_drafts(tmp_path_factory, tiny_target) -> dict[str, Path]:
         "dspark_pruned": dict(algorithm="dspark", markov_rank=16, draft_vocab=128, seed=8),
     }
     return {name: make_speculators_draft(root / name, tiny_target, **kw) for name, kw in shapes.items()}
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_caches():
+    """Each test compiles from scratch: torch.compile's caches are per function and per process, and after
+    8 shapes of one function (other tests' block sizes) dynamo refuses a 9th under fullgraph=True, a failure
+    no single run of the tool meets."""
+    yield
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
