@@ -165,3 +165,14 @@ def our_block_logits(draft, target, features: torch.Tensor, block_ids: torch.Ten
     draft.add_context(features, 0)
     start = features.shape[0] if start is None else start
     return draft.logits(draft.block_hidden(target.embed(block_ids), start), target.lm_head)
+
+
+def record_calls(monkeypatch, module, name: str) -> list[dict]:
+    """Wrap module.name so every call's keyword arguments are recorded (the call still runs)."""
+    calls, original = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(module, name, spy)
+    return calls

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from factories import read_config
-from test_convert import assert_bit_identical, tensors_of
+from test_convert import assert_bit_identical, assert_hf_round_trip_is_bit_exact, tensors_of
 from dflash_convert.format import keys
 
 DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
@@ -60,14 +60,7 @@ def test_speculators_hf_speculators_is_bit_exact(cli, family_drafts, tmp_path, n
 
 @pytest.mark.parametrize("name", ["dspark", "dspark_rnn", "dspark_pruned"])
 def test_hf_speculators_hf_is_bit_exact(cli, family_drafts, tmp_path, name):
-    hf, spec, back = tmp_path / "hf", tmp_path / "spec", tmp_path / "back"
-    assert cli("convert", family_drafts[name], "-o", hf).code == 0
-    assert cli("convert", hf, "-o", spec).code == 0
-    assert cli("convert", spec, "-o", back).code == 0
-    a, b = tensors_of(hf), tensors_of(back)
-    assert set(a) == set(b)
-    assert_bit_identical(a, b)
-    assert read_config(hf) == read_config(back)
+    assert_hf_round_trip_is_bit_exact(cli, family_drafts[name], tmp_path)
 
 
 def test_speculators_loads_our_output_with_exactly_our_tensors(cli, family_drafts, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dflash_runtime import dflash2, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import our_block_logits
+from runtime_helpers import our_block_logits, record_calls
 from test_runtime_model import speculators_logits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,17 +139,10 @@ def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, targ
 def test_sampled_decoding_proposes_from_the_walk(family_drafts, target, monkeypatch):
     """At temperature 1 the draft's proposals are the walk's samples (not redrawn from its logits)."""
     draft = load_draft(family_drafts["dflash2"])
-    seen = []
-    original = dflash2.walk
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append((kwargs.get("temperature"), out[0].tolist()))
-        return out
-    monkeypatch.setattr(dflash2, "walk", spy)
+    calls = record_calls(monkeypatch, dflash2, "walk")
     g = speculative_generate(draft, target, [3, 14, 15], max_new_tokens=12, temperature=1.0, seed=0,
                              draft_sampling="probabilistic")
-    assert len(g.tokens) == 12 and seen and all(t == 1.0 for t, _ in seen)
+    assert len(g.tokens) == 12 and calls and all(c.get("temperature") == 1.0 for c in calls)
 
 
 def identity_dflash2(src: Path, dst: Path, *, taps: int = 2, group: int = 16, top_k: int = 4) -> Path:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dflash_runtime import dspark, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import our_block_logits
+from runtime_helpers import our_block_logits, record_calls
 from test_runtime_model import speculators_logits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,17 +197,10 @@ def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, targ
 def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, target, monkeypatch):
     """At temperature 1 the proposals are the walk's samples (each slot after the previous pick), not redrawn."""
     draft = load_draft(family_drafts["dspark_rnn"])
-    seen = []
-    original = dspark.sequential
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append((kwargs.get("temperature"), len(out[0])))
-        return out
-    monkeypatch.setattr(dspark, "sequential", spy)
+    calls = record_calls(monkeypatch, dspark, "sequential")
     g = speculative_generate(draft, target, [3, 14, 15], max_new_tokens=12, temperature=1.0, seed=0,
                              draft_sampling="probabilistic")
-    assert len(g.tokens) == 12 and seen and all(t == 1.0 for t, _ in seen)
+    assert len(g.tokens) == 12 and calls and all(c.get("temperature") == 1.0 for c in calls)
 
 
 def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, target, monkeypatch):
