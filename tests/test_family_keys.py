@@ -170,8 +170,8 @@ def _failed(r) -> dict[str, str]:
     return {c["name"]: c["message"] for c in r.json()["checks"] if c["status"] == "fail"}
 
 
-def test_a_saved_dflash2_inspects_clean_with_its_keys(cli, family_drafts):
-    for name in ("dflash2", "dflash2_k3"):
+def test_every_saved_family_draft_inspects_clean_with_its_keys(cli, family_drafts):
+    for name in family_drafts:  # dflash2 and DSpark, each shape speculators saves
         r = cli("inspect", family_drafts[name], "--json")
         assert r.code == 0 and not _failed(r), (name, r.out[-2000:])
         checks = {c["name"]: c for c in r.json()["checks"]}
