@@ -345,53 +345,21 @@ class DraftSpec(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict, description="source keys with no meaning to DFlash, carried through")
     dtype: str | None = None
 
-    # Typed views of the decoder dims (read through DecoderConfig's defaults).
+    # Views of the decoder dims: required keys read as stored, the rest through DecoderConfig's defaults.
     def _d(self, key: str):
         return self.decoder.get(key, DecoderConfig.model_fields[key].default)
 
-    @property
-    def hidden_size(self) -> int:
-        return self.decoder["hidden_size"]
-
-    @property
-    def num_layers(self) -> int:
-        return self.decoder["num_hidden_layers"]
-
-    @property
-    def num_heads(self) -> int:
-        return self.decoder["num_attention_heads"]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self._d("num_key_value_heads") or self.num_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self._d("head_dim") or self.hidden_size // self.num_heads
-
-    @property
-    def intermediate_size(self) -> int:
-        return self.decoder["intermediate_size"]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.decoder["vocab_size"]
-
-    @property
-    def rms_norm_eps(self) -> float:
-        return self._d("rms_norm_eps")
-
-    @property
-    def attention_bias(self) -> bool:
-        return bool(self._d("attention_bias"))
-
-    @property
-    def hidden_act(self) -> str:
-        return self._d("hidden_act")
-
-    @property
-    def sliding_window(self) -> int | None:
-        return self._d("sliding_window")
+    hidden_size = property(lambda self: self.decoder["hidden_size"])  # int
+    num_layers = property(lambda self: self.decoder["num_hidden_layers"])  # int
+    num_heads = property(lambda self: self.decoder["num_attention_heads"])  # int
+    intermediate_size = property(lambda self: self.decoder["intermediate_size"])  # int
+    vocab_size = property(lambda self: self.decoder["vocab_size"])  # int
+    num_kv_heads = property(lambda self: self._d("num_key_value_heads") or self.num_heads)  # int
+    head_dim = property(lambda self: self._d("head_dim") or self.hidden_size // self.num_heads)  # int
+    rms_norm_eps = property(lambda self: self._d("rms_norm_eps"))  # float
+    attention_bias = property(lambda self: bool(self._d("attention_bias")))  # bool
+    hidden_act = property(lambda self: self._d("hidden_act"))  # str
+    sliding_window = property(lambda self: self._d("sliding_window"))  # int | None
 
     @property
     def rope_theta(self) -> float:
