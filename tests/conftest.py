@@ -60,6 +60,15 @@ def tiny_target(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def runtime_target(tiny_target):
+    """The tiny target loaded by the runtime, shared: a test sets its capture and resets it before use, and
+    undoes any other change it makes."""
+    from dflash_runtime import load_target
+
+    return load_target(tiny_target)
+
+
+@pytest.fixture(scope="session")
 def speculators_drafts(tmp_path_factory, tiny_target) -> dict[str, Path]:
     """Drafts saved by speculators 0.9.0 itself, one per shape users have."""
     from factories import make_speculators_draft

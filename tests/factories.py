@@ -1,4 +1,5 @@
-"""Tiny real checkpoints for tests: random Qwen3 targets and drafts saved by speculators 0.9.0 itself.
+"""Tiny real checkpoints for tests: random Qwen3 targets and drafts saved by speculators 0.9.0 itself, edited
+copies of a draft, a target with a word-level tokenizer and chat template, and the bit-exact tensor comparison.
 
 Everything is built on the fly in a temporary directory; nothing is downloaded.
 """
@@ -6,10 +7,15 @@ Everything is built on the fly in a temporary directory; nothing is downloaded.
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
+from dflash_convert.format import mapping
+from dflash_convert.io.checkpoint import open_checkpoint
 
 VOCAB = 512
 HIDDEN = 64
@@ -94,3 +100,78 @@ def make_speculators_draft(path: Path, target: Path, *, layers: int = 2, aux_ids
 
 def read_config(path: Path) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
+
+
+def copy_draft(src: Path, dst: Path, *, spec_update: dict | None = None, edit_tensors=None,
+               raw_update: dict | None = None) -> Path:
+    """A copy of a draft with its spec and/or tensors changed (config re-written through mapping)."""
+    shutil.copytree(src, dst)
+    if spec_update or raw_update:
+        spec = open_checkpoint(dst).spec.model_copy(update=spec_update or {})
+        config, _ = mapping.spec_to_config(spec, spec.source_format)
+        config.update(raw_update or {})
+        (dst / "config.json").write_text(json.dumps(config))
+    if edit_tensors is not None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(dst / "model.safetensors")
+        edit_tensors(tensors)
+        save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+WORDS = ["[UNK]", "<s>", "</s>", "user", "system", "assistant", "hello", "world", "the", "cat", "sat", "nothink"]
+
+
+# renders the BOS itself, as real templates do; a tokenizer adding its own BOS on top would double it
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}"
+            "{% if add_generation_prompt %}assistant{% endif %}"
+            "{% if enable_thinking is defined and not enable_thinking %} nothink{% endif %}")
+
+
+def chat_target(tiny_target: Path, dest: Path, *, template: str | None = TEMPLATE,
+                generation: dict | None = None) -> Path:
+    """The tiny target with a word-level tokenizer whose post-processor adds a BOS (as Llama's does), a
+    chat template when given, and a generation_config.json when given."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    shutil.copytree(tiny_target, dest)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
+    if template is not None:
+        fast.chat_template = template
+    fast.save_pretrained(dest)
+    if generation is not None:
+        (dest / "generation_config.json").write_text(json.dumps(generation))
+    return dest
+
+
+def tensors_of(path: Path) -> dict:
+    out = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            for k in st.keys():
+                out[k] = st.get_tensor(k)
+    return out
+
+
+def assert_bit_identical(a: dict, b: dict, names=None):
+    names = sorted(names if names is not None else a)
+    for n in names:
+        assert a[n].dtype == b[n].dtype and a[n].shape == b[n].shape, n
+        assert a[n].view(-1).view(__import__("torch").uint8).equal(b[n].view(-1).view(__import__("torch").uint8)), n
+
+
+def assert_hf_round_trip_is_bit_exact(cli, src: Path, tmp_path: Path) -> None:
+    """src -> HF -> speculators -> HF: the second HF checkpoint equals the first, tensors and config."""
+    hf, spec, back = tmp_path / "hf", tmp_path / "spec", tmp_path / "back"
+    assert cli("convert", src, "-o", hf).code == 0
+    assert cli("convert", hf, "-o", spec).code == 0
+    assert cli("convert", spec, "-o", back).code == 0
+    a, b = tensors_of(hf), tensors_of(back)
+    assert set(a) == set(b)
+    assert_bit_identical(a, b)
+    assert read_config(hf) == read_config(back)

@@ -9,6 +9,7 @@ import functools
 import json
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,39 @@ def our_block_logits(draft, target, features: torch.Tensor, block_ids: torch.Ten
     return draft.logits(draft.block_hidden(target.embed(block_ids), start), target.lm_head)
 
 
+def target_context(target, draft, n: int, *, seed: int, anchor: int = -1):
+    """n random token ids (seeded), the target's features of them for the draft's layers [n, A*H] (the target
+    reset first), and a block [ids[anchor], MASK * (B-1)] of the draft's size."""
+    target.set_capture(draft.target_layer_ids)
+    target.reset()
+    ids = torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed))
+    _, features = target.forward(ids, 0)
+    block = torch.full((draft.block_size,), draft.mask_token_id)
+    block[0] = ids[anchor]
+    return ids, features, block
+
+
+def speculators_logits(path, features, ids, anchor):
+    """speculators' own _backbone_forward for one anchor: context = positions < anchor, block at anchor.
+    Uses its dense-mask SDPA path (its default flex path compiles its mask builder)."""
+    from speculators.model import SpeculatorModel
+    from torch.nn.attention.flex_attention import create_mask
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SpeculatorModel.from_pretrained(str(path)).eval()
+    model.config.transformer_layer_config._attn_implementation = "sdpa"
+    model._create_mask_fn = create_mask
+    T = ids.shape[0]
+    assert anchor < T - model.block_size  # speculators never anchors in the last block
+    loss_mask = torch.zeros(1, T)
+    loss_mask[0, anchor] = 1  # the only valid anchor
+    with torch.no_grad():
+        _, logits, *_ = model._backbone_forward(features[None], ids[None], loss_mask, torch.zeros(1, T, 64),
+                                                torch.zeros(1, T, dtype=torch.long), max_anchors=1)
+    return logits[0], model  # [B, draft vocab]
+
+
 def record_calls(monkeypatch, module, name: str) -> list[dict]:
     """Wrap module.name so every call's keyword arguments are recorded (the call still runs)."""
     calls, original = [], getattr(module, name)
@@ -176,3 +210,25 @@ def record_calls(monkeypatch, module, name: str) -> list[dict]:
         return original(*args, **kwargs)
     monkeypatch.setattr(module, name, spy)
     return calls
+
+
+def stand_in_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             **unused):
+    """flash_attn.flash_attn_func's masking contract in plain torch: q [b, sq, h, d], k/v [b, sk, hk, d];
+    query i sits at key position i + sk - sq (bottom-right aligned); causal sees keys <= that
+    position; window_size (left, right) keeps keys within [pos - left, pos + right] (-1: unlimited)."""
+    sq, h, d = q.shape[1:]
+    sk, hk = k.shape[1:3]
+    k, v = k.repeat_interleave(h // hk, dim=2), v.repeat_interleave(h // hk, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * (softmax_scale or d ** -0.5)
+    pos = torch.arange(sq)[:, None] + (sk - sq)
+    key = torch.arange(sk)[None, :]
+    left, right = window_size
+    right = 0 if causal else right
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        ok &= key >= pos - left
+    if right >= 0:
+        ok &= key <= pos + right
+    probs = scores.masked_fill(~ok, float("-inf")).softmax(-1)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v.float()).to(q.dtype)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,6 +13,7 @@ from dflash_convert.format import mapping
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate.checks import checkpoint_checks, target_checks
+from factories import copy_draft
 
 
 def by_name(checks):
@@ -22,24 +22,6 @@ def by_name(checks):
 
 def failing(checks):
     return sorted(c.name for c in checks if c.status == "fail")
-
-
-def copy_draft(src: Path, dst: Path, *, spec_update: dict | None = None, edit_tensors=None,
-               raw_update: dict | None = None) -> Path:
-    """A copy of a draft with its spec and/or tensors changed (config re-written through mapping)."""
-    shutil.copytree(src, dst)
-    if spec_update or raw_update:
-        spec = open_checkpoint(dst).spec.model_copy(update=spec_update or {})
-        config, _ = mapping.spec_to_config(spec, spec.source_format)
-        config.update(raw_update or {})
-        (dst / "config.json").write_text(json.dumps(config))
-    if edit_tensors is not None:
-        from safetensors.torch import load_file, save_file
-
-        tensors = load_file(dst / "model.safetensors")
-        edit_tensors(tensors)
-        save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 @pytest.mark.parametrize("kind", ["full", "pruned", "legacy", "legacy_pruned", "mixed", "non_causal", "all_full",

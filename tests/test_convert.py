@@ -10,23 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from factories import read_config
-
-
-def tensors_of(path: Path) -> dict:
-    out = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(f, "pt") as st:
-            for k in st.keys():
-                out[k] = st.get_tensor(k)
-    return out
-
-
-def assert_bit_identical(a: dict, b: dict, names=None):
-    names = sorted(names if names is not None else a)
-    for n in names:
-        assert a[n].dtype == b[n].dtype and a[n].shape == b[n].shape, n
-        assert a[n].view(-1).view(__import__("torch").uint8).equal(b[n].view(-1).view(__import__("torch").uint8)), n
+from factories import assert_bit_identical, assert_hf_round_trip_is_bit_exact, read_config, tensors_of
 
 
 def zlab_style(src_hf: Path, dst: Path) -> Path:
@@ -157,18 +141,6 @@ def test_round_trip_speculators_hf_speculators(cli, speculators_drafts, tmp_path
     no_sliding = "sliding_attention" not in ca["transformer_layer_config"]["layer_types"]
     assert cb["sliding_window_non_causal"] == (ca["sliding_window_non_causal"] or no_sliding)
     assert cli("diff", src, back).code == 0
-
-
-def assert_hf_round_trip_is_bit_exact(cli, src: Path, tmp_path: Path) -> None:
-    """src -> HF -> speculators -> HF: the second HF checkpoint equals the first, tensors and config."""
-    hf, spec, back = tmp_path / "hf", tmp_path / "spec", tmp_path / "back"
-    assert cli("convert", src, "-o", hf).code == 0
-    assert cli("convert", hf, "-o", spec).code == 0
-    assert cli("convert", spec, "-o", back).code == 0
-    a, b = tensors_of(hf), tensors_of(back)
-    assert set(a) == set(b)
-    assert_bit_identical(a, b)
-    assert read_config(hf) == read_config(back)
 
 
 @pytest.mark.parametrize("name", ["full", "pruned", "mixed"])

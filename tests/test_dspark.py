@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from factories import read_config
-from test_convert import assert_bit_identical, assert_hf_round_trip_is_bit_exact, tensors_of
+from factories import assert_bit_identical, assert_hf_round_trip_is_bit_exact, tensors_of
 from dflash_convert.format import keys
 
 DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
@@ -147,7 +147,7 @@ def test_absent_keys_take_speculators_defaults_and_hf_keys_it_cannot_state_are_r
 # ----------------------------------------------------------------------------- inspect sees DSpark
 
 def test_a_dspark_without_its_heads_names_them(cli, family_drafts, tmp_path):
-    from test_checks import copy_draft
+    from factories import copy_draft
 
     def drop(tensors):
         for n in [n for n in tensors if n.startswith(("markov_head.", "confidence_head."))]:
@@ -242,7 +242,7 @@ def test_vllm_reads_the_speculators_draft_as_our_hf_config_says(cli, family_draf
     HF config it serves; every DSpark key and the layout of our HF output agree with it."""
     import subprocess
 
-    from test_vllm_engine import VLLM_PYTHON, needs_vllm
+    from processes import VLLM_PYTHON, needs_vllm
 
     if needs_vllm.args[0]:
         pytest.skip(needs_vllm.kwargs["reason"])

@@ -46,7 +46,7 @@ def test_flash_attn_gets_the_query_window_as_its_left_window(causal, monkeypatch
     import sys
     import types
 
-    from test_runtime_attention import stand_in_flash_attn_func
+    from runtime_helpers import stand_in_flash_attn_func
 
     from dflash_runtime.attention import flash_attn_attention
 

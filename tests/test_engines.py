@@ -255,7 +255,7 @@ def test_outputs_are_read_as_trained_in_both_directions(cli, speculators_drafts,
 
 
 def test_attention_bias_last_layer_round_trip_is_bit_exact(cli, speculators_drafts, tiny_target, tmp_path):
-    from test_convert import assert_bit_identical, tensors_of
+    from factories import assert_bit_identical, tensors_of
 
     src, hf, back = speculators_drafts["bias_last_layer"], tmp_path / "hf", tmp_path / "back"
     assert cli("convert", src, "-o", hf, "--verifier", tiny_target).code == 0
@@ -433,7 +433,7 @@ def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_pat
     output, z-lab its output after the final norm (output_hidden_states[-1]). Everything else the two apply to
     this draft is the same, so the acceptance each measures differs only through that feature."""
     from dflash_convert.validate import ValidateOptions, validate
-    from test_checks import copy_draft
+    from factories import copy_draft
 
     pair = ROOT / "examples" / "pair"
     draft = copy_draft(pair / "draft", tmp_path / "draft", spec_update={"target_layer_ids": [1, 7]})

@@ -179,7 +179,7 @@ def test_every_saved_family_draft_inspects_clean_with_its_keys(cli, family_draft
 
 
 def test_a_dflash2_without_its_convolutions_and_selector_names_them(cli, family_drafts, tmp_path):
-    from test_checks import copy_draft
+    from factories import copy_draft
 
     def drop(tensors):
         for n in FAMILY_TENSORS:

@@ -403,7 +403,7 @@ def test_progress_on_a_terminal_counts_prompts_with_an_eta(cli, monkeypatch):
 def test_a_passing_run_with_a_warning_shows_the_warning_in_markdown(cli, tmp_path):
     """A run that passes but warned (a speculators draft naming no verifier: vLLM cannot find its target)
     lists the warned check in the Markdown report, where a reviewer looks before deploying."""
-    from test_checks import copy_draft
+    from factories import copy_draft
 
     draft = copy_draft(PAIR / "draft", tmp_path / "draft", spec_update={"verifier": None})
     md = tmp_path / "static.md"

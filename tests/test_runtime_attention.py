@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from dflash_convert.errors import DFlashError
-from dflash_runtime import attention, load_draft, load_target
+from dflash_runtime import attention, load_draft
 from dflash_runtime.attention import ALL_DTYPES, BACKENDS, Backend, select_backend, visible_mask
-from runtime_helpers import DEVICES, close, one_torch_thread, our_block_logits, speculators_draft  # noqa: F401
+from runtime_helpers import (DEVICES, close, one_torch_thread, our_block_logits, speculators_draft,  # noqa: F401
+                             stand_in_flash_attn_func, target_context)
 
 RUNNABLE = [name for name, b in BACKENDS.items() if b.why_not([True], True, "cpu", torch.float32) is None]
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
@@ -90,16 +91,11 @@ def attention_drafts(speculators_drafts, tiny_target):
 
 
 @pytest.fixture(scope="session")
-def context(tiny_target, attention_drafts):
+def context(runtime_target, attention_drafts):
     """Target features of 24 random tokens (all drafts here use the same ids)."""
-    target = load_target(tiny_target)
+    target = runtime_target
     draft = load_draft(attention_drafts["causal"])
-    target.set_capture(draft.target_layer_ids)
-    target.reset()
-    ids = torch.randint(0, 500, (24,), generator=torch.Generator().manual_seed(5))
-    _, features = target.forward(ids, 0)
-    block = torch.full((draft.block_size,), draft.mask_token_id)
-    block[0] = ids[-1]
+    _, features, block = target_context(target, draft, 24, seed=5)
     return target, features, block
 
 
@@ -193,27 +189,6 @@ def test_compiled_flex_with_tensor_scalars_equals_eager(device):
 
 
 # ----------------------------------------------------------------------------- flash-attn, on CPU too
-
-def stand_in_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             **unused):
-    """flash_attn.flash_attn_func's masking contract in plain torch: q [b, sq, h, d], k/v [b, sk, hk, d];
-    query i sits at key position i + sk - sq (bottom-right aligned); causal sees keys <= that
-    position; window_size (left, right) keeps keys within [pos - left, pos + right] (-1: unlimited)."""
-    sq, h, d = q.shape[1:]
-    sk, hk = k.shape[1:3]
-    k, v = k.repeat_interleave(h // hk, dim=2), v.repeat_interleave(h // hk, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * (softmax_scale or d ** -0.5)
-    pos = torch.arange(sq)[:, None] + (sk - sq)
-    key = torch.arange(sk)[None, :]
-    left, right = window_size
-    right = 0 if causal else right
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if left >= 0:
-        ok &= key >= pos - left
-    if right >= 0:
-        ok &= key <= pos + right
-    probs = scores.masked_fill(~ok, float("-inf")).softmax(-1)
-    return torch.einsum("bhqk,bkhd->bqhd", probs, v.float()).to(q.dtype)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_convert.errors import UsageError
-from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
+from dflash_runtime import Sampling, load_draft, load_target, speculative_generate, target_generate
 from dflash_runtime.model import DFlashDraft
 from runtime_helpers import DEVICES, one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -19,42 +19,37 @@ N = 12
 
 
 @pytest.fixture(scope="session")
-def decode_target(tiny_target):
-    return load_target(tiny_target)
-
-
-@pytest.fixture(scope="session")
-def reference(decode_target):
+def reference(runtime_target):
     """transformers' own greedy generate for each prompt (the ground truth)."""
     out = {}
     for p in PROMPTS:
         with torch.no_grad():
-            ids = decode_target.model.generate(torch.tensor([p]), max_new_tokens=N, do_sample=False,
+            ids = runtime_target.model.generate(torch.tensor([p]), max_new_tokens=N, do_sample=False,
                                                pad_token_id=509)
         out[tuple(p)] = ids[0, len(p):].tolist()
     return out
 
 
-def test_target_only_equals_transformers_generate(decode_target, reference):
+def test_target_only_equals_transformers_generate(runtime_target, reference):
     for p in PROMPTS:
         ref = reference[tuple(p)]
-        gen = target_generate(decode_target, p, max_new_tokens=N)
+        gen = target_generate(runtime_target, p, max_new_tokens=N)
         assert gen.tokens[:len(ref)] == ref
         assert gen.stats.num_drafts == 0 and gen.stats.tau == 1.0 and gen.stats.new_tokens == N
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,block_size", [("full", None), ("non_causal", 4), ("pruned", 12), ("mixed", None)])
-def test_greedy_speculative_equals_target_greedy(name, block_size, device, speculators_drafts, decode_target,
+def test_greedy_speculative_equals_target_greedy(name, block_size, device, speculators_drafts, runtime_target,
                                                  tiny_target, reference):
     """On each device present (fp32: the argmax of a random tiny model has no near-ties to flip)."""
     if device != "cpu":
-        decode_target = load_target(tiny_target, device=device)
+        runtime_target = load_target(tiny_target, device=device)
     draft = load_draft(speculators_drafts[name], device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for p in PROMPTS:
-            gen = speculative_generate(draft, decode_target, p, max_new_tokens=N, block_size=block_size)
+            gen = speculative_generate(draft, runtime_target, p, max_new_tokens=N, block_size=block_size)
             ref = reference[tuple(p)]
             assert gen.tokens[:len(ref)] == ref, p
             s = gen.stats
@@ -88,14 +83,14 @@ def oracle(path, truth, wrong):
 
 
 @pytest.mark.parametrize("wrong", [None, 0, 2, 5])
-def test_acceptance_is_counted_per_position(wrong, speculators_drafts, decode_target):
+def test_acceptance_is_counted_per_position(wrong, speculators_drafts, runtime_target):
     B, steps = 8, 3
     prompt = PROMPTS[0]
     a = B - 1 if wrong is None else wrong  # drafts accepted per step
     n = 1 + steps * (a + 1)  # the prefill token, then a + 1 tokens per step
-    base = target_generate(decode_target, prompt, max_new_tokens=n)
+    base = target_generate(runtime_target, prompt, max_new_tokens=n)
     draft = oracle(speculators_drafts["full"], prompt + base.tokens, wrong)
-    gen = speculative_generate(draft, decode_target, prompt, max_new_tokens=n)
+    gen = speculative_generate(draft, runtime_target, prompt, max_new_tokens=n)
     assert gen.tokens == base.tokens
     s = gen.stats
     assert s.num_drafts == steps and s.accepted == steps * a and s.tau == a + 1
@@ -104,41 +99,52 @@ def test_acceptance_is_counted_per_position(wrong, speculators_drafts, decode_ta
     assert draft.cache.end == len(prompt) + n - 1
 
 
-def test_stop_tokens_and_max_new_tokens(speculators_drafts, decode_target, reference):
+def test_stop_tokens_and_max_new_tokens(speculators_drafts, runtime_target, reference):
     draft = load_draft(speculators_drafts["full"])
     ref = reference[tuple(PROMPTS[2])]
     stop = ref[5]
     first = ref.index(stop)
-    for gen in (speculative_generate(draft, decode_target, PROMPTS[2], max_new_tokens=N, stop_token_ids=[stop]),
-                target_generate(decode_target, PROMPTS[2], max_new_tokens=N, stop_token_ids=[stop])):
+    stopping = Sampling(stop_token_ids=[stop])
+    for gen in (speculative_generate(draft, runtime_target, PROMPTS[2], max_new_tokens=N, sampling=stopping),
+                target_generate(runtime_target, PROMPTS[2], max_new_tokens=N, sampling=stopping)):
         assert gen.tokens == ref[:first + 1]
     for n in (1, 2, 9):
-        assert speculative_generate(draft, decode_target, PROMPTS[1], max_new_tokens=n).tokens == \
+        assert speculative_generate(draft, runtime_target, PROMPTS[1], max_new_tokens=n).tokens == \
             reference[tuple(PROMPTS[1])][:n]
 
 
-def test_sampling_is_reproducible_with_a_seed(speculators_drafts, decode_target):
+def test_sampling_is_reproducible_with_a_seed(speculators_drafts, runtime_target):
     draft = load_draft(speculators_drafts["non_causal"])
-    runs = [speculative_generate(draft, decode_target, PROMPTS[0], max_new_tokens=N, temperature=1.5, seed=s).tokens
-            for s in (7, 7, 8)]
+    runs = [speculative_generate(draft, runtime_target, PROMPTS[0], max_new_tokens=N,
+                                 sampling=Sampling(temperature=1.5, seed=s)).tokens for s in (7, 7, 8)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
-    base = [target_generate(decode_target, PROMPTS[0], max_new_tokens=N, temperature=1.5, seed=s).tokens
-            for s in (7, 7)]
+    base = [target_generate(runtime_target, PROMPTS[0], max_new_tokens=N,
+                            sampling=Sampling(temperature=1.5, seed=s)).tokens for s in (7, 7)]
     assert base[0] == base[1] and all(0 <= t < 512 for t in runs[0] + base[0])
 
 
-def test_draft_window_and_run_time_block_size(speculators_drafts, decode_target, reference):
+def test_draft_window_and_run_time_block_size(speculators_drafts, runtime_target, reference):
     draft = load_draft(speculators_drafts["non_causal"])
     with pytest.warns(UserWarning, match="run-time block size 5 differs from the draft's trained block size 8"):
-        gen = speculative_generate(draft, decode_target, PROMPTS[2], max_new_tokens=N, block_size=5, draft_window=3)
+        gen = speculative_generate(draft, runtime_target, PROMPTS[2], max_new_tokens=N, block_size=5, draft_window=3)
     assert gen.tokens == reference[tuple(PROMPTS[2])] and len(draft.cache) == 3
 
 
-def test_bad_decode_arguments(speculators_drafts, decode_target):
+def test_bad_decode_arguments(speculators_drafts, runtime_target):
     draft = load_draft(speculators_drafts["full"])
     with pytest.raises(UsageError, match="block_size must be at least 2"):
-        speculative_generate(draft, decode_target, [1, 2], block_size=1)
+        speculative_generate(draft, runtime_target, [1, 2], block_size=1)
     with pytest.raises(UsageError, match="the prompt is empty"):
-        speculative_generate(draft, decode_target, [])
+        speculative_generate(draft, runtime_target, [])
     with pytest.raises(UsageError, match="draft_window must be at least 1"):
-        speculative_generate(draft, decode_target, [1], draft_window=0)
+        speculative_generate(draft, runtime_target, [1], draft_window=0)
+    with pytest.raises(UsageError, match="max_new_tokens must be at least 1"):
+        target_generate(runtime_target, [1], max_new_tokens=0)
+    with pytest.raises(UsageError, match="draft sampling 'typical'"):
+        speculative_generate(draft, runtime_target, [1], draft_sampling="typical")
+    with pytest.raises(UsageError, match="temperature must be >= 0"):
+        Sampling(temperature=-0.5)
+    for bad in (dict(top_p=0.0), dict(top_p=1.5), dict(min_p=-0.1), dict(min_p=2.0)):
+        with pytest.raises(UsageError, match=r"top_p must be in \(0, 1\] and min_p in \[0, 1\]"):
+            Sampling(**bad)
+    assert Sampling(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)  # frozen, hashable: one per run

@@ -12,17 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_runtime import dflash2, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import our_block_logits, record_calls
-from test_runtime_model import speculators_logits
+from dflash_runtime import Sampling, dflash2, load_draft, load_target, speculative_generate, target_generate
+from runtime_helpers import our_block_logits, record_calls, speculators_logits, target_context
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
-
-
-@pytest.fixture(scope="module")
-def target(tiny_target):
-    return load_target(tiny_target)
 
 
 @pytest.mark.parametrize("taps, group, block, rows", [(2, 16, 8, 8), (3, 8, 8, 16), (1, 4, 4, 12), (4, 64, 4, 8)])
@@ -110,38 +104,32 @@ def test_the_walk_follows_the_previous_pick():
 
 
 @pytest.mark.parametrize("name", ["dflash2", "dflash2_k3"])
-def test_block_logits_equal_speculators_forward(name, family_drafts, target):
+def test_block_logits_equal_speculators_forward(name, family_drafts, runtime_target):
     """The whole dflash2 draft (random non-identity convolutions) against speculators' own forward."""
     draft = load_draft(family_drafts[name])
-    target.set_capture(draft.target_layer_ids)
-    target.reset()
-    torch.manual_seed(0)
-    T, anchor = 30, 13
-    ids = torch.randint(0, 500, (T,))
-    _, features = target.forward(ids, 0)
+    anchor = 13
+    ids, features, block = target_context(runtime_target, draft, 30, seed=0, anchor=anchor)
     theirs, _ = speculators_logits(family_drafts[name], features, ids, anchor)
-    block = torch.full((draft.block_size,), draft.mask_token_id)
-    block[0] = ids[anchor]
-    ours = our_block_logits(draft, target, features[:anchor], block)
+    ours = our_block_logits(draft, runtime_target, features[:anchor], block)
     assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-5), (ours - theirs).abs().max()
 
 
 @pytest.mark.parametrize("name", ["dflash2", "dflash2_k3"])
 @pytest.mark.parametrize("backend, compile", [("eager", False), ("sdpa", False), ("flex", False), ("sdpa", True)])
-def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, target):
+def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, runtime_target):
     draft = load_draft(family_drafts[name], backend=backend, compile=compile)
     prompt = [3, 14, 15, 92, 65, 35]
-    ours = speculative_generate(draft, target, prompt, max_new_tokens=20)
-    assert ours.tokens == target_generate(target, prompt, max_new_tokens=20).tokens
+    ours = speculative_generate(draft, runtime_target, prompt, max_new_tokens=20)
+    assert ours.tokens == target_generate(runtime_target, prompt, max_new_tokens=20).tokens
     assert ours.stats.num_drafts > 0
 
 
-def test_sampled_decoding_proposes_from_the_walk(family_drafts, target, monkeypatch):
+def test_sampled_decoding_proposes_from_the_walk(family_drafts, runtime_target, monkeypatch):
     """At temperature 1 the draft's proposals are the walk's samples (not redrawn from its logits)."""
     draft = load_draft(family_drafts["dflash2"])
     calls = record_calls(monkeypatch, dflash2, "walk")
-    g = speculative_generate(draft, target, [3, 14, 15], max_new_tokens=12, temperature=1.0, seed=0,
-                             draft_sampling="probabilistic")
+    g = speculative_generate(draft, runtime_target, [3, 14, 15], max_new_tokens=12,
+                             sampling=Sampling(temperature=1.0, seed=0), draft_sampling="probabilistic")
     assert len(g.tokens) == 12 and calls and all(c.get("temperature") == 1.0 for c in calls)
 
 

@@ -10,17 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_runtime import dspark, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import our_block_logits, record_calls
-from test_runtime_model import speculators_logits
+from dflash_runtime import Sampling, dspark, load_draft, load_target, speculative_generate, target_generate
+from runtime_helpers import our_block_logits, record_calls, speculators_logits, target_context
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
-
-
-@pytest.fixture(scope="module")
-def target(tiny_target):
-    return load_target(tiny_target)
 
 
 def _random_markov(kind: str, *, vocab=512, rank=16, hidden=64, seed=0):
@@ -140,32 +134,27 @@ DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_n
 
 
 @pytest.mark.parametrize("name", ["dspark", "dspark_bonus_anchor", "dspark_pruned"])
-def test_block_logits_equal_speculators_forward(name, family_drafts, target):
+def test_block_logits_equal_speculators_forward(name, family_drafts, runtime_target):
     """The backbone's logits of every proposing slot (all B with sample_from_anchor, B-1 without) against
     speculators' own forward; then the Markov walk over them against speculators' block_bias fed the tokens the
     walk picked (its previous tokens: the anchor, then the picks)."""
     from speculators.model import SpeculatorModel  # noqa: F401 (registers the dspark classes)
 
     draft = load_draft(family_drafts[name])
-    target.set_capture(draft.target_layer_ids)
-    target.reset()
-    torch.manual_seed(0)
-    T, anchor = 30, 13
-    ids = torch.randint(0, 500, (T,))
-    _, features = target.forward(ids, 0)
+    anchor = 13
+    ids, features, block = target_context(runtime_target, draft, 30, seed=0, anchor=anchor)
     theirs, model = speculators_logits(family_drafts[name], features, ids, anchor)  # [B, Vd]
-    block = torch.full((draft.block_size,), draft.mask_token_id)
-    block[0] = ids[anchor]
-    ours = our_block_logits(draft, target, features[:anchor], block)  # [B, V]
+    ours = our_block_logits(draft, runtime_target, features[:anchor], block)  # [B, V]
     if draft.draft_to_target is not None:
         ours = ours[:, draft.draft_to_target]
     assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-5), (ours - theirs).abs().max()
     rows = slice(0, None) if draft.anchor_predicts else slice(1, None)
     draft.reset()
     draft.add_context(features[:anchor], 0)
-    picked, logits = draft.propose(int(ids[anchor]), anchor, embed=target.embed, lm_head=target.lm_head)
+    picked, logits = draft.propose(int(ids[anchor]), anchor, embed=runtime_target.embed,
+                                   lm_head=runtime_target.lm_head)
     prev = torch.cat([ids[anchor:anchor + 1], picked[:-1]])
-    hidden = draft.block_hidden(target.embed(block), anchor)[rows]
+    hidden = draft.block_hidden(runtime_target.embed(block), anchor)[rows]
     with torch.no_grad():
         bias = model.markov_head.block_bias(prev_token_ids=prev[None], hidden_states=hidden[None])[0]
     want = theirs[rows] + bias
@@ -178,11 +167,11 @@ def test_block_logits_equal_speculators_forward(name, family_drafts, target):
 
 @pytest.mark.parametrize("name", DSPARK)
 @pytest.mark.parametrize("backend, compile", [("eager", False), ("sdpa", False), ("flex", False), ("sdpa", True)])
-def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, target):
+def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, runtime_target):
     draft = load_draft(family_drafts[name], backend=backend, compile=compile)
     prompt = [3, 14, 15, 92, 65, 35]
-    ours = speculative_generate(draft, target, prompt, max_new_tokens=20)
-    assert ours.tokens == target_generate(target, prompt, max_new_tokens=20).tokens
+    ours = speculative_generate(draft, runtime_target, prompt, max_new_tokens=20)
+    assert ours.tokens == target_generate(runtime_target, prompt, max_new_tokens=20).tokens
     assert ours.stats.num_drafts > 0
     assert len(ours.stats.per_position_rates) == draft.proposals()
     predicted = ours.stats.predicted_rates  # the confidence head's survival estimates, per position
@@ -194,16 +183,16 @@ def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, targ
         assert predicted == []
 
 
-def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, target, monkeypatch):
+def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, runtime_target, monkeypatch):
     """At temperature 1 the proposals are the walk's samples (each slot after the previous pick), not redrawn."""
     draft = load_draft(family_drafts["dspark_rnn"])
     calls = record_calls(monkeypatch, dspark, "sequential")
-    g = speculative_generate(draft, target, [3, 14, 15], max_new_tokens=12, temperature=1.0, seed=0,
-                             draft_sampling="probabilistic")
+    g = speculative_generate(draft, runtime_target, [3, 14, 15], max_new_tokens=12,
+                             sampling=Sampling(temperature=1.0, seed=0), draft_sampling="probabilistic")
     assert len(g.tokens) == 12 and calls and all(c.get("temperature") == 1.0 for c in calls)
 
 
-def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, target, monkeypatch):
+def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, runtime_target, monkeypatch):
     """vLLM 0.33 (config/speculative.py: num_speculative_tokens defaults to the dspark block_size; the DFlash
     prepare-inputs kernel samples at every query offset when sample_from_anchor): a block of B slots proposes B
     tokens. An oracle draft proposing the target's own greedy continuation is accepted whole at every step:
@@ -212,14 +201,14 @@ def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, targe
     draft = load_draft(family_drafts["dspark"])
     b = draft.block_size
     prompt, n = [3, 14, 15], 3 * (b + 1)
-    truth = target_generate(target, prompt, max_new_tokens=n + b).tokens
+    truth = target_generate(runtime_target, prompt, max_new_tokens=n + b).tokens
 
     def oracle(anchor_id, start, **kw):
         at = start - len(prompt) + 1  # index in `truth` of the token after the anchor
         assert truth[at - 1] == anchor_id and kw["block_size"] == b
         return torch.tensor(truth[at:at + b]), torch.zeros(b, 512)
     monkeypatch.setattr(draft, "propose", oracle)
-    g = speculative_generate(draft, target, prompt, max_new_tokens=n)
+    g = speculative_generate(draft, runtime_target, prompt, max_new_tokens=n)
     assert g.tokens == truth[:n]
     assert g.stats.num_drafts == 3 and g.stats.accepted == 3 * b and g.stats.drafted == 3 * b
     assert g.stats.tau == b + 1 and g.stats.per_position_rates == [1.0] * b
@@ -266,7 +255,7 @@ def test_validate_runs_a_dspark_end_to_end(name, extra, cli, family_drafts, tiny
 
 
 @pytest.mark.parametrize("name", ["dspark_rnn", "dspark_pruned", "dspark_bonus_anchor"])
-def test_hf_layout_runs_as_the_speculators_draft(name, cli, family_drafts, target, tmp_path):
+def test_hf_layout_runs_as_the_speculators_draft(name, cli, family_drafts, runtime_target, tmp_path):
     """`convert --to hf` (vLLM's Qwen3DSparkModel layout, the DSpark keys at the top level): the runtime reads the
     same heads and anchor layout from it, so decoding gives the same tokens, rates and confidence predictions."""
     out = tmp_path / "hf"
@@ -274,8 +263,8 @@ def test_hf_layout_runs_as_the_speculators_draft(name, cli, family_drafts, targe
     a, b = load_draft(family_drafts[name]), load_draft(out)
     assert b.spec.source_format == "hf" and b.anchor_predicts is a.anchor_predicts
     for prompt in ([3, 14, 15, 92], [7, 8, 9]):
-        x = speculative_generate(a, target, prompt, max_new_tokens=24)
-        y = speculative_generate(b, target, prompt, max_new_tokens=24)
+        x = speculative_generate(a, runtime_target, prompt, max_new_tokens=24)
+        y = speculative_generate(b, runtime_target, prompt, max_new_tokens=24)
         assert x.tokens == y.tokens
         assert (x.stats.per_position_rates, x.stats.predicted_rates) == (y.stats.per_position_rates,
                                                                           y.stats.predicted_rates)

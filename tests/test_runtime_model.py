@@ -4,21 +4,16 @@ the same weights and inputs, and the z-lab math (docs/formats.md section 1) on a
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
 
 from dflash_convert.errors import DFlashError
-from dflash_runtime import load_draft, load_target
+from dflash_runtime import load_draft
 from dflash_runtime.model import apply_rope, rope_tables
 from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
-from runtime_helpers import our_block_logits, speculators_draft, write_hf_draft, zlab_reference_logits
-
-
-@pytest.fixture(scope="session")
-def runtime_target(tiny_target):
-    return load_target(tiny_target)
+from runtime_helpers import (our_block_logits, speculators_draft, speculators_logits, target_context, write_hf_draft,
+                             zlab_reference_logits)
 
 
 @pytest.fixture(scope="session")
@@ -29,40 +24,13 @@ def runtime_drafts(speculators_drafts, tiny_target):
     return drafts
 
 
-def speculators_logits(path, features, ids, anchor):
-    """speculators' own _backbone_forward for one anchor: context = positions < anchor, block at anchor.
-    Uses its dense-mask SDPA path (its default flex path compiles its mask builder)."""
-    from speculators.model import SpeculatorModel
-    from torch.nn.attention.flex_attention import create_mask
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = SpeculatorModel.from_pretrained(str(path)).eval()
-    model.config.transformer_layer_config._attn_implementation = "sdpa"
-    model._create_mask_fn = create_mask
-    T = ids.shape[0]
-    assert anchor < T - model.block_size  # speculators never anchors in the last block
-    loss_mask = torch.zeros(1, T)
-    loss_mask[0, anchor] = 1  # the only valid anchor
-    with torch.no_grad():
-        _, logits, *_ = model._backbone_forward(features[None], ids[None], loss_mask, torch.zeros(1, T, 64),
-                                                torch.zeros(1, T, dtype=torch.long), max_anchors=1)
-    return logits[0], model  # [B, draft vocab]
-
-
 @pytest.mark.parametrize("name", ["full", "pruned", "mixed", "non_causal", "window4", "last_layer"])
 def test_logits_equal_speculators_forward(name, runtime_drafts, runtime_target):
     draft = load_draft(runtime_drafts[name])
     target = runtime_target
-    target.set_capture(draft.target_layer_ids)
-    target.reset()
-    torch.manual_seed(0)
-    T, anchor = 30, 13
-    ids = torch.randint(0, 500, (T,))
-    _, features = target.forward(ids, 0)  # [T, A*H]
+    anchor = 13
+    ids, features, block = target_context(target, draft, 30, seed=0, anchor=anchor)  # features [T, A*H]
     theirs, model = speculators_logits(runtime_drafts[name], features, ids, anchor)
-    block = torch.full((draft.block_size,), draft.mask_token_id)
-    block[0] = ids[anchor]
     ours = our_block_logits(draft, target, features[:anchor], block)  # [B, V]
     if draft.draft_to_target is not None:  # pruned: compare in the draft vocab, -inf elsewhere
         assert torch.isinf(ours).sum() == ours.shape[0] * (ours.shape[1] - len(draft.draft_to_target))
@@ -95,14 +63,8 @@ def test_logits_equal_zlab_math_on_hf_draft(causal, hf_drafts, runtime_target):
     draft = load_draft(path)
     assert draft.layer_causal == [causal] * 3 and draft.layers[0].q_bias is not None
     target = runtime_target
-    target.set_capture(draft.target_layer_ids)
-    target.reset()
-    torch.manual_seed(1)
-    ids = torch.randint(0, 500, (17,))
-    _, features = target.forward(ids, 0)
     s = 11
-    block = torch.full((draft.block_size,), draft.mask_token_id)
-    block[0] = ids[s]
+    ids, features, block = target_context(target, draft, 17, seed=1, anchor=s)
     ours = our_block_logits(draft, target, features[:s], block)[1:]
     ref = zlab_reference_logits(path, features[:s], block, target.embed_tokens.weight, target.lm_head.weight,
                                 causal=causal)
@@ -113,12 +75,7 @@ def test_context_cache_is_equivalent_to_recomputing(hf_drafts, runtime_target):
     """Context added in pieces (as the decode loop does) gives the same block as all at once."""
     draft = load_draft(hf_drafts["non_causal"])
     target = runtime_target
-    target.set_capture(draft.target_layer_ids)
-    target.reset()
-    ids = torch.randint(0, 500, (15,), generator=torch.Generator().manual_seed(2))
-    _, features = target.forward(ids, 0)
-    block = torch.full((draft.block_size,), draft.mask_token_id)
-    block[0] = ids[-1]
+    _, features, block = target_context(target, draft, 15, seed=2)
     whole = our_block_logits(draft, target, features, block)
     draft.reset()
     for a, b in ((0, 6), (6, 7), (7, 15)):
@@ -210,12 +167,7 @@ def test_converted_hf_draft_runs_identically(name, runtime_drafts, runtime_targe
     original, converted = load_draft(runtime_drafts[name]), load_draft(tmp_path / "hf")
     assert converted.spec.source_format == "hf" and converted.layer_causal == original.layer_causal
     target = runtime_target
-    target.set_capture(original.target_layer_ids)
-    target.reset()
-    ids = torch.randint(0, 500, (14,), generator=torch.Generator().manual_seed(4))
-    _, features = target.forward(ids, 0)
-    block = torch.full((original.block_size,), original.mask_token_id)
-    block[0] = ids[-1]
+    _, features, block = target_context(target, original, 14, seed=4)
     assert torch.equal(our_block_logits(original, target, features, block),
                        our_block_logits(converted, target, features, block))
 

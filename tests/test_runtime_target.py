@@ -11,78 +11,74 @@ from dflash_runtime import check_pair, load_draft, load_target
 from runtime_helpers import one_torch_thread, target_dir, write_hf_draft  # noqa: F401 (autouse fixture)
 
 
-@pytest.fixture(scope="session")
-def target(tiny_target):
-    return load_target(tiny_target)
-
-
-def test_features_are_layer_outputs_and_the_last_is_pre_norm(target):
+def test_features_are_layer_outputs_and_the_last_is_pre_norm(runtime_target):
     ids = torch.randint(0, 500, (9,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        hs = target.model(input_ids=ids[None], output_hidden_states=True).hidden_states  # 9 entries for 8 layers
-    target.set_capture([0, 3, 6, 7])
-    target.reset()
-    _, features = target.forward(ids, 0)
-    parts = features.split(target.hidden_size, dim=-1)
+        # 9 entries for 8 layers
+        hs = runtime_target.model(input_ids=ids[None], output_hidden_states=True).hidden_states
+    runtime_target.set_capture([0, 3, 6, 7])
+    runtime_target.reset()
+    _, features = runtime_target.forward(ids, 0)
+    parts = features.split(runtime_target.hidden_size, dim=-1)
     for layer_id, part in zip([0, 3, 6], parts[:3]):
         assert torch.allclose(part, hs[layer_id + 1][0], atol=1e-6), layer_id
     last = parts[3]
     assert not torch.allclose(last, hs[8][0], atol=1e-2)  # hidden_states[-1] is after the final norm ...
-    final_norm = target.model.get_decoder().norm
+    final_norm = runtime_target.model.get_decoder().norm
     assert torch.allclose(final_norm(last), hs[8][0], atol=1e-5)  # ... of exactly this layer output
 
 
-def test_post_norm_capture_is_what_output_hidden_states_returns(target):
+def test_post_norm_capture_is_what_output_hidden_states_returns(runtime_target):
     """feed_after_final_norm (z-lab's reading of a last-layer id): the feature is transformers' hidden_states[-1]."""
     ids = torch.randint(0, 500, (9,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        hs = target.model(input_ids=ids[None], output_hidden_states=True).hidden_states
-    target.set_capture([3, 7])
-    target.feed_after_final_norm({7})
+        hs = runtime_target.model(input_ids=ids[None], output_hidden_states=True).hidden_states
+    runtime_target.set_capture([3, 7])
+    runtime_target.feed_after_final_norm({7})
     try:
-        target.reset()
-        _, features = target.forward(ids, 0)
+        runtime_target.reset()
+        _, features = runtime_target.forward(ids, 0)
     finally:
-        target.feed_after_final_norm(())
-    mid, last = features.split(target.hidden_size, dim=-1)
+        runtime_target.feed_after_final_norm(())
+    mid, last = features.split(runtime_target.hidden_size, dim=-1)
     assert torch.equal(mid, hs[4][0]) and torch.equal(last, hs[8][0])
 
 
-def test_capture_follows_id_order_and_repeats(target):
+def test_capture_follows_id_order_and_repeats(runtime_target):
     ids = torch.arange(6)
-    target.set_capture([5, 2, 5])
-    target.reset()
-    _, f = target.forward(ids, 0)
-    a, b, c = f.split(target.hidden_size, dim=-1)
+    runtime_target.set_capture([5, 2, 5])
+    runtime_target.reset()
+    _, f = runtime_target.forward(ids, 0)
+    a, b, c = f.split(runtime_target.hidden_size, dim=-1)
     assert torch.equal(a, c) and not torch.equal(a, b)
 
 
 @pytest.mark.parametrize("static", [False, True])
-def test_cache_crops_back_exactly(static, target, tiny_target):
+def test_cache_crops_back_exactly(static, runtime_target, tiny_target):
     """Dynamic cache, and the static one of compile=True (cropping sets its length; these sizes run
     eagerly on it, so nothing compiles here)."""
     if static:
         from transformers import StaticCache
 
-        target = load_target(tiny_target, compile=True)
-        target.set_capture([3])
-        target.reset(20)
-        assert isinstance(target.cache, StaticCache)
+        runtime_target = load_target(tiny_target, compile=True)
+        runtime_target.set_capture([3])
+        runtime_target.reset(20)
+        assert isinstance(runtime_target.cache, StaticCache)
     g = torch.Generator().manual_seed(1)
     # more rejected than accepted rows: a static cache keeps rows 15-16 after the crop, masked
     prefix, rejected, accepted = (torch.randint(0, 500, (n,), generator=g) for n in (10, 7, 5))
-    target.set_capture([3])
-    target.reset()
-    full_logits, full_feats = target.forward(torch.cat([prefix, accepted]), 0)
-    target.reset()
-    target.forward(prefix, 0)
-    target.forward(rejected, 10)
-    target.crop(10)
-    assert target.cache_len == 10
-    logits, feats = target.forward(accepted, 10)
+    runtime_target.set_capture([3])
+    runtime_target.reset()
+    full_logits, full_feats = runtime_target.forward(torch.cat([prefix, accepted]), 0)
+    runtime_target.reset()
+    runtime_target.forward(prefix, 0)
+    runtime_target.forward(rejected, 10)
+    runtime_target.crop(10)
+    assert runtime_target.cache_len == 10
+    logits, feats = runtime_target.forward(accepted, 10)
     assert torch.allclose(logits, full_logits[10:], atol=1e-5) and torch.allclose(feats, full_feats[10:], atol=1e-5)
     with pytest.raises(DFlashError, match="target cache holds 15 positions, forward asked to start at 12"):
-        target.forward(accepted, 12)
+        runtime_target.forward(accepted, 12)
 
 
 def test_target_from_a_model_object_and_its_own_attention(tiny_target):
@@ -103,8 +99,8 @@ def hf_draft(tmp_path_factory):
     return load_draft(write_hf_draft(tmp_path_factory.mktemp("pair") / "d", target_ids=(0, 3, 7)))
 
 
-def test_pair_checks(hf_draft, target):
-    check_pair(hf_draft, target)  # ids 0, 3, 7 on an 8-layer target with hidden 64, vocab 512
+def test_pair_checks(hf_draft, runtime_target):
+    check_pair(hf_draft, runtime_target)  # ids 0, 3, 7 on an 8-layer target with hidden 64, vocab 512
     with pytest.raises(DFlashError, match=r"hidden32 has hidden_size 32; the draft's fc takes 3 ids x target hidden "
                                           r"64 = 192 inputs; the draft's hidden size is 64"):
         check_pair(hf_draft, load_target(target_dir("hidden32", hidden=32)))
@@ -116,12 +112,12 @@ def test_pair_checks(hf_draft, target):
     spec = hf_draft.spec.model_copy(update={"mask_token_id": 512})
     with pytest.raises(DFlashError, match=r"mask_token_id 512 is outside the embedding table of target .* "
                                           r"\(512 rows\)"):
-        check_pair(spec, target)
+        check_pair(spec, runtime_target)
 
 
-def test_capture_of_a_missing_layer_is_refused(target):
+def test_capture_of_a_missing_layer_is_refused(runtime_target):
     with pytest.raises(DFlashError, match=r"target_layer_ids \[8\] are not layers of the target \(8 layers"):
-        target.set_capture([1, 8])
+        runtime_target.set_capture([1, 8])
 
 
 def test_device_and_dtype_options(speculators_drafts):

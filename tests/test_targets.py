@@ -11,7 +11,7 @@ import torch
 
 import target_zoo
 from dflash_convert.errors import DFlashError
-from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
+from dflash_runtime import Sampling, load_draft, load_target, speculative_generate, target_generate
 from runtime_helpers import _ROOT, one_torch_thread, write_hf_draft  # noqa: F401 (autouse fixture)
 
 PROMPTS = ([3, 17, 250, 9], list(range(40, 61)))
@@ -234,8 +234,8 @@ def test_probabilistic_drafting_on_a_hybrid_keeps_the_target_distribution(tmp_pa
     def sample(n):
         counts, accepted, drafted = {}, 0, 0
         for seed in range(n):
-            out = speculative_generate(draft, target, prompt, max_new_tokens=3, temperature=1.0, seed=seed,
-                                       draft_sampling="probabilistic")
+            out = speculative_generate(draft, target, prompt, max_new_tokens=3,
+                                       sampling=Sampling(temperature=1.0, seed=seed), draft_sampling="probabilistic")
             counts[tuple(out.tokens[1:3])] = counts.get(tuple(out.tokens[1:3]), 0) + 1
             accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
         return counts, accepted, drafted

@@ -18,7 +18,7 @@ import pytest
 from dflash_convert.io.checkpoint import open_checkpoint
 
 from dflash_convert.io.reading import read_json
-from test_checks import copy_draft
+from factories import copy_draft
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = Path(os.environ.get("DFLASH_TEST_PAIR", ROOT / "examples" / "pair"))  # another trained pair for trials

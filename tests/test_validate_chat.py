@@ -6,39 +6,13 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from dflash_convert.errors import DFlashError, UsageError
+from factories import TEMPLATE, WORDS, chat_target
 from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
-
-WORDS = ["[UNK]", "<s>", "</s>", "user", "system", "assistant", "hello", "world", "the", "cat", "sat", "nothink"]
-# renders the BOS itself, as real templates do; a tokenizer adding its own BOS on top would double it
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}"
-            "{% if add_generation_prompt %}assistant{% endif %}"
-            "{% if enable_thinking is defined and not enable_thinking %} nothink{% endif %}")
-
-
-def chat_target(tiny_target: Path, dest: Path, *, template: str | None = TEMPLATE,
-                generation: dict | None = None) -> Path:
-    """The tiny target with a word-level tokenizer whose post-processor adds a BOS (as Llama's does), a
-    chat template when given, and a generation_config.json when given."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    shutil.copytree(tiny_target, dest)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
-    if template is not None:
-        fast.chat_template = template
-    fast.save_pretrained(dest)
-    if generation is not None:
-        (dest / "generation_config.json").write_text(json.dumps(generation))
-    return dest
 
 
 # ----------------------------------------------------------------------------- chat templates
@@ -294,7 +268,7 @@ def test_mbpp_and_mt_bench_second_turns(hub, speculators_drafts, tiny_target, tm
     from transformers import AutoTokenizer
 
     from dflash_convert.hub.datasets import dataset_prompts
-    from dflash_runtime import load_target, target_generate
+    from dflash_runtime import Sampling, load_target, target_generate
     import torch
 
     hub.seed_repo("google-research-datasets/mbpp", {"sanitized/test-00000-of-00001.parquet": parquet(
@@ -318,7 +292,7 @@ def test_mbpp_and_mt_bench_second_turns(hub, speculators_drafts, tiny_target, tm
     model = load_target(target, device="cpu", dtype=torch.float32)
     first = tok.apply_chat_template([rows[0][0]], add_generation_prompt=True, tokenize=False)
     answer = target_generate(model, tok(first, add_special_tokens=False)["input_ids"], max_new_tokens=5,
-                             stop_token_ids=(2, 510)).tokens
+                             sampling=Sampling(stop_token_ids=(2, 510))).tokens
     chat = [rows[0][0], {"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)}, rows[0][2]]
     full = tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
                add_special_tokens=False)["input_ids"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dflash_convert.errors import DFlashError
-from test_validate_chat import chat_target
+from factories import chat_target
 
 WORDS_TEMPLATE = (  # takes content as a string (vLLM's "string" format): renders every field it is handed
     "{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }}"

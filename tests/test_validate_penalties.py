@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
-from test_validate_chat import chat_target
+from factories import chat_target
 
 PENALTIES = {"repetition_penalty": 1.1, "presence_penalty": 0.5}
 
@@ -54,7 +54,7 @@ def test_penalize_counts_what_vllms_rejection_sampler_counts():
     A planted 'every row sees the whole block' or 'presence counts the prompt' fails here."""
     import torch
 
-    from dflash_runtime.penalties import Penalties, penalize
+    from dflash_runtime.sampling import Penalties, penalize
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 12, generator=g) * 3  # [n=4 slots, V=12]
@@ -74,7 +74,7 @@ def test_repetition_alone_is_transformers_processor():
     import torch
     from transformers import RepetitionPenaltyLogitsProcessor
 
-    from dflash_runtime.penalties import Penalties, penalize
+    from dflash_runtime.sampling import Penalties, penalize
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 20, generator=g) * 4
@@ -95,15 +95,15 @@ def test_speculative_equals_target_only_and_generate_with_penalties(speculators_
     import torch
 
     from dflash_convert.validate.end_to_end import VllmPenaltiesProcessor
-    from dflash_runtime import Penalties, load_draft, load_target, speculative_generate, target_generate
+    from dflash_runtime import Penalties, Sampling, load_draft, load_target, speculative_generate, target_generate
 
     target = load_target(tiny_target, device="cpu", dtype=torch.float32)
     draft = load_draft(speculators_drafts["full"], device="cpu", dtype=torch.float32)
     p = Penalties(**pen)
     prompt = [5, 6, 7, 8, 9, 10, 5, 6]
     plain = target_generate(target, prompt, max_new_tokens=40).tokens
-    base = target_generate(target, prompt, max_new_tokens=40, penalties=p).tokens
-    spec = speculative_generate(draft, target, prompt, max_new_tokens=40, penalties=p)
+    base = target_generate(target, prompt, max_new_tokens=40, sampling=Sampling(penalties=p)).tokens
+    spec = speculative_generate(draft, target, prompt, max_new_tokens=40, sampling=Sampling(penalties=p))
     assert spec.tokens == base and base != plain
     ids = torch.tensor([prompt])
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False, pad_token_id=0)
@@ -165,7 +165,7 @@ def test_penalize_equals_vllms_own_penalties(tmp_path):
 
     import torch
 
-    from dflash_runtime.penalties import Penalties, penalize
+    from dflash_runtime.sampling import Penalties, penalize
 
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 40, generator=g) * 3

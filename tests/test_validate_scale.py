@@ -181,7 +181,7 @@ def test_tied_embeddings_are_complete_without_lm_head(tmp_path):
 # ----------------------------------------------------------------------------- device map
 
 def test_device_map_with_disk_offload_equals_the_single_device_run(speculators_drafts, tiny_target, tmp_path, cli):
-    from dflash_runtime import load_draft, load_target, speculative_generate
+    from dflash_runtime import Sampling, load_draft, load_target, speculative_generate
 
     whole = load_target(tiny_target)
     mapped = load_target(tiny_target, device_map="auto", max_memory={"cpu": 1_000_000})  # ~2/3 of its 1.5 MB
@@ -195,9 +195,9 @@ def test_device_map_with_disk_offload_equals_the_single_device_run(speculators_d
     assert torch.equal(la, lb) and torch.equal(fa, fb)
     assert torch.equal(whole.embed(ids), mapped.embed(ids))
     draft = load_draft(speculators_drafts["full"], device=mapped.draft_device)
-    for temperature in (0.0, 0.8):
-        a = speculative_generate(draft, whole, [5, 6, 7, 8], max_new_tokens=12, temperature=temperature, seed=3)
-        b = speculative_generate(draft, mapped, [5, 6, 7, 8], max_new_tokens=12, temperature=temperature, seed=3)
+    for at in (Sampling(seed=3), Sampling(temperature=0.8, seed=3)):
+        a = speculative_generate(draft, whole, [5, 6, 7, 8], max_new_tokens=12, sampling=at)
+        b = speculative_generate(draft, mapped, [5, 6, 7, 8], max_new_tokens=12, sampling=at)
         assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted
     prompts = tmp_path / "one.txt"
     prompts.write_text("5 6 7 8 9 10\n")
@@ -312,7 +312,7 @@ def _filtered(row: list[float], *, top_k: int = 0, top_p: float = 1.0, min_p: fl
                                          (0.76, [0.25, 0.25, 0.5]), (1.0, [0.25, 0.25, 0.5])])
 def test_top_p_drops_the_mass_up_to_and_including_one_minus_top_p(top_p, kept):
     """0.25, 0.25, 0.5 at top-p 0.75: the cumulative 0.25 equals 1 - top_p, so exactly one 0.25 token goes."""
-    from dflash_runtime.decode import filtered_probs
+    from dflash_runtime.sampling import filtered_probs
 
     probs = filtered_probs(torch.tensor([[0.0, 0.0, math.log(2.0)]]), 1.0, top_p=top_p)
     assert probs[0].tolist() == pytest.approx(kept, abs=1e-6)
@@ -324,7 +324,7 @@ def test_top_p_drops_the_mass_up_to_and_including_one_minus_top_p(top_p, kept):
 def test_min_p_keeps_tokens_at_the_threshold(min_p, kept):
     """Probabilities 1/7, 4/7, 2/7: min-p 1.0 keeps the argmax alone (never an empty row, never NaN);
     a token exactly at min_p x the largest stays."""
-    from dflash_runtime.decode import filtered_probs
+    from dflash_runtime.sampling import filtered_probs
 
     probs = filtered_probs(torch.tensor([[0.0, 2 * math.log(2.0), math.log(2.0)]]), 1.0, min_p=min_p)
     assert not probs.isnan().any(), f"min-p {min_p} emptied the row (every token dropped): {probs.tolist()}"
@@ -344,7 +344,7 @@ def test_speculative_sampling_keeps_the_target_distribution_end_to_end(tmp_path,
     top-k / top-p / min-p (a reference filter written here, in plain Python), within a total-variation
     bound; always accepting (a planted bug) lands far outside it (measured: TV 0.7-0.96), and so does
     verifying against the unfiltered distribution (filtering only the token after the prompt)."""
-    from dflash_runtime import decode, load_draft, speculative_generate
+    from dflash_runtime import Sampling, decode, load_draft, speculative_generate
 
     g = torch.Generator().manual_seed(0)
     vocab, runs = 5, 800
@@ -367,8 +367,8 @@ def test_speculative_sampling_keeps_the_target_distribution_end_to_end(tmp_path,
         counts: dict = {}
         accepted = 0
         for seed in range(n):
-            out = speculative_generate(draft, target, prompt, max_new_tokens=3, temperature=1.0, seed=seed,
-                                       draft_sampling=sampling, **kw)
+            out = speculative_generate(draft, target, prompt, max_new_tokens=3, draft_sampling=sampling,
+                                       sampling=Sampling(temperature=1.0, seed=seed, **kw))
             counts[tuple(out.tokens[1:3])] = counts.get(tuple(out.tokens[1:3]), 0) + 1
             accepted += out.stats.accepted
         return counts, accepted

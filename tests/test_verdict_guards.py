@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dflash_runtime.decode import accept_block
+from dflash_runtime.sampling import Sampling
 from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 
 V = 8
@@ -30,8 +31,8 @@ def test_bonus_token_is_the_target_row_after_the_last_proposal(temperature, samp
     block = torch.tensor([0, 1, 2])
     draft_probs = torch.zeros(2, V)
     draft_probs[0, 1] = draft_probs[1, 2] = 1.0
-    accepted, committed = accept_block(block, _one_hot_rows(1, 2, 4), draft_probs, temperature=temperature,
-                                       generator=torch.Generator().manual_seed(0), sampling=sampling)
+    accepted, committed = accept_block(block, _one_hot_rows(1, 2, 4), draft_probs, Sampling(temperature=temperature),
+                                       torch.Generator().manual_seed(0), sampling)
     assert (accepted, committed) == (2, [1, 2, 4])
 
 

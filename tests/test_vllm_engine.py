@@ -21,13 +21,11 @@ from pathlib import Path
 import pytest
 
 from dflash_convert.io.reading import read_json
-from test_checks import copy_draft
+from factories import copy_draft
+from processes import VLLM_PYTHON, needs_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
-VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(ROOT / "build" / "vllm-venv" / "bin" / "python")
-needs_vllm = pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK), reason=f"no Python with vLLM at {VLLM_PYTHON}: "
-                                "run scripts/setup-vllm.sh (builds build/vllm-venv) or set DFLASH_VLLM_PYTHON")
 PROMPTS = 6  # of the pair's 16 held-out prompts, for the rule cases (the CLI run takes all 16)
 TOKENS = 64
 EAGER = {"enforce_eager": True}  # no torch.compile warm-up (a minute per engine on 2 cores); same figures
@@ -126,7 +124,7 @@ def served(tmp_path_factory):
 
     from dflash_convert.io.checkpoint import open_checkpoint
     from dflash_convert.validate import served as engine
-    from dflash_runtime import load_target, target_generate
+    from dflash_runtime import Sampling, load_target, target_generate
 
     if not os.access(VLLM_PYTHON, os.X_OK):
         pytest.skip(f"no Python with vLLM at {VLLM_PYTHON}")
@@ -139,7 +137,7 @@ def served(tmp_path_factory):
             drafts[name] = make(root / name)
             reports[name] = _emulate(drafts[name], prompts, block)
         target = load_target(PAIR / "target", device="cpu", dtype=torch.bfloat16)
-        greedy = [target_generate(target, p, max_new_tokens=TOKENS, stop_token_ids=[510]).tokens for p in prompts]
+        greedy = [target_generate(target, p, max_new_tokens=TOKENS, sampling=Sampling(stop_token_ids=[510])).tokens for p in prompts]
     finally:
         torch.set_num_threads(threads)
     request = engine.EngineRequest(
@@ -245,7 +243,7 @@ def test_hybrid_target_served_in_vllm(tmp_path):
     from dflash_convert.validate import ValidateOptions, validate
     from dflash_convert.validate import served as engine
     from dflash_convert.validate.served import engine_counts
-    from dflash_runtime import load_target, target_generate
+    from dflash_runtime import Sampling, load_target, target_generate
     from runtime_helpers import write_hf_draft
 
     config_cls, model_cls, kwargs = target_zoo._classes("qwen3_next")
@@ -268,7 +266,8 @@ def test_hybrid_target_served_in_vllm(tmp_path):
             target=tmp_path / "target", prompts=prompts, max_new_tokens=tokens, sampling="greedy", engine="vllm",
             levels=["end_to_end"], keep_going=True, timing_rounds=1, threads=1))
         target = load_target(tmp_path / "target", device="cpu", dtype=torch.bfloat16)
-        greedy = [target_generate(target, p, max_new_tokens=tokens, stop_token_ids=[target_zoo.VOCAB - 2]).tokens
+        greedy = [target_generate(target, p, max_new_tokens=tokens,
+                                  sampling=Sampling(stop_token_ids=[target_zoo.VOCAB - 2])).tokens
                   for p in prompts]
     finally:
         torch.set_num_threads(threads)

@@ -5,10 +5,12 @@ against the user's thresholds."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
@@ -18,6 +20,7 @@ from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
                                             SamplingUsed)
 from dflash_convert.validate.histogram import step_histogram
+from dflash_convert.validate.sampling import runtime_sampling
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -34,23 +37,43 @@ def auto_tau_floor(block: int) -> float:
     return round(1 + AUTO_ACCEPTED_SHARE_WARN * (block - 1), 4)
 
 
-def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], opts: ValidateOptions, *,
-               sampling: SamplingUsed, draft=None, device: str, dtype, target_dtype=None,
-               prompt_sets: Iterable[tuple[str, str, int, int]] = (), prompt_format: str | None = None,
-               progress: Callable[[str], None] | None = None, quiet: bool = False,
-               draft_options: dict[str, Any] | None = None, last_layer_post_norm: bool = False
+@dataclass
+class Prompts:
+    """What end to end decodes: token ids, the named prompt sets among them ((name, source, first, end)
+    slices of `ids`, reported on their own) and how text became ids (chat template or raw)."""
+
+    ids: list[list[int]]
+    sets: list[tuple[str, str, int, int]] = field(default_factory=list)
+    format: str | None = None
+
+
+@dataclass
+class Placement:
+    """Where and how the pair runs: the device, the draft's dtype and the target's (None: the draft's),
+    load_draft's options, and whether the target feeds its last layer after the final norm (as the engine
+    serving the draft does)."""
+
+    device: str
+    dtype: Any
+    target_dtype: Any = None
+    draft_options: dict[str, Any] = field(default_factory=dict)
+    last_layer_post_norm: bool = False
+
+
+def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: ValidateOptions, *,
+               sampling: SamplingUsed, placement: Placement, draft=None,
+               progress: Callable[[str], None] | None = None, quiet: bool = False
                ) -> tuple[list[Check], AcceptanceStats | None, list[list[int]]]:
-    """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompt_ids` against the
+    """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompts` against the
     target at `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft
-    when it ran; `prompt_sets` (name, source, first, end) slices of `prompt_ids` reported on their own. Each
-    prompt is also decoded with full last blocks, for the figures as vLLM counts them."""
+    when it ran. Each prompt is also decoded with full last blocks, for the figures as vLLM counts them."""
     say = progress or (lambda message: None)
-    target = _load_target(target_dir, opts, device=device, dtype=target_dtype or dtype, say=say, quiet=quiet,
-                          last_layer_post_norm=last_layer_post_norm)
-    _check_target_path(target, prompt_ids, opts.max_new_tokens, tuple(sampling.stop_token_ids), say,
-                       penalties=sampling_penalties(sampling))
+    prompt_ids = prompts.ids
+    target = _load_target(target_dir, opts, placement, say=say, quiet=quiet)
+    decoding = runtime_sampling(sampling, opts.seed)
+    _check_target_path(target, prompt_ids, opts.max_new_tokens, decoding, say)
     try:
-        draft = _ready_draft(ckpt, draft, target, opts, dtype=dtype, say=say, draft_options=draft_options or {})
+        draft = _ready_draft(ckpt, draft, target, opts, placement, say=say)
     except NotRunnable as exc:  # the runtime's limit, not the draft's defect: no verdict
         raise DFlashError(f"could not run the draft: {exc}") from None
     except DFlashError as exc:
@@ -59,10 +82,55 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
     block = opts.block_size or draft.block_size
     slots = draft.proposals(block)  # proposals per block: block - 1, or block when the anchor's slot predicts (dspark)
-    decode = Decode(draft, target, opts, sampling, block)
+    decode = Decode(draft, target, opts, decoding, block)
     base_n = min(BASELINE_PROMPTS, len(prompt_ids))
+    runs, full, rounds = _decode_prompts(decode, prompt_ids, opts, say)
+    whole = DecodeStats.merge([r.stats for r in runs])
+    if sampling.temperature == 0:
+        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], penalties=decoding.penalties)
+    else:  # samples cannot be compared token by token: the decode loop's exactness is checked greedily
+        same = None
+        _greedy_check(checks, target, prompt_ids[:base_n], *_greedy_pass(decode, prompt_ids[:base_n], say),
+                      sampled_at=sampling.temperature, penalties=decoding.penalties)
+    _acceptance_checks(checks, whole, block, opts, slots)
+    spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
+    base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
+    per_round = [_round_speedup(br, sr) for br, sr in rounds]
+    checks.append(_speedup_check(_ratio(spec.tokens_per_s, base.tokens_per_s), per_round, spec.tokens_per_s,
+                                 base.tokens_per_s, base_n, opts.timing_rounds, opts.min_speedup))
+    if block != draft.block_size:
+        checks.append(make_check("block_size_override", False, f"run at block size {block}; the draft was trained "
+                             f"at {draft.block_size}", value=block, threshold=draft.block_size,
+                             level="end_to_end", bad="warn"))
+    stats = AcceptanceStats(
+        prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
+        temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
+        per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, slots)],
+        predicted_position_rates=[round(r, 4) for r in _padded(whole.predicted_rates, slots)]
+        if whole.predicted_rates else None,
+        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, slots) if full else None,
+        outputs_equal=None if same is None else sum(same), baseline_prompts=base_n,
+        timing_rounds=opts.timing_rounds, target_attention=target.attention,
+        target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
+        speculative_tokens_per_s=spec.tokens_per_s, target_tokens_per_s=base.tokens_per_s,
+        speedup=_ratio(spec.tokens_per_s, base.tokens_per_s), speedup_range=[min(per_round), max(per_round)],
+        speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
+        target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
+        prompt_format=prompts.format, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
+                                                      for name, source, first, end in prompts.sets},
+        per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
+                                steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
+                                output_equal=None if same is None else same[i],
+                                accepted_histogram=step_histogram(r.stats.per_position_rates, r.stats.num_drafts))
+                    for i, (p, r) in enumerate(zip(prompt_ids, runs))])
+    return checks, stats, [r.tokens for r in runs]
+
+
+def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateOptions, say):
+    """(speculative generations of every prompt, their figures as vLLM counts them (full last blocks; only
+    under --engine vllm, else None), the timing rounds over the first BASELINE_PROMPTS)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the block-size note is reported once, as a check, below
+        warnings.simplefilter("ignore")  # the block-size note is reported once, as a check
         say("end to end: warm-up")
         # one step of each path (first-call allocations and lazy initialisation): a longer warm-up costs
         # minutes at real size on CPU, where a draft that accepts little makes every token a verify step
@@ -77,49 +145,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompt_ids: list[list[int]], 
         if opts.engine == "vllm":  # a second pass: only runs compared with vLLM's counters need it
             say("end to end: the prompts again, counted as vLLM counts (full last blocks)")
             full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
-        rounds = _timing_rounds(decode, prompt_ids[:base_n], opts.timing_rounds, say)
-    whole = DecodeStats.merge([r.stats for r in runs])
-    if sampling.temperature == 0:
-        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], penalties=decode.kw["penalties"])
-        equal = sum(same)
-    else:  # samples cannot be compared token by token: the decode loop's exactness is checked greedily
-        same = equal = None
-        _greedy_check(checks, target, prompt_ids[:base_n], *_greedy_pass(decode, prompt_ids[:base_n], say),
-                      sampled_at=sampling.temperature, penalties=decode.kw["penalties"])
-    _acceptance_checks(checks, whole, block, opts, slots)
-    spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
-    base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
-    speedup = _ratio(spec.tokens_per_s, base.tokens_per_s)
-    per_round = [_round_speedup(br, sr) for br, sr in rounds]
-    checks.append(_speedup_check(speedup, per_round, spec.tokens_per_s, base.tokens_per_s, base_n,
-                                 opts.timing_rounds, opts.min_speedup))
-    if block != draft.block_size:
-        checks.append(make_check("block_size_override", False, f"run at block size {block}; the draft was trained "
-                             f"at {draft.block_size}", value=block, threshold=draft.block_size,
-                             level="end_to_end", bad="warn"))
-    stats = AcceptanceStats(
-        prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
-        temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
-        per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, slots)],
-        predicted_position_rates=[round(r, 4) for r in _padded(whole.predicted_rates, slots)]
-        if whole.predicted_rates else None,
-        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, slots) if full else None,
-        outputs_equal=equal,
-        baseline_prompts=base_n,
-        timing_rounds=opts.timing_rounds, target_attention=target.attention,
-        target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
-        speculative_tokens_per_s=spec.tokens_per_s,
-        target_tokens_per_s=base.tokens_per_s, speedup=speedup, speedup_range=[min(per_round), max(per_round)],
-        speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
-        target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
-        prompt_format=prompt_format, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
-                                                     for name, source, first, end in prompt_sets},
-        per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
-                                steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
-                                output_equal=None if same is None else same[i],
-                                accepted_histogram=step_histogram(r.stats.per_position_rates, r.stats.num_drafts))
-                    for i, (p, r) in enumerate(zip(prompt_ids, runs))])
-    return checks, stats, [r.tokens for r in runs]
+        rounds = _timing_rounds(decode, prompt_ids[:BASELINE_PROMPTS], opts.timing_rounds, say)
+    return runs, full, rounds
 
 
 def counts(stats: DecodeStats, slots: int) -> AcceptanceCounts:
@@ -138,13 +165,11 @@ def _set_stats(source: str, runs, slots: int) -> PromptSetAcceptance:
 
 
 class Decode:
-    """The two decoding paths of one pair, with the run's options."""
+    """The two decoding paths of one pair, with the run's options; keyword overrides go to the runtime's call."""
 
-    def __init__(self, draft, target, opts: ValidateOptions, sampling: SamplingUsed, block: int):
+    def __init__(self, draft, target, opts: ValidateOptions, sampling, block: int):
         self.draft, self.target = draft, target
-        self.kw = dict(max_new_tokens=opts.max_new_tokens, temperature=sampling.temperature,
-                       stop_token_ids=tuple(sampling.stop_token_ids), seed=opts.seed, top_k=sampling.top_k,
-                       top_p=sampling.top_p, min_p=sampling.min_p, penalties=sampling_penalties(sampling))
+        self.kw = dict(max_new_tokens=opts.max_new_tokens, sampling=sampling)  # sampling: dflash_runtime.Sampling
         self.spec_kw = dict(self.kw, block_size=block, draft_sampling=opts.draft_sampling)
 
     def speculative(self, prompt: list[int], **over):
@@ -158,20 +183,21 @@ class Decode:
         return target_generate(self.target, prompt, **{**self.kw, **over})
 
 
-def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype, say, quiet: bool,
-                 last_layer_post_norm: bool):
+def _load_target(target_dir: Path, opts: ValidateOptions, placement: Placement, *, say, quiet: bool):
     from dflash_runtime import load_target
 
     device_map = opts.placed_by_device_map
+    dtype = placement.target_dtype or placement.dtype
     stored = sum(p.stat().st_size for p in Path(target_dir).glob("*.safetensors"))
     size = f"{stored / 1e9:.1f} GB" if stored >= 1e9 else f"{stored / 1e6:.1f} MB"
     say(f"end to end: loading the target {target_dir} ({size} of weights; "
-        f"{str(dtype).removeprefix('torch.')}, " + (f"device map {device_map}" if device_map else device) + ")")
+        f"{str(dtype).removeprefix('torch.')}, " + (f"device map {device_map}" if device_map else placement.device)
+        + ")")
     with _no_library_bar():  # our own status line (with its elapsed time) says what is loading
-        target = load_target(target_dir, device=device, dtype=dtype, attn_implementation=opts.target_backend,
+        target = load_target(target_dir, device=placement.device, dtype=dtype, attn_implementation=opts.target_backend,
                              trust_remote_code=False, device_map=device_map, max_memory=opts.max_memory,
                              compile=opts.compile)
-    if last_layer_post_norm:  # the engine feeds the draft the last layer's output after the final norm
+    if placement.last_layer_post_norm:  # the engine feeds the draft the last layer's output after the final norm
         target.feed_after_final_norm({target.num_layers - 1})
     if target.offloaded:
         say("end to end: target placed as " + ", ".join(f"{n} module(s) on {d}" for d, n in target.offloaded.items())
@@ -179,27 +205,27 @@ def _load_target(target_dir: Path, opts: ValidateOptions, *, device: str, dtype,
     return target
 
 
-def _check_target_path(target, prompt_ids: list[list[int]], max_new_tokens: int, stop: tuple[int, ...],
-                       say, penalties=None) -> None:
+def _check_target_path(target, prompt_ids: list[list[int]], max_new_tokens: int, sampling, say) -> None:
     """Before any verdict: the runtime can undo rejected proposals in this target's cache, and its
     target-only greedy decoding of the first prompt (after another one, so that a reused cache must
-    start clean) is transformers' own `generate`. Otherwise a wrong output would be blamed on the draft;
+    start clean) is transformers' own `generate`, with the run's stop ids and penalties (`sampling`, a
+    dflash_runtime.Sampling; the check itself is greedy). Otherwise a wrong output would be blamed on the draft;
     raises DFlashError ("the runtime cannot run this target"). `generate` runs with a neutral generation
     config (the model's own would add what vLLM ignores) and the run's penalties as a logits processor
-    that applies vLLM's rule (dflash_runtime.penalties), the same the runtime applies."""
+    that applies vLLM's rule (dflash_runtime.sampling), the same the runtime applies."""
     import torch
     from dflash_runtime import check_target, target_generate
     from transformers import GenerationConfig, LogitsProcessorList
 
+    greedy = dataclasses.replace(sampling, temperature=0.0)
+    stop, penalties = sampling.stop_token_ids, sampling.penalties
     check_target(target)
     say("end to end: checking the runtime's target path against transformers' generate")
     prompt = prompt_ids[0]
-    target_generate(target, prompt_ids[-1] + prompt_ids[0], max_new_tokens=4, stop_token_ids=stop,
-                    penalties=penalties)
-    ours = target_generate(target, prompt, max_new_tokens=max_new_tokens, stop_token_ids=stop,
-                           penalties=penalties).tokens
+    target_generate(target, prompt_ids[-1] + prompt_ids[0], max_new_tokens=4, sampling=greedy)
+    ours = target_generate(target, prompt, max_new_tokens=max_new_tokens, sampling=greedy).tokens
     own = target.model.generation_config
-    processors = [VllmPenaltiesProcessor(penalties, len(prompt))] if penalties is not None and penalties.active else []
+    processors = [VllmPenaltiesProcessor(penalties, len(prompt))] if penalties.active else []
     try:
         target.model.generation_config = GenerationConfig()
         with torch.inference_mode(), warnings.catch_warnings():
@@ -221,10 +247,11 @@ def _check_target_path(target, prompt_ids: list[list[int]], max_new_tokens: int,
                           f"greedy decoding of prompt 1 differs from transformers' generate ({where})")
 
 
-def _ready_draft(ckpt: Checkpoint, draft, target, opts: ValidateOptions, *, dtype, say, draft_options: dict):
+def _ready_draft(ckpt: Checkpoint, draft, target, opts: ValidateOptions, placement: Placement, *, say):
     """The draft on the target's draft device, compiled when asked; raises DFlashError when the pair cannot run."""
     from dflash_runtime import check_pair, load_draft
 
+    dtype, draft_options = placement.dtype, placement.draft_options
     if draft is None:  # not loaded by the numeric level
         say(f"end to end: loading the draft ({str(dtype).removeprefix('torch.')}, {target.draft_device})")
         draft = load_draft(ckpt, device=target.draft_device, dtype=dtype, backend=opts.backend, causal=opts.causal,
@@ -259,7 +286,7 @@ def _timing_rounds(decode: Decode, prompts: list[list[int]], n: int, say) -> lis
 
 def _greedy_pass(decode: Decode, prompts: list[list[int]], say) -> tuple[list, list]:
     """(speculative, target-only) greedy generations of `prompts`, whatever the run samples with."""
-    greedy = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+    greedy = dict(sampling=dataclasses.replace(decode.kw["sampling"], temperature=0.0, top_k=0, top_p=1.0, min_p=0.0))
     say(f"end to end: greedy pass over {len(prompts)} prompt(s) (the run samples; exactness is checked greedily)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -382,7 +409,7 @@ def _first_non_greedy(target, prompt: list[int], tokens: list[int], penalties=No
     (one teacher-forced target pass; the run's penalties applied to each row as vLLM counts them), or None
     when the whole output is the target's greedy output."""
     import torch
-    from dflash_runtime.penalties import penalize
+    from dflash_runtime.sampling import penalize
 
     target.set_capture([])
     target.reset()
@@ -394,12 +421,6 @@ def _first_non_greedy(target, prompt: list[int], tokens: list[int], penalties=No
     return next((i for i, (t, g) in enumerate(zip(tokens, greedy)) if t != g), None)
 
 
-def sampling_penalties(sampling: SamplingUsed):
-    from dflash_convert.validate.sampling import penalties
-
-    return penalties(sampling)
-
-
 class VllmPenaltiesProcessor:
     """transformers' generate with vLLM's penalties (a logits processor: input_ids [1, P+O] -> scores [1, V]):
     the prompt's first `prompt_len` ids count for repetition only, as the runtime counts them."""
@@ -408,7 +429,7 @@ class VllmPenaltiesProcessor:
         self.penalties, self.prompt_len = penalties, prompt_len
 
     def __call__(self, input_ids, scores):
-        from dflash_runtime.penalties import penalize
+        from dflash_runtime.sampling import penalize
 
         ids = input_ids[0]
         out = ids[self.prompt_len:]

@@ -39,7 +39,7 @@ from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
 from dflash_convert.validate.checks import (Check, make_check, checkpoint_checks, duplicate_tensors_check, scan_checks,
                                             target_checks)
-from dflash_convert.validate.end_to_end import end_to_end, machine_load, usable_cores
+from dflash_convert.validate.end_to_end import Placement, Prompts, end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
 from dflash_convert.validate import served
@@ -50,7 +50,7 @@ from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prompts import (chat_template, load_tokenizer, pending_turn, read_prompts,
                                              tokenize_prompts)
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
-from dflash_convert.validate.sampling import (PENALTY_FIELDS, generation_config, penalties, resolve_sampling,
+from dflash_convert.validate.sampling import (PENALTY_FIELDS, generation_config, resolve_sampling, runtime_sampling,
                                               stop_token_ids)
 
 TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
@@ -348,12 +348,12 @@ def _end_to_end_level(run: Run) -> None:
     else:
         if run.pending:
             _answer_earlier_turns(run)
+        placement = Placement(device=run.device, dtype=run.torch_dtype, target_dtype=run.target_torch_dtype,
+                              draft_options=_load_options(run),
+                              last_layer_post_norm=run.draft_options["last_layer_post_norm"])
         checks, run.stats, run.outputs = end_to_end(
-            run.ckpt, run.target_dir, run.prompt_ids, run.opts, draft=run.loaded, device=run.device,
-            dtype=run.torch_dtype, target_dtype=run.target_torch_dtype, sampling=run.sampling,
-            prompt_sets=run.prompt_sets, prompt_format=run.prompt_format, progress=run.say,
-            quiet=run.quiet, draft_options=_load_options(run),
-            last_layer_post_norm=run.draft_options["last_layer_post_norm"])
+            run.ckpt, run.target_dir, Prompts(run.prompt_ids, run.prompt_sets, run.prompt_format), run.opts,
+            sampling=run.sampling, placement=placement, draft=run.loaded, progress=run.say, quiet=run.quiet)
         run.checks += checks
         run.run.append("end_to_end")
         if run.opts.engine_python is not None and run.stats is not None:
@@ -365,17 +365,13 @@ def _answer_earlier_turns(run: Run) -> None:
     baseline's prompts are checked again against the prompts as completed."""
     from dflash_runtime import load_target
 
-    from dflash_convert.validate.end_to_end import sampling_penalties
-
-    opts, s = run.opts, run.sampling
+    opts = run.opts
     run.say(f"end to end: the target answers the earlier turns of {len(run.pending)} multi-turn prompt(s)")
     target = load_target(run.target_dir, device=run.device, dtype=run.target_torch_dtype or run.torch_dtype,
                          attn_implementation=opts.target_backend, device_map=opts.placed_by_device_map,
                          max_memory=opts.max_memory)
-    decode_kw = dict(max_new_tokens=opts.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                     min_p=s.min_p, stop_token_ids=tuple(s.stop_token_ids), seed=opts.seed,
-                     penalties=sampling_penalties(s))
-    answer_turns(target, run.pending, run.prompt_ids, how=run.render, decode_kw=decode_kw, say=run.say)
+    answer_turns(target, run.pending, run.prompt_ids, how=run.render, max_new_tokens=opts.max_new_tokens,
+                 sampling=runtime_sampling(run.sampling, opts.seed), say=run.say)
     del target
     if run.baseline is not None:
         check_same_settings(run.baseline, opts.baseline, _settings(run))
@@ -385,7 +381,7 @@ def _served_level(run: Run) -> None:
     """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py)."""
     opts, spec = run.opts, run.ckpt.spec
     block = run.stats.block_size
-    if penalties(run.sampling).active:
+    if runtime_sampling(run.sampling).penalties.active:
         # The driver can pass them (served.engine_sampling), but with repetition_penalty 1.3 on the bundled pair
         # vLLM 0.32 CPU's own target-only greedy output differed from ours on 1 of 4 prompts (presence and
         # frequency agreed) and nobody has found why yet: no comparison rather than a verdict that may be false.

@@ -76,12 +76,14 @@ def resolve_sampling(opts: ValidateOptions, gen: dict[str, Any], gen_path: str |
     return SamplingUsed(mode=opts.sampling, sources=sources, not_applied=not_applied, **values)
 
 
-def penalties(used: SamplingUsed):
-    """The runtime's Penalties of the resolved sampling."""
-    from dflash_runtime import Penalties
+def runtime_sampling(used: SamplingUsed, seed: int | None = None):
+    """The runtime's Sampling (dflash_runtime.Sampling) of the resolved sampling and the run's seed."""
+    from dflash_runtime import Penalties, Sampling
 
-    return Penalties(repetition=used.repetition_penalty, presence=used.presence_penalty,
-                     frequency=used.frequency_penalty)
+    return Sampling(temperature=used.temperature, top_k=used.top_k, top_p=used.top_p, min_p=used.min_p,
+                    penalties=Penalties(repetition=used.repetition_penalty, presence=used.presence_penalty,
+                                        frequency=used.frequency_penalty),
+                    stop_token_ids=tuple(used.stop_token_ids), seed=seed)
 
 
 def _ids(value: Any, name: str, file: str) -> list[int]:

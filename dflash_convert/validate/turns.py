@@ -12,17 +12,17 @@ from dflash_convert.validate.prompts import render_chat, pending_turn
 
 
 def answer_turns(target, pending: dict[int, list[dict[str, Any]]], prompt_ids: list[list[int]], *, how: dict,
-                 decode_kw: dict, say: Callable[[str], None]) -> None:
+                 max_new_tokens: int, sampling, say: Callable[[str], None]) -> None:
     """Replace prompt_ids[i] of every pending chat by its rendering with the target's answers filled in.
-    `how`: tokenizer, template, template_kwargs, template_name as the prompts were rendered with; `decode_kw`:
-    target_generate's keyword arguments (max_new_tokens, sampling, stop ids, penalties)."""
+    `how`: tokenizer, template, template_kwargs, template_name as the prompts were rendered with; `sampling`:
+    the run's dflash_runtime.Sampling (stop ids, penalties and seed included)."""
     from dflash_runtime import target_generate
 
     tokenizer = how["tokenizer"]
     for n, (i, messages) in enumerate(sorted(pending.items()), 1):
         chat = [dict(m) for m in messages]
         while (k := pending_turn(chat)) is not None:
-            answer = target_generate(target, prompt_ids[i], **decode_kw).tokens
+            answer = target_generate(target, prompt_ids[i], max_new_tokens=max_new_tokens, sampling=sampling).tokens
             chat[k] = {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}
             rest = pending_turn(chat)
             prompt_ids[i] = render_chat(tokenizer, chat if rest is None else chat[:rest], how["template"],

@@ -16,7 +16,7 @@ _EXPORTS = {
     "BACKENDS": "attention", "select_backend": "attention",
     "load_target": "target", "Target": "target", "check_pair": "target", "check_target": "target",
     "speculative_generate": "decode", "target_generate": "decode", "Generation": "decode",
-    "DecodeStats": "metrics", "Penalties": "penalties",
+    "DecodeStats": "metrics", "Penalties": "sampling", "Sampling": "sampling",
     "resolve_device": "device", "resolve_dtype": "device",
 }
 __all__ = list(_EXPORTS) + ["BACKEND_NAMES", "DRAFT_SAMPLING", "DEVICE_MAPS"]

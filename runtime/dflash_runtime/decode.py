@@ -31,7 +31,6 @@ change. Every emitted token is then a sample of the target's filtered distributi
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -42,7 +41,7 @@ from dflash_convert.errors import UsageError
 from . import DRAFT_SAMPLING
 from .metrics import DecodeStats
 from .model import DFlashDraft, warn_block_size
-from .penalties import Penalties, penalize
+from .sampling import GREEDY, Sampling, filtered_probs, penalize, pick
 from .target import Target, check_pair
 
 
@@ -58,52 +57,22 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, *, top_k: int = 0, top_p: float = 1.0,
-                   min_p: float = 0.0) -> torch.Tensor:
-    """logits [n, V] -> the distribution [n, V] vLLM samples from: logits / temperature, then min-p (drop
-    tokens whose scaled logit is below the row's max + log(min_p)), top-k (keep logits >= the k-th
-    largest, ties kept; k <= 0 or >= V: off), top-p (sorted ascending, drop tokens while the cumulative
-    probability stays <= 1 - top_p; the most likely token always stays; top_p >= 1: off)."""
-    scaled = logits.float() / temperature
-    if min_p > 0:
-        threshold = scaled.amax(dim=-1, keepdim=True) + math.log(min_p)
-        scaled = scaled.masked_fill(scaled < threshold, float("-inf"))
-    if 0 < top_k < scaled.shape[-1]:
-        kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # [n, 1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1:
-        ascending, order = scaled.sort(dim=-1)
-        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= 1 - top_p
-        drop[:, -1] = False
-        scaled = scaled.scatter(-1, order, ascending.masked_fill(drop, float("-inf")))
-    return torch.softmax(scaled, dim=-1)
-
-
-def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None, **filters) -> torch.Tensor:
-    """logits [n, V] float32 -> one token per row: argmax, or a sample of the filtered distribution."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = filtered_probs(logits, temperature, **filters)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-
-def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_probs: torch.Tensor | None, *,
-                 temperature: float, generator: torch.Generator | None, sampling: str = "greedy", **filters
+def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_probs: torch.Tensor | None,
+                 sampling: Sampling, generator: torch.Generator | None, draft_sampling: str = "greedy"
                  ) -> tuple[int, list[int]]:
     """The verify decision for one block. block [S] = anchor + S-1 proposals, target_logits [S, V]
-    (the target's logits after each slot), draft_probs [S-1, V] (the draft's distribution at the
-    temperature its proposals were sampled from, on the target logits' device; "probabilistic" only),
-    filters: top_k, top_p, min_p of the target's distribution -> (accepted proposals a, committed
-    tokens: the a accepted proposals and one token of the target's)."""
+    (the target's logits after each slot, penalized), draft_probs [S-1, V] (the draft's distribution at the
+    temperature its proposals were sampled from, on the target logits' device; "probabilistic" only)
+    -> (accepted proposals a, committed tokens: the a accepted proposals and one token of the target's)."""
     proposals = block[1:]  # [S-1]
-    if temperature <= 0 or sampling == "greedy":
-        chosen = _pick(target_logits, temperature, generator, **filters).to(block.device)  # the target's token per slot
+    temperature = sampling.temperature
+    if temperature <= 0 or draft_sampling == "greedy":
+        chosen = pick(target_logits, sampling, generator).to(block.device)  # the target's token per slot
         matches = (proposals == chosen[:-1]).int()
         accepted = int(matches.cumprod(0).sum()) if matches.numel() else 0
         return accepted, proposals[:accepted].tolist() + [int(chosen[accepted])]
     device = target_logits.device
-    p = filtered_probs(target_logits, temperature, **filters)  # [S, V]
+    p = filtered_probs(target_logits, temperature, **sampling.filters)  # [S, V]
     q = draft_probs  # [S-1, V]
     x = proposals.to(device)[:, None]
     ratio = p[:-1].gather(1, x)[:, 0] / q.gather(1, x)[:, 0]  # p_k(x_k) / q_k(x_k), q_k(x_k) > 0: x_k ~ q_k
@@ -118,17 +87,6 @@ def accept_block(block: torch.Tensor, target_logits: torch.Tensor, draft_probs: 
     return accepted, proposals[:accepted].tolist() + [last]
 
 
-def _generator(device: torch.device, temperature: float, seed: int | None) -> torch.Generator | None:
-    if temperature <= 0:
-        return None
-    g = torch.Generator(device=device)
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(seed)
-    return g
-
-
 def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
     if ids.numel() == 0:
@@ -138,22 +96,17 @@ def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
 
 @torch.inference_mode()
 def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, block_size: int,
-            max_new_tokens: int, temperature: float, stop_token_ids, seed: int | None,
-            draft_window: int | None, draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
-            min_p: float = 0.0, full_last_block: bool = False, penalties: Penalties | None = None) -> Generation:
-    """The one loop; `draft=None` (block size 1) is target-only decoding. `penalties` (vLLM's repetition,
-    presence, frequency) apply to the target's logits in every role, counted as penalties.py says."""
+            max_new_tokens: int, sampling: Sampling, draft_window: int | None = None,
+            draft_sampling: str = "greedy", full_last_block: bool = False) -> Generation:
+    """The one loop; `draft=None` (block size 1) is target-only decoding. `sampling.penalties` (vLLM's repetition,
+    presence, frequency) apply to the target's logits in every role, counted as sampling.py says."""
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise UsageError(f"temperature must be >= 0, got {temperature}")
     if draft_sampling not in DRAFT_SAMPLING:
         raise UsageError(f"draft sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
-    if not (0 < top_p <= 1 and 0 <= min_p <= 1):
-        raise UsageError(f"top_p must be in (0, 1] and min_p in [0, 1], got {top_p} and {min_p}")
-    filters = dict(top_k=top_k, top_p=top_p, min_p=min_p)
+    temperature, penalties = sampling.temperature, sampling.penalties
     device = target.device
-    stop = set(int(t) for t in stop_token_ids)
+    stop = set(sampling.stop_token_ids)
     probabilistic = draft_sampling == "probabilistic" and temperature > 0
     target.set_capture(draft.target_layer_ids if draft is not None else [])
     per_block = draft.proposals(block_size) if draft is not None else 0  # proposals of a full block
@@ -168,9 +121,9 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
 
     t0 = _now(device)
     logits, features = target.forward(prompt, 0, last_logits_only=True)
-    generator = _generator(logits.device, temperature, seed)  # sampling happens where the logits are
+    generator = sampling.generator(logits.device)  # sampling happens where the logits are
     first = penalize(logits[-1:], penalties, prompt, prompt[:0], 0)  # [1, V]: nothing generated yet
-    anchor = int(_pick(first, temperature, generator, **filters)[0])
+    anchor = int(pick(first, sampling, generator)[0])
     tokens = [anchor]
     start = prompt.numel()
     if draft is not None:
@@ -203,10 +156,10 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
             draft_time += _now(device) - t
         t = _now(device)
         logits, features = target.forward(block, start)  # [P+1, V], [P+1, A*Ht]
-        if penalties is not None and penalties.active:  # slot i sees the output + proposals before it
+        if penalties.active:  # slot i sees the output + proposals before it
             logits = penalize(logits, penalties, prompt, torch.tensor(tokens + block[1:].tolist()), len(tokens))
-        accepted, new = accept_block(block, logits, draft_probs, temperature=temperature, generator=generator,
-                                     sampling=draft_sampling, **filters)
+        accepted, new = accept_block(block, logits, draft_probs, sampling=sampling, generator=generator,
+                                     draft_sampling=draft_sampling)
         verify_time += _now(device) - t
         if draft is not None and n_prop > 0:
             accepted_per_step.append(accepted)
@@ -237,17 +190,14 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
 
 
 def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_new_tokens: int = 64,
-                         temperature: float = 0.0, stop_token_ids=(), block_size: int | None = None,
-                         draft_window: int | None = None, seed: int | None = None,
-                         draft_sampling: str = "greedy", top_k: int = 0, top_p: float = 1.0,
-                         min_p: float = 0.0, full_last_block: bool = False,
-                         penalties: Penalties | None = None) -> Generation:
-    """Generate with the draft proposing and the target verifying. `block_size` overrides the
-    draft's (with a warning: engines let a deployment choose it); `draft_window` W lets the draft
-    see only the last W committed context tokens (the target always sees everything);
-    `draft_sampling` "greedy" or "probabilistic", top_k / top_p / min_p as vLLM's (see the module
-    docstring). `full_last_block` counts as vLLM does: the last block is drafted and verified whole even
-    when fewer tokens remain to emit (the output is the same; acceptances past max_new_tokens are counted)."""
+                         sampling: Sampling = GREEDY, block_size: int | None = None, draft_window: int | None = None,
+                         draft_sampling: str = "greedy", full_last_block: bool = False) -> Generation:
+    """Generate with the draft proposing and the target verifying, sampling as `sampling` says (see the
+    module docstring). `block_size` overrides the draft's (with a warning: engines let a deployment choose
+    it); `draft_window` W lets the draft see only the last W committed context tokens (the target always
+    sees everything); `draft_sampling` "greedy" or "probabilistic". `full_last_block` counts as vLLM does:
+    the last block is drafted and verified whole even when fewer tokens remain to emit (the output is the
+    same; acceptances past max_new_tokens are counted)."""
     check_pair(draft, target)
     block_size = draft.block_size if block_size is None else block_size
     if block_size < 2:
@@ -257,16 +207,12 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
         raise UsageError(f"draft_window must be at least 1, got {draft_window}")
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
-                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=draft_window,
-                   draft_sampling=draft_sampling, top_k=top_k, top_p=top_p, min_p=min_p,
-                   full_last_block=full_last_block, penalties=penalties)
+                   sampling=sampling, draft_window=draft_window, draft_sampling=draft_sampling,
+                   full_last_block=full_last_block)
 
 
-def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, temperature: float = 0.0,
-                    stop_token_ids=(), seed: int | None = None, top_k: int = 0, top_p: float = 1.0,
-                    min_p: float = 0.0, penalties: Penalties | None = None) -> Generation:
+def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, sampling: Sampling = GREEDY
+                    ) -> Generation:
     """Target-only decoding through the same loop (one token per verify step): the speedup baseline."""
     prompt = _prompt_tensor(prompt_ids, target.device)
-    return _decode(target, prompt, draft=None, block_size=1, max_new_tokens=max_new_tokens,
-                   temperature=temperature, stop_token_ids=stop_token_ids, seed=seed, draft_window=None,
-                   top_k=top_k, top_p=top_p, min_p=min_p, penalties=penalties)
+    return _decode(target, prompt, draft=None, block_size=1, max_new_tokens=max_new_tokens, sampling=sampling)
