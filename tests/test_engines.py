@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 from factories import read_config
 
-from dflash_convert.format import engines, mapping
-from dflash_convert.format.engines import ENGINES_BY_KEY, engine_view
+from dflash_convert.format import engine_views, engines, mapping
+from dflash_convert.format.engine_views import engine_view
+from dflash_convert.format.engines import ENGINES_BY_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = json.loads((ROOT / "tests" / "fixtures" / "speculators-0.9.0-tiny-config.json").read_text())
 
 
-def views(raw: dict, tensors=(), fc_shape=None, trained: dict | None = None) -> dict[str, engines.EngineView]:
+def views(raw: dict, tensors=(), fc_shape=None, trained: dict | None = None) -> dict[str, engine_views.EngineView]:
     """Every engine row that reads this config's format, on this config (the trained semantics from
     `trained` when given: for configs our own parser refuses, but an engine would still read)."""
     spec = mapping.spec_from_config(trained or raw)
@@ -244,7 +245,7 @@ def test_outputs_are_read_as_trained_in_both_directions(cli, speculators_drafts,
     assert cli("convert", hf, "-o", back, "--verifier", tiny_target).code == 0
     for path in (hf, back):
         ckpt = open_checkpoint(path)
-        for view in engines.checkpoint_views(ckpt):
+        for view in engine_views.checkpoint_views(ckpt):
             if view.via_conversion:
                 continue
             assert errors(view) == INHERENT.get((name, view.engine), set()), (path.name, view.engine, view.divergences)
@@ -395,7 +396,7 @@ def test_mask_embedding_file_is_used_by_vllm_and_sglang_only(cli, speculators_dr
     hf = tmp_path / "hf"
     assert cli("convert", speculators_drafts["full"], "-o", hf).code == 0
     (hf / engines.MASK_EMBEDDING_FILE).write_bytes(b"not read: only its presence matters here")
-    by = {v.engine: v for v in engines.checkpoint_views(open_checkpoint(hf))}
+    by = {v.engine: v for v in engine_views.checkpoint_views(open_checkpoint(hf))}
     assert "mask_embedding" in errors(by["zlab"])
     assert "mask_embedding" not in errors(by["sglang"]) | errors(by["vllm-hf"])
     assert "mask_embedding" not in errors(by["vllm-speculators"])  # via conversion: convert carries the file
