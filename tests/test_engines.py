@@ -363,7 +363,12 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
     for e in engines.ENGINES:
         for field, texts in engines.RULE_TEXT.items():
             assert getattr(e, field) in texts, (e.key, field)
-    assert set(ENGINES_BY_KEY) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
+    assert {e.key: e.engine for e in engines.ENGINES} == {"vllm-speculators": "vllm", "vllm-hf": "vllm",
+                                                          "sglang": "sglang", "zlab": "zlab"}
+    # one text per kind: the README table (tested above to be current) then pins every rule of every row,
+    # shared ones (vLLM's two paths) included
+    for field, texts in engines.RULE_TEXT.items():
+        assert len(set(texts.values())) == len(texts), f"two kinds of {field} have the same text"
 
 
 def test_a_mistyped_rule_kind_is_refused():

@@ -193,24 +193,25 @@ def kinds_of(name: str) -> tuple:
     return get_args(kind) if get_origin(kind) is Literal else tuple(kind)
 
 
+# What vLLM 0.33 does whichever format it reads: its two reading paths differ only in how they read a config.
+_VLLM: dict[str, Any] = dict(
+    engine="vllm", version="0.33.0", ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM,
+    window_semantics=WindowSemantics.PER_QUERY, window_missing=WindowMissing.REFUSE, vocab=Vocab.OWN_LM_HEAD_D2T,
+    fc_width=FcWidth.TARGET_HIDDEN_SIZE, mask=Mask.REQUIRED, mask_embedding=MaskEmbedding.USED,
+    dspark=DSpark.V2_RUNNER_VANILLA)
+
 ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
-        key="vllm-speculators", engine="vllm", title="vLLM (speculators format)", version="0.33.0",
+        key="vllm-speculators", title="vLLM (speculators format)", **_VLLM,
         reads="speculators", layer_ids=LayerIds.AUX_MINUS_ONE, ids_missing=IdsMissing.REFUSE,
-        ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM, causality=Causality.SPECULATORS_GLOBAL,
-        layer_types=LayerTypes.EXPLICIT, window=Window.RAW, window_semantics=WindowSemantics.PER_QUERY,
-        window_missing=WindowMissing.REFUSE, block_size=BlockSize.SPECULATIVE_TOKENS, vocab=Vocab.OWN_LM_HEAD_D2T,
-        fc_width=FcWidth.TARGET_HIDDEN_SIZE, mixed=Mixed.INEXPRESSIBLE, mask=Mask.REQUIRED,
-        mask_embedding=MaskEmbedding.USED, verifier=Verifier.HUB_REPO_ID, dspark=DSpark.V2_RUNNER_VANILLA),
+        causality=Causality.SPECULATORS_GLOBAL, layer_types=LayerTypes.EXPLICIT, window=Window.RAW,
+        block_size=BlockSize.SPECULATIVE_TOKENS, mixed=Mixed.INEXPRESSIBLE, verifier=Verifier.HUB_REPO_ID),
     EngineRules(
-        key="vllm-hf", engine="vllm", title="vLLM (HF format)", version="0.33.0",
+        key="vllm-hf", title="vLLM (HF format)", **_VLLM,
         reads="hf", layer_ids=LayerIds.EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.MODEL_DEFAULT,
-        ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM,
         causality=Causality.IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING, layer_types=LayerTypes.QWEN3,
-        window=Window.SWA_WINDOW_SIZE_OR_QWEN3, window_semantics=WindowSemantics.PER_QUERY,
-        window_missing=WindowMissing.REFUSE, block_size=BlockSize.SERVING_FLAG, vocab=Vocab.OWN_LM_HEAD_D2T,
-        fc_width=FcWidth.TARGET_HIDDEN_SIZE, mixed=Mixed.V2_RUNNER, mask=Mask.REQUIRED,
-        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG, dspark=DSpark.V2_RUNNER_VANILLA),
+        window=Window.SWA_WINDOW_SIZE_OR_QWEN3, block_size=BlockSize.SERVING_FLAG, mixed=Mixed.V2_RUNNER,
+        verifier=Verifier.SERVING_FLAG),
     EngineRules(
         key="sglang", engine="sglang", title="SGLang", version="0.5.23",
         reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.DERIVE,
