@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from factories import read_config
 
-from dflash_convert.format import engine_views, engines, mapping
+from dflash_convert.format import engine_reading, engine_views, engines, mapping
 from dflash_convert.format.engine_views import engine_view
 from dflash_convert.format.engines import ENGINES_BY_KEY
 
@@ -373,7 +373,8 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
 
 def test_a_mistyped_rule_kind_is_refused():
     """A rule kind outside its field's enum fails when the row is built (the table at import), instead of
-    reading configs through whatever branch a misspelled string would have fallen into."""
+    reading configs through whatever branch a misspelled string would have fallen into; a kind without its
+    README text (engines.py) or its reader (engine_reading.py) fails those modules' import checks."""
     import dataclasses
 
     row = ENGINES_BY_KEY["sglang"]
@@ -385,6 +386,9 @@ def test_a_mistyped_rule_kind_is_refused():
     text = {**engines.RULE_TEXT, "mixed": {k: v for k, v in engines.RULE_TEXT["mixed"].items() if k != "supported"}}
     with pytest.raises(ValueError, match="RULE_TEXT\\['mixed'\\] and the kinds of mixed differ: \\['supported'\\]"):
         engines._check_tables(text)
+    readers = {**engine_reading.READERS, "window": {k: f for k, f in engine_reading.READ_WINDOW.items() if k != "raw"}}
+    with pytest.raises(ValueError, match="the readers\\['window'\\] and the kinds of window differ: \\['raw'\\]"):
+        engine_reading._check_readers(readers)
 
 
 def test_vllm_hf_reads_eagle_aux_ids_first():
