@@ -109,6 +109,19 @@ def trained_view(spec: DraftSpec) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- one engine's view of a draft
 
+# what vLLM's V1 model runner (the only one without Triton, so the CPU build's) says when it refuses a draft kind
+VLLM_V1_DSPARK = "Model Runner V1 does not support: dspark speculative decoding"
+VLLM_V1_CANDIDATE = "Model Runner V1 does not support: DFlash candidate-head drafts"
+
+
+def _v2_runner_only(trained: str, refusal: str) -> Divergence:
+    """vLLM serves this kind of draft with its V2 model runner only."""
+    return Divergence(field="architectures", severity="warning", trained=trained, applied="V2 model runner only",
+                      consequence="vLLM's V1 model runner (the only one without Triton, so the CPU build's) "
+                                  f"refuses it: '{refusal}'",
+                      fix="serve it where the V2 model runner runs (a GPU build: VLLM_USE_V2_MODEL_RUNNER=1)")
+
+
 def _fix_format(rules: EngineRules) -> str:
     return "convert --to hf" if rules.reads == "hf" else "convert --to speculators"
 
@@ -254,12 +267,7 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
                               consequence="vLLM's V1 model runner refuses drafts mixing sliding and full layers",
                               fix="run vLLM with VLLM_USE_V2_MODEL_RUNNER=1 (the default where Triton is present)"))
     if spec.variant == "dflash2" and rules.engine == "vllm":
-        div.append(Divergence(field="architectures", severity="warning", trained="DFlash2 candidate head",
-                              applied="V2 model runner only",
-                              consequence="vLLM's V1 model runner (the only one without Triton, so the CPU build's) "
-                                          "refuses it: 'Model Runner V1 does not support: DFlash candidate-head "
-                                          "drafts'",
-                              fix="serve it where the V2 model runner runs (a GPU build: VLLM_USE_V2_MODEL_RUNNER=1)"))
+        div.append(_v2_runner_only("DFlash2 candidate head", VLLM_V1_CANDIDATE))
 
 
 def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
@@ -347,10 +355,6 @@ def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Con
                                       "--speculative-config)"))
 
 
-VLLM_V1_DSPARK = "Model Runner V1 does not support: dspark speculative decoding"
-VLLM_V1_CANDIDATE = "Model Runner V1 does not support: DFlash candidate-head drafts"
-
-
 def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dict[str, Any]) -> None:
     """What the engine serves of a DSpark draft: its runner, Markov head, confidence head and anchor slot."""
     div, f = view.divergences, spec.variant_fields
@@ -371,11 +375,7 @@ def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dic
                                           "anchor): every slot predicts another position than trained",
                               fix="write sample_from_anchor explicitly (convert does)"))
     if rules.dspark == DSpark.V2_RUNNER_VANILLA:
-        div.append(Divergence(field="architectures", severity="warning", trained="DSpark",
-                              applied="V2 model runner only",
-                              consequence="vLLM's V1 model runner (the only one without Triton, so the CPU build's) "
-                                          f"refuses it: '{VLLM_V1_DSPARK}'",
-                              fix="serve it where the V2 model runner runs (a GPU build: VLLM_USE_V2_MODEL_RUNNER=1)"))
+        div.append(_v2_runner_only("DSpark", VLLM_V1_DSPARK))
         if rules.reads == "hf" and raw.get("markov_rank") is None:
             view.loads = False
             div.append(Divergence(field="markov_rank", severity="error", trained=f.get("markov_rank"), applied=None,
