@@ -152,6 +152,8 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
     _view_target_layer_ids(view, rules, spec, r, num_target_layers)
     _view_fc_width(view, rules, spec, r, fc_shape)
     _view_attention(view, rules, spec, r)
+    _view_causality(view, rules, spec, r)
+    _view_v2_runner(view, rules, spec, r)
     _view_block_size(view, rules, spec, r)
     _view_vocab(view, rules, spec, r, set(tensors))
     _view_mask_token(view, rules, spec, r)
@@ -215,11 +217,10 @@ def _view_fc_width(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Con
 
 
 def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
-    """Per-layer attention type, sliding window (size and semantics) and block causality."""
+    """Per-layer attention type and sliding window (size and semantics)."""
     div = view.divergences
-    n = spec.num_layers
-    types, window, causal = r.layer_types, r.window, r.causal
-    view.layer_types, view.layer_causal, view.causal_source = types, causal, r.causal_source
+    types, window = r.layer_types, r.window
+    view.layer_types = types
     sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if sliding:
         view.sliding_window = window
@@ -245,6 +246,12 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
                                           "j+1 fewer context positions than in training (acceptance may drop on "
                                           "long contexts)",
                               fix="none in the config: measure it with validate --engine on long prompts"))
+
+
+def _view_causality(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
+    """Per-layer block causality."""
+    n, causal = spec.num_layers, r.causal
+    view.layer_causal, view.causal_source = causal, r.causal_source
     if len(causal) == n and causal != list(spec.layer_causal):
         wrong = [i for i in range(n) if causal[i] != spec.layer_causal[i]]
         mode = lambda c: "causal" if c else "non-causal"  # noqa: E731
@@ -256,11 +263,17 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
             fix = f"set top-level is_causal: {str(spec.layer_causal[0]).lower()} (convert writes it)"
         else:
             fix = "drop is_causal / dflash_config.causal so the per-layer default applies (convert does)"
-        div.append(Divergence(field="layer_causal", severity="error", trained=spec.layer_causal, applied=causal,
-                              consequence="layers " + ", ".join(f"{i} ({mode(spec.layer_causal[i])} -> "
-                                                                 f"{mode(causal[i])})" for i in wrong)
-                              + " attend the block unlike in training: acceptance collapses",
-                              fix=fix))
+        view.divergences.append(Divergence(
+            field="layer_causal", severity="error", trained=spec.layer_causal, applied=causal,
+            consequence="layers " + ", ".join(f"{i} ({mode(spec.layer_causal[i])} -> {mode(causal[i])})" for i in wrong)
+            + " attend the block unlike in training: acceptance collapses",
+            fix=fix))
+
+
+def _view_v2_runner(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
+    """Drafts vLLM serves with its V2 model runner only: mixed sliding + full layers, dflash2."""
+    div, types = view.divergences, r.layer_types
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if sliding and len(sliding) < len(types) and rules.mixed == Mixed.V2_RUNNER:
         div.append(Divergence(field="layer_types", severity="warning", trained="mixed sliding + full",
                               applied="V2 model runner only",
