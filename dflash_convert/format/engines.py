@@ -231,7 +231,7 @@ ENGINES: tuple[EngineRules, ...] = (
 )
 ENGINES_BY_KEY = {e.key: e for e in ENGINES}
 
-# What each rule kind means, in one short cell (README table) -- the interpreter below acts on the kinds.
+# What each rule kind means, in one short cell (README table); engine_reading.py and engine_views.py act on the kinds.
 RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
     "reads": {"speculators": "speculators", "hf": "HF / z-lab"},
     "layer_ids": {
