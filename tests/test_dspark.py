@@ -189,7 +189,7 @@ def test_inspect_says_which_engine_serves_which_dspark(cli, family_drafts):
 
 
 def test_the_line_validate_gives_for_vllm_on_cpu(family_drafts):
-    from dflash_convert.format.engines import vllm_cannot_serve_here
+    from dflash_convert.format.engine_views import vllm_cannot_serve_here
     from dflash_convert.io.checkpoint import open_checkpoint
 
     line = vllm_cannot_serve_here(open_checkpoint(family_drafts["dspark"]).spec)

@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 from factories import read_config
 
-from dflash_convert.format import engines, mapping
-from dflash_convert.format.engines import ENGINES_BY_KEY, engine_view
+from dflash_convert.format import engine_reading, engine_views, engines, mapping
+from dflash_convert.format.engine_views import engine_view
+from dflash_convert.format.engines import ENGINES_BY_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = json.loads((ROOT / "tests" / "fixtures" / "speculators-0.9.0-tiny-config.json").read_text())
 
 
-def views(raw: dict, tensors=(), fc_shape=None, trained: dict | None = None) -> dict[str, engines.EngineView]:
+def views(raw: dict, tensors=(), fc_shape=None, trained: dict | None = None) -> dict[str, engine_views.EngineView]:
     """Every engine row that reads this config's format, on this config (the trained semantics from
     `trained` when given: for configs our own parser refuses, but an engine would still read)."""
     spec = mapping.spec_from_config(trained or raw)
@@ -244,7 +245,7 @@ def test_outputs_are_read_as_trained_in_both_directions(cli, speculators_drafts,
     assert cli("convert", hf, "-o", back, "--verifier", tiny_target).code == 0
     for path in (hf, back):
         ckpt = open_checkpoint(path)
-        for view in engines.checkpoint_views(ckpt):
+        for view in engine_views.checkpoint_views(ckpt):
             if view.via_conversion:
                 continue
             assert errors(view) == INHERENT.get((name, view.engine), set()), (path.name, view.engine, view.divergences)
@@ -362,12 +363,18 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
     for e in engines.ENGINES:
         for field, texts in engines.RULE_TEXT.items():
             assert getattr(e, field) in texts, (e.key, field)
-    assert set(ENGINES_BY_KEY) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
+    assert {e.key: e.engine for e in engines.ENGINES} == {"vllm-speculators": "vllm", "vllm-hf": "vllm",
+                                                          "sglang": "sglang", "zlab": "zlab"}
+    # one text per kind: the README table (tested above to be current) then pins every rule of every row,
+    # shared ones (vLLM's two paths) included
+    for field, texts in engines.RULE_TEXT.items():
+        assert len(set(texts.values())) == len(texts), f"two kinds of {field} have the same text"
 
 
 def test_a_mistyped_rule_kind_is_refused():
     """A rule kind outside its field's enum fails when the row is built (the table at import), instead of
-    reading configs through whatever branch a misspelled string would have fallen into."""
+    reading configs through whatever branch a misspelled string would have fallen into; a kind without its
+    README text (engines.py) or its reader (engine_reading.py) fails those modules' import checks."""
     import dataclasses
 
     row = ENGINES_BY_KEY["sglang"]
@@ -379,6 +386,9 @@ def test_a_mistyped_rule_kind_is_refused():
     text = {**engines.RULE_TEXT, "mixed": {k: v for k, v in engines.RULE_TEXT["mixed"].items() if k != "supported"}}
     with pytest.raises(ValueError, match="RULE_TEXT\\['mixed'\\] and the kinds of mixed differ: \\['supported'\\]"):
         engines._check_tables(text)
+    readers = {**engine_reading.READERS, "window": {k: f for k, f in engine_reading.READ_WINDOW.items() if k != "raw"}}
+    with pytest.raises(ValueError, match="the readers\\['window'\\] and the kinds of window differ: \\['raw'\\]"):
+        engine_reading._check_readers(readers)
 
 
 def test_vllm_hf_reads_eagle_aux_ids_first():
@@ -395,7 +405,7 @@ def test_mask_embedding_file_is_used_by_vllm_and_sglang_only(cli, speculators_dr
     hf = tmp_path / "hf"
     assert cli("convert", speculators_drafts["full"], "-o", hf).code == 0
     (hf / engines.MASK_EMBEDDING_FILE).write_bytes(b"not read: only its presence matters here")
-    by = {v.engine: v for v in engines.checkpoint_views(open_checkpoint(hf))}
+    by = {v.engine: v for v in engine_views.checkpoint_views(open_checkpoint(hf))}
     assert "mask_embedding" in errors(by["zlab"])
     assert "mask_embedding" not in errors(by["sglang"]) | errors(by["vllm-hf"])
     assert "mask_embedding" not in errors(by["vllm-speculators"])  # via conversion: convert carries the file

@@ -1,7 +1,7 @@
 """Compare two checkpoints, also across formats: what engines would run, field by field and tensor by tensor.
 
 Configs are compared as DraftSpecs (so aux ids and target ids, or `sliding_window_non_causal`
-and `dflash_config.causal`, compare by meaning), through `engines.trained_view`. Config keys that
+and `dflash_config.causal`, compare by meaning), through `engine_views.trained_view`. Config keys that
 no engine reads (`auto_map`, version stamps, ...) and engines that would serve one side unlike its
 training but not the other are reported as informational: they do not make two drafts different. Tensors are compared by canonical name; byte-equal
 tensors are settled without torch, others get a max absolute difference. Tensors that a conversion
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from dflash_convert.format import catalogue, engines, mapping
+from dflash_convert.format import catalogue, engine_views, engines, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint, read_companion
 from dflash_convert.format.configs import ConfigChange, Format
 from dflash_convert.errors import UsageError
@@ -160,7 +160,7 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
         raise UsageError(f"--tolerance must be a finite number >= 0, got {tolerance}")
     ca, cb = open_checkpoint(a, allow_pickle=allow_pickle), open_checkpoint(b, allow_pickle=allow_pickle)
     result = DiffReport(a=str(a), b=str(b), format_a=ca.format, format_b=cb.format, tolerance=tolerance)
-    va, vb = engines.trained_view(ca.spec), engines.trained_view(cb.spec)
+    va, vb = engine_views.trained_view(ca.spec), engine_views.trained_view(cb.spec)
     for key in {**va, **vb}:  # both sides' keys: a family key only one side has is a difference too
         x, y = va.get(key), vb.get(key)
         if x != y and not (key in OPTIONAL_FIELDS and (x is None or y is None)):
@@ -169,7 +169,7 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
                                                                              cb.raw_config, cb.format)
                             if not engines.engine_reads(c["key"])]
     for name in engines.ENGINE_NAMES:
-        view_a, view_b = engines.serving_view(ca, name), engines.serving_view(cb, name)
+        view_a, view_b = engine_views.serving_view(ca, name), engine_views.serving_view(cb, name)
         if view_a.as_trained != view_b.as_trained:
             result.engines[name] = EngineServing(
                 a=view_a.as_trained, b=view_b.as_trained, a_engine=view_a.engine, b_engine=view_b.engine,

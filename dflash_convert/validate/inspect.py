@@ -3,7 +3,7 @@
 Reads config.json and safetensors headers; imports torch only for `scan=True` (NaN/Inf and
 degenerate-value checks), so it answers in a fraction of a second even for an 8B-sized draft.
 The report is `InspectReport` (schema: `schemas/inspect-report.schema.json`); the per-engine
-part comes from `engines.checkpoint_views`, the same reading rules `validate --engine` and
+part comes from `engine_views.checkpoint_views`, the same reading rules `validate --engine` and
 `diff` use.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from dflash_convert.format import catalogue, engines, mapping
+from dflash_convert.format import catalogue, engine_views, mapping
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.validate.checks import Check
 from dflash_convert.format.configs import Format, LayerType, Variant
 from dflash_convert.format.dtypes import DTYPES
-from dflash_convert.format.engines import EngineView
+from dflash_convert.format.engine_views import EngineView
 
 
 class TensorRow(BaseModel):
@@ -104,10 +104,10 @@ class InspectReport(BaseModel):
             if quiet and view.as_trained:
                 continue
             via = f" (as converted by `convert --to {view.reads}`)" if view.via_conversion else ""
-            state = engines.view_state(view)
+            state = engine_views.view_state(view)
             console.print(f"{view.title} {view.version}{via}: {state}", markup=False)
             if not view.as_trained or len(self.engines) == 1:
-                for line in engines.render_view(view)[1:2]:
+                for line in engine_views.render_view(view)[1:2]:
                     console.print(line, markup=False)
             for d in view.divergences:
                 if d.severity == "error":
@@ -192,7 +192,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         dtype=float_dtypes[0] if len(float_dtypes) == 1 else float_dtypes,
         parameters=params,
         files=[f.name for f in ckpt.input_files],
-        engines=engines.checkpoint_views(ckpt, engine),
+        engines=engine_views.checkpoint_views(ckpt, engine),
         tensors=tensors,
         checks=checks,
         problems=[c for c in checks if c.status in ("fail", "warn")],

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from dflash_convert import __version__
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, engines, mapping
+from dflash_convert.format import catalogue, engine_views, engines, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
@@ -72,7 +72,7 @@ class Run:
     target_config: Path | None = None
     target_has_weights: bool = False
     info: mapping.TargetInfo | None = None
-    view: Any = None  # engines.EngineView under --engine
+    view: Any = None  # engine_views.EngineView under --engine
     draft_options: dict[str, Any] = field(default_factory=dict)  # how load_draft runs the draft as served
     mask_check: Check | None = None
     prompt_ids: list[list[int]] | None = None
@@ -187,8 +187,9 @@ def _prepare(run: Run) -> None:
         run.target_dir, run.target_config, run.target_has_weights = _target_paths(opts.target)
         run.info = mapping.target_info(read_json(run.target_config), _target_name(opts), file=str(run.target_config))
     if opts.engine is not None:
-        run.view = engines.serving_view(run.ckpt, opts.engine, num_target_layers=run.info.num_layers if run.info else None)
-        run.ckpt = engines.applied_checkpoint(run.ckpt, run.view)
+        run.view = engine_views.serving_view(run.ckpt, opts.engine,
+                                             num_target_layers=run.info.num_layers if run.info else None)
+        run.ckpt = engine_views.applied_checkpoint(run.ckpt, run.view)
     rule = engines.ENGINES_BY_KEY[run.view.engine] if run.view is not None else None
     per_query = run.view is not None and run.view.window_semantics == engines.WindowSemantics.PER_QUERY
     run.draft_options = {"window_per_query": per_query}
@@ -391,7 +392,7 @@ def _served_level(run: Run) -> None:
             "another target-only output in vLLM 0.32 CPU than here, cause unknown)")))
         return
     python = served.engine_python(opts.engine_python)
-    refused = engines.vllm_cannot_serve_here(spec)
+    refused = engine_views.vllm_cannot_serve_here(spec)
     if refused is not None and not _has_cuda():
         # no GPU here, so vLLM runs its CPU build (V1 model runner only): say why, keep the emulation's verdict
         run.skipped["served"] = refused
