@@ -127,9 +127,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     tokens = [anchor]
     start = prompt.numel()
     if draft is not None:
-        draft.add_context(features, 0)
-        if draft_window is not None:
-            draft.keep_last_context(draft_window)
+        _add_context(draft, features, 0, draft_window)
     prefill_time = _now(device) - t0
 
     while len(tokens) < max_new_tokens and anchor not in stop:
@@ -141,15 +139,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         draft_probs = None
         if draft is not None and n_prop > 0:
             t = _now(device)
-            # dflash2 and dspark sample slot by slot in their walks (each slot after the previous pick)
-            walk = probabilistic and (draft.selector is not None or draft.markov is not None)
-            sampled = dict(temperature=temperature, generator=generator) if walk else {}
-            proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
-                                                    block_size=size, draft_window=draft_window, **sampled)  # [P]
-            if probabilistic:  # the block sampled at the request's temperature; accept_block reuses the probs
-                draft_probs = torch.softmax(draft_logits / temperature, dim=-1).to(logits.device)  # [P, V]
-                if not walk:
-                    proposals = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
+            proposals, draft_probs = _propose(draft, target, anchor, start, size, draft_window,
+                                              temperature if probabilistic else 0.0, generator)
             block = torch.cat([block, proposals.to(device)])
             if getattr(draft, "last_confidence", None) is not None:
                 survival_per_step.append(draft.last_confidence.double().cumprod(0).tolist())
@@ -165,19 +156,14 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
             accepted_per_step.append(accepted)
             drafted += n_prop
         new = new[:remaining]
-        for i, tok in enumerate(new):
-            if tok in stop:
-                new = new[:i + 1]
-                break
+        new = new[:next((i + 1 for i, tok in enumerate(new) if tok in stop), len(new))]  # through the first stop
         tokens.extend(new)
         anchor = new[-1]
         committed = start + len(new)  # the anchor and len(new)-1 accepted proposals now have target KV
         target.crop(committed)
         if draft is not None:
             t = _now(device)
-            draft.add_context(features[:len(new)], start)
-            if draft_window is not None:
-                draft.keep_last_context(draft_window)
+            _add_context(draft, features[:len(new)], start, draft_window)
             draft_time += _now(device) - t
         start = committed
 
@@ -187,6 +173,31 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
                                    verify_time_s=verify_time, total_time_s=total, drafted=drafted,
                                    survival_per_step=survival_per_step)
     return Generation(tokens=tokens, stats=stats)
+
+
+def _propose(draft: DFlashDraft, target: Target, anchor: int, start: int, size: int, draft_window: int | None,
+             temperature: float, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The draft's proposals [P] for a block of `size` at `start`, greedy or (temperature > 0: probabilistic draft
+    sampling) sampled, with the distribution they were sampled from [P, V] (None when greedy), on the generator's
+    device (where the target's logits are): accept_block's ratio reuses it."""
+    # dflash2 and dspark sample slot by slot in their walks (each slot after the previous pick)
+    walk = temperature > 0 and (draft.selector is not None or draft.markov is not None)
+    sampled = dict(temperature=temperature, generator=generator) if walk else {}
+    proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
+                                            block_size=size, draft_window=draft_window, **sampled)  # [P], [P, V]
+    if temperature <= 0:
+        return proposals, None
+    probs = torch.softmax(draft_logits / temperature, dim=-1).to(generator.device)  # [P, V]
+    if not walk:
+        proposals = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return proposals, probs
+
+
+def _add_context(draft: DFlashDraft, features: torch.Tensor, start: int, window: int | None) -> None:
+    """features [n, A*Ht] of the tokens at start.. join the draft's context (then only the last `window` stay)."""
+    draft.add_context(features, start)
+    if window is not None:
+        draft.keep_last_context(window)
 
 
 def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_new_tokens: int = 64,
