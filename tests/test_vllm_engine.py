@@ -137,7 +137,8 @@ def served(tmp_path_factory):
             drafts[name] = make(root / name)
             reports[name] = _emulate(drafts[name], prompts, block)
         target = load_target(PAIR / "target", device="cpu", dtype=torch.bfloat16)
-        greedy = [target_generate(target, p, max_new_tokens=TOKENS, sampling=Sampling(stop_token_ids=[510])).tokens for p in prompts]
+        greedy = [target_generate(target, p, max_new_tokens=TOKENS, sampling=Sampling(stop_token_ids=[510])).tokens
+                  for p in prompts]
     finally:
         torch.set_num_threads(threads)
     request = engine.EngineRequest(
