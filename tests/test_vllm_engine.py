@@ -373,11 +373,12 @@ def test_engine_python_without_vllm_is_an_error_not_a_verdict(cli, tmp_path):
     assert r.code == 1 and "No module named 'vllm'" in r.json()["error"]["message"], r.err[-2000:]
 
 
-def _engine_answer(per_pos: list[int], *, num: int = 100, spec=None, base=None) -> dict:
+def _engine_answer(per_pos: list[int], *, num: int = 100, spec=None, base=None, top=None) -> dict:
     outputs = [[1, 2, 3], [4, 5]]
     run = {"num_drafts": num, "num_draft_tokens": num * len(per_pos), "num_accepted_tokens": sum(per_pos),
-           "num_accepted_tokens_per_pos": per_pos, "outputs": spec or outputs}
-    return {"vllm_version": "0.32.0", "drafts": [run], "target_only": {"outputs": base or outputs}}
+           "num_accepted_tokens_per_pos": per_pos, "outputs": spec or outputs, "engine_config": {"dtype": "bfloat16"}}
+    target_only = {"outputs": base or outputs} | ({"top_logits": top} if top is not None else {})
+    return {"vllm_version": "0.32.0", "drafts": [run], "target_only": target_only}
 
 
 def _emulated(per_pos: list[int], num: int = 100):
@@ -430,6 +431,61 @@ def test_engine_outputs_that_differ_fail_naming_the_prompt(spec, base, ours, say
     equal = next(c for c in checks if c.name == "engine_outputs_equal")
     assert equal.status == "fail" and says in equal.message and "(1/2 prompts equal)" in equal.message
     assert stats.outputs_equal == 1
+
+
+def _top(second: dict[str, float]) -> list:
+    """vLLM's target-only top logits for the two prompts [[1, 2, 3], [4, 5]]; prompt 2's second token: `second`."""
+    return [[{"1": 20.0}, {"2": 20.0}, {"3": 20.0}], [{"4": 24.0}, second]]
+
+
+@pytest.mark.parametrize("spec, ours, second, passes, says", [
+    # vLLM took 5 at 24.23, our greedy took 7 at 24.125 (one bf16 ulp at 24 is 0.125): a near-tie
+    (None, [[1, 2, 3], [4, 7]], {"5": 24.23, "7": 24.125}, True, "token 2: vLLM's target-only run took 5, our "
+     "target 7, a near-tie (logits 24.23 and 24.12, within 2 bfloat16 ulps = 0.25)"),
+    ([[1, 2, 3], [4, 7]], None, {"5": 24.23, "7": 24.125}, True, "vLLM's speculative run 7, a near-tie"),
+    # 0.3 apart: more than 2 ulps, so a real difference, named with both logits
+    (None, [[1, 2, 3], [4, 7]], {"5": 24.43, "7": 24.125}, False, "prompt 2: vLLM's target-only output is not our "
+     "target's greedy output (token 2: vLLM's target-only run took 5, our target 7 (logits 24.43 and 24.12: not a "
+     "near-tie))"),
+    # the other token is not among vLLM's top candidates at all
+    (None, [[1, 2, 3], [4, 7]], {"5": 24.23}, False, "(token 2: vLLM's target-only run took 5, our target 7)"),
+])
+def test_greedy_outputs_may_part_only_at_a_near_tie(spec, ours, second, passes, says):
+    """Outputs that part where the token not taken is within 2 ulps (of the served dtype) of vLLM's pick, by
+    vLLM's processed logits, are numerics: the check passes, naming where; anything further apart fails."""
+    from dflash_convert.validate.served import served_checks
+
+    checks, stats = served_checks(_engine_answer([90, 80, 70], spec=spec, top=_top(second)),
+                                  ours or [[1, 2, 3], [4, 5]], _emulated([90, 80, 70]), block=4, engine_args={},
+                                  python="py", min_acceptance_length=None, min_position_rates=None)
+    equal = next(c for c in checks if c.name == "engine_outputs_equal")
+    assert (equal.status == "pass") is passes and says in equal.message, equal.message
+    assert stats.outputs_equal == 1 and equal.value == "1/2"
+
+
+def test_tie_tolerance_is_two_ulps_of_the_served_dtype():
+    from dflash_convert.validate.served import tie_tolerance
+
+    assert tie_tolerance(24.23, "bfloat16") == 0.25 and tie_tolerance(-24.23, "bfloat16") == 0.25
+    assert tie_tolerance(1.5, "float16") == 2 * 2.0 ** -10 and tie_tolerance(100.0, "float32") == 2 * 2.0 ** -17
+
+
+@needs_vllm
+def test_cli_compares_penalized_runs_with_vllm(cli):
+    """A repetition penalty goes to vLLM and the comparison runs: equal outputs, or outputs parting at a
+    near-tie the message names (with 1.3 on the bundled pair in bf16: 3 of 16 prompts on vLLM 0.32 CPU here),
+    and the counts within the greedy tolerance."""
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", PAIR / "prompts.txt",
+            "--sampling", "greedy", "--repetition-penalty", "1.3", "--engine", "vllm", "--engine-python", VLLM_PYTHON,
+            "--engine-args", json.dumps({"enforce_eager": True, "max_model_len": 384, "dtype": "bfloat16"}),
+            "--levels", "static,end_to_end", "--json")
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["engine_outputs_equal"]["status"] == checks["engine_acceptance_agrees"]["status"] == "pass"
+    run = report["engine_run"]
+    assert run["sampling"] == {"temperature": 0.0, "repetition_penalty": 1.3}
+    assert run["outputs_equal"] == 16 or "near-tie" in checks["engine_outputs_equal"]["message"]
 
 
 # ----------------------------------------------------------------------------- sampled runs, parallel layouts

@@ -50,7 +50,7 @@ from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prompts import (chat_template, load_tokenizer, pending_turn, read_prompts,
                                              tokenize_prompts)
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
-from dflash_convert.validate.sampling import (PENALTY_FIELDS, generation_config, resolve_sampling, runtime_sampling,
+from dflash_convert.validate.sampling import (generation_config, resolve_sampling, runtime_sampling,
                                               stop_token_ids)
 
 TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
@@ -382,15 +382,6 @@ def _served_level(run: Run) -> None:
     """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py)."""
     opts, spec = run.opts, run.ckpt.spec
     block = run.stats.block_size
-    if runtime_sampling(run.sampling).penalties.active:
-        # The driver can pass them (served.engine_sampling), but with repetition_penalty 1.3 on the bundled pair
-        # vLLM 0.32 CPU's own target-only greedy output differed from ours on 1 of 4 prompts (presence and
-        # frequency agreed) and nobody has found why yet: no comparison rather than a verdict that may be false.
-        run.checks.append(Check(name="engine_outputs_equal", status="skip", level="end_to_end", message=(
-            "the run applies penalties (" + ", ".join(f"{k} {getattr(run.sampling, k):g}" for k in PENALTY_FIELDS)
-            + "); vLLM's penalized runs are not compared with the emulation yet (a repetition penalty gave "
-            "another target-only output in vLLM 0.32 CPU than here, cause unknown)")))
-        return
     python = served.engine_python(opts.engine_python)
     refused = engine_views.vllm_cannot_serve_here(spec)
     if refused is not None and not _has_cuda():

@@ -11,6 +11,8 @@ One JSON request on stdin:
 One JSON object on the original stdout (everything else the engine prints goes to stderr):
 
     {"vllm_version": V, "drafts": [RUN or ERROR, ...], "target_only": RUN}    (no target_only when sampled)
+    target_only also has "top_logits": per prompt, per generated token, {token id: logit} of the
+    TIE_CANDIDATES largest processed logits (after penalties), by which the caller tells a near-tie
     RUN = {"outputs": [[ids]], "engine_config": {...}, "num_drafts": ..., "num_draft_tokens": ..., "num_accepted_tokens": ...,
            "num_accepted_tokens_per_pos": [...]}          ERROR = {"error": MESSAGE, "cannot_run": bool}
 
@@ -44,6 +46,7 @@ COUNTERS = {  # vLLM's spec-decode counters -> our names
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+TIE_CANDIDATES = 5  # processed logits per step a greedy target-only run reports (vLLM's logprobs=N)
 
 
 def counters(llm) -> dict:
@@ -78,6 +81,9 @@ def generate(request: dict, draft: dict | None) -> dict:
     if no_triton_hybrid(request):  # prefix caching puts linear-attention state in vLLM's "align" mode: Triton only
         kwargs["enable_prefix_caching"] = False
     kwargs.update(request.get("engine_args") or {})
+    ties = draft is None and not sampled(request)
+    if ties:  # logprobs as the logits the sampler picked from (penalties applied); the tokens do not change
+        kwargs["logprobs_mode"] = "processed_logits"
     if draft is not None:
         kwargs["speculative_config"] = {"method": "dflash", "model": draft["draft"],
                                         "num_speculative_tokens": draft["num_speculative_tokens"]}
@@ -90,9 +96,12 @@ def generate(request: dict, draft: dict | None) -> dict:
     if sampled(request):  # one generator per request, as a deployment seeding its requests
         params = [SamplingParams(**sampling, seed=seed + i, **common) for i in range(len(request["prompts"]))]
     else:  # greedy, with the run's penalties when it has any
-        params = SamplingParams(**{**sampling, "temperature": 0.0}, **common)
+        params = SamplingParams(**{**sampling, "temperature": 0.0}, **common, logprobs=TIE_CANDIDATES if ties else None)
     results = llm.generate([{"prompt_token_ids": p} for p in request["prompts"]], params, use_tqdm=False)
     run = {"outputs": [list(r.outputs[0].token_ids) for r in results], "engine_config": engine_config(llm)}
+    if ties:
+        run["top_logits"] = [[{str(t): float(lp.logprob) for t, lp in step.items()} for step in r.outputs[0].logprobs]
+                             for r in results]
     if draft is not None:
         run.update(since(before, counters(llm)))
     core = getattr(llm.llm_engine, "engine_core", None)
