@@ -316,20 +316,20 @@ def test_a_long_retry_after_is_shortened_to_the_cap(asked, obeyed, monkeypatch, 
     from huggingface_hub import errors
     from huggingface_hub.utils import httpx as http
 
-    from dflash_convert.hub import client
+    from dflash_convert.hub import transport
 
-    monkeypatch.setenv(client.PATIENCE_VARIABLE, "1000")
-    client._watch.start()
+    monkeypatch.setenv(transport.PATIENCE_VARIABLE, "1000")
+    transport._watch.start()
     url = "https://hub.test/api/models/org/d/revision/main"
     response = http.Response(429, headers={"Retry-After": asked}, request=http.Request("GET", url))
-    client._on_response(response)
+    transport._on_response(response)
     assert float(response.headers["Retry-After"]) == obeyed
     err = capsys.readouterr().err
     assert f"retrying in {obeyed:g} s" in err
     assert ("capped at 60 s" in err) == (float(asked) > 60)
     exc = errors.HfHubHTTPError("slow down", response=response)
     response.headers["Retry-After"] = asked  # as sent, before any rewriting
-    assert client._retry_delay(exc, backoff=2.0) == obeyed + 1
+    assert transport._retry_delay(exc, backoff=2.0) == obeyed + 1
 
 
 @pytest.mark.parametrize("ratelimit, retry_after, obeyed", [
@@ -344,14 +344,14 @@ def test_a_ratelimit_reset_is_the_wait_and_is_capped(ratelimit, retry_after, obe
     from huggingface_hub import errors
     from huggingface_hub.utils import httpx as http
 
-    from dflash_convert.hub import client
+    from dflash_convert.hub import transport
 
-    monkeypatch.setenv(client.PATIENCE_VARIABLE, "1000")
-    client._watch.start()
+    monkeypatch.setenv(transport.PATIENCE_VARIABLE, "1000")
+    transport._watch.start()
     url = "https://hub.test/api/models/org/d/revision/main"
     headers = {"RateLimit": ratelimit, **({"Retry-After": retry_after} if retry_after else {})}
     response = http.Response(429, headers=headers, request=http.Request("GET", url))
-    client._on_response(response)
+    transport._on_response(response)
     err = capsys.readouterr().err
     assert f"retrying in {obeyed:g} s" in err
     t = int(ratelimit.rpartition("t=")[2])
@@ -360,7 +360,7 @@ def test_a_ratelimit_reset_is_the_wait_and_is_capped(ratelimit, retry_after, obe
         assert f"RateLimit reset: {t} s" in err and ("capped at 60 s" in err) == (t > 60)
     exc = errors.HfHubHTTPError("slow down", response=response)
     response.headers.update(headers)  # as sent, before any rewriting
-    assert client._retry_delay(exc, backoff=2.0) == obeyed + 1
+    assert transport._retry_delay(exc, backoff=2.0) == obeyed + 1
 
 
 @pytest.mark.parametrize("revision", ["a/", "main/", "refs/pr/1/", "/a", "a//b", "a/./b", "a/../b", "a.lock",

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from dflash_convert.errors import DFlashError, UsageError
-from dflash_convert.hub.client import hub_api, hub_call, say, unsafe_repo_path
+from dflash_convert.hub.client import unsafe_repo_path
 from dflash_convert.hub.tokens import hub_token
+from dflash_convert.hub.transport import hub_api, hub_call, say
 from dflash_convert.io.reading import read_bounded
 
 MAX_DATASET_FILE_BYTES = 256 << 20  # benchmark splits are a few MB
