@@ -16,7 +16,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.hub.tokens import end_open_line, redact
@@ -58,72 +58,93 @@ def _connection_error_class() -> type | tuple:
     return next((c for c in HfHubHTTPError.__mro__[1:] if c.__name__ == "HTTPError"), ())
 
 
+# What the client raised -> the one line a user reads: the first row that holds gives the message.
+# when: error classes of huggingface_hub.errors (by name), "connection" (the HTTP library's base error: a
+# connection refused, reset or timed out), "OSError", "Exception", or the status of the Hub's HTTP answer
+# ("any status": one no row above names). only: a further condition (`conditions` in _hub_error). The
+# message's fields: where (repo@revision), repo_id, revision, endpoint, action, what (the file of where, or
+# where), name (": 'file'" or nothing), kind (the error's class), text (its message), said and reason (the
+# Hub's error message, or nothing / "no reason given"), http ("HTTP 500 <what the Hub said>"), cause (the
+# error behind it), cache (the Hub cache's folder).
+class HubFault(NamedTuple):
+    when: str | int
+    message: str
+    only: str = ""
+    error: type[DFlashError] = DFlashError
+
+
+OFFLINE = "OfflineModeIsEnabled LocalEntryNotFoundError RevisionResolutionError"
+HUB_ERRORS = (
+    HubFault("HFValidationError", "invalid Hub repo id or revision {where!r}: {text}", error=UsageError),
+    HubFault("RevisionNotFoundError", "revision {revision!r} not found in Hub repo {repo_id} ({endpoint})"),
+    HubFault("GatedRepoError",
+             "Hub repo {repo_id} is gated: request access on its page, then pass a token with access"),
+    HubFault("RepositoryNotFoundError",
+             "Hub repo {repo_id} not found at {endpoint} (or it is private and the token has no access)"),
+    HubFault("RemoteEntryNotFoundError", "{where}: file not found on the Hub{name} ({said})"),
+    HubFault(401, "the Hub at {endpoint} rejected the token (401 Unauthorized) while trying to {action} {where}; "
+                  "check --token, HF_TOKEN or the stored token (`hf auth login`)"),
+    HubFault(403, "the token has no write access to {repo_id} (403 Forbidden) while trying to {action} {where}",
+             "pushing"),
+    HubFault(403, "the Hub at {endpoint} refused access (403 Forbidden) while trying to {action} {what}: {reason}"),
+    HubFault(412, "{where} moved while pushing (412: another commit landed first); nothing was committed, rerun "
+                  "the push"),
+    HubFault("any status", "Hub request failed while trying to {action} {what}: {http}"),
+    HubFault(OFFLINE, "{where} is not (completely) in the local cache {cache} and HF_HUB_OFFLINE=1 forbids "
+                      "downloading it", "offline"),
+    HubFault(OFFLINE, "the Hub at {endpoint} answered for {what} without the file's metadata ({cause})",
+             "no metadata"),  # an answer, but not the Hub's
+    HubFault(OFFLINE, "cannot reach the Hub at {endpoint} to {action} {what}, and it is not in the local cache "
+                      "{cache}"),
+    HubFault("connection", "could not connect to the Hub at {endpoint} to push to {where} ({text}); nothing was "
+                           "pushed", "pushing, refused"),  # refused, no route, no DNS: nothing was sent
+    HubFault("connection", "connection to the Hub at {endpoint} lost while pushing to {where} ({kind}); a Hub "
+                           "commit is all-or-nothing: rerun the push", "pushing"),
+    HubFault("connection", "cannot reach the Hub at {endpoint} to {action} {what} ({kind}: {text})"),
+    HubFault("OSError", "local I/O error while trying to {action} {where}: {text}"),
+    HubFault("Exception", "failed to {action} {where}: {kind}: {text}"),
+)
+
+
 def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str, file: str | None = None) -> DFlashError:
-    """One line naming the repo and revision (and the file, for a download) for whatever the client raised."""
+    """One line naming the repo and revision (and the file, for a download) for whatever the client raised:
+    HUB_ERRORS' first row that holds."""
     from huggingface_hub import constants, is_offline_mode
     from huggingface_hub import errors as e
 
+    exc = _underlying(exc, e)
+    response = exc.response if isinstance(exc, e.HfHubHTTPError) else None
+    status, said = getattr(response, "status_code", None), getattr(exc, "server_message", None)
     repo_id, _, revision = where.partition("@")
-    http_error = _connection_error_class()
-    # The client wraps some failures (e.g. an LFS upload giving up) in a RuntimeError: use the cause.
+    fields = dict(where=where, repo_id=repo_id, revision=revision, endpoint=endpoint, action=action,
+                  what=f"{file!r} of {where}" if file else where, name=f": {file!r}" if file else "",
+                  kind=type(exc).__name__, text=one_line(exc), said=one_line(said or ""),
+                  reason=one_line(said or "no reason given"), cause=one_line(exc.__cause__)[:200],
+                  http=f"HTTP {status} {one_line(said or getattr(response, 'reason_phrase', '') or '')}".rstrip(),
+                  cache=constants.HF_HUB_CACHE)
+    conditions = {"": True, "pushing": action == "push to", "offline": is_offline_mode(),
+                  "pushing, refused": action == "push to" and type(exc).__name__ == "ConnectError",
+                  "no metadata": isinstance(exc.__cause__, getattr(e, "FileMetadataError", ()))}
+    named = {"connection": _connection_error_class(), "OSError": OSError, "Exception": Exception}
+
+    def matches(when: str | int) -> bool:
+        if isinstance(when, int) or when == "any status":
+            return status is not None and when in (status, "any status")
+        return isinstance(exc, tuple(named[n] if n in named else getattr(e, n) for n in when.split()))
+
+    fault = next(f for f in HUB_ERRORS if matches(f.when) and conditions[f.only])  # the last row takes any
+    return fault.error(fault.message.format(**fields))
+
+
+def _underlying(exc: Exception, e) -> Exception:
+    """The client wraps some failures (e.g. an LFS upload giving up) in a RuntimeError: the failed connection
+    (or the offline refusal) in its causes, else exc."""
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, (http_error, e.OfflineModeIsEnabled)):
-            exc = cause
-            break
+        if isinstance(cause, (_connection_error_class(), e.OfflineModeIsEnabled)):
+            return cause
         cause = cause.__cause__ or cause.__context__
-    if isinstance(exc, e.HFValidationError):
-        return UsageError(f"invalid Hub repo id or revision {where!r}: {one_line(exc)}")
-    if isinstance(exc, e.RevisionNotFoundError):
-        return DFlashError(f"revision {revision!r} not found in Hub repo {repo_id} ({endpoint})")
-    if isinstance(exc, e.GatedRepoError):
-        return DFlashError(f"Hub repo {repo_id} is gated: request access on its page, then pass a token with access")
-    if isinstance(exc, e.RepositoryNotFoundError):
-        return DFlashError(f"Hub repo {repo_id} not found at {endpoint} (or it is private and the token has no access)")
-    if isinstance(exc, e.RemoteEntryNotFoundError):
-        name = f": {file!r}" if file else ""
-        return DFlashError(f"{where}: file not found on the Hub{name} ({one_line(exc.server_message or '')})")
-    if isinstance(exc, e.HfHubHTTPError) and exc.response is not None:
-        status = exc.response.status_code
-        if status == 401:
-            return DFlashError(f"the Hub at {endpoint} rejected the token (401 Unauthorized) while trying to {action} "
-                               f"{where}; check --token, HF_TOKEN or the stored token (`hf auth login`)")
-        if status == 403 and action == "push to":
-            return DFlashError(f"the token has no write access to {repo_id} (403 Forbidden) while trying to "
-                               f"{action} {where}")
-        if status == 403:
-            what = f"{file!r} of {where}" if file else where
-            return DFlashError(f"the Hub at {endpoint} refused access (403 Forbidden) while trying to {action} {what}: "
-                               f"{one_line(exc.server_message or 'no reason given')}")
-        if status == 412:
-            return DFlashError(f"{where} moved while pushing (412: another commit landed first); nothing was "
-                               "committed, rerun the push")
-        detail = one_line(exc.server_message or exc.response.reason_phrase or "")
-        what = f"{file!r} of {where}" if file else where
-        return DFlashError(f"Hub request failed while trying to {action} {what}: HTTP {status} {detail}".rstrip())
-    if isinstance(exc, (e.OfflineModeIsEnabled, e.LocalEntryNotFoundError, e.RevisionResolutionError)):
-        if is_offline_mode():
-            return DFlashError(f"{where} is not (completely) in the local cache {constants.HF_HUB_CACHE} and "
-                               "HF_HUB_OFFLINE=1 forbids downloading it")
-        what = f"{file!r} of {where}" if file else where
-        if isinstance(exc.__cause__, getattr(e, "FileMetadataError", ())):  # an answer, but not the Hub's
-            return DFlashError(f"the Hub at {endpoint} answered for {what} without the file's metadata "
-                               f"({one_line(exc.__cause__)[:200]})")
-        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {what}, and it is not in the local "
-                           f"cache {constants.HF_HUB_CACHE}")
-    if isinstance(exc, http_error):  # the connection failed: refused, reset, timed out
-        if action == "push to" and type(exc).__name__ == "ConnectError":  # refused, no route, no DNS: nothing sent
-            return DFlashError(f"could not connect to the Hub at {endpoint} to push to {where} ({one_line(exc)}); "
-                               "nothing was pushed")
-        if action == "push to":
-            return DFlashError(f"connection to the Hub at {endpoint} lost while pushing to {where} "
-                               f"({type(exc).__name__}); a Hub commit is all-or-nothing: rerun the push")
-        what = f"{file!r} of {where}" if file else where
-        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {what} ({type(exc).__name__}: "
-                           f"{one_line(exc)})")
-    if isinstance(exc, OSError):
-        return DFlashError(f"local I/O error while trying to {action} {where}: {one_line(exc)}")
-    return DFlashError(f"failed to {action} {where}: {type(exc).__name__}: {one_line(exc)}")
+    return exc
 
 
 def hub_call(fn, *, where: str, endpoint: str, action: str, file: str | None = None, retry: bool = False):
