@@ -260,6 +260,18 @@ def test_a_dataset_pulled_from_the_hub_is_pinned_sampled_and_verified(hub, monke
         dataset_prompts("gsm9k")
 
 
+def test_a_dataset_revision_naming_no_ref_is_refused_before_any_request(hub):
+    """`--dataset NAME@REVISION` passes the same check as --revision: the client would write `a/../../b`
+    under the cache's refs/ directory, so it is a usage error before the Hub is asked anything."""
+    from dflash_convert.hub.datasets import dataset_prompts
+
+    hub.seed_repo("openai/gsm8k", {"main/test-00000-of-00001.parquet": parquet([{"question": "q"}])})
+    for revision in ("a/../../b", "main/", "a b"):
+        with pytest.raises(UsageError, match="--dataset gsm8k@REVISION .* is not a branch, tag or commit id"):
+            dataset_prompts(f"gsm8k@{revision}")
+    assert hub.requests == []
+
+
 def test_datasets_table_tau_per_set_end_to_end(hub, speculators_drafts, tiny_target, tmp_path, cli):
     """`--dataset` twice: prompts from each repo (Parquet and JSONL), tau and per-position rates per set, which
     merge to the whole run's."""

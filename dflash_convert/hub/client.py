@@ -102,6 +102,60 @@ def _patterns(*, for_target: bool, allow_pickle: bool, config_only: bool) -> lis
 
 
 @dataclass
+class Pinned:
+    """A Hub repo's revision resolved once to a commit (recorded in the cache's refs/, which offline runs
+    read back) and, online, the files at that commit: what a pull, a target or a prompt set fetches from."""
+
+    repo_id: str
+    revision: str  # as asked ("main" when none)
+    sha: str
+    kind: str  # "repo" or "dataset", as messages name it
+    api: Any
+    token: str | None
+    tree: list | None = None  # the RepoFile entries at sha; None offline
+
+    @property
+    def where(self) -> str:
+        return f"{self.repo_id}@{self.revision}"
+
+    @property
+    def call(self) -> dict[str, str]:
+        """hub_call's keywords for a download from it."""
+        return dict(where=self.where, endpoint=self.api.endpoint, action="download")
+
+    @property
+    def label(self) -> str:
+        return f"Hub {self.kind} {self.where} ({self.sha[:12]})"
+
+    def refuse_unsafe(self, names) -> None:
+        bad = [name for name in names if unsafe_repo_path(name)]
+        if bad:
+            raise DFlashError(f"{self.label} lists a file whose name escapes the download directory or holds "
+                              f"control characters: {bad[0]!r}; nothing was downloaded")
+
+
+def pin_revision(repo_id: str, *, revision: str | None, token: str | None, endpoint: str | None,
+                 repo_type: str | None = None, option: str = "--revision") -> Pinned:
+    """Check the revision (option: how the user gave it), resolve it once to a commit and, online, list
+    that commit's files; nothing is written outside the cache."""
+    from huggingface_hub import RepoFile, is_offline_mode
+
+    check_revision(revision, option)
+    token = hub_token(token)
+    api = hub_api(token, endpoint)
+    kind = "dataset" if repo_type == "dataset" else "repo"
+    pinned = Pinned(repo_id, revision or "main", "", kind, api, token)
+    offline = is_offline_mode()
+    pinned.sha = hub_call(lambda: api.resolve_revision(repo_id, repo_type=repo_type, revision=revision,
+                                                        local_files_only=offline), retry=True, **pinned.call).resolved
+    if not offline:
+        pinned.tree = hub_call(lambda: [f for f in api.list_repo_tree(repo_id, repo_type=repo_type, revision=pinned.sha,
+                                                                      recursive=True) if isinstance(f, RepoFile)],
+                               **pinned.call)
+    return pinned
+
+
+@dataclass
 class _Snapshot:
     """A revision resolved to one commit, with the files to fetch from it checked, and the hash the Hub
     announced for each (("sha256", oid) for LFS files, ("git", blob sha1) for the others); files is None
@@ -122,38 +176,26 @@ class _Snapshot:
 
 def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: str | None, patterns: list[str],
           need_weights: bool, allow_pickle: bool) -> _Snapshot:
-    """Resolve the revision once (recorded in the cache's refs/, which offline runs read back) and
-    check the remote file list; nothing is written outside the cache."""
-    from huggingface_hub import RepoFile, is_offline_mode
+    """The revision pinned, and the files matching patterns at that commit checked."""
     from huggingface_hub.utils import filter_repo_objects
 
-    check_revision(revision)
-    token = hub_token(token)
-    api = hub_api(token, endpoint)
-    where = f"{repo_id}@{revision or 'main'}"
-    call = dict(where=where, endpoint=api.endpoint, action="download")
-    offline = is_offline_mode()
-    sha = hub_call(lambda: api.resolve_revision(repo_id, revision=revision, local_files_only=offline), retry=True,
-                    **call).resolved
-    if offline:
-        return _Snapshot(repo_id, revision or "main", sha, patterns, token, api.endpoint)
-    tree = hub_call(lambda: [f for f in api.list_repo_tree(repo_id, revision=sha, recursive=True)
-                              if isinstance(f, RepoFile)], **call)
-    listing = [f.path for f in tree]
+    repo = pin_revision(repo_id, revision=revision, token=token, endpoint=endpoint)
+    snap = _Snapshot(repo_id, repo.revision, repo.sha, patterns, repo.token, repo.api.endpoint)
+    if repo.tree is None:  # offline
+        return snap
+    listing = [f.path for f in repo.tree]
     wanted = list(filter_repo_objects(listing, allow_patterns=patterns))
-    bad = [name for name in wanted if unsafe_repo_path(name)]
-    if bad:
-        raise DFlashError(f"Hub repo {where} ({sha[:12]}) lists a file whose name escapes the download "
-                          f"directory or holds control characters: {bad[0]!r}; nothing was downloaded")
+    repo.refuse_unsafe(wanted)
     if CONFIG_NAME not in wanted:
-        raise DFlashError(f"Hub repo {where} ({sha[:12]}) has no {CONFIG_NAME}: not a model checkpoint")
+        raise DFlashError(f"{repo.label} has no {CONFIG_NAME}: not a model checkpoint")
     if need_weights and not any(n.endswith(".safetensors") for n in wanted) and not allow_pickle \
             and any(is_pickle_weight_file(n) for n in listing):
-        raise DFlashError(f"Hub repo {where} has only pickle weights (.bin/.pt); they can run code when loaded. "
-                          "Pass --allow-pickle to fetch them and load with torch.load(weights_only=True)")
-    files = {f.path: (("sha256", f.lfs.sha256) if f.lfs else ("git", f.blob_id)) for f in tree if f.path in wanted}
-    say(f"fetching {len(wanted)} files of {where} ({sha[:12]}) from {api.endpoint}")
-    return _Snapshot(repo_id, revision or "main", sha, patterns, token, api.endpoint, files)
+        raise DFlashError(f"Hub repo {repo.where} has only pickle weights (.bin/.pt); they can run code when "
+                          "loaded. Pass --allow-pickle to fetch them and load with torch.load(weights_only=True)")
+    snap.files = {f.path: (("sha256", f.lfs.sha256) if f.lfs else ("git", f.blob_id)) for f in repo.tree
+                  if f.path in wanted}
+    say(f"fetching {len(wanted)} files of {repo.where} ({repo.sha[:12]}) from {snap.endpoint}")
+    return snap
 
 
 # ----------------------------------------------------------------------------- verification
