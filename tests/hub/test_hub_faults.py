@@ -20,9 +20,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hub_server import BlobServer
+from hub_server import TOKEN, BlobServer, local_files
 from processes import stop_signals_at_default
-from test_hub import TOKEN, draft, hub, hub_draft, hub_env, local_files  # noqa: F401 - fixtures
 
 FAST = {"HF_HUB_ETAG_TIMEOUT": "1", "HF_HUB_DOWNLOAD_TIMEOUT": "1", "DFLASH_CONVERT_HUB_PATIENCE": "4"}
 BOUND = 30  # seconds: what each faulty case must end within with FAST (about 4-12 s when it works)
