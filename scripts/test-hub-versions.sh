@@ -22,4 +22,4 @@ fi
 export PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import huggingface_hub as h, sys; sys.exit(h.__version__ != '$other')"
 echo "Hub tests with huggingface_hub $other (the suite ran with $have)"
-exec python -m pytest -q -p no:cacheprovider tests/test_hub.py tests/test_cli_hub.py tests/test_hub_faults.py
+exec python -m pytest -q -p no:cacheprovider tests/hub

@@ -122,3 +122,54 @@ def fresh_compile_caches():
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
+
+
+# ----------------------------------------------------------------------------- the loopback Hub
+# (tests/hub/ makes hub_env autouse; elsewhere a test asks for it, e.g. validate's prompt sets)
+
+@pytest.fixture
+def hub():
+    """A Hub-compatible server on 127.0.0.1 (tests/hub_server.py), in memory, accepting hub_server.TOKEN."""
+    from hub_server import TOKEN, HubServer
+
+    server = HubServer(valid_token=TOKEN, lfs_threshold=64 * 1024).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def forget_tokens():
+    """The tokens a test made the process remember (for redaction) are forgotten after it: other
+    tests' output must not lose text that happened to match a generated token."""
+    from dflash_convert.hub import tokens
+
+    saved = set(tokens._forms)
+    yield
+    tokens._forms.clear()
+    tokens._forms.update(saved)
+
+
+@pytest.fixture
+def hub_env(hub, forget_tokens, tmp_path, monkeypatch) -> Path:
+    """Per-test cache, token and endpoint of the `hub` server: in the environment (for subprocesses) and in
+    the client's constants, which it reads from the environment once, at import. Returns HF_HOME."""
+    from huggingface_hub import constants
+
+    from hub_server import TOKEN
+
+    home = tmp_path / "hf_home"
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))  # never a developer's stored token
+    return home

@@ -38,11 +38,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
+TOKEN = "hf_fakeTokenForTestsOnly0123456789abcdef"  # the token the tests' server accepts (tests/conftest.py)
 MAX_BODY = 64 * 1024 * 1024
 MAX_REPOS = 1000
 HEX40 = set("0123456789abcdef")
+
+
+def local_files(path: Path) -> dict[str, bytes]:
+    """A local directory's files as `seed_repo` takes them and `files_at` gives them back."""
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".cache" not in p.parts}
 
 
 def git_blob_sha1(data: bytes) -> str:

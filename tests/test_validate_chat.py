@@ -165,34 +165,7 @@ def test_the_targets_defaults_and_every_eos_id_are_used(speculators_drafts, tiny
 
 
 # ----------------------------------------------------------------------------- datasets from the Hub
-
-TOKEN = "hf_" + "d" * 34
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """A loopback Hub, its endpoint, cache and token in the client's constants and the environment."""
-    from huggingface_hub import constants
-
-    from hub_server import HubServer
-
-    server = HubServer(valid_token=TOKEN).start()
-    home = tmp_path / "hf_home"
-    for name, value in [("ENDPOINT", server.url), ("HF_HOME", str(home)), ("HF_HUB_CACHE", str(home / "hub")),
-                        ("HF_HUB_OFFLINE", False), ("HF_HUB_DISABLE_XET", True),
-                        ("HF_TOKEN_PATH", str(home / "token")),
-                        ("HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")]:
-        monkeypatch.setattr(constants, name, value)
-    for name, value in [("HF_ENDPOINT", server.url), ("HF_HOME", str(home)), ("HF_HUB_CACHE", str(home / "hub")),
-                        ("HF_TOKEN", TOKEN)]:
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    yield server
-    server.stop()
-    from dflash_convert.hub import tokens
-
-    tokens._forms.clear()
-
+# against the loopback Hub: tests/conftest.py's hub (the server) and hub_env (its endpoint, cache and token)
 
 def parquet(rows: list[dict]) -> bytes:
     import pyarrow as pa
@@ -206,6 +179,7 @@ def parquet(rows: list[dict]) -> bytes:
 QUESTIONS = [f"question {i} about the cat" for i in range(10)]
 
 
+@pytest.mark.usefixtures("hub_env")
 def test_a_dataset_pulled_from_the_hub_is_pinned_sampled_and_verified(hub, monkeypatch):
     from huggingface_hub import constants
 
@@ -234,6 +208,20 @@ def test_a_dataset_pulled_from_the_hub_is_pinned_sampled_and_verified(hub, monke
         dataset_prompts("gsm9k")
 
 
+@pytest.mark.usefixtures("hub_env")
+def test_a_dataset_revision_naming_no_ref_is_refused_before_any_request(hub):
+    """`--dataset NAME@REVISION` passes the same check as --revision: the client would write `a/../../b`
+    under the cache's refs/ directory, so it is a usage error before the Hub is asked anything."""
+    from dflash_convert.hub.datasets import dataset_prompts
+
+    hub.seed_repo("openai/gsm8k", {"main/test-00000-of-00001.parquet": parquet([{"question": "q"}])})
+    for revision in ("a/../../b", "main/", "a b"):
+        with pytest.raises(UsageError, match="--dataset gsm8k@REVISION .* is not a branch, tag or commit id"):
+            dataset_prompts(f"gsm8k@{revision}")
+    assert hub.requests == []
+
+
+@pytest.mark.usefixtures("hub_env")
 def test_datasets_table_tau_per_set_end_to_end(hub, speculators_drafts, tiny_target, tmp_path, cli):
     """`--dataset` twice: prompts from each repo (Parquet and JSONL), tau and per-position rates per set, which
     merge to the whole run's."""
@@ -260,6 +248,7 @@ def test_datasets_table_tau_per_set_end_to_end(hub, speculators_drafts, tiny_tar
 MT_BENCH = [{"prompt": [f"hello world {i}", f"the cat sat {i}"]} for i in range(4)]
 
 
+@pytest.mark.usefixtures("hub_env")
 def test_mbpp_and_mt_bench_second_turns(hub, speculators_drafts, tiny_target, tmp_path, cli):
     """mbpp as z-lab's benchmark reads it (sanitized config, test split, `prompt` as the user turn); MT-Bench's
     second turn after the target's own answer to the first (decoded without special tokens and rendered as

@@ -28,9 +28,9 @@ class Output:
 
         Asked for only where the Hub is used: local work never imports huggingface_hub.
         """
-        from dflash_convert.hub import client as hub
+        from dflash_convert.hub import client as hub, transport
 
-        hub.say_info = not self.quiet
+        transport.say_info = not self.quiet
         if self.json or self.quiet or not err.is_terminal:  # as `hf`: bars only where someone watches
             from huggingface_hub.utils import disable_progress_bars
 

@@ -3,10 +3,8 @@
 Everything goes through the public API of the real `huggingface_hub` client: its settings
 (`constants`, `is_offline_mode()`: HF_ENDPOINT, HF_HUB_CACHE / HF_HOME, HF_HUB_OFFLINE, read when
 the client is imported, as in every HF library), `resolve_revision`, `snapshot_download`,
-`upload_folder`. Its errors become one line each, mapped from its public error classes; a failed
-connection is recognised through the HTTP library's base error class, which the client's own
-`HfHubHTTPError` derives from, so this module never imports that library (httpx in 1.x, httpx2 in
-2.x). Tokens are cleaned, checked and remembered for redaction by `tokens.hub_token`.
+`upload_folder`, each request made through `transport.hub_call` (waits bounded, the client's errors as
+one line each). Tokens are cleaned, checked and remembered for redaction by `tokens.hub_token`.
 
 Downloads fetch only what a draft (or a target) needs, pickle weights only when asked, and are
 pinned to the commit the revision resolved to once, so a branch that moves meanwhile cannot mix two
@@ -18,12 +16,9 @@ replace, pinned to the commit it was prepared against.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import sys
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +30,8 @@ from dflash_convert.io.reading import announced_by_cache_name, discard, file_dig
 from dflash_convert.io.staging import check_destination, staged_directory
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.safetensors import INDEX_NAME
-from dflash_convert.hub.tokens import end_open_line, hub_token, redact
+from dflash_convert.hub.tokens import hub_token
+from dflash_convert.hub.transport import hub_api, hub_call, one_line, say, warn
 
 # companion files (mask_embedding.pt) are fetched as bytes for convert to carry: nothing here unpickles them
 DRAFT_PATTERNS = [CONFIG_NAME, "*.safetensors", INDEX_NAME, card.README_NAME, card.RECORD_NAME,
@@ -73,345 +69,6 @@ class PushResult:
         return asdict(self)
 
 
-# Info lines ("fetching ...", "pushing ...") on stderr; the CLI's -q turns them off. Warnings always print.
-say_info = True
-
-
-def say(message: str) -> None:
-    if say_info:
-        print(message, file=sys.stderr, flush=True)
-
-
-def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def hub_api(token: str | None, endpoint: str | None):
-    from huggingface_hub import HfApi
-
-    from dflash_convert import __version__
-
-    return HfApi(endpoint=endpoint, token=token, library_name="dflash-convert", library_version=__version__)
-
-
-# ----------------------------------------------------------------------------- errors
-
-def _one_line(text: Any) -> str:
-    """Server-supplied text as one printable line: no token, no terminal control sequences."""
-    return redact(re.sub(r"[\x00-\x1f\x7f-\x9f]", "?", " ".join(str(text).split())))
-
-
-def _connection_error_class() -> type | tuple:
-    """The HTTP library's base error (httpx.HTTPError or httpx2.HTTPError), found through the client's class."""
-    from huggingface_hub.errors import HfHubHTTPError
-
-    return next((c for c in HfHubHTTPError.__mro__[1:] if c.__name__ == "HTTPError"), ())
-
-
-def _hub_error(exc: Exception, *, where: str, endpoint: str, action: str, file: str | None = None) -> DFlashError:
-    """One line naming the repo and revision (and the file, for a download) for whatever the client raised."""
-    from huggingface_hub import constants, is_offline_mode
-    from huggingface_hub import errors as e
-
-    repo_id, _, revision = where.partition("@")
-    http_error = _connection_error_class()
-    # The client wraps some failures (e.g. an LFS upload giving up) in a RuntimeError: use the cause.
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, (http_error, e.OfflineModeIsEnabled)):
-            exc = cause
-            break
-        cause = cause.__cause__ or cause.__context__
-    if isinstance(exc, e.HFValidationError):
-        return UsageError(f"invalid Hub repo id or revision {where!r}: {_one_line(exc)}")
-    if isinstance(exc, e.RevisionNotFoundError):
-        return DFlashError(f"revision {revision!r} not found in Hub repo {repo_id} ({endpoint})")
-    if isinstance(exc, e.GatedRepoError):
-        return DFlashError(f"Hub repo {repo_id} is gated: request access on its page, then pass a token with access")
-    if isinstance(exc, e.RepositoryNotFoundError):
-        return DFlashError(f"Hub repo {repo_id} not found at {endpoint} (or it is private and the token has no access)")
-    if isinstance(exc, e.RemoteEntryNotFoundError):
-        name = f": {file!r}" if file else ""
-        return DFlashError(f"{where}: file not found on the Hub{name} ({_one_line(exc.server_message or '')})")
-    if isinstance(exc, e.HfHubHTTPError) and exc.response is not None:
-        status = exc.response.status_code
-        if status == 401:
-            return DFlashError(f"the Hub at {endpoint} rejected the token (401 Unauthorized) while trying to {action} "
-                               f"{where}; check --token, HF_TOKEN or the stored token (`hf auth login`)")
-        if status == 403 and action == "push to":
-            return DFlashError(f"the token has no write access to {repo_id} (403 Forbidden) while trying to "
-                               f"{action} {where}")
-        if status == 403:
-            what = f"{file!r} of {where}" if file else where
-            return DFlashError(f"the Hub at {endpoint} refused access (403 Forbidden) while trying to {action} {what}: "
-                               f"{_one_line(exc.server_message or 'no reason given')}")
-        if status == 412:
-            return DFlashError(f"{where} moved while pushing (412: another commit landed first); nothing was "
-                               "committed, rerun the push")
-        detail = _one_line(exc.server_message or exc.response.reason_phrase or "")
-        what = f"{file!r} of {where}" if file else where
-        return DFlashError(f"Hub request failed while trying to {action} {what}: HTTP {status} {detail}".rstrip())
-    if isinstance(exc, (e.OfflineModeIsEnabled, e.LocalEntryNotFoundError, e.RevisionResolutionError)):
-        if is_offline_mode():
-            return DFlashError(f"{where} is not (completely) in the local cache {constants.HF_HUB_CACHE} and "
-                               "HF_HUB_OFFLINE=1 forbids downloading it")
-        what = f"{file!r} of {where}" if file else where
-        if isinstance(exc.__cause__, getattr(e, "FileMetadataError", ())):  # an answer, but not the Hub's
-            return DFlashError(f"the Hub at {endpoint} answered for {what} without the file's metadata "
-                               f"({_one_line(exc.__cause__)[:200]})")
-        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {what}, and it is not in the local "
-                           f"cache {constants.HF_HUB_CACHE}")
-    if isinstance(exc, http_error):  # the connection failed: refused, reset, timed out
-        if action == "push to" and type(exc).__name__ == "ConnectError":  # refused, no route, no DNS: nothing sent
-            return DFlashError(f"could not connect to the Hub at {endpoint} to push to {where} ({_one_line(exc)}); "
-                               "nothing was pushed")
-        if action == "push to":
-            return DFlashError(f"connection to the Hub at {endpoint} lost while pushing to {where} "
-                               f"({type(exc).__name__}); a Hub commit is all-or-nothing: rerun the push")
-        what = f"{file!r} of {where}" if file else where
-        return DFlashError(f"cannot reach the Hub at {endpoint} to {action} {what} ({type(exc).__name__}: "
-                           f"{_one_line(exc)})")
-    if isinstance(exc, OSError):
-        return DFlashError(f"local I/O error while trying to {action} {where}: {_one_line(exc)}")
-    return DFlashError(f"failed to {action} {where}: {type(exc).__name__}: {_one_line(exc)}")
-
-
-def hub_call(fn, *, where: str, endpoint: str, action: str, file: str | None = None, retry: bool = False):
-    """Run fn() with every network wait bounded; any client error becomes one DFlashError line (our own
-    DFlashErrors pass through). retry: fn's requests are not retried by the client itself (its first
-    request, the revision), so retry it here as the client retries the others."""
-    _guard_session()
-    _watch.start(endpoint)
-    try:
-        return _retried(fn) if retry else fn()
-    except (DFlashError, KeyboardInterrupt):
-        raise
-    except _GaveUp as exc:
-        end_open_line()
-        what = f"{file!r} of {where}" if file else where
-        raise DFlashError(f"gave up trying to {action} {what}: {exc} ({PATIENCE_VARIABLE}={_watch.patience:g})") \
-            from None
-    except Exception as exc:  # noqa: BLE001 - the client raises many types; each becomes one line
-        end_open_line()  # after an interrupted progress bar of the client
-        raise _hub_error(exc, where=where, endpoint=endpoint, action=action, file=file) from exc
-
-
-# ----------------------------------------------------------------------------- network waits, bounded
-
-# A Hub that stops answering ends the command: every request gets connect/read timeouts (the client's
-# HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT where it sets none itself, as for its API calls), none
-# longer than the patience left, and once the Hub has sent nothing (no answer, no byte, no success) for
-# the patience, the next request or wait is not started. A Retry-After longer than the cap is shortened
-# (and said). These hooks go on the client's own HTTP session, through its public factory.
-PATIENCE_VARIABLE = "DFLASH_CONVERT_HUB_PATIENCE"
-DEFAULT_PATIENCE = 45.0  # seconds; the longest backoff sleep (8 s) on top stays under a minute
-RETRY_AFTER_CAP = 60.0  # seconds
-RETRY_STATUSES = (408, 429, 500, 502, 503, 504)  # what the client retries
-MAX_RETRIES = 5
-
-
-class _GaveUp(BaseException):
-    """The patience ran out. A BaseException: the client's `except Exception` must not retry it."""
-
-
-@dataclass
-class _Watch:
-    patience: float = DEFAULT_PATIENCE
-    last: float = field(default_factory=time.monotonic)  # the Hub's last answer or byte
-    endpoint: str = ""
-    asked: set = field(default_factory=set)  # (method, url) requested so far in this call
-    reached: dict = field(default_factory=dict)  # url -> furthest byte of its body received
-
-    def start(self, endpoint: str = "") -> None:
-        self.endpoint, self.asked, self.reached = endpoint, set(), {}
-        raw = os.environ.get(PATIENCE_VARIABLE, "").strip()
-        try:
-            patience = float(raw) if raw else DEFAULT_PATIENCE
-        except ValueError:
-            patience = -1.0
-        if not 0 < patience < float("inf"):
-            raise UsageError(f"{PATIENCE_VARIABLE} must be a positive number of seconds, got {raw!r}")
-        self.patience, self.last = patience, time.monotonic()
-
-    def left(self) -> float:
-        return self.last + self.patience - time.monotonic()
-
-    def heard(self) -> None:
-        self.last = time.monotonic()
-
-
-_watch = _Watch()
-_guarded: list[bool] = []
-
-
-def _on_request(request) -> None:
-    """Every request: timeouts set (the client leaves its API calls without), none beyond the patience left."""
-    from huggingface_hub import constants
-
-    left = _watch.left()
-    if left <= 0:
-        raise _GaveUp(f"the Hub sent nothing for {_watch.patience:g} s")
-    if "authorization" in request.headers and not _token_may_go_to(str(request.url)):
-        del request.headers["authorization"]  # 1.x follows a HEAD redirect to another port of the host with it
-    given = dict(request.extensions.get("timeout") or {})
-    defaults = {"connect": constants.HF_HUB_ETAG_TIMEOUT, "read": constants.HF_HUB_DOWNLOAD_TIMEOUT,
-                "write": max(constants.HF_HUB_DOWNLOAD_TIMEOUT, 60), "pool": constants.HF_HUB_ETAG_TIMEOUT}
-    request.extensions["timeout"] = {k: min(given.get(k) or v, max(left, 0.05)) for k, v in defaults.items()}
-
-
-HUB_HOSTS = ("huggingface.co", "hf.co")  # the Hub's own hosts, which a token is for
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    return u.scheme, (u.hostname or "").lower(), u.port or {"http": 80, "https": 443}.get(u.scheme)
-
-
-def _token_may_go_to(url: str) -> bool:
-    """The token goes to the endpoint's origin and the Hub's hosts, never elsewhere (a CDN, another port)."""
-    scheme, host, _ = _origin(url)
-    if _watch.endpoint and _origin(url) == _origin(_watch.endpoint):
-        return True
-    return scheme == "https" and any(host == h or host.endswith("." + h) for h in HUB_HOSTS)
-
-
-def _retry_after(headers) -> float | None:
-    raw = headers.get("Retry-After")
-    try:
-        return max(float(raw), 0.0) if raw is not None else None
-    except ValueError:
-        return None
-
-
-# the IETF draft's `RateLimit: "api";r=0;t=55`, as the client matches it
-_RATE_LIMIT = re.compile(r"\"\w+\"\s*;\s*r\s*=\s*(?P<r>\d+)\s*;\s*t\s*=\s*(?P<t>\d+)")
-
-
-def _asked_wait(status: int, headers) -> tuple[float | None, str]:
-    """(seconds, the header that asks) the client waits before retrying: on a 429 whose RateLimit says nothing
-    is left (r=0), its reset t, before any Retry-After; else the Retry-After."""
-    limit = _RATE_LIMIT.search(headers.get("RateLimit", "")) if status == 429 else None
-    if limit and int(limit.group("r")) == 0:
-        return float(limit.group("t")), "RateLimit reset"
-    return _retry_after(headers), "Retry-After"
-
-
-def _cap_waits(headers) -> None:
-    """Rewrite the answer's waits longer than RETRY_AFTER_CAP to the cap, before the client reads them."""
-    limit = _RATE_LIMIT.search(headers.get("RateLimit", ""))
-    if limit and int(limit.group("t")) > RETRY_AFTER_CAP:
-        raw = headers["RateLimit"]
-        headers["RateLimit"] = raw[:limit.start("t")] + f"{RETRY_AFTER_CAP:.0f}" + raw[limit.end("t"):]
-    if (_retry_after(headers) or 0) > RETRY_AFTER_CAP:
-        headers["Retry-After"] = f"{RETRY_AFTER_CAP:.0f}"
-
-
-def _on_response(response) -> None:
-    """Progress is an answer the client does not retry, or a byte of a body; a long wait asked is capped."""
-    from huggingface_hub.utils import httpx as http
-
-    status = response.status_code
-    key = (response.request.method, str(response.request.url))
-    repeated = key in _watch.asked
-    _watch.asked.add(key)
-    if status not in RETRY_STATUSES:
-        if not repeated:  # a retry's answer is progress only by the new bytes it brings
-            _watch.heard()
-    else:
-        wait, asking = _asked_wait(status, response.headers)
-        if wait is not None:
-            capped = min(wait, RETRY_AFTER_CAP)
-            if capped > _watch.left():
-                raise _GaveUp(f"the Hub answered HTTP {status} asking to retry in {wait:g} s, after the patience "
-                              f"left ({max(_watch.left(), 0):.0f} s)")
-            _cap_waits(response.headers)
-            _warn(f"the Hub answered HTTP {status} with {asking}: {wait:g} s; retrying in {capped:g} s"
-                  + (f" (capped at {RETRY_AFTER_CAP:g} s)" if wait > RETRY_AFTER_CAP else ""))
-    m = re.match(r"bytes=(\d+)-", response.request.headers.get("range", "")) if status == 206 else None
-    response.stream = _watched_stream(http, response.stream, str(response.request.url), int(m.group(1)) if m else 0)
-
-
-def _watched_stream(http, stream, url: str, offset: int):
-    """The body; a chunk is progress when it reaches further into the file than any answer before (a
-    server sending the same first half again and again makes none). A connection reset mid-body
-    (ReadError) is raised as the client's RemoteProtocolError, after which the client resumes the file
-    from the bytes it has (it resumes after a short body or a timeout, not after a reset)."""
-
-    class Watched(http.SyncByteStream):
-        def __iter__(self):
-            position = offset
-            try:
-                for chunk in stream:
-                    position += len(chunk)
-                    if position > _watch.reached.get(url, 0):
-                        _watch.reached[url] = position
-                        _watch.heard()
-                    yield chunk
-            except http.ReadError as exc:
-                raise http.RemoteProtocolError(f"connection lost mid-body ({exc}); resuming") from exc
-
-        def close(self) -> None:
-            stream.close()
-
-    return Watched() if isinstance(stream, http.SyncByteStream) else stream
-
-
-def _guard_session() -> None:
-    """Put the hooks on the client's HTTP session, and on every session it makes later (it makes a new
-    one after a connection error)."""
-    if _guarded:
-        return
-    from huggingface_hub import get_session, set_client_factory
-
-    template = get_session()
-    hooks = {k: list(v) for k, v in template.event_hooks.items()}
-
-    def guarded_client():
-        return type(template)(event_hooks={"request": [*hooks.get("request", []), _on_request],
-                                           "response": [*hooks.get("response", []), _on_response]},
-                              follow_redirects=template.follow_redirects, timeout=None)
-
-    set_client_factory(guarded_client)
-    _guarded.append(True)
-
-
-def _retry_delay(exc: BaseException, backoff: float) -> float | None:
-    """Seconds to wait before retrying after exc, or None when it is not worth a retry (the client's rules)."""
-    from huggingface_hub import errors as e
-
-    http_error = _connection_error_class()
-    seen: BaseException | None = exc
-    while seen is not None:
-        response = getattr(seen, "response", None) if isinstance(seen, e.HfHubHTTPError) else None
-        if response is not None:
-            if response.status_code not in RETRY_STATUSES:
-                return None
-            wait, _ = _asked_wait(response.status_code, response.headers)
-            return min(wait, RETRY_AFTER_CAP) + 1 if wait is not None else backoff
-        if isinstance(seen, http_error):
-            return backoff
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _retried(fn):
-    backoff = 1.0
-    for attempt in range(MAX_RETRIES + 1):
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - re-raised unless the client would retry it
-            delay = _retry_delay(exc, backoff)
-            if delay is None or attempt == MAX_RETRIES:
-                raise
-            if delay > _watch.left():
-                raise _GaveUp(f"the Hub kept failing for {_watch.patience:g} s (last: {type(exc).__name__}: "
-                              f"{_one_line(exc)[:200]})") from exc
-            time.sleep(delay)
-            backoff = min(backoff * 2, 8.0)
-
-
 # ----------------------------------------------------------------------------- resolve / pull
 
 def unsafe_repo_path(name: str) -> bool:
@@ -434,7 +91,7 @@ def check_revision(revision: str | None, option: str = "--revision") -> None:
     if revision is None:
         return
     if not revision or revision == "@" or len(revision) > 256 or _BAD_REVISION.search(revision):
-        raise UsageError(f"{option} {_one_line(repr(revision))} is not a branch, tag or commit id "
+        raise UsageError(f"{option} {one_line(repr(revision))} is not a branch, tag or commit id "
                          "(no `..`, no leading, trailing or doubled `/`, no spaces or control characters)")
 
 
@@ -442,6 +99,60 @@ def _patterns(*, for_target: bool, allow_pickle: bool, config_only: bool) -> lis
     if config_only:
         return [CONFIG_NAME]
     return DRAFT_PATTERNS + (TARGET_PATTERNS if for_target else []) + (PICKLE_PATTERNS if allow_pickle else [])
+
+
+@dataclass
+class Pinned:
+    """A Hub repo's revision resolved once to a commit (recorded in the cache's refs/, which offline runs
+    read back) and, online, the files at that commit: what a pull, a target or a prompt set fetches from."""
+
+    repo_id: str
+    revision: str  # as asked ("main" when none)
+    sha: str
+    kind: str  # "repo" or "dataset", as messages name it
+    api: Any
+    token: str | None
+    tree: list | None = None  # the RepoFile entries at sha; None offline
+
+    @property
+    def where(self) -> str:
+        return f"{self.repo_id}@{self.revision}"
+
+    @property
+    def call(self) -> dict[str, str]:
+        """hub_call's keywords for a download from it."""
+        return dict(where=self.where, endpoint=self.api.endpoint, action="download")
+
+    @property
+    def label(self) -> str:
+        return f"Hub {self.kind} {self.where} ({self.sha[:12]})"
+
+    def refuse_unsafe(self, names) -> None:
+        bad = [name for name in names if unsafe_repo_path(name)]
+        if bad:
+            raise DFlashError(f"{self.label} lists a file whose name escapes the download directory or holds "
+                              f"control characters: {bad[0]!r}; nothing was downloaded")
+
+
+def pin_revision(repo_id: str, *, revision: str | None, token: str | None, endpoint: str | None,
+                 repo_type: str | None = None, option: str = "--revision") -> Pinned:
+    """Check the revision (option: how the user gave it), resolve it once to a commit and, online, list
+    that commit's files; nothing is written outside the cache."""
+    from huggingface_hub import RepoFile, is_offline_mode
+
+    check_revision(revision, option)
+    token = hub_token(token)
+    api = hub_api(token, endpoint)
+    kind = "dataset" if repo_type == "dataset" else "repo"
+    pinned = Pinned(repo_id, revision or "main", "", kind, api, token)
+    offline = is_offline_mode()
+    pinned.sha = hub_call(lambda: api.resolve_revision(repo_id, repo_type=repo_type, revision=revision,
+                                                        local_files_only=offline), retry=True, **pinned.call).resolved
+    if not offline:
+        pinned.tree = hub_call(lambda: [f for f in api.list_repo_tree(repo_id, repo_type=repo_type, revision=pinned.sha,
+                                                                      recursive=True) if isinstance(f, RepoFile)],
+                               **pinned.call)
+    return pinned
 
 
 @dataclass
@@ -465,38 +176,26 @@ class _Snapshot:
 
 def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: str | None, patterns: list[str],
           need_weights: bool, allow_pickle: bool) -> _Snapshot:
-    """Resolve the revision once (recorded in the cache's refs/, which offline runs read back) and
-    check the remote file list; nothing is written outside the cache."""
-    from huggingface_hub import RepoFile, is_offline_mode
+    """The revision pinned, and the files matching patterns at that commit checked."""
     from huggingface_hub.utils import filter_repo_objects
 
-    check_revision(revision)
-    token = hub_token(token)
-    api = hub_api(token, endpoint)
-    where = f"{repo_id}@{revision or 'main'}"
-    call = dict(where=where, endpoint=api.endpoint, action="download")
-    offline = is_offline_mode()
-    sha = hub_call(lambda: api.resolve_revision(repo_id, revision=revision, local_files_only=offline), retry=True,
-                    **call).resolved
-    if offline:
-        return _Snapshot(repo_id, revision or "main", sha, patterns, token, api.endpoint)
-    tree = hub_call(lambda: [f for f in api.list_repo_tree(repo_id, revision=sha, recursive=True)
-                              if isinstance(f, RepoFile)], **call)
-    listing = [f.path for f in tree]
+    repo = pin_revision(repo_id, revision=revision, token=token, endpoint=endpoint)
+    snap = _Snapshot(repo_id, repo.revision, repo.sha, patterns, repo.token, repo.api.endpoint)
+    if repo.tree is None:  # offline
+        return snap
+    listing = [f.path for f in repo.tree]
     wanted = list(filter_repo_objects(listing, allow_patterns=patterns))
-    bad = [name for name in wanted if unsafe_repo_path(name)]
-    if bad:
-        raise DFlashError(f"Hub repo {where} ({sha[:12]}) lists a file whose name escapes the download "
-                          f"directory or holds control characters: {bad[0]!r}; nothing was downloaded")
+    repo.refuse_unsafe(wanted)
     if CONFIG_NAME not in wanted:
-        raise DFlashError(f"Hub repo {where} ({sha[:12]}) has no {CONFIG_NAME}: not a model checkpoint")
+        raise DFlashError(f"{repo.label} has no {CONFIG_NAME}: not a model checkpoint")
     if need_weights and not any(n.endswith(".safetensors") for n in wanted) and not allow_pickle \
             and any(is_pickle_weight_file(n) for n in listing):
-        raise DFlashError(f"Hub repo {where} has only pickle weights (.bin/.pt); they can run code when loaded. "
-                          "Pass --allow-pickle to fetch them and load with torch.load(weights_only=True)")
-    files = {f.path: (("sha256", f.lfs.sha256) if f.lfs else ("git", f.blob_id)) for f in tree if f.path in wanted}
-    say(f"fetching {len(wanted)} files of {where} ({sha[:12]}) from {api.endpoint}")
-    return _Snapshot(repo_id, revision or "main", sha, patterns, token, api.endpoint, files)
+        raise DFlashError(f"Hub repo {repo.where} has only pickle weights (.bin/.pt); they can run code when "
+                          "loaded. Pass --allow-pickle to fetch them and load with torch.load(weights_only=True)")
+    snap.files = {f.path: (("sha256", f.lfs.sha256) if f.lfs else ("git", f.blob_id)) for f in repo.tree
+                  if f.path in wanted}
+    say(f"fetching {len(wanted)} files of {repo.where} ({repo.sha[:12]}) from {snap.endpoint}")
+    return snap
 
 
 # ----------------------------------------------------------------------------- verification
@@ -614,7 +313,7 @@ def check_push_options(revision: str | None, create_pr: bool, option: str = "--r
     if revision is not None and create_pr:
         raise UsageError(f"give {option} (push to a branch) or --create-pr (open a pull request), not both")
     if revision is not None and (SHA40.match(revision) or unsafe_repo_path(revision)):
-        raise UsageError(f"{option} must name a branch to push to, got {_one_line(repr(revision))}")
+        raise UsageError(f"{option} must name a branch to push to, got {one_line(repr(revision))}")
 
 
 def push(directory: str | Path, repo_id: str, *, revision: str | None = None, private: bool = False,
@@ -656,7 +355,7 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
             say(f"created branch {revision} of {repo_id} (from main)")
     info = hub_call(lambda: api.repo_info(repo_id, revision=branch), **call)
     if private and not info.private:
-        _warn(f"{repo_id} already exists and is public; --private does not change an existing repo")
+        warn(f"{repo_id} already exists and is public; --private does not change an existing repo")
     if model_card and (directory / CONFIG_NAME).exists():
         remote_readme = None
         remote = {s.rfilename for s in info.siblings or []}

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from dflash_convert.errors import DFlashError, UsageError
-from dflash_convert.hub.client import hub_api, hub_call, say, unsafe_repo_path
-from dflash_convert.hub.tokens import hub_token
+from dflash_convert.hub.client import pin_revision
+from dflash_convert.hub.transport import hub_call, say
 from dflash_convert.io.reading import read_bounded
 
 MAX_DATASET_FILE_BYTES = 256 << 20  # benchmark splits are a few MB
@@ -84,34 +84,24 @@ def dataset_prompts(spec: str, *, num_prompts: int | None = None, seed: int = 0,
                     endpoint: str | None = None) -> DatasetPrompts:
     """The prompts of one table entry: downloaded (or read from the cache), verified, worded, and, with
     num_prompts, a sample of that many drawn with `seed` (the same rows every run)."""
-    from huggingface_hub import RepoFile, is_offline_mode, snapshot_download
+    from huggingface_hub import snapshot_download
 
     name, revision = parse_dataset(spec)
     entry = DATASETS[name]
-    revision = revision or entry.revision
-    token = hub_token(token)
-    api = hub_api(token, endpoint)
-    where = f"{entry.repo_id}@{revision}"
-    call = dict(where=where, endpoint=api.endpoint, action="download")
-    offline = is_offline_mode()
-    sha = hub_call(lambda: api.resolve_revision(entry.repo_id, repo_type="dataset", revision=revision,
-                                                 local_files_only=offline), **call).resolved
+    repo = pin_revision(entry.repo_id, revision=revision or entry.revision, token=token, endpoint=endpoint,
+                        repo_type="dataset", option=f"--dataset {name}@REVISION")
+    where, sha = repo.where, repo.sha
     listed: dict[str, Any] = {}
-    if not offline:
-        tree = hub_call(lambda: [f for f in api.list_repo_tree(entry.repo_id, repo_type="dataset", revision=sha,
-                                                                recursive=True) if isinstance(f, RepoFile)], **call)
-        listed = {f.path: f for f in tree if fnmatch.fnmatchcase(f.path, entry.files)}
-        bad = [p for p in listed if unsafe_repo_path(p)]
-        if bad:
-            raise DFlashError(f"Hub dataset {where} ({sha[:12]}) lists a file whose name escapes the download "
-                              f"directory or holds control characters: {bad[0]!r}; nothing was downloaded")
+    if repo.tree is not None:  # online
+        listed = {f.path: f for f in repo.tree if fnmatch.fnmatchcase(f.path, entry.files)}
+        repo.refuse_unsafe(listed)
         if not listed:
-            raise DFlashError(f"Hub dataset {where} ({sha[:12]}) has no file matching {entry.files!r}")
-        say(f"fetching {len(listed)} file(s) of dataset {where} ({sha[:12]}) from {api.endpoint}")
+            raise DFlashError(f"{repo.label} has no file matching {entry.files!r}")
+        say(f"fetching {len(listed)} file(s) of dataset {where} ({sha[:12]}) from {repo.api.endpoint}")
     folder = Path(hub_call(lambda: snapshot_download(entry.repo_id, repo_type="dataset", revision=sha,
-                                                      allow_patterns=[entry.files], token=token,
-                                                      endpoint=api.endpoint, local_files_only=offline,
-                                                      library_name="dflash-convert"), **call))
+                                                      allow_patterns=[entry.files], token=repo.token,
+                                                      endpoint=repo.api.endpoint, local_files_only=repo.tree is None,
+                                                      library_name="dflash-convert"), **repo.call))
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
                    if p.is_file() and fnmatch.fnmatchcase(p.relative_to(folder).as_posix(), entry.files))
     if not files:
@@ -125,7 +115,7 @@ def dataset_prompts(spec: str, *, num_prompts: int | None = None, seed: int = 0,
     total = len(rows)
     if num_prompts is not None and num_prompts < total:
         rows = random.Random(seed).sample(rows, num_prompts)
-    return DatasetPrompts(name=name, prompts=rows, repo_id=entry.repo_id, revision=revision, commit_sha=sha,
+    return DatasetPrompts(name=name, prompts=rows, repo_id=entry.repo_id, revision=repo.revision, commit_sha=sha,
                           files=files, total=total)
 
 

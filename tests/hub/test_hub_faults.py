@@ -20,9 +20,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hub_server import BlobServer
+from hub_server import TOKEN, BlobServer, local_files
 from processes import stop_signals_at_default
-from test_hub import TOKEN, draft, hub, hub_draft, hub_env, local_files  # noqa: F401 - fixtures
 
 FAST = {"HF_HUB_ETAG_TIMEOUT": "1", "HF_HUB_DOWNLOAD_TIMEOUT": "1", "DFLASH_CONVERT_HUB_PATIENCE": "4"}
 BOUND = 30  # seconds: what each faulty case must end within with FAST (about 4-12 s when it works)
@@ -316,20 +315,20 @@ def test_a_long_retry_after_is_shortened_to_the_cap(asked, obeyed, monkeypatch, 
     from huggingface_hub import errors
     from huggingface_hub.utils import httpx as http
 
-    from dflash_convert.hub import client
+    from dflash_convert.hub import transport
 
-    monkeypatch.setenv(client.PATIENCE_VARIABLE, "1000")
-    client._watch.start()
+    monkeypatch.setenv(transport.PATIENCE_VARIABLE, "1000")
+    transport._watch.start()
     url = "https://hub.test/api/models/org/d/revision/main"
     response = http.Response(429, headers={"Retry-After": asked}, request=http.Request("GET", url))
-    client._on_response(response)
+    transport._on_response(response)
     assert float(response.headers["Retry-After"]) == obeyed
     err = capsys.readouterr().err
     assert f"retrying in {obeyed:g} s" in err
     assert ("capped at 60 s" in err) == (float(asked) > 60)
     exc = errors.HfHubHTTPError("slow down", response=response)
     response.headers["Retry-After"] = asked  # as sent, before any rewriting
-    assert client._retry_delay(exc, backoff=2.0) == obeyed + 1
+    assert transport._retry_delay(exc, backoff=2.0) == obeyed + 1
 
 
 @pytest.mark.parametrize("ratelimit, retry_after, obeyed", [
@@ -344,14 +343,14 @@ def test_a_ratelimit_reset_is_the_wait_and_is_capped(ratelimit, retry_after, obe
     from huggingface_hub import errors
     from huggingface_hub.utils import httpx as http
 
-    from dflash_convert.hub import client
+    from dflash_convert.hub import transport
 
-    monkeypatch.setenv(client.PATIENCE_VARIABLE, "1000")
-    client._watch.start()
+    monkeypatch.setenv(transport.PATIENCE_VARIABLE, "1000")
+    transport._watch.start()
     url = "https://hub.test/api/models/org/d/revision/main"
     headers = {"RateLimit": ratelimit, **({"Retry-After": retry_after} if retry_after else {})}
     response = http.Response(429, headers=headers, request=http.Request("GET", url))
-    client._on_response(response)
+    transport._on_response(response)
     err = capsys.readouterr().err
     assert f"retrying in {obeyed:g} s" in err
     t = int(ratelimit.rpartition("t=")[2])
@@ -360,7 +359,7 @@ def test_a_ratelimit_reset_is_the_wait_and_is_capped(ratelimit, retry_after, obe
         assert f"RateLimit reset: {t} s" in err and ("capped at 60 s" in err) == (t > 60)
     exc = errors.HfHubHTTPError("slow down", response=response)
     response.headers.update(headers)  # as sent, before any rewriting
-    assert client._retry_delay(exc, backoff=2.0) == obeyed + 1
+    assert transport._retry_delay(exc, backoff=2.0) == obeyed + 1
 
 
 @pytest.mark.parametrize("revision", ["a/", "main/", "refs/pr/1/", "/a", "a//b", "a/./b", "a/../b", "a.lock",

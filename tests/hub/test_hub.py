@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,81 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub_server import HubServer
+from hub_server import TOKEN, local_files
 from processes import stop_signals_at_default
 
-TOKEN = "hf_fakeTokenForTestsOnly0123456789abcdef"
 BAD_TOKEN = "hf_fakeWrongToken9876543210"
-TARGET_ID = "test-org/tiny-qwen3"
 
 
-# ----------------------------------------------------------------------------- fixtures
-
-@pytest.fixture
-def hub():
-    server = HubServer(valid_token=TOKEN, lfs_threshold=64 * 1024).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def forget_tokens():
-    """The tokens a test made the process remember (for redaction) are forgotten after it: other
-    tests' output must not lose text that happened to match a generated token."""
-    from dflash_convert.hub import tokens
-
-    saved = set(tokens._forms)
-    yield
-    tokens._forms.clear()
-    tokens._forms.update(saved)
-
-
-@pytest.fixture(autouse=True)
-def hub_env(hub, tmp_path, monkeypatch):
-    """Per-test cache, token and endpoint: in the environment (for subprocesses) and in the client's
-    constants, which it reads from the environment once, at import."""
-    from huggingface_hub import constants
-
-    home = tmp_path / "hf_home"
-    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HOME", str(home))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))  # never a developer's stored token
-    return home
-
-
-@pytest.fixture(scope="session")
-def hub_draft(tmp_path_factory, tiny_target) -> Path:
-    """A speculators-format draft saved by speculators 0.9.0, its verifier renamed to a Hub id."""
-    from factories import make_speculators_draft
-
-    path = make_speculators_draft(tmp_path_factory.mktemp("hub") / "draft", tiny_target)
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["speculators_config"]["verifier"]["name_or_path"] = TARGET_ID
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path
-
-
-@pytest.fixture
-def draft(hub_draft, tmp_path) -> Path:
-    """A private copy per test (push writes README.md into it)."""
-    return Path(shutil.copytree(hub_draft, tmp_path / "draft"))
-
-
-def local_files(path: Path) -> dict[str, bytes]:
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and ".cache" not in p.parts}
-
+# ----------------------------------------------------------------------------- helpers
 
 def one_error_line(r, *needles: str, code: int = 1) -> str:
     """Exit `code`, and stderr holds exactly one `Error:` line (no traceback) containing every needle."""
@@ -122,7 +52,8 @@ def test_push_creates_repo_in_one_commit_with_lfs_and_card(cli, hub, draft):
     assert hashlib.sha256(remote["model.safetensors"]).hexdigest() in hub.lfs_puts
     card = remote["README.md"].decode()
     meta = yaml.safe_load(card.split("---")[1])
-    assert meta["library_name"] == "speculators" and meta["base_model"] == TARGET_ID
+    verifier = json.loads((draft / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    assert meta["library_name"] == "speculators" and meta["base_model"] == verifier == "test-org/tiny-qwen3"
     assert {"dflash", "speculative-decoding"} <= set(meta["tags"])
     assert '"method": "dflash", "model": "org/draft", "num_speculative_tokens": 7' in card
     assert "--speculative-algorithm DFLASH" in card and "--speculative-num-draft-tokens 8" in card

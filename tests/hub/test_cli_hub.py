@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from test_hub import TOKEN, draft, hub, hub_draft, hub_env, local_files  # noqa: F401 - fixtures
+from hub_server import local_files
 
 
 def test_convert_push_revision_is_the_target_branch(cli, hub, draft, tmp_path):
