@@ -286,3 +286,15 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circle_even_through_lazy_imports():
     assert circles(import_graph()) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check sees one
+
+
+def test_tests_share_helpers_through_conftest_and_helper_modules_not_test_modules():
+    """A test module importing another one runs (and collects) it twice over and hides what it depends on:
+    shared fixtures live in a conftest.py, shared helpers in a module whose name does not start with test_."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert not found, found
