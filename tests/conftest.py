@@ -27,6 +27,10 @@ class CliResult:
     def json(self):
         return json.loads(self.out)
 
+    def failed_checks(self) -> dict[str, str]:
+        """name -> message of every failed check of a --json report."""
+        return {c["name"]: c["message"] for c in self.json()["checks"] if c["status"] == "fail"}
+
 
 def run_cli(*args: str) -> CliResult:
     """Run `dflash-convert ARGS` in-process through the real entry point (exit codes, error lines)."""

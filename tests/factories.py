@@ -175,3 +175,12 @@ def assert_hf_round_trip_is_bit_exact(cli, src: Path, tmp_path: Path) -> None:
     assert set(a) == set(b)
     assert_bit_identical(a, b)
     assert read_config(hf) == read_config(back)
+
+
+def copy_with_config(src: Path, dst: Path, edit) -> Path:
+    """A copy of a checkpoint whose config.json `edit(config dict)` changed in place, as saved JSON."""
+    shutil.copytree(src, dst)
+    cfg = read_config(dst)
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst

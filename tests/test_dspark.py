@@ -9,33 +9,19 @@ Qwen3DSparkModel load: the same tensor names, the DSpark keys at the top level o
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from factories import read_config
-from factories import assert_bit_identical, assert_hf_round_trip_is_bit_exact, tensors_of
+from factories import (assert_bit_identical, assert_hf_round_trip_is_bit_exact, copy_with_config, read_config,
+                       tensors_of)
 from dflash_convert.format import keys
 
 DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
           "dspark_pruned"]
 KEYS = ("sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
         "confidence_head_with_markov")
-
-
-def _failed(r) -> dict[str, str]:
-    return {c["name"]: c["message"] for c in r.json()["checks"] if c["status"] == "fail"}
-
-
-def _edit(src: Path, dst: Path, edit) -> Path:
-    shutil.copytree(src, dst)
-    cfg = read_config(dst)
-    edit(cfg)
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-    return dst
 
 
 @pytest.mark.parametrize("name", DSPARK)
@@ -103,13 +89,13 @@ def test_keys_nested_in_dflash_config_are_read_and_written_where_vllm_reads_them
 
     def nest(cfg):
         cfg["dflash_config"].update(markov_rank=cfg.pop("markov_rank"), markov_head_type=cfg.pop("markov_head_type"))
-    src = _edit(hf, tmp_path / "nested", nest)
+    src = copy_with_config(hf, tmp_path / "nested", nest)
     r = cli("inspect", src, "--engine", "vllm")
     assert "vLLM reads markov_rank only at the top level" in r.out, r.out
     assert cli("convert", src, "-o", tmp_path / "out", "--to", "hf").code == 0
     assert read_config(tmp_path / "out")["markov_rank"] == 16
     assert cli("diff", hf, src).code == 0
-    both = _edit(hf, tmp_path / "both", lambda c: c["dflash_config"].update(markov_rank=8))
+    both = copy_with_config(hf, tmp_path / "both", lambda c: c["dflash_config"].update(markov_rank=8))
     r = cli("convert", both, "-o", tmp_path / "out2")
     assert r.code == 1 and "markov_rank" in r.err and "dflash_config.markov_rank" in r.err, r.err
 
@@ -121,7 +107,7 @@ def test_diff_counts_a_dspark_key(cli, family_drafts, tmp_path, key, value):
         cfg[key] = value
         if key == "sample_from_anchor":  # the bonus anchor drafts one slot fewer: speculators' own rule
             cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = cfg["block_size"] - 1
-    other = _edit(family_drafts["dspark"], tmp_path / "other", edit)
+    other = copy_with_config(family_drafts["dspark"], tmp_path / "other", edit)
     r = cli("diff", family_drafts["dspark"], other, "--json")
     assert r.code == 3 and key in r.json()["config_differences"], r.out[-1500:]
 
@@ -132,14 +118,14 @@ def test_absent_keys_take_speculators_defaults_and_hf_keys_it_cannot_state_are_r
     as true): refused naming the key, nothing written."""
     from dflash_convert.io.checkpoint import open_checkpoint
 
-    src = _edit(family_drafts["dspark"], tmp_path / "src", lambda c: [c.pop(k) for k in KEYS[1:]])
+    src = copy_with_config(family_drafts["dspark"], tmp_path / "src", lambda c: [c.pop(k) for k in KEYS[1:]])
     spec = open_checkpoint(src).spec
     assert spec.variant == "dspark" and spec.variant_fields == {
         "sample_from_anchor": True, "markov_rank": 256, "markov_head_type": "vanilla",
         "enable_confidence_head": True, "confidence_head_with_markov": True}
     hf = tmp_path / "hf"
     assert cli("convert", family_drafts["dspark"], "-o", hf).code == 0
-    bare = _edit(hf, tmp_path / "bare", lambda c: c.pop("enable_confidence_head"))
+    bare = copy_with_config(hf, tmp_path / "bare", lambda c: c.pop("enable_confidence_head"))
     r = cli("convert", bare, "-o", tmp_path / "spec")
     assert r.code == 1 and "enable_confidence_head" in r.err and not (tmp_path / "spec").exists(), r.err
 
@@ -155,7 +141,7 @@ def test_a_dspark_without_its_heads_names_them(cli, family_drafts, tmp_path):
     bad = copy_draft(family_drafts["dspark_gated"], tmp_path / "bad", edit_tensors=drop)
     r = cli("inspect", bad, "--json")
     assert r.code == 3, r.err
-    missing = _failed(r)["missing_tensors"]
+    missing = r.failed_checks()["missing_tensors"]
     assert "markov_head.markov_w1.weight" in missing, missing
 
 
@@ -169,10 +155,10 @@ def test_a_dspark_without_its_heads_names_them(cli, family_drafts, tmp_path):
 ])
 def test_a_dspark_whose_keys_disagree_with_its_tensors_fails_naming_both(cli, family_drafts, tmp_path, name, update,
                                                                         check, needle):
-    src = _edit(family_drafts[name], tmp_path / "src", lambda c: c.update(update))
+    src = copy_with_config(family_drafts[name], tmp_path / "src", lambda c: c.update(update))
     r = cli("inspect", src, "--json")
     assert r.code == 3, (r.code, r.err)
-    assert check in _failed(r) and needle in _failed(r)[check], _failed(r)
+    assert check in r.failed_checks() and needle in r.failed_checks()[check], r.failed_checks()
 
 
 def test_inspect_says_which_engine_serves_which_dspark(cli, family_drafts):
@@ -212,7 +198,7 @@ def test_any_dspark_key_value_round_trips_or_stops_by_name(family_drafts, tmp_pa
     from dflash_convert.io.checkpoint import open_checkpoint
 
     tmp = tmp_path_factory.mktemp("dsk")
-    src = _edit(family_drafts["dspark"], tmp / "src", lambda c: c.update({name: value}))
+    src = copy_with_config(family_drafts["dspark"], tmp / "src", lambda c: c.update({name: value}))
     try:
         before = open_checkpoint(src).spec.variant_fields
         convert(src, tmp / "hf")
@@ -297,10 +283,10 @@ def test_an_hf_dspark_draft_model_named_as_speculators_names_it(cli, family_draf
 
     hf = tmp_path / "hf"
     assert cli("convert", family_drafts["dspark"], "-o", hf).code == 0
-    alias = _edit(hf, tmp_path / "alias", lambda c: c.update(architectures=["DSparkDraftModel"]))
+    alias = copy_with_config(hf, tmp_path / "alias", lambda c: c.update(architectures=["DSparkDraftModel"]))
     assert open_checkpoint(alias).spec.variant == "dspark"
     assert cli("diff", hf, alias).code == 0
-    other = _edit(hf, tmp_path / "other", lambda c: c.update(architectures=["DSparkDraftModel"],
+    other = copy_with_config(hf, tmp_path / "other", lambda c: c.update(architectures=["DSparkDraftModel"],
                                                              model_type="deepseek_v4"))
     r = cli("inspect", other)
     assert r.code == 1 and "DSparkDraftModel" in r.err and "DeepSeek" in r.err, r.err

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from factories import read_config
+from factories import copy_with_config, read_config
 from dflash_convert.format import keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,14 +166,10 @@ FAMILY_TENSORS = [f"layers.{i}.{part}_conv.{leaf}" for i in range(2) for part in
                                                             "hidden_projection.weight")]
 
 
-def _failed(r) -> dict[str, str]:
-    return {c["name"]: c["message"] for c in r.json()["checks"] if c["status"] == "fail"}
-
-
 def test_every_saved_family_draft_inspects_clean_with_its_keys(cli, family_drafts):
     for name in family_drafts:  # dflash2 and DSpark, each shape speculators saves
         r = cli("inspect", family_drafts[name], "--json")
-        assert r.code == 0 and not _failed(r), (name, r.out[-2000:])
+        assert r.code == 0 and not r.failed_checks(), (name, r.out[-2000:])
         checks = {c["name"]: c for c in r.json()["checks"]}
         assert checks["family_config"]["status"] == "pass" and checks["family_shapes"]["status"] == "pass"
 
@@ -188,7 +184,7 @@ def test_a_dflash2_without_its_convolutions_and_selector_names_them(cli, family_
     bad = copy_draft(family_drafts["dflash2"], tmp_path / "bad", edit_tensors=drop)
     r = cli("inspect", bad, "--json")
     assert r.code == 3, r.err
-    assert "missing_tensors" in _failed(r) and "layers.0.attention_conv.base_kernel" in _failed(r)["missing_tensors"]
+    assert "missing_tensors" in r.failed_checks() and "layers.0.attention_conv.base_kernel" in r.failed_checks()["missing_tensors"]
 
 
 @pytest.mark.parametrize("update, check, needle", [
@@ -200,14 +196,10 @@ def test_a_dflash2_without_its_convolutions_and_selector_names_them(cli, family_
 ])
 def test_a_dflash2_whose_keys_disagree_with_its_tensors_fails_naming_both(cli, family_drafts, tmp_path, update,
                                                                           check, needle):
-    src = tmp_path / "src"
-    shutil.copytree(family_drafts["dflash2"], src)
-    cfg = read_config(src)
-    cfg.update(update)
-    (src / "config.json").write_text(json.dumps(cfg))
+    src = copy_with_config(family_drafts["dflash2"], tmp_path / "src", lambda c: c.update(update))
     r = cli("inspect", src, "--json")
     assert r.code == 3, (r.code, r.err)
-    assert check in _failed(r) and needle in _failed(r)[check], _failed(r)
+    assert check in r.failed_checks() and needle in r.failed_checks()[check], r.failed_checks()
 
 
 def test_inspect_says_vllm_needs_its_v2_runner_for_dflash2(cli, family_drafts):

@@ -148,3 +148,26 @@ def test_bad_decode_arguments(speculators_drafts, runtime_target):
         with pytest.raises(UsageError, match=r"top_p must be in \(0, 1\] and min_p in \[0, 1\]"):
             Sampling(**bad)
     assert Sampling(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)  # frozen, hashable: one per run
+
+
+FAMILY = ["dflash2", "dflash2_k3", "dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf",
+          "dspark_bonus_anchor", "dspark_pruned"]
+
+
+@pytest.mark.parametrize("name", FAMILY)
+@pytest.mark.parametrize("backend, compile", [("eager", False), ("sdpa", False), ("flex", False), ("sdpa", True)])
+def test_family_greedy_decoding_is_lossless(name, backend, compile, family_drafts, runtime_target):
+    """dflash2 (convolutions, selector walk) and DSpark (Markov walk, confidence heads) drafts on every backend:
+    greedy speculative output is target-only output, with acceptance counted over the draft's proposing slots."""
+    draft = load_draft(family_drafts[name], backend=backend, compile=compile)
+    prompt = [3, 14, 15, 92, 65, 35]
+    ours = speculative_generate(draft, runtime_target, prompt, max_new_tokens=20)
+    assert ours.tokens == target_generate(runtime_target, prompt, max_new_tokens=20).tokens
+    assert ours.stats.num_drafts > 0 and len(ours.stats.per_position_rates) == draft.proposals()
+    predicted = ours.stats.predicted_rates  # a confidence head's survival estimates, per position
+    if draft.confidence_head is not None:
+        assert draft.last_confidence is not None and ((draft.last_confidence > 0) & (draft.last_confidence < 1)).all()
+        assert len(predicted) == draft.proposals() and all(0 <= p <= 1 for p in predicted)
+        assert predicted == sorted(predicted, reverse=True)  # a product of probabilities only shrinks along a block
+    else:
+        assert predicted == []

@@ -129,10 +129,6 @@ def test_loader_reads_the_heads_speculators_saved(name, family_drafts):
         assert draft.confidence_head.with_markov is cfg.confidence_head_with_markov
 
 
-DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
-          "dspark_pruned"]
-
-
 @pytest.mark.parametrize("name", ["dspark", "dspark_bonus_anchor", "dspark_pruned"])
 def test_block_logits_equal_speculators_forward(name, family_drafts, runtime_target):
     """The backbone's logits of every proposing slot (all B with sample_from_anchor, B-1 without) against
@@ -163,24 +159,6 @@ def test_block_logits_equal_speculators_forward(name, family_drafts, runtime_tar
     assert torch.equal(picked, got.argmax(-1) if draft.draft_to_target is None else
                        draft.draft_to_target[got.argmax(-1)])
     assert len(picked) == (draft.block_size if draft.anchor_predicts else draft.block_size - 1)
-
-
-@pytest.mark.parametrize("name", DSPARK)
-@pytest.mark.parametrize("backend, compile", [("eager", False), ("sdpa", False), ("flex", False), ("sdpa", True)])
-def test_greedy_decoding_is_lossless(name, backend, compile, family_drafts, runtime_target):
-    draft = load_draft(family_drafts[name], backend=backend, compile=compile)
-    prompt = [3, 14, 15, 92, 65, 35]
-    ours = speculative_generate(draft, runtime_target, prompt, max_new_tokens=20)
-    assert ours.tokens == target_generate(runtime_target, prompt, max_new_tokens=20).tokens
-    assert ours.stats.num_drafts > 0
-    assert len(ours.stats.per_position_rates) == draft.proposals()
-    predicted = ours.stats.predicted_rates  # the confidence head's survival estimates, per position
-    if draft.confidence_head is not None:
-        assert draft.last_confidence is not None and ((draft.last_confidence > 0) & (draft.last_confidence < 1)).all()
-        assert len(predicted) == draft.proposals() and all(0 <= p <= 1 for p in predicted)
-        assert predicted == sorted(predicted, reverse=True)  # a product of probabilities only shrinks along a block
-    else:
-        assert predicted == []
 
 
 def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, runtime_target, monkeypatch):
