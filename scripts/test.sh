@@ -9,7 +9,7 @@ bash scripts/setup-vllm.sh
 export DFLASH_VLLM_PYTHON="$PWD/build/vllm-venv/bin/python"
 . .venv/bin/activate
 export NO_COLOR=1 HF_HUB_DISABLE_XET=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider --durations=15 "$@"
 # A whole run (no arguments) also runs the Hub tests with the other major version of huggingface_hub,
 # and the runtime and target tests with the newest transformers tested.
 if [ $# -eq 0 ]; then
