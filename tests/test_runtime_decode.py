@@ -4,6 +4,7 @@ draft windows and run-time block sizes behave as documented."""
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from dflash_convert.errors import UsageError
 from dflash_runtime import Sampling, load_draft, load_target, speculative_generate, target_generate
 from dflash_runtime.model import DFlashDraft
-from runtime_helpers import DEVICES, one_torch_thread  # noqa: F401 (autouse fixture)
+from runtime_helpers import DEVICES, one_torch_thread, record_calls  # noqa: F401 (autouse fixture)
 
 PROMPTS = ([3, 17, 250, 9], [100] * 7, list(range(40, 61)))
 N = 12
@@ -171,3 +172,14 @@ def test_family_greedy_decoding_is_lossless(name, backend, compile, family_draft
         assert predicted == sorted(predicted, reverse=True)  # a product of probabilities only shrinks along a block
     else:
         assert predicted == []
+
+
+@pytest.mark.parametrize("name, module, walk", [("dflash2", "dflash2", "walk"), ("dspark_rnn", "dspark", "sequential")])
+def test_family_sampled_decoding_proposes_from_the_walk(name, module, walk, family_drafts, runtime_target, monkeypatch):
+    """At temperature 1 the proposals are the walk's samples (each slot after the previous pick: dflash2's selector
+    walk, DSpark's Markov walk), not redrawn from the draft's logits."""
+    draft = load_draft(family_drafts[name])
+    calls = record_calls(monkeypatch, importlib.import_module(f"dflash_runtime.{module}"), walk)
+    g = speculative_generate(draft, runtime_target, [3, 14, 15], max_new_tokens=12,
+                             sampling=Sampling(temperature=1.0, seed=0), draft_sampling="probabilistic")
+    assert len(g.tokens) == 12 and calls and all(c.get("temperature") == 1.0 for c in calls)

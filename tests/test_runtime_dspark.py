@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_runtime import Sampling, dspark, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import our_block_logits, record_calls, speculators_logits, target_context
+from dflash_runtime import dspark, load_draft, load_target, speculative_generate, target_generate
+from runtime_helpers import our_block_logits, speculators_logits, target_context
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
@@ -159,15 +159,6 @@ def test_block_logits_equal_speculators_forward(name, family_drafts, runtime_tar
     assert torch.equal(picked, got.argmax(-1) if draft.draft_to_target is None else
                        draft.draft_to_target[got.argmax(-1)])
     assert len(picked) == (draft.block_size if draft.anchor_predicts else draft.block_size - 1)
-
-
-def test_sampled_decoding_proposes_from_the_markov_walk(family_drafts, runtime_target, monkeypatch):
-    """At temperature 1 the proposals are the walk's samples (each slot after the previous pick), not redrawn."""
-    draft = load_draft(family_drafts["dspark_rnn"])
-    calls = record_calls(monkeypatch, dspark, "sequential")
-    g = speculative_generate(draft, runtime_target, [3, 14, 15], max_new_tokens=12,
-                             sampling=Sampling(temperature=1.0, seed=0), draft_sampling="probabilistic")
-    assert len(g.tokens) == 12 and calls and all(c.get("temperature") == 1.0 for c in calls)
 
 
 def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, runtime_target, monkeypatch):
