@@ -232,3 +232,17 @@ def stand_in_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=
         ok &= key <= pos + right
     probs = scores.masked_fill(~ok, float("-inf")).softmax(-1)
     return torch.einsum("bhqk,bkhd->bqhd", probs, v.float()).to(q.dtype)
+
+
+def assert_decode_alike(draft_a, draft_b, target) -> None:
+    """Two drafts decode the trained pair's target alike, greedy: the same tokens and the same acceptance at every
+    step, on two prompts where the pair accepts a lot (tau > 2: the comparison is about real acceptances)."""
+    from dflash_runtime import speculative_generate
+
+    for prompt in ([5, 6, 7, 8], [40, 41, 42, 43, 44, 45]):
+        a = speculative_generate(draft_a, target, prompt, max_new_tokens=48)
+        b = speculative_generate(draft_b, target, prompt, max_new_tokens=48)
+        assert a.tokens == b.tokens
+        assert (a.stats.accepted, a.stats.num_drafts, a.stats.per_position_rates) == \
+            (b.stats.accepted, b.stats.num_drafts, b.stats.per_position_rates)
+        assert a.stats.tau > 2
