@@ -447,6 +447,8 @@ def _top(second: dict[str, float]) -> list:
     (None, [[1, 2, 3], [4, 7]], {"5": 24.43, "7": 24.125}, False, "prompt 2: vLLM's target-only output is not our "
      "target's greedy output (token 2: vLLM's target-only run took 5, our target 7 (logits 24.43 and 24.12: not a "
      "near-tie))"),
+    # vLLM took a token 0.5 below the other one (its greedy pick against its own logits): no tie either
+    (None, [[1, 2, 3], [4, 7]], {"5": 24.23, "7": 24.73}, False, "(logits 24.23 and 24.73: not a near-tie)"),
     # the other token is not among vLLM's top candidates at all
     (None, [[1, 2, 3], [4, 7]], {"5": 24.23}, False, "(token 2: vLLM's target-only run took 5, our target 7)"),
 ])

@@ -242,7 +242,7 @@ class Parting:
     @property
     def near_tie(self) -> bool:
         return (self.tolerance is not None and self.taken_logit is not None and self.other_logit is not None
-                and self.taken_logit - self.other_logit <= self.tolerance)
+                and abs(self.taken_logit - self.other_logit) <= self.tolerance)
 
     def describe(self, other_side: str) -> str:
         where = f"token {self.at + 1}: vLLM's target-only run took {self.taken}, {other_side} {self.other}"
