@@ -3,7 +3,7 @@ SGLang load in place of the target's embedding of the mask token).
 
 What a user relies on: conversion carries them byte for byte in both directions and records their hash,
 nothing here ever unpickles them, diff counts them, and a hostile one (a FIFO, a dangling link, an absurd
-size) is one error naming the file with nothing left at DST. (A Hub draft brings them along: test_hub.py.)
+size) is one error naming the file with nothing left at DST. (A Hub draft brings them along: tests/hub/test_hub.py.)
 """
 
 from __future__ import annotations
