@@ -1,10 +1,12 @@
 """The bundled DFlash runtime: draft model, attention backends, transformers target, decode loop.
 
-    from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
+    from dflash_runtime import Penalties, Sampling, load_draft, load_target, speculative_generate, target_generate
     draft = load_draft("path/to/draft", backend="auto")
     target = load_target("path/to/target")
-    out = speculative_generate(draft, target, prompt_ids, max_new_tokens=64)
+    out = speculative_generate(draft, target, prompt_ids, max_new_tokens=64)   # greedy
     out.tokens, out.stats.tau
+    sampled = Sampling(temperature=0.7, top_p=0.9, penalties=Penalties(repetition=1.1), stop_token_ids=[2], seed=0)
+    out = speculative_generate(draft, target, prompt_ids, max_new_tokens=64, sampling=sampled)
 
 Names are imported lazily so that `import dflash_runtime` alone does not import torch.
 """
