@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dflash_convert.errors import UsageError
-from dflash_runtime import Sampling, load_draft, load_target, speculative_generate, target_generate
+from dflash_runtime import Penalties, Sampling, load_draft, load_target, speculative_generate, target_generate
 from dflash_runtime.model import DFlashDraft
 from runtime_helpers import DEVICES, one_torch_thread, record_calls  # noqa: F401 (autouse fixture)
 
@@ -143,11 +143,18 @@ def test_bad_decode_arguments(speculators_drafts, runtime_target):
         target_generate(runtime_target, [1], max_new_tokens=0)
     with pytest.raises(UsageError, match="draft sampling 'typical'"):
         speculative_generate(draft, runtime_target, [1], draft_sampling="typical")
-    with pytest.raises(UsageError, match="temperature must be >= 0"):
-        Sampling(temperature=-0.5)
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(UsageError, match="temperature must be a finite number >= 0"):
+            Sampling(temperature=bad)
     for bad in (dict(top_p=0.0), dict(top_p=1.5), dict(min_p=-0.1), dict(min_p=2.0)):
         with pytest.raises(UsageError, match=r"top_p must be in \(0, 1\] and min_p in \[0, 1\]"):
             Sampling(**bad)
+    for bad, says in ((dict(repetition=0.0), "repetition penalty must be a finite number > 0"),
+                      (dict(repetition=float("inf")), "repetition penalty must be a finite number > 0"),
+                      (dict(presence=2.5), r"presence and frequency penalties must be in \[-2, 2\]"),
+                      (dict(frequency=-3.0), r"presence and frequency penalties must be in \[-2, 2\]")):
+        with pytest.raises(UsageError, match=says):
+            Penalties(**bad)
     assert Sampling(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)  # frozen, hashable: one per run
 
 

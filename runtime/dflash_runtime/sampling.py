@@ -33,6 +33,13 @@ class Penalties:
     presence: float = 0.0
     frequency: float = 0.0
 
+    def __post_init__(self) -> None:  # vLLM's SamplingParams ranges
+        if not (self.repetition > 0 and math.isfinite(self.repetition)):
+            raise UsageError(f"repetition penalty must be a finite number > 0, got {self.repetition}")
+        if not (-2 <= self.presence <= 2 and -2 <= self.frequency <= 2):
+            raise UsageError(f"presence and frequency penalties must be in [-2, 2], got {self.presence} and "
+                             f"{self.frequency}")
+
     @property
     def active(self) -> bool:
         return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
@@ -54,8 +61,8 @@ class Sampling:
     seed: int | None = None  # None: a fresh seed per call (temperature > 0 only)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise UsageError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1 and 0 <= self.min_p <= 1):
             raise UsageError(f"top_p must be in (0, 1] and min_p in [0, 1], got {self.top_p} and {self.min_p}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
