@@ -395,24 +395,7 @@ def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
 def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     """speculators 0.9.0 config.json for a spec, and the warnings a user must see."""
     check_complete(spec)
-    warnings: list[str] = []
-    sliding = [i for i, t in enumerate(spec.layer_types) if t == "sliding_attention"]
-    causal_full = [i for i, t in enumerate(spec.layer_types) if t == "full_attention" and spec.layer_causal[i]]
-    if causal_full:
-        raise DFlashError(f"draft layers {causal_full} are full_attention and causal; speculators can only make "
-                          "sliding_attention layers causal (full layers are always bidirectional), "
-                          "so this draft cannot be written in the speculators format")
-    sliding_causal = {spec.layer_causal[i] for i in sliding}
-    if len(sliding_causal) > 1:
-        raise DFlashError("sliding_attention layers differ in causality; speculators has one flag "
-                          "(sliding_window_non_causal) for all of them")
-    # With no sliding layers the flag means nothing to speculators (full layers are never causal), but
-    # vLLM applies `causal = not sliding_window_non_causal` to EVERY layer: true keeps them non-causal there.
-    non_causal = (not sliding_causal.pop()) if sliding_causal else True
-    if sliding and len(sliding) < spec.num_layers and not non_causal:
-        warnings.append("mixed draft (sliding causal + full non-causal): vLLM's speculators reader applies one "
-                        "causality flag to every layer and would serve the full layers causally; serve vLLM the "
-                        "HF format (convert --to hf), which it reads per layer")
+    non_causal, warnings = _sliding_window_non_causal(spec)
     decoder = dict(spec.decoder)
     decoder["layer_types"] = list(spec.layer_types)
     if spec.target_hidden_size not in (None, spec.hidden_size):
@@ -470,6 +453,30 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
                         f"format: {', '.join(sorted(dropped))}")
     out.update(extra)
     return out, warnings
+
+
+def _sliding_window_non_causal(spec: DraftSpec) -> tuple[bool, list[str]]:
+    """speculators' one causality flag (`sliding_window_non_causal`) for the spec's layers, and the warning a
+    mixed draft gets; raises where the one flag cannot state them."""
+    warnings: list[str] = []
+    sliding = [i for i, t in enumerate(spec.layer_types) if t == "sliding_attention"]
+    causal_full = [i for i, t in enumerate(spec.layer_types) if t == "full_attention" and spec.layer_causal[i]]
+    if causal_full:
+        raise DFlashError(f"draft layers {causal_full} are full_attention and causal; speculators can only make "
+                          "sliding_attention layers causal (full layers are always bidirectional), "
+                          "so this draft cannot be written in the speculators format")
+    sliding_causal = {spec.layer_causal[i] for i in sliding}
+    if len(sliding_causal) > 1:
+        raise DFlashError("sliding_attention layers differ in causality; speculators has one flag "
+                          "(sliding_window_non_causal) for all of them")
+    # With no sliding layers the flag means nothing to speculators (full layers are never causal), but
+    # vLLM applies `causal = not sliding_window_non_causal` to EVERY layer: true keeps them non-causal there.
+    non_causal = (not sliding_causal.pop()) if sliding_causal else True
+    if sliding and len(sliding) < spec.num_layers and not non_causal:
+        warnings.append("mixed draft (sliding causal + full non-causal): vLLM's speculators reader applies one "
+                        "causality flag to every layer and would serve the full layers causally; serve vLLM the "
+                        "HF format (convert --to hf), which it reads per layer")
+    return non_causal, warnings
 
 
 def spec_to_config(spec: DraftSpec, fmt: str) -> tuple[dict[str, Any], list[str]]:
