@@ -349,12 +349,6 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             on_progress: Callable[[int], None] | None = None,
             before_commit: Callable[[Path], None] | None = None) -> ConversionRecord:
     ckpt = plan.checkpoint
-    kept = plan.kept
-    sizes = [s.nbytes for s in kept]
-    max_shard = parse_size(opts.max_shard_size) if opts.max_shard_size else None
-    shards = plan_shards(sizes, max_shard)
-    names = shard_names(len(shards))
-    metadata = dict(ckpt.metadata) or {"format": "pt"}
     hashes: dict[str, str] = {}
     nonfinite: list[str] = []
     failure: list[BaseException] = []
@@ -370,23 +364,7 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
     reader.start()
     record_warnings = list(plan.warnings)
     with staged_directory(dest, overwrite=opts.overwrite, notes=record_warnings) as tmp:
-        handles: dict = {}
-        try:
-            weight_map: dict[str, str] = {}
-            for shard_name, idx in zip(names, shards):
-                head, _ = header_bytes([(kept[i].dest, kept[i].dtype, kept[i].shape) for i in idx], metadata)
-                with open(tmp / shard_name, "wb") as dst:
-                    dst.write(head)
-                    for i in idx:
-                        _write_tensor(plan, kept[i], handles, dst)
-                        weight_map[kept[i].dest] = shard_name
-                        if on_progress:
-                            on_progress(sizes[i])
-            if len(shards) > 1:
-                write_index(tmp, weight_map, sum(sizes))
-        finally:
-            for h in handles.values():
-                h.close()
+        _write_weights(plan, tmp, opts.max_shard_size, on_progress)
         (tmp / "config.json").write_text(json.dumps(plan.config, indent=2, allow_nan=False) + "\n")
         for f in ckpt.companion_files:  # engines read them beside the weights; bounded, never unpickled
             (tmp / f.name).write_bytes(read_companion(f))
@@ -400,27 +378,61 @@ def execute(plan: ConversionPlan, dest: Path, opts: ConvertOptions, *,
             raise DFlashError(f"tensor `{nonfinite[0]}` contains NaN or Inf values"
                               + (f" (and {len(nonfinite) - 1} more)" if len(nonfinite) > 1 else ""),
                               file=ckpt.tensors[nonfinite[0]].file)
-        record = ConversionRecord(
-            tool_version=__version__,
-            source=opts.source_id or str(ckpt.path),
-            source_format=ckpt.format,
-            source_revision=opts.source_revision,
-            destination_format=plan.dest_format,
-            input_files=hashes,
-            options=opts.record(),
-            tensors_kept=[s.dest for s in kept if s.action == "keep"],
-            tensors_dropped=plan.dropped,
-            tensors_renamed={ckpt.source_names[s.source]: s.dest for s in kept
-                             if s.source and ckpt.source_names[s.source] != s.dest},
-            tensors_added={s.dest: s.reason for s in kept if s.action == "derive"},
-            files_carried=[f.name for f in ckpt.companion_files],
-            config_changes=mapping.config_changes(ckpt.raw_config, ckpt.format, plan.config, plan.dest_format),
-            warnings=record_warnings,
-        )
+        record = _record(plan, opts, hashes, record_warnings)
         (tmp / RECORD_NAME).write_text(record.model_dump_json(indent=2) + "\n")
         if before_commit:
             before_commit(tmp)
     return record
+
+
+def _write_weights(plan: ConversionPlan, tmp: Path, max_shard_size: str | None,
+                   on_progress: Callable[[int], None] | None) -> None:
+    """The kept tensors into safetensors shards in `tmp` (and their index when there are several), streamed one
+    tensor at a time from the source files in the catalogue's order."""
+    kept = plan.kept
+    sizes = [s.nbytes for s in kept]
+    shards = plan_shards(sizes, parse_size(max_shard_size) if max_shard_size else None)
+    metadata = dict(plan.checkpoint.metadata) or {"format": "pt"}
+    handles: dict = {}
+    try:
+        weight_map: dict[str, str] = {}
+        for shard_name, idx in zip(shard_names(len(shards)), shards):
+            head, _ = header_bytes([(kept[i].dest, kept[i].dtype, kept[i].shape) for i in idx], metadata)
+            with open(tmp / shard_name, "wb") as dst:
+                dst.write(head)
+                for i in idx:
+                    _write_tensor(plan, kept[i], handles, dst)
+                    weight_map[kept[i].dest] = shard_name
+                    if on_progress:
+                        on_progress(sizes[i])
+        if len(shards) > 1:
+            write_index(tmp, weight_map, sum(sizes))
+    finally:
+        for h in handles.values():
+            h.close()
+
+
+def _record(plan: ConversionPlan, opts: ConvertOptions, hashes: dict[str, str], warnings: list[str]
+            ) -> ConversionRecord:
+    """conversion.json: what was read (with its hashes), what was kept, dropped, renamed and added, and why."""
+    ckpt, kept = plan.checkpoint, plan.kept
+    return ConversionRecord(
+        tool_version=__version__,
+        source=opts.source_id or str(ckpt.path),
+        source_format=ckpt.format,
+        source_revision=opts.source_revision,
+        destination_format=plan.dest_format,
+        input_files=hashes,
+        options=opts.record(),
+        tensors_kept=[s.dest for s in kept if s.action == "keep"],
+        tensors_dropped=plan.dropped,
+        tensors_renamed={ckpt.source_names[s.source]: s.dest for s in kept
+                         if s.source and ckpt.source_names[s.source] != s.dest},
+        tensors_added={s.dest: s.reason for s in kept if s.action == "derive"},
+        files_carried=[f.name for f in ckpt.companion_files],
+        config_changes=mapping.config_changes(ckpt.raw_config, ckpt.format, plan.config, plan.dest_format),
+        warnings=warnings,
+    )
 
 
 @dataclass
