@@ -136,6 +136,16 @@ def hf_top_names(kind: str) -> tuple[str, ...]:
     return tuple(k.name for k in keys_for(kind) if k.hf_top)
 
 
+def trained_value(kind: str, fields: dict[str, Any], name: str) -> Any:
+    """The value a draft was trained with: its config's, else what speculators fills in for an absent key, else
+    the neutral one (what the runtime runs)."""
+    value = fields.get(name)
+    if value is not None:
+        return value
+    key = key_for(kind, name)
+    return key.filled[0] if key.filled else key.default
+
+
 def effective(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
     """Every table key of this kind with the value an engine acts on (absent = neutral), for comparisons."""
     return {k.name: k.default if k.is_neutral(fields.get(k.name)) else fields.get(k.name) for k in keys_for(kind)}

@@ -16,6 +16,7 @@ from dflash_convert.chart import svg_chart, text_chart
 from dflash_convert.io.checkpoint import open_checkpoint
 
 from dflash_convert.io.reading import read_json
+from dflash_convert.format import keys
 from dflash_convert.format.configs import ConversionRecord, DraftSpec
 from dflash_convert.errors import DFlashError
 
@@ -47,7 +48,7 @@ CHART_NAME = "acceptance.svg"  # written beside README.md when the validation ha
 
 def _anchor_drafts(spec: DraftSpec) -> bool:
     """A DSpark draft whose anchor slot drafts too (sample_from_anchor): block_size tokens per block, not one fewer."""
-    return spec.variant == "dspark" and spec.variant_fields.get("sample_from_anchor") is True
+    return spec.variant == "dspark" and bool(keys.trained_value("dspark", spec.variant_fields, "sample_from_anchor"))
 
 
 def _render_validation(validation: dict[str, Any]) -> list[str]:

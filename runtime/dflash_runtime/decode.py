@@ -142,7 +142,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
             proposals, draft_probs = _propose(draft, target, anchor, start, size, draft_window,
                                               temperature if probabilistic else 0.0, generator)
             block = torch.cat([block, proposals.to(device)])
-            if getattr(draft, "last_confidence", None) is not None:
+            if draft.last_confidence is not None:
                 survival_per_step.append(draft.last_confidence.double().cumprod(0).tolist())
             draft_time += _now(device) - t
         t = _now(device)

@@ -9,6 +9,7 @@ Only context K/V are kept between steps; block K/V are recomputed each step.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from dflash_convert.format import catalogue, compat, mapping
+from dflash_convert.format import catalogue, compat, keys, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.format.configs import DraftSpec
 from dflash_convert.errors import DFlashError, NotRunnable
@@ -307,26 +308,28 @@ class DFlashDraft:
                     group_size=f["conv_group_size"], block_size=spec.block_size))
         self.selector = dflash2.Selector(*(tensors[name(f"selector_{leaf}")] for leaf in (
             "predecessor_codebook", "successor_codebook", "hidden_projection")), top_k=f["selector_top_k"])
-        self.embed_scale = float(f.get("input_embedding_scale") or 1.0)
-        self.logit_multiplier = float(f.get("output_multiplier") or 1.0)
-        self.softcap = float(f.get("final_logit_softcapping") or 0.0) or None
+        value = functools.partial(keys.trained_value, "dflash2", f)
+        self.embed_scale = float(value("input_embedding_scale"))
+        self.logit_multiplier = float(value("output_multiplier"))
+        self.softcap = float(value("final_logit_softcapping")) or None  # 0: no cap
 
     def _load_dspark(self, spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
-        f, name = spec.variant_fields, catalogue.name
-        kind = f.get("markov_head_type") or "vanilla"
+        name = catalogue.name
+        value = functools.partial(keys.trained_value, "dspark", spec.variant_fields)
+        kind = value("markov_head_type")
         if kind not in dspark.MARKOV_HEAD_TYPES:
             raise NotRunnable(f"markov_head_type {kind!r} is not one the runtime runs "
                               f"({', '.join(dspark.MARKOV_HEAD_TYPES)}: speculators 0.9.0's)")
-        if (f.get("markov_rank") or 0) > 0:
+        if value("markov_rank") > 0:
             extra = {"gated": ("markov_gate", "markov_gate_bias"),
                      "rnn": ("markov_joint", "markov_joint_bias")}.get(kind)
             self.markov = dspark.Markov(tensors[name("markov_w1")], tensors[name("markov_w2")], kind,
                                         *(tensors[name(k)] for k in extra or ()))
-        if f.get("enable_confidence_head", True) and name("confidence_proj") in tensors:
+        if value("enable_confidence_head") and name("confidence_proj") in tensors:
             self.confidence_head = dspark.Confidence(tensors[name("confidence_proj")],
                                                      tensors.get(name("confidence_bias")),
-                                                     with_markov=bool(f.get("confidence_head_with_markov", True)))
-        self.anchor_predicts = bool(f.get("sample_from_anchor", True))
+                                                     with_markov=bool(value("confidence_head_with_markov")))
+        self.anchor_predicts = bool(value("sample_from_anchor"))
 
     def proposals(self, block_size: int | None = None) -> int:
         """How many tokens a block of `block_size` slots proposes: all of them when the anchor's slot predicts
