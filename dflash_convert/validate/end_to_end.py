@@ -96,8 +96,9 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
     base = DecodeStats.merge([g.stats for br, _ in rounds for g in br])
     per_round = [_round_speedup(br, sr) for br, sr in rounds]
-    checks.append(_speedup_check(_ratio(spec.tokens_per_s, base.tokens_per_s), per_round, spec.tokens_per_s,
-                                 base.tokens_per_s, base_n, opts.timing_rounds, opts.min_speedup))
+    speedup = _ratio(spec.tokens_per_s, base.tokens_per_s)
+    checks.append(_speedup_check(speedup, per_round, spec.tokens_per_s, base.tokens_per_s, base_n,
+                                 opts.timing_rounds, opts.min_speedup))
     if block != draft.block_size:
         checks.append(make_check("block_size_override", False, f"run at block size {block}; the draft was trained "
                              f"at {draft.block_size}", value=block, threshold=draft.block_size,
@@ -105,15 +106,15 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     stats = AcceptanceStats(
         prompts=len(runs), new_tokens=whole.new_tokens, block_size=block, max_new_tokens=opts.max_new_tokens,
         temperature=sampling.temperature, draft_sampling=opts.draft_sampling, acceptance_length=round(whole.tau, 4),
-        per_position_rates=[round(r, 4) for r in _padded(whole.per_position_rates, slots)],
-        predicted_position_rates=[round(r, 4) for r in _padded(whole.predicted_rates, slots)]
+        per_position_rates=_rounded(whole.per_position_rates, slots),
+        predicted_position_rates=_rounded(whole.predicted_rates, slots)
         if whole.predicted_rates else None,
         num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, slots) if full else None,
         outputs_equal=None if same is None else sum(same), baseline_prompts=base_n,
         timing_rounds=opts.timing_rounds, target_attention=target.attention,
         target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
         speculative_tokens_per_s=spec.tokens_per_s, target_tokens_per_s=base.tokens_per_s,
-        speedup=_ratio(spec.tokens_per_s, base.tokens_per_s), speedup_range=[min(per_round), max(per_round)],
+        speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
         target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
         prompt_format=prompts.format, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
@@ -153,7 +154,7 @@ def counts(stats: DecodeStats, slots: int) -> AcceptanceCounts:
     """The figures of `stats`, rates over the `slots` proposals of a block."""
     return AcceptanceCounts(num_drafts=stats.num_drafts, drafted=stats.drafted, accepted=stats.accepted,
                             acceptance_length=round(stats.tau, 4),
-                            per_position_rates=[round(r, 4) for r in _padded(stats.per_position_rates, slots)])
+                            per_position_rates=_rounded(stats.per_position_rates, slots))
 
 
 def _set_stats(source: str, runs, slots: int) -> PromptSetAcceptance:
@@ -161,7 +162,7 @@ def _set_stats(source: str, runs, slots: int) -> PromptSetAcceptance:
     return PromptSetAcceptance(source=source, prompts=len(runs), new_tokens=merged.new_tokens,
                                num_drafts=merged.num_drafts, accepted=merged.accepted,
                                acceptance_length=round(merged.tau, 4),
-                               per_position_rates=[round(r, 4) for r in _padded(merged.per_position_rates, slots)])
+                               per_position_rates=_rounded(merged.per_position_rates, slots))
 
 
 class Decode:
@@ -169,7 +170,8 @@ class Decode:
 
     def __init__(self, draft, target, opts: ValidateOptions, sampling, block: int):
         self.draft, self.target = draft, target
-        self.kw = dict(max_new_tokens=opts.max_new_tokens, sampling=sampling)  # sampling: dflash_runtime.Sampling
+        self.sampling = sampling  # dflash_runtime.Sampling
+        self.kw = dict(max_new_tokens=opts.max_new_tokens, sampling=sampling)
         self.spec_kw = dict(self.kw, block_size=block, draft_sampling=opts.draft_sampling)
 
     def speculative(self, prompt: list[int], **over):
@@ -286,7 +288,7 @@ def _timing_rounds(decode: Decode, prompts: list[list[int]], n: int, say) -> lis
 
 def _greedy_pass(decode: Decode, prompts: list[list[int]], say) -> tuple[list, list]:
     """(speculative, target-only) greedy generations of `prompts`, whatever the run samples with."""
-    greedy = dict(sampling=dataclasses.replace(decode.kw["sampling"], temperature=0.0, top_k=0, top_p=1.0, min_p=0.0))
+    greedy = dict(sampling=dataclasses.replace(decode.sampling, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0))
     say(f"end to end: greedy pass over {len(prompts)} prompt(s) (the run samples; exactness is checked greedily)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -349,6 +351,11 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
                              "; ".join(low) if low else (f"{len(wanted)} thresholds for {len(rates)} "
                              "draft positions" if extra else "every position meets its threshold"),
                              value=[round(r, 4) for r in rates], threshold=list(wanted), level="end_to_end"))
+
+
+def _rounded(rates: list[float], n: int) -> list[float]:
+    """Per-position rates over n positions (missing ones 0), rounded as reported."""
+    return [round(r, 4) for r in _padded(rates, n)]
 
 
 def _padded(rates: list[float], n: int) -> list[float]:
