@@ -17,6 +17,11 @@ from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftS
 from dflash_convert.format.dtypes import DTYPES
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """Index of the first token where two outputs differ (the shorter one's length when one extends the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _first(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
-from dflash_convert.validate.checks import Check, make_check
+from dflash_convert.validate.checks import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
                                             SamplingUsed)
@@ -303,7 +303,7 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, s
     for i, (p, r) in enumerate(zip(prompt_ids, runs)):
         at = _first_non_greedy(target, p, r.tokens, penalties)
         if at is None and i < len(baselines) and r.tokens != baselines[i].tokens:
-            at = _first_difference(r.tokens, baselines[i].tokens)
+            at = first_difference(r.tokens, baselines[i].tokens)
         if at is not None:
             bad.append((i, at))
     equal = len(runs) - len(bad)
@@ -441,10 +441,6 @@ class VllmPenaltiesProcessor:
         ids = input_ids[0]
         out = ids[self.prompt_len:]
         return penalize(scores, self.penalties, ids[:self.prompt_len], out, out.numel()).to(scores.dtype)
-
-
-def _first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
-from dflash_convert.validate.checks import Check, make_check
+from dflash_convert.validate.checks import Check, first_difference, make_check
 from dflash_convert.validate.report import AcceptanceCounts, EngineStats
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
@@ -234,14 +234,17 @@ class Parting:
     at: int
     taken: int | None
     other: int | None
+    dtype: str
     taken_logit: float | None = None
     other_logit: float | None = None
-    tolerance: float | None = None
-    dtype: str = "bfloat16"
+
+    @property
+    def tolerance(self) -> float | None:
+        return None if self.taken_logit is None else tie_tolerance(self.taken_logit, self.dtype)
 
     @property
     def near_tie(self) -> bool:
-        return (self.tolerance is not None and self.taken_logit is not None and self.other_logit is not None
+        return (self.taken_logit is not None and self.other_logit is not None
                 and abs(self.taken_logit - self.other_logit) <= self.tolerance)
 
     def describe(self, other_side: str) -> str:
@@ -259,15 +262,12 @@ def parting(base: list[int], other: list[int], top: list[dict[str, float]] | Non
     processed logits per generated token ({token id: logit}, as the driver reports them)."""
     if base == other:
         return None
-    at = next((i for i, (a, b) in enumerate(zip(base, other)) if a != b), min(len(base), len(other)))
+    at = first_difference(base, other)
     taken, alt = (base[at] if at < len(base) else None), (other[at] if at < len(other) else None)
-    found = Parting(at, taken, alt, dtype=dtype)
-    step = top[at] if top is not None and at < len(top) else None
-    if step is None or taken is None or alt is None or str(taken) not in step:
-        return found
-    found.taken_logit, found.other_logit = step[str(taken)], step.get(str(alt))
-    found.tolerance = tie_tolerance(found.taken_logit, dtype)
-    return found
+    step = (top[at] if top is not None and at < len(top) else None) or {}
+    if taken is None or alt is None or str(taken) not in step:
+        return Parting(at, taken, alt, dtype)
+    return Parting(at, taken, alt, dtype, step[str(taken)], step.get(str(alt)))
 
 
 def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[int]],
@@ -305,8 +305,9 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
                   min_position_rates: list[float] | None,
                   sampling: dict[str, Any] | None = None) -> tuple[list[Check], EngineStats]:
     """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting.
-    Greedy: outputs equal (or parting first at a near-tie) and counts within the greedy tolerance. Sampled: the counts within an interval from
-    the counts (the outputs are samples of different random streams: not compared)."""
+    Greedy: outputs equal (or parting first at a near-tie) and counts within the greedy tolerance. Sampled: the
+    counts within an interval from the counts (the outputs are samples of different random streams: not
+    compared)."""
     run = answer["drafts"][0]
     if "error" in run:
         # the engine refused what the static level let through, or cannot run it here: no verdict on the draft
