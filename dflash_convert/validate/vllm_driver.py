@@ -118,7 +118,8 @@ def engine_config(llm) -> dict:
     model, parallel = engine.model_config, engine.vllm_config.parallel_config
     return {"dtype": str(model.dtype).removeprefix("torch."), "max_model_len": model.max_model_len,
             "enforce_eager": model.enforce_eager,
-            "enable_prefix_caching": bool(engine.vllm_config.cache_config.enable_prefix_caching), "tensor_parallel_size": parallel.tensor_parallel_size,
+            "enable_prefix_caching": bool(engine.vllm_config.cache_config.enable_prefix_caching),
+            "tensor_parallel_size": parallel.tensor_parallel_size,
             "pipeline_parallel_size": parallel.pipeline_parallel_size,
             "distributed_executor_backend": str(parallel.distributed_executor_backend)}
 
@@ -197,8 +198,9 @@ KNOWN_ENGINE_FAILURES = {  # vLLM's own error for a layout it cannot run -> why,
 
 
 def cannot_run(draft: dict, request: dict | None = None) -> dict | None:
-    if request is not None and unrunnable_parallelism(request):
-        return {"error": unrunnable_parallelism(request), "cannot_run": True}
+    why = unrunnable_parallelism(request) if request is not None else None
+    if why:
+        return {"error": why, "cannot_run": True}
     if request is not None and (request.get("engine_args") or {}).get("enable_prefix_caching") and \
             no_triton_hybrid(request):
         return {"error": "the target has linear-attention layers, whose state vLLM keeps for prefix caching with "
