@@ -43,12 +43,14 @@ from .metrics import DecodeStats
 from .model import DFlashDraft, warn_block_size
 from .sampling import GREEDY, Sampling, filtered_probs, penalize, pick
 from .target import Target, check_pair
+from .ties import Decision, decision
 
 
 @dataclass
 class Generation:
     tokens: list[int]  # new tokens only
     stats: DecodeStats
+    decisions: list[Decision] | None = None  # greedy, when asked: how near each verify step sat to a tie (ties.py)
 
 
 def _now(device: torch.device) -> float:
@@ -97,9 +99,11 @@ def _prompt_tensor(prompt_ids, device) -> torch.Tensor:
 @torch.inference_mode()
 def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, block_size: int,
             max_new_tokens: int, sampling: Sampling, draft_window: int | None = None,
-            draft_sampling: str = "greedy", full_last_block: bool = False) -> Generation:
+            draft_sampling: str = "greedy", full_last_block: bool = False,
+            record_decisions: bool = False) -> Generation:
     """The one loop; `draft=None` (block size 1) is target-only decoding. `sampling.penalties` (vLLM's repetition,
-    presence, frequency) apply to the target's logits in every role, counted as sampling.py says."""
+    presence, frequency) apply to the target's logits in every role, counted as sampling.py says.
+    `record_decisions` (greedy, with a draft): each verify step's Decision (ties.py) in the Generation."""
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if draft_sampling not in DRAFT_SAMPLING:
@@ -115,6 +119,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     if draft is not None:
         draft.reset(max_len, block_size)
     accepted_per_step: list[int] = []
+    decisions = [] if record_decisions and draft is not None and temperature <= 0 else None
     survival_per_step: list[list[float]] = []  # dspark confidence heads: product of the confidences up to each slot
     drafted = 0
     draft_time = verify_time = 0.0
@@ -136,10 +141,10 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         n_prop = per_block if full_last_block else min(per_block, remaining)
         size = n_prop + block_size - per_block  # the draft's block: the proposing slots (and the anchor's)
         block = torch.tensor([anchor], dtype=torch.long, device=device)
-        draft_probs = None
+        draft_probs = draft_logits = None
         if draft is not None and n_prop > 0:
             t = _now(device)
-            proposals, draft_probs = _propose(draft, target, anchor, start, size, draft_window,
+            proposals, draft_probs, draft_logits = _propose(draft, target, anchor, start, size, draft_window,
                                               temperature if probabilistic else 0.0, generator)
             block = torch.cat([block, proposals.to(device)])
             if draft.last_confidence is not None:
@@ -155,6 +160,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
         if draft is not None and n_prop > 0:
             accepted_per_step.append(accepted)
             drafted += n_prop
+            if decisions is not None:
+                decisions.append(decision(block[1:], draft_logits, logits, accepted))
         new = new[:remaining]
         new = new[:next((i + 1 for i, tok in enumerate(new) if tok in stop), len(new))]  # through the first stop
         tokens.extend(new)
@@ -172,25 +179,27 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
                                    new_tokens=len(tokens), prefill_time_s=prefill_time, draft_time_s=draft_time,
                                    verify_time_s=verify_time, total_time_s=total, drafted=drafted,
                                    survival_per_step=survival_per_step)
-    return Generation(tokens=tokens, stats=stats)
+    return Generation(tokens=tokens, stats=stats, decisions=decisions)
 
 
 def _propose(draft: DFlashDraft, target: Target, anchor: int, start: int, size: int, draft_window: int | None,
-             temperature: float, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             temperature: float, generator: torch.Generator | None
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The draft's proposals [P] for a block of `size` at `start`, greedy or (temperature > 0: probabilistic draft
     sampling) sampled, with the distribution they were sampled from [P, V] (None when greedy), on the generator's
-    device (where the target's logits are): accept_block's ratio reuses it."""
+    device (where the target's logits are): accept_block's ratio reuses it; and the logits they were picked from
+    [P, V]."""
     # dflash2 and dspark sample slot by slot in their walks (each slot after the previous pick)
     walk = temperature > 0 and (draft.selector is not None or draft.markov is not None)
     sampled = dict(temperature=temperature, generator=generator) if walk else {}
     proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
                                             block_size=size, draft_window=draft_window, **sampled)  # [P], [P, V]
     if temperature <= 0:
-        return proposals, None
+        return proposals, None, draft_logits
     probs = torch.softmax(draft_logits / temperature, dim=-1).to(generator.device)  # [P, V]
     if not walk:
         proposals = torch.multinomial(probs, 1, generator=generator)[:, 0]
-    return proposals, probs
+    return proposals, probs, draft_logits
 
 
 def _add_context(draft: DFlashDraft, features: torch.Tensor, start: int, window: int | None) -> None:
@@ -202,13 +211,15 @@ def _add_context(draft: DFlashDraft, features: torch.Tensor, start: int, window:
 
 def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_new_tokens: int = 64,
                          sampling: Sampling = GREEDY, block_size: int | None = None, draft_window: int | None = None,
-                         draft_sampling: str = "greedy", full_last_block: bool = False) -> Generation:
+                         draft_sampling: str = "greedy", full_last_block: bool = False,
+                         record_decisions: bool = False) -> Generation:
     """Generate with the draft proposing and the target verifying, sampling as `sampling` says (see the
     module docstring). `block_size` overrides the draft's (with a warning: engines let a deployment choose
     it); `draft_window` W lets the draft see only the last W committed context tokens (the target always
     sees everything); `draft_sampling` "greedy" or "probabilistic". `full_last_block` counts as vLLM does:
     the last block is drafted and verified whole even when fewer tokens remain to emit (the output is the
-    same; acceptances past max_new_tokens are counted)."""
+    same; acceptances past max_new_tokens are counted). `record_decisions` (greedy): how near each verify step
+    sat to a tie, in `Generation.decisions` (ties.py), for comparing counts with another engine."""
     check_pair(draft, target)
     block_size = draft.block_size if block_size is None else block_size
     if block_size < 2:
@@ -219,7 +230,7 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
                    sampling=sampling, draft_window=draft_window, draft_sampling=draft_sampling,
-                   full_last_block=full_last_block)
+                   full_last_block=full_last_block, record_decisions=record_decisions)
 
 
 def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, sampling: Sampling = GREEDY
