@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
-                                            SamplingUsed)
+                                            SamplingUsed, StepDecisions)
 from dflash_convert.validate.histogram import step_histogram
 from dflash_convert.validate.sampling import runtime_sampling
 from dflash_runtime.metrics import DecodeStats
@@ -109,7 +110,9 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
         per_position_rates=_rounded(whole.per_position_rates, slots),
         predicted_position_rates=_rounded(whole.predicted_rates, slots)
         if whole.predicted_rates else None,
-        num_drafts=whole.num_drafts, accepted=whole.accepted, vllm_counting=counts(full, slots) if full else None,
+        num_drafts=whole.num_drafts, accepted=whole.accepted,
+        vllm_counting=counts(DecodeStats.merge([g.stats for g in full]), slots) if full else None,
+        vllm_steps=[_step_decisions(g.decisions) for g in full] if full and full[0].decisions is not None else None,
         outputs_equal=None if same is None else sum(same), baseline_prompts=base_n,
         timing_rounds=opts.timing_rounds, target_attention=target.attention,
         target_compiled=target.compile if opts.compile else None, target_eager_reason=target.eager_reason,
@@ -128,8 +131,9 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
 
 
 def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateOptions, say):
-    """(speculative generations of every prompt, their figures as vLLM counts them (full last blocks; only
-    under --engine vllm, else None), the timing rounds over the first BASELINE_PROMPTS)."""
+    """(speculative generations of every prompt, the same counted as vLLM counts them (full last blocks, with
+    their verify decisions; only under --engine vllm, else None), the timing rounds over the first
+    BASELINE_PROMPTS)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the block-size note is reported once, as a check
         say("end to end: warm-up")
@@ -145,9 +149,18 @@ def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateO
         full = None
         if opts.engine == "vllm":  # a second pass: only runs compared with vLLM's counters need it
             say("end to end: the prompts again, counted as vLLM counts (full last blocks)")
-            full = DecodeStats.merge([decode.speculative(p, full_last_block=True).stats for p in prompt_ids])
+            full = [decode.speculative(p, full_last_block=True, record_decisions=True) for p in prompt_ids]
         rounds = _timing_rounds(decode, prompt_ids[:BASELINE_PROMPTS], opts.timing_rounds, say)
     return runs, full, rounds
+
+
+def _step_decisions(decisions) -> StepDecisions:
+    """A prompt's dflash_runtime.ties.Decision list as the report holds it (inf: None, gaps to 6 digits)."""
+    def gap(g: float) -> float | None:
+        return None if math.isinf(g) else float(f"{g:.6g}")
+
+    return StepDecisions(accepted=[d.accepted for d in decisions], margin=[gap(d.margin) for d in decisions],
+                         next_margin=[gap(d.next_margin) for d in decisions])
 
 
 def counts(stats: DecodeStats, slots: int) -> AcceptanceCounts:

@@ -82,6 +82,17 @@ class PromptStats(BaseModel):
                                           "entry a = steps that accepted exactly a (vLLM's per-request summary)")
 
 
+class StepDecisions(BaseModel):
+    """One prompt's greedy verify steps as vLLM counts them (--engine vllm), for the step-by-step comparison with
+    the engine: the proposals each step accepted, and how near its decision sat to another outcome, as a gap
+    relative to the binade of the logits compared (a gap g is g * 2^m ulps of a dtype with m mantissa bits; None:
+    no other token competed): of the count (`margin`) and of any token it committed (`next_margin`)."""
+
+    accepted: list[int]
+    margin: list[float | None]
+    next_margin: list[float | None]
+
+
 class AcceptanceStats(BaseModel):
     """End-to-end speculative decoding on the prompts (greedy unless temperature > 0)."""
 
@@ -108,6 +119,9 @@ class AcceptanceStats(BaseModel):
         None, description="the same decoding counted as vLLM counts: the last block drafted and verified whole "
         "(block_size - 1 drafts) and acceptances past max_new_tokens counted; the figures above shorten the last "
         "block to what can still be emitted")
+    vllm_steps: list[StepDecisions] | None = Field(
+        None, description="greedy with --engine vllm: each prompt's verify steps counted as vLLM counts, with how "
+        "near each decision sat to a tie (what engine_acceptance_agrees compares step by step)")
     outputs_equal: int | None = Field(description="prompts whose speculative output is the target's greedy output "
                                       "(None when sampling)")
     baseline_prompts: int = Field(description="prompts also decoded target-only (speedup, direct comparison)")
@@ -151,9 +165,10 @@ class EngineStats(BaseModel):
     counts: AcceptanceCounts = Field(description="the engine's own spec-decode counters")
     sampling: dict[str, Any] = Field(default_factory=dict, description="the engine's sampling: temperature, "
                                      "top_k, top_p, min_p and seed (prompt i seeded seed + i); temperature 0: greedy")
-    tolerance: dict[str, Any] = Field(default_factory=dict, description="the agreement's tolerance: mode (greedy: "
-                                      "fixed; sampled: derived from the counts), tau (absolute), per_position, z "
-                                      "(standard errors, sampled)")
+    tolerance: dict[str, Any] = Field(default_factory=dict, description="how the counts were compared: mode; "
+                                      "greedy: step by step up to near-ties of tie_ulps ulps of dtype, with "
+                                      "steps_compared, prompts_whole and steps_not_compared; sampled: tau (absolute), "
+                                      "per_position and z (standard errors) of the interval derived from the counts")
 
 
 class BaselineComparison(BaseModel):

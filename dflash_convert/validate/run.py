@@ -401,7 +401,8 @@ def _served_level(run: Run) -> None:
     checks, run.engine_run = served.served_checks(
         answer, run.outputs, run.stats.vllm_counting, block=block, engine_args=opts.engine_args, python=python,
         min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates,
-        sampling=request.sampling)
+        sampling=request.sampling, steps=run.stats.vllm_steps,
+        emulated_dtypes=[d for d in (run.dtype_name, run.target_dtype_name) if d])
     equal = run.engine_run.outputs_equal
     run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, "
             + (f"outputs equal on {equal}/{run.engine_run.prompts} prompts" if equal is not None else "sampled"))

@@ -7,14 +7,24 @@ group and its own KV-cache size; a timeout, Ctrl-C or a stop signal kills the wh
 
 vLLM counts acceptance over full blocks: it always drafts block - 1 tokens and counts acceptances past
 max_tokens, where our loop shortens the last block. Its figures are compared with the emulation
-counted the same way (`full_last_block`). Greedy: within ENGINE_TAU_TOLERANCE / ENGINE_RATE_TOLERANCE
-(bf16 kernels break near-ties differently), and the outputs equal, or differing first at a near-tie: where
-two greedy outputs part, the token not taken is within TIE_ULPS units in the last place (of the dtype vLLM
-served in) of the one vLLM's target-only run took, by the processed logits that run reports. Kernels that
-round one ulp apart pick either (seen with vLLM 0.32 CPU in bf16, where a repetition penalty brought a
-penalized and an unpenalized logit within one ulp). Sampled (each prompt
-seeded, vLLM's random stream is not ours): within an interval derived from the counts
-(`sampled_tolerance`). Either way agreement needs tau AND every per-position rate within tolerance.
+counted the same way (`full_last_block`).
+
+Greedy, the outputs: equal, or differing first at a near-tie: where two greedy outputs part, the token not
+taken is within TIE_ULPS units in the last place (of the dtype vLLM served in) of the one vLLM's target-only
+run took, by the processed logits that run reports. Kernels that round one ulp apart pick either (seen with
+vLLM 0.32 CPU in bf16, where a repetition penalty brought a penalized and an unpenalized logit within one ulp).
+
+Greedy, the counts: step by step, where they are defined (`compare_steps`). vLLM lists each request's accepted
+count per verify step; the emulation records how near each of its decisions sat to another outcome
+(dflash_runtime.ties). Each prompt is compared step by step, exactly, up to its first step whose decision sat
+within ACCEPTANCE_TIE_ULPS of another outcome (in the coarser of the two runs' dtypes): there, other kernels may
+take the other outcome, and every later step of that prompt follows from it. Any difference before that is the
+draft served otherwise than emulated; the steps after are not compared, and the check says how many. A fixed
+tolerance on the totals held on one machine's kernels and failed on another's (low-confidence drafts, penalized
+runs: a different number of near-ties broken the other way); this holds on any.
+
+Sampled (each prompt seeded, vLLM's random stream is not ours): within an interval derived from the counts
+(`sampled_tolerance`): tau AND every per-position rate.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Callable
@@ -33,14 +43,17 @@ from typing import Any, Callable
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
 from dflash_convert.validate.checks import Check, first_difference, make_check
-from dflash_convert.validate.report import AcceptanceCounts, EngineStats
+from dflash_convert.validate.report import AcceptanceCounts, EngineStats, StepDecisions
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
-ENGINE_TAU_TOLERANCE = 0.02  # relative: vLLM's tau against the emulation's under vLLM's counting
-ENGINE_RATE_TOLERANCE = 0.02  # absolute, per draft position
+ENGINE_TAU_TOLERANCE = 0.02  # sampled: the least tolerance on tau, relative (near-ties move counts too)
+ENGINE_RATE_TOLERANCE = 0.02  # sampled: the least tolerance per draft position, absolute
 SAMPLED_ALPHA = 0.01  # sampled: chance that agreeing runs fail the check, split over tau and the positions
 LOG_TAIL = 2000  # characters of the engine's stderr kept for an error message
-TIE_ULPS = 2  # greedy: a token within this many units in the last place of the top logit is a near-tie
+TIE_ULPS = 2  # greedy outputs: a token within this many units in the last place of the top logit is a near-tie
+# greedy counts: a decision within this many ulps of another outcome is a near-tie. More than for the outputs:
+# the draft's logits come through layers whose kernels differ between engines, not from the target's last row.
+ACCEPTANCE_TIE_ULPS = 4
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
 
@@ -193,31 +206,114 @@ def sampled_tolerance(engine: AcceptanceCounts, emulated: AcceptanceCounts) -> t
     return tau, rates, round(z, 3)
 
 
-def agreement(counts: AcceptanceCounts, emulated: AcceptanceCounts, sampled: bool) -> tuple[bool, str, dict]:
-    """Whether the engine's figures agree with the emulation's: tau AND every position within tolerance (a draft
-    whose acceptance moved between positions at the same tau disagrees). The message states the tolerance."""
+def sampled_agreement(counts: AcceptanceCounts, emulated: AcceptanceCounts) -> tuple[bool, str, dict]:
+    """Whether a sampled run's figures agree with the emulation's: tau AND every position within the interval from
+    the counts (a draft whose acceptance moved between positions at the same tau disagrees)."""
     tau_gap = abs(counts.acceptance_length - emulated.acceptance_length)
-    pairs = list(zip(counts.per_position_rates, emulated.per_position_rates))
-    gaps = [abs(a - b) for a, b in pairs]
-    if sampled:
-        tau_tol, rate_tols, z = sampled_tolerance(counts, emulated)
-        rule = (f"sampled, so a tolerance from the counts: {z:g} standard errors of each difference (two-sided "
-                f"{SAMPLED_ALPHA:g} over tau and {len(rate_tols)} positions; drafts taken as independent): tau within "
-                f"{tau_tol:.3f}, positions within {min(rate_tols, default=0):.3f}..{max(rate_tols, default=0):.3f}")
-    else:
-        tau_tol = ENGINE_TAU_TOLERANCE * emulated.acceptance_length
-        rate_tols, z = [ENGINE_RATE_TOLERANCE] * len(pairs), None
-        rule = f"greedy: tau within {ENGINE_TAU_TOLERANCE:.0%}, each position within {ENGINE_RATE_TOLERANCE}"
+    gaps = [abs(a - b) for a, b in zip(counts.per_position_rates, emulated.per_position_rates)]
+    tau_tol, rate_tols, z = sampled_tolerance(counts, emulated)
+    rule = (f"sampled, so a tolerance from the counts: {z:g} standard errors of each difference (two-sided "
+            f"{SAMPLED_ALPHA:g} over tau and {len(rate_tols)} positions; drafts taken as independent): tau within "
+            f"{tau_tol:.3f}, positions within {min(rate_tols, default=0):.3f}..{max(rate_tols, default=0):.3f}")
     off = [k for k, (g, t) in enumerate(zip(gaps, rate_tols)) if g > t + 1e-9]
     agrees = (tau_gap <= tau_tol + 1e-9 and not off
               and len(counts.per_position_rates) == len(emulated.per_position_rates))
-    worst = max(gaps, default=0.0)
-    detail = (f"tau gap {tau_gap:.3f}; largest per-position gap {worst:.3f}"
+    detail = (f"tau gap {tau_gap:.3f}; largest per-position gap {max(gaps, default=0.0):.3f}"
               + (f"; outside at position(s) {', '.join(str(k + 1) for k in off)}" if off else "")
               + f" (tolerance, {rule})")
-    tolerance = {"mode": "sampled" if sampled else "greedy", "tau": round(tau_tol, 4), "per_position": rate_tols,
-                 "z": z}
-    return agrees, detail, tolerance
+    return agrees, detail, {"mode": "sampled", "tau": round(tau_tol, 4), "per_position": rate_tols, "z": z}
+
+
+def acceptance_tie(dtypes: list[str]) -> tuple[float, str]:
+    """(ACCEPTANCE_TIE_ULPS in dflash_runtime.ties' relative units, the dtype they are ulps of): the coarsest of
+    `dtypes` (the runs' dtypes), bfloat16 for one not known."""
+    dtype = min(dtypes, key=lambda d: MANTISSA_BITS.get(d, MANTISSA_BITS["bfloat16"]))
+    bits = MANTISSA_BITS.get(dtype, MANTISSA_BITS["bfloat16"])
+    return ACCEPTANCE_TIE_ULPS * 2.0 ** -bits, dtype if dtype in MANTISSA_BITS else "bfloat16"
+
+
+@dataclass
+class StepComparison:
+    """vLLM's accepted counts per verify step against the emulation's, where they are defined."""
+
+    compared: int = 0  # verify steps compared, exactly
+    whole: int = 0  # prompts compared to their last step
+    stops: list[str] = field(default_factory=list)  # "prompt P step S": where a prompt's comparison stopped at a tie
+    uncompared: int = 0  # emulated steps at or after those
+    difference: str | None = None  # the first difference, named
+
+
+def _near(margin: float | None, gap: float) -> bool:
+    return margin is not None and margin <= gap
+
+
+def compare_steps(engine_steps: list[list[int] | None], emulated: list[StepDecisions], gap: float,
+                  dtype: str) -> StepComparison:
+    """Each prompt step by step, up to its first decision within `gap` of another outcome (dflash_runtime.ties'
+    units; a tie in the count: that step is not compared; in a committed token: the steps after it are not)."""
+    out = StepComparison()
+    ulp = 2.0 ** -MANTISSA_BITS.get(dtype, MANTISSA_BITS["bfloat16"])
+    for i, (vllm, ours) in enumerate(zip(engine_steps, emulated), 1):
+        n = len(ours.accepted)
+        stop, tied = n, False
+        for s in range(n):
+            if _near(ours.margin[s], gap):
+                stop, tied = s, True
+                break
+            if vllm is None or s >= len(vllm) or vllm[s] != ours.accepted[s]:
+                margin = ours.margin[s]
+                out.difference = out.difference or (
+                    f"prompt {i}, verify step {s + 1}: vLLM accepted "
+                    + ("nothing (it ran fewer steps)" if vllm is None or s >= len(vllm) else f"{vllm[s]} proposal(s)")
+                    + f", the emulation {ours.accepted[s]}, at a decision "
+                    + ("with no other token near" if margin is None else
+                       f"{margin / ulp:.0f} {dtype} ulps from another outcome"))
+                break
+            out.compared += 1
+            if _near(ours.next_margin[s], gap):
+                stop, tied = s + 1, True
+                break
+        else:
+            if vllm is not None and len(vllm) != n:
+                out.difference = out.difference or f"prompt {i}: vLLM ran {len(vllm)} verify steps, the emulation {n}"
+            else:
+                out.whole += 1
+        if tied:
+            out.stops.append(f"prompt {i} step {stop + 1}")
+            out.uncompared += n - stop
+    return out
+
+
+def greedy_agreement(run: dict[str, Any], counts: AcceptanceCounts, emulated: AcceptanceCounts,
+                     steps: list[StepDecisions] | None, dtypes: list[str]) -> tuple[bool | None, str, dict]:
+    """Whether a greedy run's counts agree with the emulation's, step by step where they are defined
+    (compare_steps). None (a warning, no verdict) where nothing could be compared."""
+    gap, dtype = acceptance_tie(dtypes)
+    rule = (f"each prompt step by step up to its first decision within {ACCEPTANCE_TIE_ULPS} {dtype} ulps of another "
+            "outcome, where other kernels may decide otherwise")
+    tolerance = {"mode": "greedy", "tie_ulps": ACCEPTANCE_TIE_ULPS, "dtype": dtype}
+    engine_steps = run.get("steps")
+    if steps is None or engine_steps is None:
+        ties = 0 if steps is None else sum(_near(m, gap) for p in steps for m in p.margin)
+        if steps is not None and not ties:  # nothing near a tie: the totals are defined and must be equal
+            same = counts == emulated
+            return same, ("no decision sat near a tie, so the counts must be equal: "
+                          + ("they are" if same else "they differ")), {**tolerance, "compared": "totals"}
+        why = ("this vLLM lists no per-request verify steps" if engine_steps is None
+               else "the emulation recorded no verify decisions")
+        return None, (f"cannot be compared exactly: {why}, and {ties or 'some'} decision(s) sat near a tie, where "
+                      "other kernels may count otherwise"), {**tolerance, "compared": "none"}
+    cmp = compare_steps(engine_steps, steps, gap, dtype)
+    tolerance.update(steps_compared=cmp.compared, prompts_whole=cmp.whole, steps_not_compared=cmp.uncompared)
+    stops = (f"; {len(cmp.stops)} stop at a near-tie ({', '.join(cmp.stops[:4])}"
+             + (", ..." if len(cmp.stops) > 4 else "") + f"), {cmp.uncompared} step(s) from there not compared"
+             if cmp.stops else "")
+    if cmp.difference is not None:
+        return False, f"{cmp.difference} ({rule})", tolerance
+    if cmp.compared == 0:
+        return None, f"no verify step could be compared: every prompt starts at a near-tie{stops} ({rule})", tolerance
+    return True, (f"equal at each of the {cmp.compared} verify steps compared ({cmp.whole}/{len(steps)} prompts to "
+                  f"their end{stops}; {rule})"), tolerance
 
 
 def tie_tolerance(logit: float, dtype: str) -> float:
@@ -303,11 +399,12 @@ def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[
 def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: AcceptanceCounts, *, block: int,
                   engine_args: dict[str, Any], python: str, min_acceptance_length: float | None,
                   min_position_rates: list[float] | None,
-                  sampling: dict[str, Any] | None = None) -> tuple[list[Check], EngineStats]:
-    """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting.
-    Greedy: outputs equal (or parting first at a near-tie) and counts within the greedy tolerance. Sampled: the
-    counts within an interval from the counts (the outputs are samples of different random streams: not
-    compared)."""
+                  sampling: dict[str, Any] | None = None, steps: list[StepDecisions] | None = None,
+                  emulated_dtypes: list[str] | None = None) -> tuple[list[Check], EngineStats]:
+    """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting (`steps`:
+    its verify decisions per prompt, run in `emulated_dtypes`, bfloat16 when not given). Greedy: outputs equal (or parting first at a
+    near-tie) and counts equal step by step where defined (greedy_agreement). Sampled: the counts within an
+    interval from the counts (the outputs are samples of different random streams: not compared)."""
     run = answer["drafts"][0]
     if "error" in run:
         # the engine refused what the static level let through, or cannot run it here: no verdict on the draft
@@ -319,18 +416,23 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
     n = len(ours)
     checks = []
     equal = None
-    if not sampled:
+    served_dtype = str((run.get("engine_config") or {}).get("dtype") or "bfloat16")
+    if sampled:
+        agrees, detail, tolerance = sampled_agreement(counts, emulated)
+    else:
         target_only = answer["target_only"]
-        check, equal = outputs_check(spec, target_only["outputs"], ours, target_only.get("top_logits"),
-                                     str((run.get("engine_config") or {}).get("dtype") or "bfloat16"))
+        check, equal = outputs_check(spec, target_only["outputs"], ours, target_only.get("top_logits"), served_dtype)
         checks.append(check)
-    agrees, detail, tolerance = agreement(counts, emulated, sampled)
-    checks.append(make_check(
-        "engine_acceptance_agrees", agrees,
+        agrees, detail, tolerance = greedy_agreement(run, counts, emulated, steps,
+                                                   [served_dtype, *(emulated_dtypes or ["bfloat16"])])
+        detail = f"counts per step: {detail}"
+    checks.append(make_check(  # None: nothing could be compared, said as a warning, never a verdict on the draft
+        "engine_acceptance_agrees", bool(agrees),
         f"vLLM: {counts.num_drafts} drafts, {counts.accepted} accepted, tau {counts.acceptance_length:.3f}; "
         f"emulation counted as vLLM counts (full last block): {emulated.num_drafts} drafts, {emulated.accepted} "
         f"accepted, tau {emulated.acceptance_length:.3f}; {detail}",
-        value=counts.acceptance_length, threshold=emulated.acceptance_length, level="end_to_end"))
+        value=counts.acceptance_length, threshold=emulated.acceptance_length, level="end_to_end",
+        bad="warn" if agrees is None else "fail"))
     if min_acceptance_length is not None:
         checks.append(make_check("engine_acceptance_length", counts.acceptance_length >= min_acceptance_length,
                              f"vLLM's tau {counts.acceptance_length:.3f} over {counts.num_drafts} draft steps (block "

@@ -14,7 +14,10 @@ One JSON object on the original stdout (everything else the engine prints goes t
     target_only also has "top_logits": per prompt, per generated token, {token id: logit} of the
     TIE_CANDIDATES largest processed logits (after penalties), by which the caller tells a near-tie
     RUN = {"outputs": [[ids]], "engine_config": {...}, "num_drafts": ..., "num_draft_tokens": ..., "num_accepted_tokens": ...,
-           "num_accepted_tokens_per_pos": [...]}          ERROR = {"error": MESSAGE, "cannot_run": bool}
+           "num_accepted_tokens_per_pos": [...], "steps": [[accepted per verify step] or None per prompt] or None}
+    ERROR = {"error": MESSAGE, "cannot_run": bool}
+    "steps" comes from vLLM's per-request statistics (`per_request_spec_decode_metrics="detailed"`, vLLM 0.32 and
+    later; None on a vLLM without them), by which the caller compares the counts step by step.
 
 One engine at a time (several drafts are served one after the other against the same target: the
 tests batch their cases so that vLLM is imported once).
@@ -87,6 +90,8 @@ def generate(request: dict, draft: dict | None) -> dict:
     if draft is not None:
         kwargs["speculative_config"] = {"method": "dflash", "model": draft["draft"],
                                         "num_speculative_tokens": draft["num_speculative_tokens"]}
+        if per_request_metrics():
+            kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
     llm = LLM(**kwargs)
     before = counters(llm)
     sampling = dict(request.get("sampling") or {})
@@ -104,12 +109,33 @@ def generate(request: dict, draft: dict | None) -> dict:
                              for r in results]
     if draft is not None:
         run.update(since(before, counters(llm)))
+        run["steps"] = request_steps(results)
     core = getattr(llm.llm_engine, "engine_core", None)
     if core is not None:  # frees the engine's KV cache before the next engine is made
         core.shutdown()
     del llm
     gc.collect()
     return run
+
+
+def per_request_metrics() -> bool:
+    """Whether this vLLM keeps per-request speculative-decoding statistics (0.32 and later)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return any(f.name == "per_request_spec_decode_metrics" for f in dataclasses.fields(EngineArgs))
+
+
+def request_steps(results) -> list | None:
+    """Accepted proposals per verify step of each request, in order (None where vLLM kept none)."""
+    steps = []
+    for r in results:
+        metrics = getattr(r.outputs[0], "spec_decode_metrics", None)
+        kept = None if metrics is None else [int(a) for a in metrics.per_step_accepted]
+        # the "summary" level (an --engine-args choice) counts steps without listing them
+        steps.append(kept if kept is not None and len(kept) == sum(metrics.histogram) else None)
+    return steps if any(s is not None for s in steps) else None
 
 
 def engine_config(llm) -> dict:
