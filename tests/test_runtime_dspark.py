@@ -318,3 +318,9 @@ def test_rnn_head_with_a_bonus_anchor_starts_as_sglang_starts_it(rnn_bonus_ancho
     trained_state = (1 - torch.sigmoid(gate_raw)) * torch.tanh(candidate_raw)
     _, trained = _rnn_walk(head, int(ids[anchor]), base[1:], hidden[1:], trained_state)
     assert not torch.allclose(logits[0], trained[0], atol=1e-3)
+    from dflash_convert.format.engine_views import checkpoint_views
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    sglang, = checkpoint_views(open_checkpoint(rnn_bonus_anchor), "sglang")
+    assert [(d.field, d.severity) for d in sglang.divergences if "rnn" in d.consequence] == [
+        ("markov_head_type", "warning")]

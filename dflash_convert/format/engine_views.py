@@ -423,6 +423,20 @@ def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dic
                                           "says and refuses a checkpoint without confidence_head.proj (unless its "
                                           "ragged verify mode is static)",
                               fix="serve it with vLLM, or SGLang with the static ragged verify mode"))
+    if rules.dspark == DSpark.ALL_HEADS_TARGET_LM_HEAD and head == "rnn" and view.anchor_predicts is False:
+        div.append(_rnn_start_differs())
+
+
+def _rnn_start_differs() -> Divergence:
+    """An rnn Markov head with a bonus anchor: SGLang starts its state where speculators' training does not."""
+    return Divergence(field="markov_head_type", severity="warning", trained="rnn from slot 0",
+                      applied="rnn from slot 1",
+                      consequence="with the anchor as bonus token, SGLang 0.5.23 runs the rnn head over the drafting "
+                                  "slots 1..B-1 from a zero state, while speculators 0.9.0 trained the recurrence from "
+                                  "the anchor's slot 0 (its state carries into slot 1): the Markov bias differs from "
+                                  "training at every slot and acceptance may be lower than trained (the runtime "
+                                  "runs SGLang's rule)",
+                      fix="train the rnn head with sample_from_anchor true, or measure with validate")
 
 
 # ----------------------------------------------------------------------------- checkpoint views; applied drafts
