@@ -130,14 +130,16 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }} 
 
 
 def chat_target(tiny_target: Path, dest: Path, *, template: str | None = TEMPLATE,
-                generation: dict | None = None) -> Path:
+                generation: dict | None = None, every_id: bool = False) -> Path:
     """The tiny target with a word-level tokenizer whose post-processor adds a BOS (as Llama's does), a
-    chat template when given, and a generation_config.json when given."""
+    chat template when given, and a generation_config.json when given. `every_id`: a word for every id of the
+    target's vocabulary (`t<id>` past WORDS), so the target's own answers decode to text and back."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     shutil.copytree(tiny_target, dest)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    words = WORDS + ([f"t{i}" for i in range(len(WORDS), read_config(dest)["vocab_size"])] if every_id else [])
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")

@@ -290,3 +290,26 @@ def test_an_hf_dspark_draft_model_named_as_speculators_names_it(cli, family_draf
                                                              model_type="deepseek_v4"))
     r = cli("inspect", other)
     assert r.code == 1 and "DSparkDraftModel" in r.err and "DeepSeek" in r.err, r.err
+
+
+def test_each_engine_view_says_how_it_lays_out_a_dspark_without_sample_from_anchor(family_drafts, tmp_path):
+    """speculators format, key absent: vLLM's speculators reader takes false (the anchor is the bonus token, 1 + N
+    slots) where speculators trained with its fill-in, true; vLLM's HF reader and SGLang read what convert writes
+    (true). The runtime runs the trained layout, and under --engine vllm (applied_checkpoint) vLLM's."""
+    from dflash_convert.format import engine_views
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_runtime import load_draft
+
+    src = copy_with_config(family_drafts["dspark"], tmp_path / "src", lambda c: c.pop("sample_from_anchor"))
+    ckpt = open_checkpoint(src)
+    views = {v.engine: v for v in engine_views.checkpoint_views(ckpt)}
+    ours = views["vllm-speculators"]
+    assert ours.anchor_predicts is False and ours.block_size == 9
+    anchor = next(d for d in ours.divergences if d.field == "sample_from_anchor")
+    assert anchor.severity == "error" and "absent" in anchor.consequence and (anchor.trained, anchor.applied) == (
+        True, False)
+    assert views["vllm-hf"].anchor_predicts is True and views["sglang"].anchor_predicts is True
+    trained = load_draft(ckpt)
+    assert trained.anchor_predicts and (trained.block_size, trained.proposals()) == (8, 8)
+    as_vllm = load_draft(engine_views.applied_checkpoint(ckpt, engine_views.serving_view(ckpt, "vllm")))
+    assert not as_vllm.anchor_predicts and (as_vllm.block_size, as_vllm.proposals()) == (9, 8)

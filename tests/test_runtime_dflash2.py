@@ -6,6 +6,7 @@ exactly as the dflash draft it was made from."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -157,3 +158,72 @@ def test_validate_runs_a_dflash2_end_to_end(cli, family_drafts, tiny_target):
     report = r.json()
     greedy = next(c for c in report["checks"] if c["name"] == "greedy_output_equal")
     assert greedy["status"] == "pass", greedy
+
+
+# ----------------------------------------------------------------------------- logit maps and the selector's k
+
+def test_unary_logits_multiply_then_cap_as_vllms_candidate_path():
+    """vLLM's candidate path (LogitsProcessor.get_top_k_tokens) maps the k raw logits as cap * tanh(m * x / cap).
+    Non-neutral values where the other order (m * cap * tanh(x / cap)) is far off."""
+    x = torch.tensor([[0.1, -0.05, 0.02, 0.3]])
+    for m, cap in ((3.0, 0.15), (0.5, 0.15), (2.0, 1.0)):
+        expected = torch.tensor([[cap * math.tanh(m * v / cap) for v in x[0].tolist()]])
+        other_order = torch.tensor([[m * cap * math.tanh(v / cap) for v in x[0].tolist()]])
+        assert not torch.allclose(expected, other_order, atol=1e-3)
+        assert torch.allclose(dflash2.unary_logits(x, multiplier=m, softcap=cap), expected, atol=1e-6)
+    assert torch.equal(dflash2.unary_logits(x, multiplier=3.0, softcap=None), x * 3.0)
+
+
+@pytest.fixture(scope="module")
+def hf_dflash2_pair(family_drafts, tmp_path_factory) -> tuple[Path, Path]:
+    """The dflash2 draft converted to HF, neutral, and the same draft with all three logit maps set."""
+    from dflash_convert.convert.conversion import convert
+
+    root = tmp_path_factory.mktemp("hf2maps")
+    convert(family_drafts["dflash2"], root / "plain")
+    mapped = shutil.copytree(root / "plain", root / "mapped")
+    cfg = json.loads((mapped / "config.json").read_text())
+    cfg["dflash_config"].update(input_embedding_scale=2.0, output_multiplier=MULTIPLIER, final_logit_softcapping=CAP)
+    (mapped / "config.json").write_text(json.dumps(cfg))
+    (mapped / "conversion.json").unlink(missing_ok=True)
+    return root / "plain", mapped
+
+
+MULTIPLIER, CAP = 0.5, 0.25  # logits of the tiny target are ~0.1-0.6: tanh is far from saturating
+
+
+def _candidates(draft, target, embed_scale: float = 1.0):
+    """One block's (candidate ids [B-1, k], unary logits [B-1, k], projected hidden [B-1, R]) after 13 tokens."""
+    ids, features, _ = target_context(target, draft, 30, seed=0, anchor=13)
+    draft.reset()
+    draft.add_context(features[:13], 0)
+    with torch.inference_mode():
+        candidates, (top, projected) = draft._step(int(ids[13]), 13, embed=lambda i: embed_scale * target.embed(i),
+                                                   lm_head=target.lm_head, block_size=None, draft_window=None)
+    return candidates, top, projected
+
+
+def test_hf_logit_maps_apply_as_vllm_applies_them(hf_dflash2_pair, runtime_target):
+    """An HF dflash2 with input_embedding_scale 2 has the plain draft's candidates when the plain one is fed
+    2 * embed(ids), and their unary logits are cap * tanh(m * x / cap) of the plain draft's raw ones."""
+    plain, mapped = (load_draft(p) for p in hf_dflash2_pair)
+    ours_ids, ours_top, ours_projected = _candidates(mapped, runtime_target)
+    raw_ids, raw_top, raw_projected = _candidates(plain, runtime_target, embed_scale=2.0)
+    assert torch.equal(ours_ids, raw_ids)
+    assert torch.allclose(ours_projected, raw_projected, atol=1e-6)
+    assert 0.2 < (MULTIPLIER * raw_top / CAP).abs().max() < 2  # the cap bends these values without flattening them
+    assert torch.allclose(ours_top, CAP * torch.tanh(MULTIPLIER * raw_top / CAP), atol=1e-6)
+    assert not torch.allclose(ours_top, MULTIPLIER * CAP * torch.tanh(raw_top / CAP), atol=1e-3)
+
+
+@pytest.mark.parametrize("name, k", [("dflash2", 16), ("dflash2_k3", 8)])
+def test_exactly_selector_top_k_finite_draft_logits_per_slot(name, k, family_drafts, runtime_target):
+    """The config's selector_top_k candidates per slot, no more, no fewer (greedy tokens alone do not show k)."""
+    draft = load_draft(family_drafts[name])
+    assert json.loads((family_drafts[name] / "config.json").read_text())["selector_top_k"] == k
+    ids, features, _ = target_context(runtime_target, draft, 30, seed=1, anchor=13)
+    draft.reset()
+    draft.add_context(features[:13], 0)
+    _, logits = draft.propose(int(ids[13]), 13, embed=runtime_target.embed, lm_head=runtime_target.lm_head)
+    assert logits.shape[0] == draft.block_size - 1
+    assert torch.isfinite(logits).sum(dim=-1).tolist() == [k] * (draft.block_size - 1)

@@ -248,3 +248,79 @@ def test_validate_with_vllm_on_a_dspark_draft_keeps_the_emulation_counted_as_vll
     counting = report["acceptance"]["vllm_counting"]
     assert counting["num_drafts"] > 0 and counting["drafted"] == 8 * counting["num_drafts"]
     assert len(counting["per_position_rates"]) == 8
+
+
+def test_an_hf_dspark_without_head_keys_runs_the_heads_speculators_trained(cli, family_drafts, runtime_target,
+                                                                            tmp_path):
+    """An HF config without markov_head_type or confidence_head_with_markov: the runtime builds what speculators
+    fills in (keys.trained_value): the vanilla Markov head, and the confidence head over [hidden; Markov] that
+    the tensors hold (the catalogue sizes it from the same value), so it decodes as the speculators draft."""
+    import json
+
+    out = tmp_path / "hf"
+    assert cli("convert", family_drafts["dspark"], "--to", "hf", "-o", out).code == 0
+    cfg = json.loads((out / "config.json").read_text())
+    for key in ("markov_head_type", "confidence_head_with_markov"):
+        del cfg[key]
+    (out / "config.json").write_text(json.dumps(cfg))
+    a, b = load_draft(family_drafts["dspark"]), load_draft(out)
+    assert b.markov is not None and b.markov.kind == "vanilla"
+    assert b.confidence_head is not None and b.confidence_head.with_markov
+    x = speculative_generate(a, runtime_target, [3, 14, 15, 92], max_new_tokens=24)
+    y = speculative_generate(b, runtime_target, [3, 14, 15, 92], max_new_tokens=24)
+    assert x.tokens == y.tokens and x.stats.predicted_rates == y.stats.predicted_rates
+
+
+@pytest.fixture(scope="module")
+def rnn_bonus_anchor(tmp_path_factory, tiny_target) -> Path:
+    """An rnn Markov head trained with sample_from_anchor false (the anchor is the bonus token)."""
+    from factories import make_speculators_draft
+
+    return make_speculators_draft(tmp_path_factory.mktemp("rnn") / "rnn_bonus", tiny_target, algorithm="dspark",
+                                  markov_rank=16, markov_head_type="rnn", sample_from_anchor=False, seed=9)
+
+
+def _rnn_walk(head, anchor: int, base: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor) -> tuple:
+    """SGLang 0.5.23's draft_markov_block for an rnn head, greedy, from `state`: each row is one slot, the previous
+    token the anchor, then the previous pick -> (picks, logits)."""
+    prev, picks, rows = anchor, [], []
+    for s in range(base.shape[0]):
+        z = torch.cat([state, head.w1[prev], hidden[s]])
+        gate_raw, candidate_raw, out_raw = (head.proj @ z + head.proj_bias).chunk(3)
+        gate = torch.sigmoid(gate_raw)
+        state = gate * state + (1 - gate) * torch.tanh(candidate_raw)
+        rows.append(base[s] + head.w2 @ torch.tanh(out_raw))
+        prev = int(rows[-1].argmax())
+        picks.append(prev)
+    return picks, torch.stack(rows)
+
+
+def test_rnn_head_with_a_bonus_anchor_starts_as_sglang_starts_it(rnn_bonus_anchor, runtime_target):
+    """SGLang (the engine serving rnn heads; vLLM 0.33 has none) feeds the rnn the drafting rows 1..B-1 only
+    (select_draft_hidden_without_anchor), from a zero state at slot 1 (RNNHead.init_state). speculators trains
+    the recurrence from slot 0 (the anchor's row, the anchor as previous token): not what is served."""
+    draft = load_draft(rnn_bonus_anchor)
+    assert not draft.anchor_predicts and draft.markov.kind == "rnn"
+    anchor = 13
+    ids, features, block = target_context(runtime_target, draft, 30, seed=0, anchor=anchor)
+    draft.reset()
+    draft.add_context(features[:anchor], 0)
+    picked, logits = draft.propose(int(ids[anchor]), anchor, embed=runtime_target.embed, lm_head=runtime_target.lm_head)
+    hidden = draft.block_hidden(runtime_target.embed(block), anchor)  # [B, H], slot 0 the anchor's
+    base = draft.logits(hidden, runtime_target.lm_head)
+    head, zero = draft.markov, torch.zeros(draft.markov.rank)
+    want_picks, want = _rnn_walk(head, int(ids[anchor]), base[1:], hidden[1:], zero)
+    assert picked.tolist() == want_picks
+    assert torch.allclose(logits, want, atol=1e-5), (logits - want).abs().max()
+    # speculators' start: one step at the anchor's slot first; its state carries into slot 1
+    z = torch.cat([zero, head.w1[int(ids[anchor])], hidden[0]])
+    gate_raw, candidate_raw, _ = (head.proj @ z + head.proj_bias).chunk(3)
+    trained_state = (1 - torch.sigmoid(gate_raw)) * torch.tanh(candidate_raw)
+    _, trained = _rnn_walk(head, int(ids[anchor]), base[1:], hidden[1:], trained_state)
+    assert not torch.allclose(logits[0], trained[0], atol=1e-3)
+    from dflash_convert.format.engine_views import checkpoint_views
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    sglang, = checkpoint_views(open_checkpoint(rnn_bonus_anchor), "sglang")
+    assert [(d.field, d.severity) for d in sglang.divergences if "rnn" in d.consequence] == [
+        ("markov_head_type", "warning")]

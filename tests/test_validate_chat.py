@@ -268,7 +268,7 @@ def test_mbpp_and_mt_bench_second_turns(hub, speculators_drafts, tiny_target, tm
     assert second[0] == [{"role": "user", "content": "hello world 0"},
                          {"role": "assistant", "content": None, "generate": True},
                          {"role": "user", "content": "the cat sat 0"}]
-    target = chat_target(tiny_target, tmp_path / "target")
+    target = chat_target(tiny_target, tmp_path / "target", every_id=True)  # the answers decode to text
     r = cli("validate", speculators_drafts["full"], "--target", target, "--dataset", "mt-bench-2", "--dataset",
             "mbpp", "--num-prompts", "2", "--levels", "end_to_end", "--max-new-tokens", "5", "--threads", "1",
             "--sampling", "greedy", "--json")
@@ -282,7 +282,12 @@ def test_mbpp_and_mt_bench_second_turns(hub, speculators_drafts, tiny_target, tm
     first = tok.apply_chat_template([rows[0][0]], add_generation_prompt=True, tokenize=False)
     answer = target_generate(model, tok(first, add_special_tokens=False)["input_ids"], max_new_tokens=5,
                              sampling=Sampling(stop_token_ids=(2, 510))).tokens
-    chat = [rows[0][0], {"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)}, rows[0][2]]
+    text = tok.decode(answer, skip_special_tokens=True)
+    assert text.strip()  # a real answer to feed back, not an empty turn
+    chat = [rows[0][0], {"role": "assistant", "content": text}, rows[0][2]]
     full = tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
                add_special_tokens=False)["input_ids"]
-    assert a["per_prompt"][0]["prompt_tokens"] == len(full) > len(tok(first, add_special_tokens=False)["input_ids"])
+    unanswered = tok(tok.apply_chat_template([rows[0][0], {"role": "assistant", "content": ""}, rows[0][2]],
+                                             add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"]
+    assert a["per_prompt"][0]["prompt_tokens"] == len(full) > len(unanswered)

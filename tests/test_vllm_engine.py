@@ -602,6 +602,19 @@ def test_greedy_outputs_may_part_only_at_a_near_tie(spec, ours, second, passes, 
     assert stats.outputs_equal == 1 and equal.value == "1/2"
 
 
+def test_a_float32_served_answer_is_judged_in_float32():
+    """The near-tie is judged in the dtype vLLM served (engine_config.dtype), not bf16 always: 24.23 and 24.125
+    are within 2 bf16 ulps (0.25) but 2 float32 ulps at 24 are 4e-6, so parting there is a real difference."""
+    from dflash_convert.validate.served import served_checks
+
+    answer = _engine_answer([90, 80, 70], top=_top({"5": 24.23, "7": 24.125}))
+    answer["drafts"][0]["engine_config"]["dtype"] = "float32"
+    checks, _ = served_checks(answer, [[1, 2, 3], [4, 7]], _emulated([90, 80, 70]), block=4, engine_args={},
+                              python="py", min_acceptance_length=None, min_position_rates=None)
+    equal = next(c for c in checks if c.name == "engine_outputs_equal")
+    assert equal.status == "fail" and "(logits 24.23 and 24.12: not a near-tie)" in equal.message, equal.message
+
+
 def test_tie_tolerance_is_two_ulps_of_the_served_dtype():
     from dflash_convert.validate.served import tie_tolerance
 

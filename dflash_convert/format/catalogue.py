@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from dflash_convert.format import keys
 from dflash_convert.format.configs import DraftSpec
 
 KEEP, DROP, KEEP_IF_PRUNED, DERIVE_IF_PRUNED = "keep", "drop", "keep-if-pruned", "derive-if-pruned"
@@ -87,9 +88,11 @@ def _confidence(spec: DraftSpec) -> bool:
 
 
 def _confidence_width(spec: DraftSpec) -> Shape | None:
-    """[1, H (+ r when it reads the Markov embedding too)]; unsized while the keys are absent or contradictory."""
+    """[1, H (+ r when it reads the Markov embedding too)]; unsized while the keys are contradictory. An absent
+    confidence_head_with_markov is the value the draft was trained with (keys.trained_value: speculators' fill-in),
+    the one the runtime builds the head with."""
     f = spec.variant_fields
-    with_markov = f.get("confidence_head_with_markov")
+    with_markov = keys.trained_value("dspark", f, "confidence_head_with_markov")
     if not isinstance(with_markov, bool):
         return None
     if not with_markov:

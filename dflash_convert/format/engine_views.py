@@ -66,6 +66,8 @@ class EngineView(BaseModel):
     block_size_source: str = ""
     vocab: str = ""
     fc_input_width: int | None = None
+    anchor_predicts: bool | None = Field(None, description="dspark: sample_from_anchor as the engine reads it "
+                                                           "(true: the anchor's slot drafts too)")
     divergences: list[Divergence] = Field(default_factory=list)
 
     @computed_field(description="loads, and no error divergence: served as trained")
@@ -368,6 +370,22 @@ def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Con
                                       "--speculative-config)"))
 
 
+def _view_anchor(view: EngineView, rules: EngineRules, trained: bool | None, raw: dict[str, Any]) -> None:
+    """sample_from_anchor as the engine reads it. Absent, vLLM's speculators reader takes false (the anchor is the
+    bonus token: 1 + N slots), its HF reader and SGLang true; speculators trained with its fill-in, true."""
+    absent = raw.get("sample_from_anchor") is None
+    # vLLM's speculators reader copies the DSpark keys to the top level; both engines read them there
+    view.anchor_predicts = raw.get("sample_from_anchor", rules.reads != "speculators")
+    if view.anchor_predicts != trained:
+        said = (f"sample_from_anchor is absent and {rules.title} takes {view.anchor_predicts} (speculators trained "
+                f"with its default, {trained}): " if absent else "")
+        view.divergences.append(Divergence(
+            field="sample_from_anchor", severity="error", trained=trained, applied=view.anchor_predicts,
+            consequence=said + "the engine lays the block out the other way (anchor drafting vs bonus anchor): "
+                               "every slot predicts another position than trained",
+            fix="write sample_from_anchor explicitly (convert does)"))
+
+
 def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dict[str, Any]) -> None:
     """What the engine serves of a DSpark draft: its runner, Markov head, confidence head and anchor slot."""
     div, f = view.divergences, spec.variant_fields
@@ -377,16 +395,7 @@ def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dic
         div.append(Divergence(field="architectures", severity="error", trained="dspark", applied=None,
                               consequence=f"{rules.title} has no DSpark model", fix="serve it with vLLM or SGLang"))
         return
-    top = lambda key, default: raw.get(key, default)  # noqa: E731  both engines read DSpark keys at the top level
-    if rules.reads == "speculators":  # vLLM's speculators reader copies them to the top level; anchor default false
-        applied_anchor = top("sample_from_anchor", False)
-    else:
-        applied_anchor = top("sample_from_anchor", True)
-    if applied_anchor != anchor:
-        div.append(Divergence(field="sample_from_anchor", severity="error", trained=anchor, applied=applied_anchor,
-                              consequence="the engine lays the block out the other way (anchor drafting vs bonus "
-                                          "anchor): every slot predicts another position than trained",
-                              fix="write sample_from_anchor explicitly (convert does)"))
+    _view_anchor(view, rules, anchor, raw)
     if rules.dspark == DSpark.V2_RUNNER_VANILLA:
         div.append(_v2_runner_only("DSpark", VLLM_V1_DSPARK))
         if rules.reads == "hf" and raw.get("markov_rank") is None:
@@ -414,6 +423,20 @@ def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dic
                                           "says and refuses a checkpoint without confidence_head.proj (unless its "
                                           "ragged verify mode is static)",
                               fix="serve it with vLLM, or SGLang with the static ragged verify mode"))
+    if rules.dspark == DSpark.ALL_HEADS_TARGET_LM_HEAD and head == "rnn" and view.anchor_predicts is False:
+        div.append(_rnn_start_differs())
+
+
+def _rnn_start_differs() -> Divergence:
+    """An rnn Markov head with a bonus anchor: SGLang starts its state where speculators' training does not."""
+    return Divergence(field="markov_head_type", severity="warning", trained="rnn from slot 0",
+                      applied="rnn from slot 1",
+                      consequence="with the anchor as bonus token, SGLang 0.5.23 runs the rnn head over the drafting "
+                                  "slots 1..B-1 from a zero state, while speculators 0.9.0 trained the recurrence from "
+                                  "the anchor's slot 0 (its state carries into slot 1): the Markov bias differs from "
+                                  "training at every slot and acceptance may be lower than trained (the runtime "
+                                  "runs SGLang's rule)",
+                      fix="train the rnn head with sample_from_anchor true, or measure with validate")
 
 
 # ----------------------------------------------------------------------------- checkpoint views; applied drafts
@@ -458,6 +481,8 @@ def applied_spec(spec: DraftSpec, view: EngineView) -> DraftSpec:
         upd["decoder"] = {**spec.decoder, "layer_types": list(view.layer_types), "sliding_window": view.sliding_window}
     if view.block_size is not None:
         upd["block_size"] = view.block_size
+    if view.anchor_predicts is not None:  # dspark: the engine's block layout, not the trained one
+        upd["variant_fields"] = {**spec.variant_fields, "sample_from_anchor": view.anchor_predicts}
     if spec.is_pruned_vocab and ENGINES_BY_KEY[view.engine].vocab == Vocab.TARGET_LM_HEAD:
         upd["draft_vocab_size"] = None
     return spec.model_copy(update=upd)

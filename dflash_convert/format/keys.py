@@ -72,10 +72,11 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     # logit maps z-lab's DFlash2 drafts carry (applied to the unary logits before the selector)
     ConfigKey("input_embedding_scale", FAMILY, "vLLM (dflash2)", "multiplies the block's token embeddings",
               neutral=(1.0, 1)),
-    ConfigKey("output_multiplier", FAMILY, "vLLM (dflash2), SGLang", "multiplies the draft's logits",
+    ConfigKey("output_multiplier", FAMILY, "vLLM (dflash2), SGLang",
+              "multiplies the draft's logits (before the cap)",
               neutral=(1.0, 1)),
     ConfigKey("final_logit_softcapping", FAMILY, "vLLM (dflash2), SGLang",
-              "caps the draft's logits: c * tanh(logits / c)", neutral=(0.0, 0)),
+              "caps the multiplied logits: c * tanh(m * logits / c)", neutral=(0.0, 0)),
     # anchor: DFlash's anchor slot is a bonus token; vLLM refuses true for DFlash (DSpark's mode)
     ConfigKey("sample_from_anchor", DFLASH_KINDS, "vLLM", "whether the anchor slot predicts a token",
               neutral=(False,), speculators="sample_from_anchor"),

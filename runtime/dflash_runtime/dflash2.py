@@ -6,11 +6,13 @@ Per decoder layer, a grouped dynamic causal convolution on each side of attentio
 with each dynamic tap shared by the group_size channels of one of the G groups. Taps never reach
 across a block boundary, so never into the context.
 After the final norm, the candidate selector re-ranks the unary top-k of each draft slot:
-    unary = scale * softcap(target lm_head(hidden))          # output_multiplier, final_logit_softcapping
+    logits = target lm_head(hidden); c = the k largest logits of each slot
+    unary[c] = cap * tanh(m * logits[c] / cap)     # m: output_multiplier, cap: final_logit_softcapping (0: none)
     score(prev, c) = unary[c] + <predecessor[prev] * (W_h hidden), successor[c]>
-over the k unary candidates c of each slot, and the walk picks slot by slot: the first slot's predecessor
-is the anchor, each later slot's the previous pick (greedy: the best score; sampled: softmax(score / T)
-over the k candidates). Only the k
+over the k candidates c of each slot, and the walk picks slot by slot: the first slot's predecessor is the
+anchor, each later slot's the previous pick (greedy: the best score; sampled: softmax(score / T) over the k
+candidates). The multiplier comes before the cap because vLLM's candidate path (which decides its proposals)
+maps the logits in that order; its logits processor's forward caps first. Only the k
 candidates get finite draft logits: the realized row of scores, which is what a sampled walk drew from.
 """
 
@@ -77,20 +79,25 @@ def conv_finish(conv: Conv, y: torch.Tensor, dynamic: torch.Tensor, block_size: 
 
 
 def unary_logits(logits: torch.Tensor, *, multiplier: float, softcap: float | None) -> torch.Tensor:
-    """The target lm_head's logits [n, V] as vLLM's logits processor maps them: softcap, then scale."""
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
+    """Candidate logits mapped as vLLM's candidate path maps them (LogitsProcessor.get_top_k_tokens): in
+    float32, output_multiplier first, then the soft cap: cap * tanh(m * x / cap)."""
+    logits = logits.float()
     if multiplier != 1.0:
         logits = logits * multiplier
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
     return logits
 
 
-def candidate_scores(sel: Selector, unary: torch.Tensor, hidden: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """unary [S, V] and final-normed hidden [S, H] of the S drafted slots -> (candidate ids [S, k], their
-    unary logits [S, k], the projected hidden states [S, R]): what the walk scores each slot with."""
-    top, candidates = unary.topk(sel.top_k, dim=-1)  # [S, k]
-    return candidates, top, F.linear(hidden, sel.hidden_projection)
+def candidate_scores(sel: Selector, logits: torch.Tensor, hidden: torch.Tensor, *, multiplier: float = 1.0,
+                     softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target lm_head's logits [S, V] and final-normed hidden [S, H] of the S drafted slots -> (candidate
+    ids [S, k], their unary logits [S, k], the projected hidden states [S, R]): what the walk scores each slot
+    with. The k candidates are the largest raw logits, mapped afterwards (vLLM's order: a saturating cap
+    would otherwise tie candidates the raw logits rank)."""
+    top, candidates = logits.topk(sel.top_k, dim=-1)  # [S, k]
+    unary = unary_logits(top, multiplier=multiplier, softcap=softcap)
+    return candidates, unary, F.linear(hidden, sel.hidden_projection)
 
 
 def scores_after(sel: Selector, predecessor: torch.Tensor, candidates: torch.Tensor, top: torch.Tensor,

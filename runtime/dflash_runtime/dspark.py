@@ -10,9 +10,11 @@ The backbone is the DFlash one. What changes:
         e = markov_w1[prev]                                                  # [r]
         vanilla: bias = markov_w2 @ e                                        # [Vd]
         gated:   bias = markov_w2 @ (sigmoid(gate_proj([hidden; e])) * e)
-        rnn:     g, c, o = split3(joint_proj([state; e; hidden]))           # state starts at 0 per block
+        rnn:     g, c, o = split3(joint_proj([state; e; hidden]))           # state: 0 at the first proposing slot
                  state = sigmoid(g) * state + (1 - sigmoid(g)) * tanh(c);  bias = markov_w2 @ tanh(o)
     and the pick (argmax, or a sample of softmax(logits / T)) is the next slot's previous token.
+    The rnn state starts at zero at the first proposing slot, as SGLang 0.5.23 (the engine serving rnn
+    heads) starts it; with a bonus anchor speculators' training runs it from the anchor's slot instead.
   * the confidence head: p_s = sigmoid(proj([hidden_s; e_s])) (or proj(hidden_s) without the Markov
     input), an estimate of slot s's acceptance given the slots before it were accepted. vLLM reads it
     only for adaptive verification (how many proposals to verify); it never changes a token.

@@ -606,8 +606,8 @@ def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi
     if d.markov is not None or d.confidence_head is not None:
         return rows, logits
     if d.selector is not None:
-        unary = dflash2.unary_logits(logits, multiplier=d.logit_multiplier, softcap=d.softcap)
-        candidates, top, projected = dflash2.candidate_scores(d.selector, unary, rows)
+        candidates, top, projected = dflash2.candidate_scores(d.selector, logits, rows, multiplier=d.logit_multiplier,
+                                                              softcap=d.softcap)
         return candidates, (top, projected)
     return logits.argmax(dim=-1), logits
 
