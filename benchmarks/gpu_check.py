@@ -63,12 +63,12 @@ PARTS = [
     Part("family", 95, "dflash2 and DSpark draft steps vs dflash, same body"),
     Part("validate", 75, "validate end to end, 8B-shaped random pair (36-layer target): wall time, peak GPU memory"),
 ]
-# The issue's goals on the GPU: (part, what, how to read it from the part's figures, at most)
+# The goals on the GPU: (part, what, how to read it from the part's figures (the JSON its script wrote), at most)
 GOALS = [
     ("step", "compiled draft step / weight-read floor",
-     lambda f: f["compiled_ms"] / f["floor_ms"], 1.5),
+     lambda f: f["step"]["compiled_ms"] / f["step"]["floor_ms"], 1.5),
     ("hybrid", "hybrid with rollback / attention-only, compiled",
-     lambda f: f["compiled"]["rollback_vs_attention"], 1.2),
+     lambda f: f["hybrid"]["compiled"]["rollback_vs_attention"], 1.2),
     ("family", "dflash2 / dflash draft step, compiled", lambda f: f["dflash2"]["compiled_ratio"], 1.15),
     ("validate", "validate end to end, 8B-shaped pair, wall s",
      lambda f: f["8b-shaped pair, all levels"]["wall_s"], 60.0),
@@ -108,7 +108,7 @@ def run_part(argv: list[str], budget_s: int, log) -> tuple[str, float]:
     return ("ok" if rc == 0 else f"failed (exit {rc})"), time.perf_counter() - t
 
 
-def test_counts(junit: Path) -> dict:
+def junit_counts(junit: Path) -> dict:
     """passed / failed / skipped and the names of the failures, from pytest's JUnit XML."""
     cases = ET.parse(junit).getroot().iter("testcase")
     counts: dict = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
             parts[part.name] = {"status": status, "seconds": round(seconds, 1), "budget_s": part.budget_s,
                                 "what": part.what}
             if result.exists() and part.name == "tests":
-                parts[part.name]["tests"] = test_counts(result)
+                parts[part.name]["tests"] = junit_counts(result)
             elif result.exists():
                 parts[part.name]["figures"] = json.loads(result.read_text())
             save(args.out, env, parts)
