@@ -86,9 +86,10 @@ def describe(label: str, wall: float, rss: float, report: dict, target_s: float 
     env = report["environment"]
     gpu = report.get("_peak_gpu_bytes")
     FIGURES[label] = dict(wall_s=wall, validation_s=report["duration_s"], peak_rss_bytes=rss, peak_gpu_bytes=gpu,
-                          device=env.get("device"), levels=report["levels_run"], failed=failed, exit_verdict=verdict)
+                          device=env.get("device"), levels=report["levels_run"], failed=failed)
     print(f"{label}: {wall:.1f} s wall, validation {report['duration_s']:.1f} s, peak RSS {rss / 1e6:.0f} MB, "
-          + (f"peak GPU memory {gpu / 1e9:.2f} GB, " if gpu is not None else "") + f"levels {','.join(report['levels_run'])}, {len(report['checks'])} checks, failed: {failed or 'none'}, "
+          + (f"peak GPU memory {gpu / 1e9:.2f} GB, " if gpu is not None else "")
+          + f"levels {','.join(report['levels_run'])}, {len(report['checks'])} checks, failed: {failed or 'none'}, "
           f"{env.get('threads')} thread(s), load average {env.get('load_average')}{verdict}")
     a = report.get("acceptance")
     if a:

@@ -20,7 +20,7 @@ def test_dry_run_runs_every_part_and_writes_every_figure(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHON=sys.executable)
     p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh"), "--dry-run", str(out)], env=env,
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=3600)
     log = (out / "gpu-check.log").read_text() if (out / "gpu-check.log").exists() else ""
     assert p.returncode == 0, p.stderr[-2000:] + log[-4000:]
     assert sorted(os.listdir(out)) == ["figures.json", "figures.txt", "gpu-check.log"]  # what a loan brings back
@@ -69,6 +69,13 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_test_run_stopped_at_its_budget_is_counted_from_its_log():
+    text = ("tests/test_a.py::t[cuda] PASSED     [ 10%]\ntests/test_a.py::u[cpu-cuda] FAILED  [ 20%]\n"
+            "tests/test_b.py::v[cuda] SKIPPED (no CUDA device)  [ 30%]\nsome other line PASSED\n")
+    assert gpu_check.log_counts(text) == {"passed": 1, "failed": 1, "skipped": 1, "stopped_early": True,
+                                          "failures": ["tests/test_a.py::u[cpu-cuda]"]}
 
 
 def test_missing_packages_stop_the_check_before_any_part(tmp_path, monkeypatch, capsys):
