@@ -49,8 +49,10 @@ def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_r
     quick = ["-c", "import json, sys; open(sys.argv[-1], 'w').write(json.dumps({'x': 1}))"]
     monkeypatch.setattr(gpu_check, "PARTS", [gpu_check.Part("step", 2, "slow"), gpu_check.Part("verify", 30, "q")])
     monkeypatch.setattr(gpu_check, "part_argv", lambda name, dry, out: [*(slow if name == "step" else quick), str(out)])
+    monkeypatch.setattr(gpu_check, "environment", lambda dry: {"python": "3", "dry_run": dry, "missing": [],
+                                                               "torch": "2", "cuda": "13", "device": "a GPU"})
     t = time.perf_counter()
-    assert gpu_check.main([str(tmp_path / "out"), "--dry-run"]) == 1  # a part did not finish: exit 1
+    assert gpu_check.main([str(tmp_path / "out")]) == 1  # a part did not finish: exit 1
     assert time.perf_counter() - t < 30
     parts = json.loads((tmp_path / "out" / "figures.json").read_text())["parts"]
     assert parts["step"]["status"] == "stopped at its 2 s budget" and "figures" not in parts["step"]
