@@ -5,8 +5,8 @@ one runs, so one slow part cannot eat a short GPU loan. After every part, OUT/fi
 every part's status) and OUT/figures.txt (a short table, the goals beside it) are rewritten, and every
 part's output goes to OUT/gpu-check.log: three files, whatever happens.
 
---dry-run runs the same parts on the CPU at tiny shapes, eager only, in well under a minute (the tests
-part then skips every CUDA test: it checks that they are still collected).
+--dry-run runs the same parts on the CPU at tiny shapes, eager only, in about half a minute of CPU time (the
+tests part then skips every CUDA test: it checks that they are still collected).
 
     python benchmarks/gpu_check.py OUT [--dry-run] [--parts tests step ...]   (through scripts/gpu-check.sh)
 """
@@ -172,6 +172,15 @@ def goal_rows(parts: dict) -> list[str]:
     return rows
 
 
+def leaves(value, path: str = ""):
+    """(dotted path, number) of every number in a part's figures, in order."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from leaves(inner, f"{path}.{key}" if path else key)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield path, value
+
+
 def table(env: dict, parts: dict) -> str:
     lines = [f"GPU check{' (dry run on CPU, tiny shapes)' if env['dry_run'] else ''}: {env.get('device') or 'no GPU'}, "
              f"torch {env.get('torch')}, CUDA {env.get('cuda')}, python {env['python']}, "
@@ -182,6 +191,9 @@ def table(env: dict, parts: dict) -> str:
         if tests:
             lines.append(f"          {tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped"
                          + "".join(f"\n          FAILED {n}" for n in tests["failures"]))
+    lines += ["", "figures (ms: median per step; _s: seconds; _bytes; _GBps; ratios):"]
+    lines += [f"  {name}.{path:66} {value:12.4g}" for name, p in parts.items()
+              for path, value in leaves(p.get("figures", {}))]
     lines += ["", "goals:", *goal_rows(parts)]
     return "\n".join(lines) + "\n"
 
