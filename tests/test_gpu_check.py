@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check  # noqa: E402
@@ -47,12 +49,12 @@ def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_r
     slow = ["-c", f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
             f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)"]
     quick = ["-c", "import json, sys; open(sys.argv[-1], 'w').write(json.dumps({'x': 1}))"]
-    monkeypatch.setattr(gpu_check, "PARTS", [gpu_check.Part("step", 2, "slow"), gpu_check.Part("verify", 30, "q")])
+    monkeypatch.setattr(gpu_check, "PARTS", [gpu_check.Part("step", 600, "slow"), gpu_check.Part("verify", 30, "q")])
     monkeypatch.setattr(gpu_check, "part_argv", lambda name, dry, out: [*(slow if name == "step" else quick), str(out)])
     monkeypatch.setattr(gpu_check, "environment", lambda dry: {"python": "3", "dry_run": dry, "missing": [],
                                                                "torch": "2", "cuda": "13", "device": "a GPU"})
     t = time.perf_counter()
-    assert gpu_check.main([str(tmp_path / "out")]) == 1  # a part did not finish: exit 1
+    assert gpu_check.main([str(tmp_path / "out"), "--budget", "step=2"]) == 1  # a part did not finish: exit 1
     assert time.perf_counter() - t < 30
     parts = json.loads((tmp_path / "out" / "figures.json").read_text())["parts"]
     assert parts["step"]["status"] == "stopped at its 2 s budget" and "figures" not in parts["step"]
@@ -78,6 +80,14 @@ def test_a_test_run_stopped_at_its_budget_is_counted_from_its_log():
             "tests/test_b.py::v[cuda] SKIPPED (no CUDA device)  [ 30%]\nsome other line PASSED\n")
     assert gpu_check.log_counts(text) == {"passed": 1, "failed": 1, "skipped": 1, "stopped_early": True,
                                           "failures": ["tests/test_a.py::u[cpu-cuda]"]}
+
+
+def test_a_budget_names_a_part_and_whole_seconds(tmp_path, capsys):
+    for bad in ("stpe=20", "step=1.5", "step"):
+        with pytest.raises(SystemExit) as exit_:
+            gpu_check.main([str(tmp_path), "--budget", bad])
+        assert exit_.value.code == 2
+        assert f"--budget {bad!r}: PART=SECONDS, PART one of tests, step" in capsys.readouterr().err
 
 
 def test_missing_packages_stop_the_check_before_any_part(tmp_path, monkeypatch, capsys):
