@@ -5,7 +5,7 @@
 #
 #     bash scripts/gpu-check.sh OUT                 # on the GPU machine, from the repository root
 #     bash scripts/gpu-check.sh --dry-run OUT       # the same parts on this CPU, tiny shapes (< 1 minute)
-#     bash scripts/gpu-check.sh OUT --parts step    # some parts again
+#     bash scripts/gpu-check.sh OUT --parts step --budget step=120   # one part again, with more time
 #
 # It installs nothing from the network. Where build/gpu-wheels holds wheels (scripts/prepare-gpu.sh makes
 # it here; about 27 MB, so it travels with the working tree as a carried path), they are installed with
