@@ -8,7 +8,7 @@
 #     bash scripts/gpu-check.sh OUT --parts step --budget step=120   # one part again, with more time
 #
 # It installs nothing from the network. Where build/gpu-wheels holds wheels (scripts/prepare-gpu.sh makes
-# it here; about 27 MB, so it travels with the working tree as a carried path), they are installed with
+# it here; about 28 MB, so it travels with the working tree as a carried path), they are installed with
 # --no-index into build/gpu-site and put first on PYTHONPATH; the project runs from the working tree.
 # torch is the machine's own (a CUDA build is some GB: it cannot travel); the check prints which torch and
 # CUDA it found, and stops with exit 1 when there is no torch, no CUDA device, or a needed package is absent.

@@ -5,7 +5,7 @@
 #
 # Left out, because the GPU machine's image provides them and a CUDA build of torch alone is some GB
 # (over the 64 MiB that travels with the working tree): torch and what comes with it, numpy, pandas and
-# pyarrow, and the compiled packages the image has (tokenizers, safetensors, regex, ...). gpu-check.sh
+# pyarrow, and the compiled packages the image has (tokenizers, safetensors, pyyaml, ...). gpu-check.sh
 # uses the torch it finds there and says which torch and CUDA that is. The project itself is not a wheel:
 # it runs from the working tree, which travels anyway.
 #
@@ -22,9 +22,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 DEST=build/gpu-wheels
-# provided by the GPU image (docs/gpu.md says how that was found), or not needed there
+# provided by the GPU image at versions transformers accepts (docs/gpu.md), or not needed there; regex is
+# carried although the image has it: transformers 5.19 checks for a regex of 2025.10 or newer at import
 PROVIDED="torch numpy sympy mpmath networkx pandas pyarrow tzdata python-dateutil six pip setuptools wheel
-  dflash-convert aiohttp frozenlist multidict propcache yarl hf-xet psutil pyyaml regex safetensors tokenizers
+  dflash-convert aiohttp frozenlist multidict propcache yarl hf-xet psutil pyyaml safetensors tokenizers
   xxhash markupsafe jinja2"
 EXTRAS="flash-linear-attention==0.6.0 fla-core==0.6.0"
 mkdir -p "$DEST"
