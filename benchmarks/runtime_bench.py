@@ -32,6 +32,7 @@ Parts (--parts, default all but pair):
     python benchmarks/runtime_bench.py                          # 8b shape on the GPU (bf16)
     python benchmarks/runtime_bench.py --shape small --device cpu   # code paths on a CPU
     python benchmarks/runtime_bench.py --shape 8b --device cpu --dtype float32 --parts step
+    python benchmarks/runtime_bench.py --parts step --json step.json   # the figures as JSON too (gpu-check)
 """
 
 from __future__ import annotations
