@@ -32,6 +32,7 @@ Parts (--parts, default all but pair):
     python benchmarks/runtime_bench.py                          # 8b shape on the GPU (bf16)
     python benchmarks/runtime_bench.py --shape small --device cpu   # code paths on a CPU
     python benchmarks/runtime_bench.py --shape 8b --device cpu --dtype float32 --parts step
+    python benchmarks/runtime_bench.py --parts step --json step.json   # the figures as JSON too (gpu-check)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import json
 import os
 import statistics
 import sys
@@ -174,16 +176,24 @@ def header() -> None:
 
 # ----------------------------------------------------------------------------- parts
 
-def bench_step(spec, tensors, lm_head, embed, device, dtype, modes, backend, steps, bandwidth) -> dict:
+def no_record() -> None:
+    pass
+
+
+def bench_step(spec, tensors, lm_head, embed, device, dtype, modes, backend, steps, bandwidth, results=None,
+               record=no_record) -> dict:
+    """Fills `results` (mode -> ms, the floor) and calls `record` after each mode: a run stopped in the
+    compiled mode's compile keeps the eager figure."""
     weights = nbytes(tensors.values())
     moved = weights + lm_head.weight.numel() * lm_head.weight.element_size()
     floor = moved / bandwidth
+    results = {} if results is None else results
+    results.update(floor_ms=floor * 1e3, bytes_read=moved)
     print(f"\n== draft step, block {BLOCK}, context {CONTEXT} (+{NEW_PER_STEP} rows per step): draft "
           f"{weights / 1e9:.2f} GB + lm_head {(moved - weights) / 1e9:.2f} GB; floor {floor * 1e3:.3f} ms "
           f"(draft alone {weights / bandwidth * 1e3:.3f} ms) ==")
     header()
     features = torch.randn(CONTEXT + NEW_PER_STEP * (steps + 8), spec.context_width, device=device).to(dtype)
-    results = {}
     for mode in modes:
         draft = DFlashDraft(spec, tensors, layer_causal=[False] * spec.num_layers, backend=backend, device=device,
                             dtype=dtype, compile=mode == "compiled")
@@ -203,7 +213,10 @@ def bench_step(spec, tensors, lm_head, embed, device, dtype, modes, backend, ste
         for _ in range(3):
             step()
         seconds = timed(step, device, steps)
-        results[mode] = seconds
+        results[mode + "_ms"] = seconds * 1e3
+        if mode == "compiled":
+            results["compiled_first_call_s"] = first
+        record()
         row("draft step" + (f" (first call {first:.1f} s)" if mode == "compiled" else ""), mode, seconds, moved,
             floor)
         del draft
@@ -223,7 +236,8 @@ FAMILY = {
 }
 
 
-def bench_family(kind: str, cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth) -> None:
+def bench_family(kind: str, cfg: dict, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth,
+                 results=None, record=no_record) -> dict:
     """The dflash step against a `kind` draft of the same body (its own modules random)."""
     extra, note = FAMILY[kind]
     cfg2 = {**cfg, **extra, "dflash_config": {**cfg["dflash_config"], **extra.get("dflash_config", {})}}
@@ -233,14 +247,20 @@ def bench_family(kind: str, cfg: dict, spec, tensors, lm_head, embed, device, dt
         if name not in tensors2:
             tensors2[name] = torch.empty(shape, device=device, dtype=dtype)
             offset = fill_random(tensors2[name], pool, offset)
+    results = {} if results is None else results
+    plain, other = results.setdefault("dflash", {}), results.setdefault(kind, {})
     print(f"\n== dflash (below: the same step as {kind}) ==")
-    plain = bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
+    bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth, plain,
+               record)
     print(f"== {kind} ==")
-    other = bench_step(spec2, tensors2, lm_head, embed, device, dtype, args.modes, args.backend, args.steps,
-                       bandwidth)
-    for mode in plain:
-        print(f"{kind} / dflash draft step, {mode}: {other[mode] / plain[mode]:.2f}x "
-              f"({other[mode] * 1e3:.2f} vs {plain[mode] * 1e3:.2f} ms{note})")
+    bench_step(spec2, tensors2, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth, other,
+               record)
+    for mode in args.modes:
+        a, b = other[mode + "_ms"], plain[mode + "_ms"]
+        results[mode + "_ratio"] = a / b
+        print(f"{kind} / dflash draft step, {mode}: {a / b:.2f}x ({a:.2f} vs {b:.2f} ms{note})")
+    record()
+    return results
 
 
 def bench_zlab(path: Path, cfg: dict, tensors, lm_head, embed, device, dtype, steps, bandwidth) -> None:
@@ -286,7 +306,7 @@ def bench_zlab(path: Path, cfg: dict, tensors, lm_head, embed, device, dtype, st
     row("draft step, z-lab model.py", "eager", timed(step, device, steps), moved, moved / bandwidth)
 
 
-def bench_verify(target_model, device, modes, steps) -> None:
+def bench_verify(target_model, device, modes, steps, results=None, record=no_record) -> dict:
     from dflash_runtime.target import Target
 
     moved = nbytes(p for p in target_model.parameters())
@@ -294,6 +314,8 @@ def bench_verify(target_model, device, modes, steps) -> None:
           f"{moved / 1e9:.2f} GB of weights ==")
     header()
     ids = torch.randint(0, target_model.config.vocab_size - 2, (CONTEXT + BLOCK,), device=device)
+    results = {} if results is None else results
+    results["weight_bytes"] = moved
     for mode in modes:
         target = Target(target_model, compile=mode == "compiled")
         target.set_capture([0])
@@ -306,8 +328,11 @@ def bench_verify(target_model, device, modes, steps) -> None:
 
         for _ in range(4):
             step()
-        row("verify step", mode, timed(step, device, steps), moved)
+        results[mode + "_ms"] = timed(step, device, steps) * 1e3
+        row("verify step", mode, results[mode + "_ms"] / 1e3, moved)
+        record()
         target.set_capture([])
+    return results
 
 
 def hybrid_model(shape: str, device, dtype, pool):
@@ -335,7 +360,8 @@ def hybrid_model(shape: str, device, dtype, pool):
     return model.eval()
 
 
-def bench_hybrid(shape: str, attention_model, device, dtype, pool, modes, steps) -> None:
+def bench_hybrid(shape: str, attention_model, device, dtype, pool, modes, steps, results=None,
+                 record=no_record) -> dict:
     """Three targets stepped in turn (the same machine load for each): attention-only and the hybrid
     with 4 of 16 committed per step, the hybrid with all 16 committed (no rollback)."""
     from dflash_runtime.target import Target
@@ -349,6 +375,7 @@ def bench_hybrid(shape: str, attention_model, device, dtype, pool, modes, steps)
     print(f"{'mode':9} {'attention-only':>15} {'hybrid, all kept':>17} {'hybrid, rollback':>17} {'rollback cost':>14}")
     total = CONTEXT + (steps + 8) * BLOCK + BLOCK
     ids = torch.randint(0, attention_model.config.vocab_size - 2, (total,), device=device)
+    results = {} if results is None else results
     for mode in modes:
         lanes = {}
         for name, model, keep in (("attention", attention_model, committed), ("kept", hybrid, BLOCK),
@@ -373,6 +400,9 @@ def bench_hybrid(shape: str, attention_model, device, dtype, pool, modes, steps)
                 if i >= 4:  # warm-up (and compiles)
                     lane["times"].append(time.perf_counter() - t)
         ms = {name: statistics.median(lane["times"]) * 1e3 for name, lane in lanes.items()}
+        results[mode] = dict(attention_only_ms=ms["attention"], hybrid_all_kept_ms=ms["kept"],
+                             hybrid_rollback_ms=ms["rollback"], rollback_vs_attention=ms["rollback"] / ms["attention"])
+        record()
         print(f"{mode:9} {ms['attention']:12.2f} ms {ms['kept']:14.2f} ms {ms['rollback']:14.2f} ms "
               f"{(ms['rollback'] / ms['kept'] - 1) * 100:+12.0f} %   (hybrid with rollback / attention-only: "
               f"{ms['rollback'] / ms['attention']:.2f}x)", flush=True)
@@ -382,6 +412,7 @@ def bench_hybrid(shape: str, attention_model, device, dtype, pool, modes, steps)
         gc.collect()
     del hybrid
     gc.collect()
+    return results
 
 
 def bench_decode(draft_spec, tensors, target_model, device, dtype, modes, backend, tokens) -> None:
@@ -446,7 +477,7 @@ def bench_pair(pair: Path, max_new_tokens: int, limit: int, modes) -> None:
               f"{equal:>3}/{len(prompts)}", flush=True)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=["8b", "small"], default="8b")
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
@@ -462,8 +493,13 @@ def main() -> None:
     ap.add_argument("--pair", type=Path, default=ROOT / "examples" / "pair")
     ap.add_argument("--pair-tokens", type=int, default=64)
     ap.add_argument("--pair-prompts", type=int, default=8)
-    args = ap.parse_args()
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file (rewritten "
+                    "after each mode of each part, so a run stopped midway leaves what it measured)")
+    return ap.parse_args(argv)
 
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     from dflash_runtime.device import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
@@ -479,7 +515,23 @@ def main() -> None:
     if device.type != "cuda":
         print("NOTE: a CPU run. The GPU figures (8b shape, bf16, eager vs compiled with CUDA graphs, against the "
               "H100/H200 floor) are pending: run this script on a GPU machine.")
+    figures = {"device": name, "dtype": str(dtype)[6:], "shape": args.shape, "torch": torch.__version__,
+               "cuda": torch.version.cuda, "copy_bandwidth_GBps": bandwidth / 1e9}
 
+    def record() -> None:
+        if args.json is not None:
+            args.json.write_text(json.dumps(figures, indent=1) + "\n")
+
+    def part(name: str) -> dict:
+        """The dict a part's figures go in (filled as the part goes)."""
+        return figures.setdefault(name, {})
+
+    figures["parts"] = args.parts
+    record()
+    run_parts(args, device, dtype, bandwidth, part, record)
+
+
+def run_parts(args, device, dtype, bandwidth, part, record) -> None:
     cfg = draft_config(args.shape)
     spec = spec_from_config(cfg)
     needs_target = {"verify", "hybrid", "decode"} & set(args.parts)
@@ -497,11 +549,12 @@ def main() -> None:
 
         print(f"(random draft {nbytes(tensors.values()) / 1e9:.2f} GB built in {time.perf_counter() - t:.1f} s)")
         if "step" in args.parts:
-            bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth)
-        if "dflash2" in args.parts:
-            bench_family("dflash2", cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
-        if "dspark" in args.parts:
-            bench_family("dspark", cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth)
+            bench_step(spec, tensors, lm_head, embed, device, dtype, args.modes, args.backend, args.steps, bandwidth,
+                       part("step"), record)
+        for kind in ("dflash2", "dspark"):
+            if kind in args.parts:
+                bench_family(kind, cfg, spec, tensors, lm_head, embed, device, dtype, pool, args, bandwidth, part(kind),
+                             record)
         if "zlab" in args.parts and args.zlab_model is not None:
             bench_zlab(args.zlab_model, cfg, tensors, lm_head, embed, device, dtype, args.steps, bandwidth)
         if needs_target:
@@ -510,9 +563,10 @@ def main() -> None:
             print(f"\n(random target {nbytes(target_model.parameters()) / 1e9:.2f} GB built in "
                   f"{time.perf_counter() - t:.1f} s)")
             if "verify" in args.parts:
-                bench_verify(target_model, device, args.modes, args.steps)
+                bench_verify(target_model, device, args.modes, args.steps, part("verify"), record)
             if "hybrid" in args.parts:
-                bench_hybrid(args.shape, target_model, device, dtype, pool, args.modes, args.steps)
+                bench_hybrid(args.shape, target_model, device, dtype, pool, args.modes, args.steps, part("hybrid"),
+                             record)
     if "decode" in args.parts:
         bench_decode(spec, tensors, target_model, device, dtype, args.modes, args.backend, args.tokens)
     if "pair" in args.parts:

@@ -6,11 +6,14 @@
 3. end to end against a random-weight Qwen3-shaped target built here (never downloaded), bf16:
    `--target-shape 8b`: the 8B-shaped draft with the deepest Qwen3-8B-shaped target (hidden 4096,
    up to its 36 layers) that the memory plan says fits this machine; `--target-shape small`: a
-   Qwen3-0.6B-shaped target (28 layers, hidden 1024) with a 2-layer draft for it.
+   Qwen3-0.6B-shaped target (28 layers, hidden 1024) with a 2-layer draft for it; `--target-shape tiny`
+   (hidden 64, 4 layers, vocab 512): the code path in seconds (scripts/gpu-check.sh --dry-run).
    Target: peak RSS of the whole run <= 1.2 x (target bytes + draft bytes).
 
 Each figure is the whole CLI process (imports included) plus the time the report says the run took;
-peak RSS is read inside the child (VmHWM, file-backed pages of mapped weights included).
+peak RSS is read inside the child (VmHWM, file-backed pages of mapped weights included), and so is the
+peak GPU memory PyTorch's allocator held (torch.cuda.max_memory_reserved) when the run used a GPU.
+`--json FILE` writes every figure to FILE as well.
 
     python benchmarks/validate_bench.py                                  # everything (8B: ~20 GB RAM)
     python benchmarks/validate_bench.py --skip-8b --target-shape small   # bundled pair + small shape
@@ -39,17 +42,30 @@ from dflash_convert.io.safetensors import header_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
-HWM = ("import atexit, sys, runpy; atexit.register(lambda: sys.stderr.write('VmHWM ' + "
-       "[l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0] + chr(10))); "
+# run the CLI module in this process, and at exit write its peak RSS and (where it used a GPU) the peak
+# GPU memory its torch allocator held to stderr
+HWM = ("import atexit, sys, runpy\n"
+       "def peaks():\n"
+       "    sys.stderr.write('VmHWM ' + [l.split()[1] for l in open('/proc/self/status') "
+       "if l.startswith('VmHWM')][0] + chr(10))\n"
+       "    torch = sys.modules.get('torch')\n"
+       "    if torch is not None and torch.cuda.is_initialized():\n"
+       "        sys.stderr.write(f'CUDAPeak {torch.cuda.max_memory_reserved()}' + chr(10))\n"
+       "atexit.register(peaks)\n"
        "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
 RSS_ALLOWANCE = 1.2  # peak RSS <= 1.2 x (target + draft bytes)
 # Qwen3 dimensions: hidden, intermediate, heads, kv heads, head dim, vocab, layers
 SHAPES = {"8b": dict(hidden=4096, inter=12288, heads=32, kv=8, head_dim=128, vocab=151936, layers=36),
-          "small": dict(hidden=1024, inter=3072, heads=16, kv=8, head_dim=128, vocab=151936, layers=28)}
+          "small": dict(hidden=1024, inter=3072, heads=16, kv=8, head_dim=128, vocab=151936, layers=28),
+          "tiny": dict(hidden=64, inter=128, heads=4, kv=2, head_dim=16, vocab=512, layers=4)}
+ALL_LEVELS = "static,numeric,end_to_end"
+DRAFT_LAYERS = {"8b": 5, "small": 2, "tiny": 2}
+FIGURES: dict = {}  # every figure printed, by label (written by --json)
 
 
 def validate(*args: str) -> tuple[float, float, dict]:
-    """(wall s, peak RSS bytes, JSON report) of one `dflash-convert validate ... --json` process."""
+    """(wall s, peak RSS bytes, JSON report) of one `dflash-convert validate ... --json` process; the peak GPU
+    memory, when it used a GPU, is kept in the report under "_peak_gpu_bytes"."""
     cmd = [sys.executable, "-c", HWM, "dflash_convert", "validate", *args, "--json"]
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -57,18 +73,27 @@ def validate(*args: str) -> tuple[float, float, dict]:
     if p.returncode not in (0, 3):
         raise SystemExit(f"validate {' '.join(args)} could not run (exit {p.returncode}):\n{p.stderr[-3000:]}")
     hwm = [line.split()[1] for line in p.stderr.splitlines() if line.startswith("VmHWM ")]
-    return wall, int(hwm[-1]) * 1024 if hwm else float("nan"), json.loads(p.stdout)
+    gpu = [int(line.split()[1]) for line in p.stderr.splitlines() if line.startswith("CUDAPeak ")]
+    report = json.loads(p.stdout)
+    if gpu:
+        report["_peak_gpu_bytes"] = gpu[-1]
+    return wall, int(hwm[-1]) * 1024 if hwm else float("nan"), report
 
 
 def describe(label: str, wall: float, rss: float, report: dict, target_s: float | None = None) -> None:
     failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
     verdict = "" if target_s is None else f"  (target < {target_s:.0f} s: {'met' if wall < target_s else 'MISSED'})"
     env = report["environment"]
+    gpu = report.get("_peak_gpu_bytes")
+    FIGURES[label] = dict(wall_s=wall, validation_s=report["duration_s"], peak_rss_bytes=rss, peak_gpu_bytes=gpu,
+                          device=env.get("device"), levels=report["levels_run"], failed=failed)
     print(f"{label}: {wall:.1f} s wall, validation {report['duration_s']:.1f} s, peak RSS {rss / 1e6:.0f} MB, "
-          f"levels {','.join(report['levels_run'])}, {len(report['checks'])} checks, failed: {failed or 'none'}, "
+          + (f"peak GPU memory {gpu / 1e9:.2f} GB, " if gpu is not None else "")
+          + f"levels {','.join(report['levels_run'])}, {len(report['checks'])} checks, failed: {failed or 'none'}, "
           f"{env.get('threads')} thread(s), load average {env.get('load_average')}{verdict}")
     a = report.get("acceptance")
     if a:
+        FIGURES[label].update(tau=a["acceptance_length"], speedup=a["speedup"])
         low, high = a.get("speedup_range") or [a["speedup"], a["speedup"]]
         print(f"    tau {a['acceptance_length']:.2f} (block {a['block_size']}), {a['outputs_equal']}/{a['prompts']} "
               f"outputs equal, speedup {a['speedup']:.2f}x ({a['speculative_tokens_per_s']:.1f} vs "
@@ -111,7 +136,8 @@ def target_config(d: dict, layers: int) -> dict:
     return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": d["hidden"],
             "intermediate_size": d["inter"], "num_hidden_layers": layers, "num_attention_heads": d["heads"],
             "num_key_value_heads": d["kv"], "head_dim": d["head_dim"], "vocab_size": d["vocab"], "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 40960, "eos_token_id": 151645, "bos_token_id": 151643, "dtype": "bfloat16",
+            "max_position_embeddings": 40960, "eos_token_id": min(151645, d["vocab"] - 2),
+            "bos_token_id": min(151643, d["vocab"] - 3), "dtype": "bfloat16",
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False}
 
 
@@ -124,7 +150,7 @@ def draft_config(d: dict, draft_layers: int, target_layers: int) -> dict:
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
             "layer_types": ["full_attention"] * draft_layers, "tie_word_embeddings": False, "block_size": 16,
             "num_target_layers": target_layers, "dtype": "bfloat16",
-            "dflash_config": {"mask_token_id": 151669, "target_layer_ids": ids, "block_size": 16}}
+            "dflash_config": {"mask_token_id": min(151669, d["vocab"] - 1), "target_layer_ids": ids, "block_size": 16}}
 
 
 def write_pair(root: Path, shape: str, target_layers: int, draft_layers: int) -> tuple[Path, Path, int, int]:
@@ -155,23 +181,28 @@ def deepest_target(shape: str, draft_layers: int) -> int:
     raise SystemExit(f"not even a 1-layer {shape} target fits in {free / 1e9:.1f} GB free")
 
 
-def end_to_end_at_size(root: Path, shape: str, max_new_tokens: str, layers: int | None) -> None:
-    draft_layers = 5 if shape == "8b" else 2
+def end_to_end_at_size(root: Path, shape: str, max_new_tokens: str, layers: int | None, device: str,
+                       levels: str) -> None:
+    draft_layers = DRAFT_LAYERS[shape]
     layers = layers or deepest_target(shape, draft_layers)
     t = time.perf_counter()
     target, draft, target_bytes, draft_bytes = write_pair(root, shape, layers, draft_layers)
     print(f"built a random {shape}-shaped pair: target {layers} layers {target_bytes / 1e9:.2f} GB, draft "
           f"{draft_layers} layers {draft_bytes / 1e9:.2f} GB (bf16) in {time.perf_counter() - t:.1f} s")
     prompts = root / f"prompts-{shape}.txt"
-    prompts.write_text(" ".join(str(1000 + 37 * i) for i in range(32)) + "\n")  # one 32-token prompt
+    vocab = SHAPES[shape]["vocab"]
+    prompts.write_text(" ".join(str((1000 + 37 * i) % (vocab - 3)) for i in range(32)) + "\n")  # one 32-token prompt
     for f in (*target.iterdir(), *draft.iterdir()):  # warm page cache, as after a download
         with open(f, "rb") as fh:
             while fh.read(64 << 20):
                 pass
     wall, rss, report = validate(str(draft), "--target", str(target), "--prompts", str(prompts), "--max-new-tokens",
-                                 max_new_tokens, "--threads", str(len(os.sched_getaffinity(0))))
-    describe(f"{shape}-shaped pair, all levels", wall, rss, report)
+                                 max_new_tokens, "--threads", str(len(os.sched_getaffinity(0))), "--device", device,
+                                 "--levels", levels)
+    label = f"{shape}-shaped pair, {'all levels' if levels == ALL_LEVELS else levels}"
+    describe(label, wall, rss, report)
     total = target_bytes + draft_bytes
+    FIGURES[label].update(target_layers=layers, target_bytes=target_bytes, draft_bytes=draft_bytes)
     print(f"    peak RSS {rss / 1e9:.2f} GB = {rss / total:.2f} x (target + draft {total / 1e9:.2f} GB); "
           f"target <= {RSS_ALLOWANCE:.1f}x: {'met' if rss <= RSS_ALLOWANCE * total else 'MISSED'}")
     shutil.rmtree(target)
@@ -182,13 +213,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed after)")
     ap.add_argument("--skip-8b", action="store_true", help="skip the 8B-shaped draft's static + numeric runs")
-    ap.add_argument("--target-shape", choices=("8b", "small", "none"), default="8b",
+    ap.add_argument("--target-shape", choices=("8b", "small", "tiny", "none"), default="8b",
                     help="random target built for the end-to-end size run (8b needs ~20 GB free)")
     ap.add_argument("--target-layers", type=int, default=None, help="target depth (default: the deepest that fits)")
     ap.add_argument("--max-new-tokens", default="64", help="bundled pair")
     ap.add_argument("--size-new-tokens", default="4", help="the size run (a random draft accepts nothing, so every "
                     "token is a verify step of a whole block: seconds each at 8B on CPU)")
     ap.add_argument("--pair", type=Path, default=PAIR, help="trained pair directory (target/, draft/, prompts.txt)")
+    ap.add_argument("--skip-pair", action="store_true", help="skip the trained pair's runs")
+    ap.add_argument("--device", default="auto", help="validate's --device for the end-to-end size run")
+    ap.add_argument("--size-levels", default=ALL_LEVELS, help="validate's --levels for the end-to-end size run")
+    ap.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="dflash-validate-bench-"))
     try:
@@ -211,7 +246,9 @@ def main() -> None:
             describe("8B-shaped, static + numeric", wall, rss, report, 60)
             shutil.rmtree(draft)
         pair = args.pair
-        if (pair / "draft" / "config.json").exists():
+        if args.skip_pair:
+            pass
+        elif (pair / "draft" / "config.json").exists():
             wall, rss, report = validate(str(pair / "draft"), "--levels", "static,numeric", "--target",
                                          str(pair / "target"))
             describe(f"pair {pair}, static + numeric", wall, rss, report)
@@ -223,8 +260,11 @@ def main() -> None:
         else:
             print(f"trained pair {pair} not present: skipped")
         if args.target_shape != "none":
-            end_to_end_at_size(root, args.target_shape, args.size_new_tokens, args.target_layers)
+            end_to_end_at_size(root, args.target_shape, args.size_new_tokens, args.target_layers, args.device,
+                               args.size_levels)
     finally:
+        if args.json is not None:
+            args.json.write_text(json.dumps(FIGURES, indent=1) + "\n")
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
 

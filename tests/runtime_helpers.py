@@ -20,8 +20,10 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 
 
 CUDA = torch.cuda.is_available()
-# Every runtime equality test runs on each device present: cpu always, cuda on a GPU machine.
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
+ON_CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))
+# Every runtime equality test runs on each device present: cpu always, cuda on a GPU machine (where
+# scripts/gpu-check.sh runs the tests whose ids name cuda).
+DEVICES = ["cpu", ON_CUDA]
 # Tolerances against an fp32 reference, relative to its largest magnitude: fp32 on a GPU differs from
 # the CPU in summation order only; bf16 keeps 8 mantissa bits through every layer.
 REL_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -199,6 +201,21 @@ def speculators_logits(path, features, ids, anchor):
         _, logits, *_ = model._backbone_forward(features[None], ids[None], loss_mask, torch.zeros(1, T, 64),
                                                 torch.zeros(1, T, dtype=torch.long), max_anchors=1)
     return logits[0], model  # [B, draft vocab]
+
+
+def bf16_logits_against_speculators(path: Path, device: str, runtime_target, target_path: Path, anchor: int = 13):
+    """(ours, theirs): the block logits of the draft at `path` with draft and target in bf16 on `device`, and
+    speculators' own fp32 forward on the CPU from the same context features (the CPU fp32 target's)."""
+    from dflash_runtime import load_draft, load_target
+
+    ids, features, block = target_context(runtime_target, load_draft(path), 30, seed=0, anchor=anchor)
+    theirs, _ = speculators_logits(path, features, ids, anchor)
+    draft = load_draft(path, device=device, dtype=torch.bfloat16)
+    target = load_target(target_path, device=device, dtype=torch.bfloat16)
+    ours = our_block_logits(draft, target, features[:anchor], block)
+    if draft.draft_to_target is not None:
+        ours = ours[:, draft.draft_to_target.to(ours.device)]
+    return ours.float().cpu(), theirs
 
 
 def record_calls(monkeypatch, module, name: str) -> list[dict]:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from dflash_runtime import dflash2, load_draft, load_target
-from runtime_helpers import assert_decode_alike, our_block_logits, speculators_logits, target_context
+from runtime_helpers import (DEVICES, assert_decode_alike, bf16_logits_against_speculators, close, our_block_logits,
+                             speculators_logits, target_context)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
@@ -113,6 +114,13 @@ def test_block_logits_equal_speculators_forward(name, family_drafts, runtime_tar
     theirs, _ = speculators_logits(family_drafts[name], features, ids, anchor)
     ours = our_block_logits(draft, runtime_target, features[:anchor], block)
     assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-5), (ours - theirs).abs().max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_block_logits_within_the_stated_tolerance(device, family_drafts, runtime_target, tiny_target):
+    """Draft and target in bf16, on each device present: speculators' fp32 logits within REL_TOL[bf16]."""
+    ours, theirs = bf16_logits_against_speculators(family_drafts["dflash2"], device, runtime_target, tiny_target)
+    assert close(ours, theirs, torch.bfloat16), (ours - theirs).abs().max()
 
 
 def identity_dflash2(src: Path, dst: Path, *, taps: int = 2, group: int = 16, top_k: int = 4) -> Path:

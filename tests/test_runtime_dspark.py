@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dflash_runtime import dspark, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import assert_decode_alike, our_block_logits, speculators_logits, target_context
+from runtime_helpers import (DEVICES, assert_decode_alike, bf16_logits_against_speculators, close, our_block_logits,
+                             speculators_logits, target_context)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
@@ -159,6 +160,17 @@ def test_block_logits_equal_speculators_forward(name, family_drafts, runtime_tar
     assert torch.equal(picked, got.argmax(-1) if draft.draft_to_target is None else
                        draft.draft_to_target[got.argmax(-1)])
     assert len(picked) == (draft.block_size if draft.anchor_predicts else draft.block_size - 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["dspark", "dspark_pruned"])
+def test_bf16_block_logits_within_the_stated_tolerance(name, device, family_drafts, runtime_target, tiny_target):
+    """Draft and target in bf16, on each device present: the backbone's logits of every proposing slot are
+    speculators' fp32 ones within REL_TOL[bf16]."""
+    from speculators.model import SpeculatorModel  # noqa: F401 (registers the dspark classes)
+
+    ours, theirs = bf16_logits_against_speculators(family_drafts[name], device, runtime_target, tiny_target)
+    assert close(ours, theirs, torch.bfloat16), (ours - theirs).abs().max()
 
 
 def test_acceptance_counts_every_slot_as_vllm_counts_dspark(family_drafts, runtime_target, monkeypatch):

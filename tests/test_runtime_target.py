@@ -8,7 +8,7 @@ import torch
 
 from dflash_convert.errors import DFlashError
 from dflash_runtime import check_pair, load_draft, load_target
-from runtime_helpers import one_torch_thread, target_dir, write_hf_draft  # noqa: F401 (autouse fixture)
+from runtime_helpers import ON_CUDA, close, one_torch_thread, target_dir, write_hf_draft  # noqa: F401 (autouse fixture)
 
 
 def test_features_are_layer_outputs_and_the_last_is_pre_norm(runtime_target):
@@ -79,6 +79,26 @@ def test_cache_crops_back_exactly(static, runtime_target, tiny_target):
     assert torch.allclose(logits, full_logits[10:], atol=1e-5) and torch.allclose(feats, full_feats[10:], atol=1e-5)
     with pytest.raises(DFlashError, match="target cache holds 15 positions, forward asked to start at 12"):
         runtime_target.forward(accepted, 12)
+
+
+@pytest.mark.parametrize("device", [ON_CUDA])
+@pytest.mark.parametrize("static", [False, True])
+def test_bf16_target_on_a_gpu_crops_back_within_the_stated_tolerance(device, static, runtime_target, tiny_target):
+    """The target in bf16 on the GPU, its dynamic cache and compile=True's static one: after a rejected block
+    is cropped, logits and features are the CPU fp32 target's one forward within REL_TOL[bf16]."""
+    target = load_target(tiny_target, device=device, dtype=torch.bfloat16, compile=static)
+    g = torch.Generator().manual_seed(1)
+    prefix, rejected, accepted = (torch.randint(0, 500, (n,), generator=g) for n in (10, 7, 5))
+    runtime_target.set_capture([3])
+    runtime_target.reset()
+    want_logits, want_feats = runtime_target.forward(torch.cat([prefix, accepted]), 0)
+    target.set_capture([3])
+    target.reset(20)
+    target.forward(prefix, 0)
+    target.forward(rejected, 10)
+    target.crop(10)
+    logits, feats = target.forward(accepted, 10)
+    assert close(logits, want_logits[10:], torch.bfloat16) and close(feats, want_feats[10:], torch.bfloat16)
 
 
 def test_target_from_a_model_object_and_its_own_attention(tiny_target):

@@ -12,7 +12,7 @@ import torch
 import target_zoo
 from dflash_convert.errors import DFlashError
 from dflash_runtime import Sampling, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import _ROOT, one_torch_thread, write_hf_draft  # noqa: F401 (autouse fixture)
+from runtime_helpers import _ROOT, DEVICES, close, one_torch_thread, write_hf_draft  # noqa: F401 (autouse fixture)
 
 PROMPTS = ([3, 17, 250, 9], list(range(40, 61)))
 N = 16
@@ -23,9 +23,9 @@ def zoo(kind: str):
     return target_zoo.make(kind, _ROOT / "zoo" / kind)
 
 
-def draft_for(tmp_path, block=BLOCK):
+def draft_for(tmp_path, block=BLOCK, device="cpu"):
     return load_draft(write_hf_draft(tmp_path / "draft", layers=1, target_ids=(0, 2), n_target=target_zoo.LAYERS,
-                                     block_size=block, bias=False), backend="sdpa")
+                                     block_size=block, bias=False), backend="sdpa", device=device)
 
 
 def reference(model, prompt, n=N):
@@ -57,19 +57,22 @@ def scripted(draft, script):
     return draft
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", target_zoo.KINDS)
-def test_speculative_greedy_equals_transformers_generate(kind, tmp_path):
+def test_speculative_greedy_equals_transformers_generate(kind, device, tmp_path):
     """A real random draft (mostly rejected) and a scripted one (accepted up to a moving slot, then
-    rejected) against each architecture: both emit exactly transformers' greedy generate."""
-    target = load_target(zoo(kind))
+    rejected) against each architecture, on each device present: both emit exactly transformers' greedy
+    generate."""
+    target = load_target(zoo(kind), device=device)
     assert target.unrollable is None
-    draft = draft_for(tmp_path)
+    draft = draft_for(tmp_path, device=device)
     for prompt in PROMPTS:
         ref = reference(target.model, prompt)
         assert speculative_generate(draft, target, prompt, max_new_tokens=N).tokens == ref, prompt
     for prompt in PROMPTS:
         ref = reference(target.model, prompt)
-        gen = speculative_generate(scripted(draft_for(tmp_path), {"prompt_len": len(prompt), "tokens": ref}),
+        gen = speculative_generate(scripted(draft_for(tmp_path, device=device), {"prompt_len": len(prompt),
+                                                                                 "tokens": ref}),
                                    target, prompt, max_new_tokens=N)
         assert gen.tokens == ref, prompt
         assert 0 < gen.stats.accepted < gen.stats.drafted  # partial blocks really happened
@@ -103,19 +106,37 @@ def test_rollback_leaves_the_state_of_the_accepted_prefix(kind, compile, mixers)
         target._mixers = {}
     g = torch.Generator().manual_seed(0)
     for _ in range(2):
-        prompt, block, more = (torch.randint(0, 500, (n,), generator=g) for n in (7, BLOCK, BLOCK))
-        target.reset(32, BLOCK)
-        target.forward(prompt, 0, last_logits_only=True)
-        target.forward(block, 7)  # anchor + 3 proposals
-        target.crop(9)  # 1 proposal accepted, 2 rejected
-        logits, _ = target.forward(more, 9)
-        target.crop(9 + BLOCK)  # all accepted: nothing to undo
-        last, _ = target.forward(more[:1], 9 + BLOCK)
-        seq = torch.cat([prompt, block[:2], more, more[:1]])
-        with torch.no_grad():
-            ref = target.model(input_ids=seq[None]).logits[0].float()
-        assert torch.allclose(logits, ref[9:9 + BLOCK], atol=1e-5, rtol=0), (logits - ref[9:9 + BLOCK]).abs().max()
-        assert torch.allclose(last[-1], ref[-1], atol=1e-5, rtol=0)
+        for got, want in rolled_back_and_fresh(target, g):
+            assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rollback_in_bf16_within_the_stated_tolerance(device):
+    """The hybrid rollback with the target in bf16 on each device present (on a GPU, transformers' fast
+    Gated DeltaNet kernels where flash-linear-attention is installed): REL_TOL[bf16] of one fresh forward."""
+    target = load_target(zoo("qwen3_5"), device=device, dtype=torch.bfloat16)
+    assert set(target._mixers) == {0, 2}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        for got, want in rolled_back_and_fresh(target, g):
+            assert close(got, want, torch.bfloat16), (got.float().cpu() - want.cpu()).abs().max()
+
+
+def rolled_back_and_fresh(target, g: torch.Generator):
+    """Verify a block, keep part of it, continue: [(logits after the rollback, the same rows of one forward
+    over the committed sequence)] for the next block and for one token after it."""
+    prompt, block, more = (torch.randint(0, 500, (n,), generator=g) for n in (7, BLOCK, BLOCK))
+    target.reset(32, BLOCK)
+    target.forward(prompt, 0, last_logits_only=True)
+    target.forward(block, 7)  # anchor + 3 proposals
+    target.crop(9)  # 1 proposal accepted, 2 rejected
+    logits, _ = target.forward(more, 9)
+    target.crop(9 + BLOCK)  # all accepted: nothing to undo
+    last, _ = target.forward(more[:1], 9 + BLOCK)
+    seq = torch.cat([prompt, block[:2], more, more[:1]])
+    with torch.no_grad():
+        ref = target.model(input_ids=seq[None].to(target.device)).logits[0].float()
+    return [(logits, ref[9:9 + BLOCK]), (last[-1], ref[-1])]
 
 
 def test_compiled_hybrid_equals_transformers_generate(tmp_path):

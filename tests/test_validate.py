@@ -19,6 +19,7 @@ from dflash_convert.io.checkpoint import open_checkpoint
 
 from dflash_convert.io.reading import read_json
 from factories import copy_draft
+from runtime_helpers import ON_CUDA
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = Path(os.environ.get("DFLASH_TEST_PAIR", ROOT / "examples" / "pair"))  # another trained pair for trials
@@ -119,6 +120,17 @@ def test_bundled_pair_passes_every_level(good_run):
     assert report["environment"]["versions"]["torch"]
     root = ET.parse(junit).getroot()
     assert root.get("failures") == "0" and int(root.get("tests")) == len(report["checks"])
+
+
+@pytest.mark.parametrize("device", [ON_CUDA])
+def test_bundled_pair_passes_every_level_in_bf16_on_a_gpu(device, pair, cli):
+    """The trained pair in bf16 on the GPU: every level passes (backends agree, greedy outputs equal, tau >= 3)."""
+    r = cli(*e2e_args(pair), "--device", device, "--dtype", "bfloat16", "--min-acceptance-length", "3")
+    assert r.code == 0, r.err[-2000:]
+    report = r.json()
+    assert report["passed"] is True and failed(report) == []
+    assert report["environment"]["device"].startswith(device) and report["environment"]["dtype"] == "bfloat16"
+    assert report["acceptance"]["outputs_equal"] == report["acceptance"]["prompts"] == PAIR_PROMPTS
 
 
 def test_report_records_the_options_the_run_was_given(pair, good_run):
