@@ -233,7 +233,8 @@ ENGINES_BY_KEY = {e.key: e for e in ENGINES}
 
 # What each rule kind means, in one short cell (README table); engine_reading.py and engine_views.py act on the kinds.
 RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
-    "reads": {"speculators": "speculators", "hf": "HF / z-lab"},
+    "reads": {"speculators": "speculators", "hf": "HF / z-lab",
+              "transformers": "transformers' own (`MuseGlimmerAssistantConfig`)"},
     "layer_ids": {
         LayerIds.AUX_MINUS_ONE: "`aux_hidden_state_layer_ids` - 1",
         LayerIds.DFLASH_CONFIG_OR_TOP: "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",

@@ -221,7 +221,7 @@ class ValidationReport(BaseModel):
     tool: str = "dflash-convert"
     tool_version: str
     checkpoint: str
-    checkpoint_format: Literal["speculators", "hf"] | None = None
+    checkpoint_format: Literal["speculators", "hf", "transformers"] | None = None
     checkpoint_revision: str | None = None
     target: str | None = None
     target_revision: str | None = None
