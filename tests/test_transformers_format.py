@@ -48,6 +48,7 @@ def test_the_native_config_says_what_the_draft_was_trained_with(native_drafts):
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}  # not the class's 500000
     assert cfg["head_dim"] == 32 and cfg["num_key_value_heads"] == 1 and cfg["rms_norm_eps"] == 1e-6
     assert cfg["layer_types"] == ["sliding_attention"] * 2 and cfg["sliding_window"] == 2048
+    assert cfg["is_causal"] is False  # vLLM 0.32 resolves causality from it (0.33 forces non-causal itself)
     sliding = read_config(native_drafts["speculators"][0])
     assert sliding["layer_types"] == ["full_attention", "sliding_attention"]
     assert set(tensors_of(native_drafts["bundled"][0])) >= {"encoder.fc.weight", "encoder.output_norm_enc.weight"}
@@ -190,3 +191,62 @@ def test_inspect_and_diff_know_the_layout(cli, native_drafts, tmp_path):
     record = json.loads((tmp_path / "hf" / "conversion.json").read_text())
     assert record["tensors_renamed"] == {"encoder.fc.weight": "fc.weight",
                                          "encoder.output_norm_enc.weight": "hidden_norm.weight"}
+
+
+# ----------------------------------------------------------------------------- the engine row
+
+def test_inspect_engine_transformers_says_what_it_does_with_each_format(cli, native_drafts):
+    r = cli("inspect", native_drafts["bundled"][0], "--engine", "transformers", "--json")
+    view = r.json()["engines"][0]
+    assert r.code == 0 and view["engine"] == "transformers" and view["loads"] and not view["via_conversion"]
+    assert view["target_layer_ids"] == [1, 5] and view["layer_causal"] == [False, False] and view["block_size"] == 16
+    assert view["window_semantics"] == "symmetric"
+    r = cli("inspect", PAIR / "draft", "--engine", "transformers", "--json")  # causal, in the speculators format
+    view = r.json()["engines"][0]
+    assert view["via_conversion"] and not view["loads"]
+    assert "--non-causal" in next(d["consequence"] for d in view["divergences"] if d["field"] == "format")
+
+
+def test_the_engine_table_says_which_engines_read_the_layout():
+    from dflash_convert.format.engines import ENGINES_BY_KEY, NativeLayout
+
+    assert {k: e.native_layout for k, e in ENGINES_BY_KEY.items()} == {
+        "vllm-speculators": NativeLayout.READ, "vllm-hf": NativeLayout.READ, "sglang": NativeLayout.ALIAS,
+        "zlab": NativeLayout.NOT_READ, "transformers": NativeLayout.OWN}
+
+
+def test_an_id_of_the_targets_last_layer_gets_its_post_norm_output_in_transformers(native_drafts):
+    from dflash_convert.format import engine_views, engines
+
+    spec = open_checkpoint(native_drafts["bundled"][0]).spec.model_copy(update={"target_layer_ids": [1, 7]})
+    view = engine_views.engine_view(engines.ENGINES_BY_KEY["transformers"], spec, num_target_layers=8)
+    assert "AFTER the final norm" in next(d.consequence for d in view.divergences if d.field == "target_layer_ids")
+
+
+# ----------------------------------------------------------------------------- validate --engine transformers
+
+def _validate(cli, draft, tmp_path, *extra):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(" ".join(map(str, p)) for p in _prompts(2)) + "\n")
+    return cli("validate", draft, "--target", PAIR / "target", "--prompts", prompts, "--max-new-tokens",
+               str(NEW_TOKENS), "--threads", "1", "--levels", "static,end_to_end", "--sampling", "greedy",
+               "--dtype", "float32", "--engine", "transformers", "--json", *extra)
+
+
+def test_validate_engine_transformers_runs_its_generate_beside_our_emulation(cli, native_drafts, tmp_path):
+    r = _validate(cli, native_drafts["bundled"][0], tmp_path)
+    report = r.json()
+    checks = {c["name"]: c for c in report["checks"]}
+    assert r.code == 0, r.failed_checks()
+    assert checks["engine_outputs_equal"]["status"] == checks["engine_acceptance_agrees"]["status"] == "pass"
+    run = report["engine_run"]
+    assert run["engine"] == "transformers" and run["steps_equal"] == run["prompts"] == 2
+    assert run["counts"] == run["emulated"] and run["counts"]["accepted"] > 0
+
+
+def test_validate_engine_transformers_says_why_it_did_not_run(cli, tmp_path):
+    r = _validate(cli, PAIR / "draft", tmp_path)  # causal: transformers would not load it in its layout
+    assert "engine_fidelity" in r.json()["levels_skipped"]["end_to_end"] and "engine_fidelity" in r.failed_checks()
+    hf = write_hf_draft(tmp_path / "hf", bias=False, causal=False, target_ids=(1, 5))  # loadable, another layout
+    report = _validate(cli, hf, tmp_path).json()
+    assert report["engine_run"] is None and "convert --to transformers" in report["levels_skipped"]["served"]

@@ -509,8 +509,9 @@ TRANSFORMERS_DEFAULTS: dict[str, Any] = {
     "hidden_act": "silu", "block_size": 16, "mask_token_id": 201818, "target_layer_ids": [1, 13, 25, 37, 49],
     "vocab_size": 202048, "bos_token_id": 200000, "eos_token_id": 200001, "pad_token_id": 200018}
 # Keys of the native config that are DFlash's or the file's, not the draft decoder's.
-TRANSFORMERS_OWN_KEYS = ("architectures", "model_type", "block_size", "mask_token_id", "target_layer_ids",
-                         "num_target_layers", "verifier", "dtype", "torch_dtype", "transformers_version")
+TRANSFORMERS_OWN_KEYS = ("architectures", "model_type", "is_causal", "block_size", "mask_token_id",
+                         "target_layer_ids", "num_target_layers", "verifier", "dtype", "torch_dtype",
+                         "transformers_version")
 # Qwen3 decoder keys the native config states otherwise (layer_types, rope_parameters) or has no use for.
 QWEN3_LAYOUT_KEYS = ("model_type", "use_sliding_window", "max_window_layers", "rope_theta", "rope_scaling",
                      "attention_bias", "tie_word_embeddings")
@@ -584,7 +585,10 @@ def spec_to_transformers(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     if refusals := transformers_refusals(spec):
         raise DFlashError(f"transformers' own layout cannot hold this draft: {refusals[0]}"
                           + (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""))
-    out: dict[str, Any] = {"architectures": [TRANSFORMERS_ARCHITECTURE], "model_type": TRANSFORMERS_MODEL_TYPE}
+    # is_causal false: transformers ignores it, vLLM 0.32 (which lacks 0.33's non-causal override for this model
+    # type) resolves causality from it before layer_types
+    out: dict[str, Any] = {"architectures": [TRANSFORMERS_ARCHITECTURE], "model_type": TRANSFORMERS_MODEL_TYPE,
+                           "is_causal": False}
     out.update({k: v for k, v in spec.decoder.items() if k not in QWEN3_LAYOUT_KEYS and k not in HF_DFLASH_KEYS
                 and not (v is None and k in TRANSFORMERS_DEFAULTS)})
     # every key whose class default is another model's, stated (the special ids do not change what is drafted)

@@ -154,6 +154,10 @@ class EngineStats(BaseModel):
     tolerance: dict[str, Any] = Field(default_factory=dict, description="the agreement's tolerance: mode (greedy: "
                                       "fixed; sampled: derived from the counts), tau (absolute), per_position, z "
                                       "(standard errors, sampled)")
+    emulated: AcceptanceCounts | None = Field(None, description="our runtime's run counted as this engine counts, "
+                                              "where that is not vLLM's counting (transformers)")
+    steps_equal: int | None = Field(None, description="prompts whose acceptance equals the emulation's step for "
+                                    "step (transformers, greedy)")
 
 
 class BaselineComparison(BaseModel):
@@ -482,6 +486,8 @@ def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) ->
     table.add_row("runtime (last block shortened)", str(a.num_drafts), str(a.accepted), f"{a.acceptance_length:.3f}",
                   _short(a.per_position_rates, 200))
     rows = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
+    if engine is not None and engine.emulated is not None:
+        rows.append((f"runtime, as {engine.engine} counts", engine.emulated))
     if engine is not None:
         rows.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
     for name, c in rows:
@@ -492,6 +498,9 @@ def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) ->
     if engine is not None and engine.outputs_equal is not None:
         console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
                       "prompts (speculative, target-only, our target's greedy)", markup=False)
+        if engine.steps_equal is not None:
+            console.print(f"{engine.engine} {engine.version}: acceptance equal step for step on {engine.steps_equal}/"
+                          f"{engine.prompts} prompts", markup=False)
     elif engine is not None:
         console.print(f"{engine.engine} {engine.version}: sampled at temperature {engine.sampling.get('temperature')} "
                       f"(prompt i seeded {engine.sampling.get('seed', 0)} + i); acceptance compared within "
