@@ -161,8 +161,8 @@ def transformers_checks(draft_dir: Path, target_dir: Path, prompts: list[list[in
         if run.accepted_per_step != emulated and first_diff is None:
             step = next((k for k, (a, b) in enumerate(zip(run.accepted_per_step, emulated)) if a != b),
                         min(len(emulated), len(run.accepted_per_step)))
-            first_diff = f"prompt {i + 1}, draft step {step + 1}: transformers {run.accepted_per_step[step:step + 1]}, " \
-                         f"emulation {emulated[step:step + 1]}"
+            first_diff = (f"prompt {i + 1}, draft step {step + 1}: transformers "
+                          f"{run.accepted_per_step[step:step + 1]}, emulation {emulated[step:step + 1]}")
         ours_steps.append(emulated)
         theirs_steps.append(run.accepted_per_step)
     block, n = our_draft.block_size, len(prompts)
