@@ -193,6 +193,13 @@ def test_inspect_and_diff_know_the_layout(cli, native_drafts, tmp_path):
                                          "encoder.output_norm_enc.weight": "hidden_norm.weight"}
 
 
+def test_the_model_card_names_the_layout(native_drafts):
+    from dflash_convert.hub.card import model_card
+
+    card = model_card(open_checkpoint(native_drafts["bundled"][0]).spec, repo_id="org/d")
+    assert "transformers' own (`MuseGlimmerAssistantConfig`" in card
+
+
 # ----------------------------------------------------------------------------- the engine row
 
 def test_inspect_engine_transformers_says_what_it_does_with_each_format(cli, native_drafts):
