@@ -48,7 +48,9 @@ def test_the_native_config_says_what_the_draft_was_trained_with(native_drafts):
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}  # not the class's 500000
     assert cfg["head_dim"] == 32 and cfg["num_key_value_heads"] == 1 and cfg["rms_norm_eps"] == 1e-6
     assert cfg["layer_types"] == ["sliding_attention"] * 2 and cfg["sliding_window"] == 2048
-    assert cfg["is_causal"] is False  # vLLM 0.32 resolves causality from it (0.33 forces non-causal itself)
+    # for vLLM: 0.32 resolves causality from these (0.33 forces non-causal itself); its V1 model runner takes the
+    # ids from dflash_config only
+    assert cfg["is_causal"] is False and cfg["dflash_config"] == {"causal": False, "target_layer_ids": [1, 5]}
     sliding = read_config(native_drafts["speculators"][0])
     assert sliding["layer_types"] == ["full_attention", "sliding_attention"]
     assert set(tensors_of(native_drafts["bundled"][0])) >= {"encoder.fc.weight", "encoder.output_norm_enc.weight"}
@@ -157,11 +159,14 @@ def test_dflash2_and_dspark_modules_are_refused(tmp_path, variant, module):
         mapping.spec_to_transformers(spec.model_copy(update={"variant": variant}))
 
 
-@pytest.mark.parametrize("key, value", [("is_causal", True), ("dflash_config", {"causal": True})])
-def test_reading_refuses_keys_vllm_applies_and_transformers_ignores(cli, native_drafts, tmp_path, key, value):
+@pytest.mark.parametrize("key, value, field", [
+    ("is_causal", True, "is_causal"), ("dflash_config", {"causal": True}, "dflash_config.causal"),
+    ("dflash_config", {"target_layer_ids": [1, 4]}, "dflash_config.target_layer_ids"),
+    ("dflash_config", {"swa_window_size": 4}, "dflash_config.swa_window_size")])
+def test_reading_refuses_keys_vllm_applies_unlike_transformers(cli, native_drafts, tmp_path, key, value, field):
     bad = copy_with_config(native_drafts["bundled"][0], tmp_path / "bad", lambda c: c.update({key: value}))
     r = cli("inspect", bad)
-    assert r.code == 1 and f"field `{key}`" in r.err and "vLLM reads it" in r.err
+    assert r.code == 1 and f"field `{field}`" in r.err and "vLLM reads it" in r.err
 
 
 # ----------------------------------------------------------------------------- reading it back
@@ -257,3 +262,11 @@ def test_validate_engine_transformers_says_why_it_did_not_run(cli, tmp_path):
     hf = write_hf_draft(tmp_path / "hf", bias=False, causal=False, target_ids=(1, 5))  # loadable, another layout
     report = _validate(cli, hf, tmp_path).json()
     assert report["engine_run"] is None and "convert --to transformers" in report["levels_skipped"]["served"]
+
+
+def test_validate_engine_transformers_does_not_compare_where_its_window_is_reached(cli, native_drafts, tmp_path):
+    """transformers' sliding window (keys within W either side, over its own cache) is not one the runtime runs: a
+    window the contexts reach is said, not compared (no verdict either way)."""
+    short = copy_with_config(native_drafts["bundled"][0], tmp_path / "w8", lambda c: c.update(sliding_window=8))
+    report = _validate(cli, short, tmp_path).json()
+    assert report["engine_run"] is None and "sliding window (8)" in report["levels_skipped"]["served"]

@@ -364,8 +364,9 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
     },
     "native_layout": {
         NativeLayout.READ: "read: `MuseGlimmerAssistantModel` is served by its DFlash model, `encoder.fc` / "
-                           "`encoder.output_norm_enc` renamed on load, the DFlash keys at the top level; 0.33 forces "
-                           "every layer non-causal (0.32: `is_causal`, which convert writes false)",
+                           "`encoder.output_norm_enc` renamed on load; the V1 model runner takes the ids from "
+                           "`dflash_config.target_layer_ids` only, 0.32 the causality from `is_causal` / "
+                           "`dflash_config.causal` (0.33 forces non-causal): convert writes all three",
         NativeLayout.ALIAS: "read: `MuseGlimmerAssistantModel` is an alias of its DFlash draft model, `encoder.*` "
                             "renamed on load, the DFlash keys at the top level, non-causal (its config class)",
         NativeLayout.NOT_READ: "not read: loaded as a Qwen3Config, `encoder.fc` / `encoder.output_norm_enc` match "

@@ -508,9 +508,13 @@ TRANSFORMERS_DEFAULTS: dict[str, Any] = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "sliding_window": 2048,
     "hidden_act": "silu", "block_size": 16, "mask_token_id": 201818, "target_layer_ids": [1, 13, 25, 37, 49],
     "vocab_size": 202048, "bos_token_id": 200000, "eos_token_id": 200001, "pad_token_id": 200018}
+# dflash_config keys the writer copies for vLLM, whose V1 model runner takes the target layer ids only from
+# dflash_config (0.32 and 0.33) and 0.32 its causality too (0.33 adds causal: false for this model type itself);
+# None: the top-level value. The reader accepts them where they say what transformers does.
+TRANSFORMERS_VLLM_COPIES: dict[str, Any] = {"causal": False, "target_layer_ids": None}
 # Keys of the native config that are DFlash's or the file's, not the draft decoder's.
-TRANSFORMERS_OWN_KEYS = ("architectures", "model_type", "is_causal", "block_size", "mask_token_id",
-                         "target_layer_ids", "num_target_layers", "verifier", "dtype", "torch_dtype",
+TRANSFORMERS_OWN_KEYS = ("architectures", "model_type", "is_causal", "dflash_config", "block_size",
+                         "mask_token_id", "target_layer_ids", "num_target_layers", "verifier", "dtype", "torch_dtype",
                          "transformers_version")
 # Qwen3 decoder keys the native config states otherwise (layer_types, rope_parameters) or has no use for.
 QWEN3_LAYOUT_KEYS = ("model_type", "use_sliding_window", "max_window_layers", "rope_theta", "rope_scaling",
@@ -519,12 +523,26 @@ NON_CAUSAL_HINT = ("a draft trained causal may still be served non-causal (conve
                    "validate says what it then accepts)")
 
 
+def _check_transformers_copies(raw: dict, filled: dict, file: str) -> None:
+    """`is_causal` and `dflash_config` are for vLLM (transformers ignores them): they must say what transformers
+    does (non-causal, the top-level values), or the engines would run different drafts."""
+    if raw.get("is_causal"):
+        raise DFlashError(f"field `is_causal` is {_short(raw['is_causal'])}: transformers' MuseGlimmerAssistantModel "
+                          "attends bidirectionally and ignores it, but vLLM reads it; remove it", file=file)
+    dc = raw.get("dflash_config") or {}
+    if not isinstance(dc, dict):
+        raise DFlashError(f"field `dflash_config` is {_short(dc)}, not an object", file=file)
+    wanted = {**TRANSFORMERS_VLLM_COPIES, **{k: filled[k] for k in TRANSFORMERS_VLLM_COPIES if k in filled}}
+    for key, value in dc.items():
+        if key not in wanted or value != wanted[key]:
+            said = f"is {_short(value)} but transformers acts on {_short(wanted[key])}" if key in wanted else \
+                "is a key transformers ignores"
+            raise DFlashError(f"field `dflash_config.{key}` {said}, while vLLM reads it; remove it", file=file)
+
+
 def _spec_from_transformers(raw: dict, file: str) -> DraftSpec:
-    for key in ("is_causal", "dflash_config"):
-        if raw.get(key):
-            raise DFlashError(f"field `{key}` is {_short(raw[key])}: transformers' MuseGlimmerAssistantModel "
-                              "attends bidirectionally and ignores it, but vLLM reads it; remove it", file=file)
     filled = {**TRANSFORMERS_DEFAULTS, **raw}
+    _check_transformers_copies(raw, filled, file)
     if "rope_parameters" not in raw and ("rope_theta" in raw or "rope_scaling" in raw):
         del filled["rope_parameters"]  # legacy keys: transformers folds them into rope_parameters
     filled.setdefault("layer_types", ["sliding_attention"] * filled["num_hidden_layers"])
@@ -599,6 +617,7 @@ def spec_to_transformers(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     for special in ("bos_token_id", "eos_token_id", "pad_token_id"):  # the class takes one id or null
         value = spec.decoder.get(special)
         out[special] = value if type(value) is int else None
+    out["dflash_config"] = {**TRANSFORMERS_VLLM_COPIES, "target_layer_ids": list(spec.target_layer_ids)}
     if spec.num_target_layers is not None:
         out["num_target_layers"] = spec.num_target_layers
     if spec.verifier:
