@@ -39,7 +39,6 @@ class ConfigKey:
     hf_top: bool = False  # the HF layout keeps it at the top level (DSpark's keys), not inside dflash_config
     filled: tuple = ()  # (value,): what speculators' config class fills in when its config.json lacks the key
     hf_filled: tuple = ()  # (value,): what every HF reader (vLLM, SGLang) acts on when the key is absent
-    transformers: str | None = None  # its top-level name in transformers' own layout; None: no place there
 
     @property
     def hf_path(self) -> str:
@@ -214,8 +213,8 @@ def markdown_table() -> str:
         if k.filled:
             neutral += f" (absent: speculators fills `{k.filled[0]!r}`" + (
                 f", HF readers act on `{k.hf_filled[0]!r}`)" if k.hf_filled else ")")
-        native = (f"`{k.transformers}`" if k.transformers else "no place: refused unless neutral"
-                  if "dflash" in k.kinds else "the layout holds dflash drafts only")
+        # transformers' own layout has a place for none of them (docs/formats.md section 15)
+        native = "no place: refused unless neutral" if "dflash" in k.kinds else "the layout holds dflash drafts only"
         rows.append(f"| `{k.name}` | {', '.join(k.kinds)} | `{k.hf_path}` | {spec} | {native} | {neutral} | "
                     f"{k.readers} | "
                     f"{k.effect} |")
