@@ -270,3 +270,11 @@ def test_validate_engine_transformers_does_not_compare_where_its_window_is_reach
     short = copy_with_config(native_drafts["bundled"][0], tmp_path / "w8", lambda c: c.update(sliding_window=8))
     report = _validate(cli, short, tmp_path).json()
     assert report["engine_run"] is None and "sliding window (8)" in report["levels_skipped"]["served"]
+
+
+def test_a_checkpoint_saved_by_transformers_itself_reads_as_the_same_draft(cli, native_drafts, tmp_path):
+    from transformers import AutoModel
+
+    AutoModel.from_pretrained(str(native_drafts["speculators"][0])).save_pretrained(str(tmp_path / "resaved"))
+    r = cli("diff", native_drafts["speculators"][0], tmp_path / "resaved", "--json")
+    assert r.code == 0 and r.json()["equivalent"], r.out
