@@ -190,6 +190,7 @@ def test_inspect_and_diff_know_the_layout(cli, native_drafts, tmp_path):
     native = native_drafts["bundled"][0]
     r = cli("inspect", native, "--json")
     assert r.code == 0 and r.json()["format"] == "transformers"
+    assert {"encoder.fc.weight", "encoder.output_norm_enc.weight"} <= {t["name"] for t in r.json()["tensors"]}
     assert cli("convert", native, "-o", tmp_path / "hf", "--to", "hf").code == 0
     r = cli("diff", native, tmp_path / "hf", "--json")
     assert r.code == 0, r.out + r.err
