@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 
 def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
-    from dflash_convert.format.configs import ConversionRecord, HFDFlashConfig, SpeculatorsDFlashConfig
+    from dflash_convert.format.configs import (
+        ConversionRecord, HFDFlashConfig, SpeculatorsDFlashConfig, TransformersDFlashConfig
+    )
 
     from dflash_convert.convert.diff import diff_report_schema
     from dflash_convert.validate.report import validation_report_schema
@@ -27,6 +29,7 @@ def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
         "speculators-config": SpeculatorsDFlashConfig.model_json_schema,
         "inspect-report": inspect_report,
         "hf-config": HFDFlashConfig.model_json_schema,
+        "transformers-config": TransformersDFlashConfig.model_json_schema,
         "conversion-record": ConversionRecord.model_json_schema,
         "validation-report": validation_report_schema,
         "diff-report": diff_report_schema,
@@ -34,7 +37,7 @@ def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
 
 
 NAMES = ("speculators-config", "hf-config", "conversion-record", "validation-report", "diff-report",
-         "inspect-report")
+         "inspect-report", "transformers-config")
 
 
 def schema(name: str) -> dict[str, Any]:

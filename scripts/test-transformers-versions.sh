@@ -20,4 +20,4 @@ python -c "import transformers, sys; sys.exit(transformers.__version__ != '$NEWE
 echo "Runtime and target tests with transformers $NEWEST (the suite ran with $have)"
 exec python -m pytest -q -p no:cacheprovider -W "error::FutureWarning" tests/test_targets.py tests/test_rope_types.py \
   tests/test_runtime_target.py tests/test_runtime_decode.py tests/test_runtime_model.py tests/test_trained_pair.py \
-  tests/test_engines.py tests/test_convert.py
+  tests/test_engines.py tests/test_convert.py tests/test_transformers_format.py

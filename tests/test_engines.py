@@ -307,7 +307,7 @@ def test_inspect_engine_views_and_schema(cli, speculators_drafts):
     report = r.json()
     jsonschema.validate(report, json.loads((ROOT / "schemas" / "inspect-report.schema.json").read_text()))
     by_engine = {v["engine"]: v for v in report["engines"]}
-    assert set(by_engine) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}
+    assert set(by_engine) == {"vllm-speculators", "vllm-hf", "sglang", "zlab", "transformers"}
     assert by_engine["vllm-speculators"]["layer_causal"] == [True, True]  # speculators wrote false
     assert by_engine["sglang"]["via_conversion"] and by_engine["sglang"]["layer_causal"] == [False, False]
     r = cli("inspect", speculators_drafts["all_full"], "--engine", "sglang", "--json")
@@ -364,7 +364,8 @@ def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():
         for field, texts in engines.RULE_TEXT.items():
             assert getattr(e, field) in texts, (e.key, field)
     assert {e.key: e.engine for e in engines.ENGINES} == {"vllm-speculators": "vllm", "vllm-hf": "vllm",
-                                                          "sglang": "sglang", "zlab": "zlab"}
+                                                          "sglang": "sglang", "zlab": "zlab",
+                                                          "transformers": "transformers"}
     # one text per kind: the README table (tested above to be current) then pins every rule of every row,
     # shared ones (vLLM's two paths) included
     for field, texts in engines.RULE_TEXT.items():

@@ -44,6 +44,14 @@ def _hf(dst: Path, src: Path = PAIR / "draft", dflash: dict | None = None, **con
     return dst
 
 
+def _native(dst: Path) -> Path:
+    """The pair's draft in transformers' own layout (MuseGlimmerAssistantConfig), made non-causal."""
+    from dflash_convert.convert.conversion import ConvertOptions, convert
+
+    convert(PAIR / "draft", dst, ConvertOptions(to="transformers", causal=False))
+    return dst
+
+
 def _window(dst: Path, window: int) -> Path:
     """A speculators copy whose sliding layers see `window` positions: shorter than the pair's contexts."""
     shutil.copytree(PAIR / "draft", dst)
@@ -107,6 +115,8 @@ CASES = {
     "hf_block_8": (lambda d: _hf(d), 8, "block_size serving_flag"),
     "mask_embedding": (_mask_embedding, None, "mask_embedding used (mask_embedding.pt replaces the mask token's row)"),
     "window_6": (lambda d: _window(d, 6), None, "window_semantics per_query (6 < the block: late slots see no context)"),
+    "transformers_layout": (_native, None, "native_layout read (MuseGlimmerAssistantModel, encoder.* renamed, "
+                                           "ids and causality from dflash_config)"),
 }
 
 
@@ -241,6 +251,7 @@ def test_the_cases_measure_what_they_claim(served):
     assert tau["wrong_ids"] < 3 and tau["last_layer"] < 3, tau
     assert tau["window_6"] < tau["speculators"] and tau["mask_embedding"] != tau["speculators"], tau
     assert cases["hf_block_8"][0].acceptance.block_size == 8 and tau["hf_block_8"] <= 8, tau
+    assert tau["transformers_layout"] == tau["speculators_non_causal"], tau  # the same draft, non-causal
 
 
 @needs_vllm

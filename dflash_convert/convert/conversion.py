@@ -1,4 +1,4 @@
-"""Convert a DFlash checkpoint between the speculators and HF / z-lab formats.
+"""Convert a DFlash checkpoint between the speculators, HF / z-lab and transformers' own formats.
 
 Plan, then execute. The plan is pure (config mapping + one decision per tensor from
 the tensor catalogue); execution streams: it writes each destination header, then copies every
@@ -50,7 +50,7 @@ class ConvertOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     to: Annotated[str | None, Flag("--to", choices=get_args(Format))] = Field(
-        None, description="Destination format (default: the other one).")
+        None, description="Destination format (default: the other one; hf from transformers' own).")
     verifier: Annotated[str | Path | None, Flag("--verifier", type=str)] = Field(
         None, description="Target model directory, its config.json, or Hub id: fills num_target_layers and the "
         "verifier block, and checks the pair.")
@@ -182,9 +182,9 @@ def _apply_verifier(spec: DraftSpec, opts: ConvertOptions, warnings: list[str]) 
 
 
 def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
-    dest = opts.to or ("hf" if ckpt.format == "speculators" else "speculators")
-    if dest not in ("hf", "speculators"):
-        raise UsageError(f"--to must be hf or speculators, not {dest!r}")
+    dest = opts.to or {"speculators": "hf", "hf": "speculators", "transformers": "hf"}[ckpt.format]
+    if dest not in get_args(Format):
+        raise UsageError(f"--to must be one of {', '.join(get_args(Format))}, not {dest!r}")
     warnings: list[str] = []
     if dest == ckpt.format:
         warnings.append(f"the source is already in the {dest} format: writing a normalized copy (config rewritten "
@@ -214,7 +214,7 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
         else:
             # --dtype casts the float weights among the cast targets; float8 and integer tensors keep theirs
             dtype = out_dtype if (out_dtype and info.dtype in CAST_TARGETS.values()) else info.dtype
-            steps.append(TensorStep(name, name, "keep", "", dtype, info.shape))
+            steps.append(TensorStep(name, catalogue.layout_name(name, dest), "keep", "", dtype, info.shape))
     if spec.is_pruned_vocab:
         t2d_name, t2d_rule = catalogue.name("t2d"), catalogue.BY_KEY["t2d"]
         target_ids = ckpt.d2t_target_ids()

@@ -287,7 +287,25 @@ def rule_for(tensor: str, variant: str | None = None) -> Tensor | None:
     return match(tensor, variant)[0]
 
 
-def canonical_name(tensor: str) -> str:
+# transformers' own layout (MuseGlimmerAssistantModel): the context projection sits under `encoder`; every other
+# tensor keeps its catalogue name, and conversion keeps and drops tensors as for the HF format (a pruned vocabulary,
+# the one case where that differs, is refused before any tensor is planned).
+TRANSFORMERS_NAMES = {"fc": "encoder.fc.weight", "hidden_norm": "encoder.output_norm_enc.weight"}
+_FROM_TRANSFORMERS = {TRANSFORMERS_NAMES[key]: name(key) for key in TRANSFORMERS_NAMES}
+
+
+def layout_name(canonical: str, fmt: str) -> str:
+    """The name a tensor has in format `fmt`'s files, from its catalogue name."""
+    if fmt == "transformers":
+        key = next((k for k in TRANSFORMERS_NAMES if name(k) == canonical), None)
+        return TRANSFORMERS_NAMES[key] if key else canonical
+    return canonical
+
+
+def canonical_name(tensor: str, fmt: str | None = None) -> str:
+    """The catalogue name of a tensor as found in a file of format `fmt` (None: any, by the RENAMES)."""
+    if fmt == "transformers" and tensor in _FROM_TRANSFORMERS:
+        return _FROM_TRANSFORMERS[tensor]
     for pattern, repl in RENAMES:
         m = re.fullmatch(pattern, tensor)
         if m and rule_for(m.expand(repl)) is not None:
@@ -303,7 +321,7 @@ def loaded_by_engines(rule: Tensor, spec: DraftSpec) -> bool:
 
 def tensor_action(rule: Tensor, dest_format: str, pruned: bool) -> str:
     """keep / drop / derive for one tensor going to `dest_format`."""
-    action = rule.to_hf if dest_format == "hf" else rule.to_speculators
+    action = rule.to_hf if dest_format in ("hf", "transformers") else rule.to_speculators
     if action == KEEP_IF_PRUNED:
         return KEEP if pruned else DROP
     if action == DERIVE_IF_PRUNED:

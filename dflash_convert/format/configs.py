@@ -283,6 +283,29 @@ class HFDFlashConfig(DecoderConfig):
         return self
 
 
+class TransformersDFlashConfig(DecoderConfig):
+    """config.json of transformers' own DFlash draft (`model_type: muse_glimmer_assistant`,
+    MuseGlimmerAssistantConfig): a flat decoder config with the DFlash keys at the top level. The reader fills
+    absent keys with that class's defaults before this model checks them (mapping.TRANSFORMERS_DEFAULTS)."""
+
+    model_type: Text
+    architectures: list[Text] | None = None
+    block_size: int = _size(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
+    mask_token_id: int
+    target_layer_ids: list[int] = Field(description="0-based target layers whose OUTPUT is used (transformers "
+                                        "captures output_hidden_states[id + 1])")
+    num_target_layers: int | None = _size(1, MAX_LAYERS, default=None)
+    verifier: VerifierRef | None = Field(None, description="dflash-convert: the target model, kept for round trips")
+    dtype: Text | None = None
+    torch_dtype: Text | None = None
+
+    @model_validator(mode="after")
+    def _dflash_consistent(self):
+        _check_token("mask_token_id", self.mask_token_id, self.vocab_size)
+        _check_ids("target_layer_ids", self.target_layer_ids, 0, self.num_target_layers)
+        return self
+
+
 class ConfigChange(_Open):
     """One config key a conversion added, dropped or rewrote (moving between layouts is not a change)."""
 
@@ -299,9 +322,9 @@ class ConversionRecord(_Open):
     tool: str = "dflash-convert"
     tool_version: str
     source: str
-    source_format: Literal["speculators", "hf"]
+    source_format: Literal["speculators", "hf", "transformers"]
     source_revision: str | None = None
-    destination_format: Literal["speculators", "hf"]
+    destination_format: Literal["speculators", "hf", "transformers"]
     input_files: dict[str, str] = Field(description="file name -> sha256")
     options: dict[str, Any]
     tensors_kept: list[str]
@@ -316,7 +339,7 @@ class ConversionRecord(_Open):
 
 
 Variant = Literal["dflash", "dflash2", "dspark"]
-Format = Literal["speculators", "hf"]
+Format = Literal["speculators", "hf", "transformers"]
 
 
 class DraftSpec(BaseModel):

@@ -57,6 +57,15 @@ def _ids_eagle_aux_then_dflash_config_or_top(raw: dict, dc: dict) -> tuple[list[
     return _ids_dflash_config_or_top(raw, dc)
 
 
+def _ids_top_level(raw: dict, dc: dict) -> tuple[list[int] | None, str]:
+    return raw.get("target_layer_ids"), "target_layer_ids"
+
+
+def _block_top_default_16(raw: dict, dc: dict) -> tuple[int | None, str]:
+    b = raw.get("block_size")
+    return (16, "default 16") if b is None else (int(b), "block_size")
+
+
 def _window_swa_window_size_or_qwen3(flat: dict, dc: dict, types: list[str], n: int) -> tuple[list[str], int | None]:
     """vLLM's HF reader: `dflash_config.use_swa` makes every layer sliding when none is."""
     if dc.get("use_swa") and "sliding_attention" not in types:
@@ -97,6 +106,7 @@ READ_IDS: dict[LayerIds, Callable[[dict, dict], tuple[list[int] | None, str]]] =
     LayerIds.AUX_MINUS_ONE: _ids_aux_minus_one,
     LayerIds.DFLASH_CONFIG_OR_TOP: _ids_dflash_config_or_top,
     LayerIds.EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP: _ids_eagle_aux_then_dflash_config_or_top,
+    LayerIds.TOP_LEVEL: _ids_top_level,
 }
 ORDER_IDS: dict[IdsOrder, Callable[[list[int]], list[int]]] = {
     IdsOrder.SORTED_UNIQUE: lambda ids: sorted(set(ids)),
@@ -105,22 +115,26 @@ ORDER_IDS: dict[IdsOrder, Callable[[list[int]], list[int]]] = {
 READ_LAYER_TYPES: dict[LayerTypes, Callable[[dict, int], list[str]]] = {
     LayerTypes.EXPLICIT: lambda flat, n: list(flat.get("layer_types") or ["full_attention"] * n),
     LayerTypes.QWEN3: lambda flat, n: mapping.resolve_layer_types(flat),  # transformers' Qwen3Config default
+    LayerTypes.ALL_SLIDING_DEFAULT: lambda flat, n: list(flat.get("layer_types") or ["sliding_attention"] * n),
 }
 READ_WINDOW: dict[Window, Callable[[dict, dict, list[str], int], tuple[list[str], int | None]]] = {
     Window.RAW: lambda flat, dc, types, n: (types, flat.get("sliding_window")),
     Window.QWEN3: lambda flat, dc, types, n: (types, mapping.qwen3_window(flat)),
     Window.SWA_WINDOW_SIZE_OR_QWEN3: _window_swa_window_size_or_qwen3,
+    Window.DEFAULT_2048: lambda flat, dc, types, n: (types, flat.get("sliding_window") or 2048),
 }
 READ_CAUSALITY: dict[Causality, Callable[[dict, dict, list[str], int], tuple[list[bool], str]]] = {
     Causality.SPECULATORS_GLOBAL: _causal_speculators_global,
     Causality.IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING: lambda raw, dc, types, n: _causal_hf(raw, types,
                                                                                                dc.get("causal")),
     Causality.IS_CAUSAL_THEN_SLIDING: lambda raw, dc, types, n: _causal_hf(raw, types, None),
+    Causality.BIDIRECTIONAL: lambda raw, dc, types, n: ([False] * n, "bidirectional (no causal mode)"),
 }
 READ_BLOCK_SIZE: dict[BlockSize, Callable[[dict, dict], tuple[int | None, str]]] = {
     BlockSize.SPECULATIVE_TOKENS: _block_speculative_tokens,
     BlockSize.SERVING_FLAG: lambda raw, dc: (None, "--speculative-config num_speculative_tokens + 1"),
     BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16: _block_dflash_config_or_top,
+    BlockSize.TOP_DEFAULT_16: _block_top_default_16,
 }
 FC_FEATURE_WIDTH: dict[FcWidth, Callable[[dict, dict], Any]] = {  # the width of one target layer's features
     FcWidth.TARGET_HIDDEN_SIZE: lambda raw, flat: raw.get("target_hidden_size") or flat.get("hidden_size"),
@@ -153,6 +167,8 @@ def read_config(rules: EngineRules, raw: dict[str, Any]) -> ConfigReading:
     """The values `rules`' engine takes from a config in its own format."""
     if rules.reads == "speculators":
         flat, dc = dict(raw.get("transformer_layer_config") or {}), {}
+    elif rules.reads == "transformers":  # flat, every DFlash key at the top level; dflash_config is not read
+        flat, dc = raw, {}
     else:
         flat, dc = raw, raw.get("dflash_config") or {}
     n = int(flat.get("num_hidden_layers") or 0)

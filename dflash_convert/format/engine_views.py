@@ -24,7 +24,8 @@ from dflash_convert.format.configs import DraftSpec, Format, is_hub_id
 from dflash_convert.format.engine_reading import ORDER_IDS, ConfigReading, read_config
 from dflash_convert.format.engines import (
     ENGINES_BY_KEY, MASK_EMBEDDING_FILE, RULE_TEXT, TRAINED_WINDOW, BlockSize, Causality, DSpark, EngineRules,
-    FcWidth, IdsMissing, LastLayer, Mask, MaskEmbedding, Mixed, Verifier, Vocab, WindowMissing, rules_for,
+    FcWidth, IdsMissing, LastLayer, Mask, MaskEmbedding, Mixed, Verifier, Vocab, WindowMissing, WindowSemantics,
+    rules_for,
 )
 
 Severity = Literal["error", "warning"]
@@ -125,7 +126,7 @@ def _v2_runner_only(trained: str, refusal: str) -> Divergence:
 
 
 def _fix_format(rules: EngineRules) -> str:
-    return "convert --to hf" if rules.reads == "hf" else "convert --to speculators"
+    return f"convert --to {rules.reads}"
 
 
 def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None = None, *,
@@ -241,6 +242,13 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
         div.append(Divergence(field="sliding_window", severity="error", trained=spec.sliding_window, applied=window,
                               consequence="sliding layers use another window size than trained",
                               fix="write the trained sliding_window"))
+    elif sliding and rules.window_semantics == WindowSemantics.SYMMETRIC:
+        div.append(Divergence(field="sliding_window", severity="warning", trained="anchor-relative",
+                              applied=rules.window_semantics.value,
+                              consequence=f"once the context exceeds {window} - block size tokens, block slots see "
+                                          "other context positions than in training: "
+                                          + RULE_TEXT["window_semantics"][rules.window_semantics],
+                              fix="none in the config: keep contexts under the window, or serve the HF format"))
     elif sliding and rules.window_semantics != TRAINED_WINDOW:
         div.append(Divergence(field="sliding_window", severity="warning", trained="anchor-relative",
                               applied="per-query",

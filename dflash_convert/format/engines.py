@@ -26,7 +26,7 @@ from dflash_convert.errors import UsageError
 from dflash_convert.format import catalogue, keys, mapping
 from dflash_convert.format.configs import Format
 
-ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab")
+ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab", "transformers")
 
 
 # ----------------------------------------------------------------------------- rule kinds, one enum per field
@@ -48,12 +48,14 @@ class LayerIds(RuleKind):
     AUX_MINUS_ONE = auto()
     DFLASH_CONFIG_OR_TOP = auto()
     EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP = auto()
+    TOP_LEVEL = auto()
 
 
 class IdsMissing(RuleKind):
     REFUSE = auto()
     MODEL_DEFAULT = auto()
     DERIVE = auto()
+    CLASS_DEFAULT = auto()
 
 
 class IdsOrder(RuleKind):
@@ -71,33 +73,39 @@ class Causality(RuleKind):
     SPECULATORS_GLOBAL = auto()
     IS_CAUSAL_THEN_DFLASH_CAUSAL_THEN_SLIDING = auto()
     IS_CAUSAL_THEN_SLIDING = auto()
+    BIDIRECTIONAL = auto()
 
 
 class LayerTypes(RuleKind):
     EXPLICIT = auto()
     QWEN3 = auto()
+    ALL_SLIDING_DEFAULT = auto()
 
 
 class Window(RuleKind):
     RAW = auto()
     SWA_WINDOW_SIZE_OR_QWEN3 = auto()
     QWEN3 = auto()
+    DEFAULT_2048 = auto()
 
 
 class WindowSemantics(RuleKind):
     PER_QUERY = auto()
     ANCHOR = auto()
+    SYMMETRIC = auto()
 
 
 class WindowMissing(RuleKind):
     REFUSE = auto()
     FULL_CONTEXT = auto()
+    CLASS_DEFAULT = auto()
 
 
 class BlockSize(RuleKind):
     SPECULATIVE_TOKENS = auto()
     SERVING_FLAG = auto()
     DFLASH_CONFIG_OR_TOP_DEFAULT_16 = auto()
+    TOP_DEFAULT_16 = auto()
 
 
 class Vocab(RuleKind):
@@ -119,6 +127,7 @@ class Mixed(RuleKind):
 class Mask(RuleKind):
     REQUIRED = auto()
     TOKEN_FALLBACK = auto()
+    CLASS_DEFAULT = auto()
 
 
 class MaskEmbedding(RuleKind):
@@ -130,6 +139,15 @@ class DSpark(RuleKind):
     V2_RUNNER_VANILLA = auto()
     ALL_HEADS_TARGET_LM_HEAD = auto()
     NOT_SERVED = auto()
+
+
+class NativeLayout(RuleKind):
+    """What an engine makes of a checkpoint in transformers' own layout (MuseGlimmerAssistantConfig)."""
+
+    READ = auto()
+    ALIAS = auto()
+    NOT_READ = auto()
+    OWN = auto()
 
 
 class Verifier(RuleKind):
@@ -167,6 +185,7 @@ class EngineRules:
     mask_embedding: MaskEmbedding  # a trained mask embedding shipped as mask_embedding.pt
     verifier: Verifier  # how the target model is found
     dspark: DSpark  # what it serves of a DSpark draft
+    native_layout: NativeLayout  # a checkpoint in transformers' own layout
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_NAMES:
@@ -198,7 +217,7 @@ _VLLM: dict[str, Any] = dict(
     engine="vllm", version="0.33.0", ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM,
     window_semantics=WindowSemantics.PER_QUERY, window_missing=WindowMissing.REFUSE, vocab=Vocab.OWN_LM_HEAD_D2T,
     fc_width=FcWidth.TARGET_HIDDEN_SIZE, mask=Mask.REQUIRED, mask_embedding=MaskEmbedding.USED,
-    dspark=DSpark.V2_RUNNER_VANILLA)
+    dspark=DSpark.V2_RUNNER_VANILLA, native_layout=NativeLayout.READ)
 
 ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
@@ -219,7 +238,8 @@ ENGINES: tuple[EngineRules, ...] = (
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.REFUSE, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
         vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.TOKEN_FALLBACK,
-        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG, dspark=DSpark.ALL_HEADS_TARGET_LM_HEAD),
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG, dspark=DSpark.ALL_HEADS_TARGET_LM_HEAD,
+        native_layout=NativeLayout.ALIAS),
     EngineRules(
         key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
         reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.REFUSE,
@@ -227,24 +247,40 @@ ENGINES: tuple[EngineRules, ...] = (
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.FULL_CONTEXT, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
         vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.REQUIRED,
-        mask_embedding=MaskEmbedding.IGNORED, verifier=Verifier.CALLER, dspark=DSpark.NOT_SERVED),
+        mask_embedding=MaskEmbedding.IGNORED, verifier=Verifier.CALLER, dspark=DSpark.NOT_SERVED,
+        native_layout=NativeLayout.NOT_READ),
+    # transformers' own DFlash (models/muse_glimmer_assistant, generation/candidate_generator.py's
+    # DFlashTokenCandidateGenerator, cache_utils.py's DFlashCache; the same rules in 5.19.0 and 5.24.0)
+    EngineRules(
+        key="transformers", engine="transformers", title="transformers generate (speculation_type=dflash)",
+        version="5.19.0", reads="transformers", layer_ids=LayerIds.TOP_LEVEL, ids_missing=IdsMissing.CLASS_DEFAULT,
+        ids_order=IdsOrder.AS_LISTED, last_layer=LastLayer.POST_NORM, causality=Causality.BIDIRECTIONAL,
+        layer_types=LayerTypes.ALL_SLIDING_DEFAULT, window=Window.DEFAULT_2048,
+        window_semantics=WindowSemantics.SYMMETRIC, window_missing=WindowMissing.CLASS_DEFAULT,
+        block_size=BlockSize.TOP_DEFAULT_16, vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE,
+        mixed=Mixed.SUPPORTED, mask=Mask.CLASS_DEFAULT, mask_embedding=MaskEmbedding.IGNORED,
+        verifier=Verifier.CALLER, dspark=DSpark.NOT_SERVED, native_layout=NativeLayout.OWN),
 )
 ENGINES_BY_KEY = {e.key: e for e in ENGINES}
 
 # What each rule kind means, in one short cell (README table); engine_reading.py and engine_views.py act on the kinds.
 RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
-    "reads": {"speculators": "speculators", "hf": "HF / z-lab"},
+    "reads": {"speculators": "speculators", "hf": "HF / z-lab",
+              "transformers": "transformers' own (`MuseGlimmerAssistantConfig`)"},
     "layer_ids": {
         LayerIds.AUX_MINUS_ONE: "`aux_hidden_state_layer_ids` - 1",
         LayerIds.DFLASH_CONFIG_OR_TOP: "`dflash_config.target_layer_ids`, else top-level `target_layer_ids`",
         LayerIds.EAGLE_AUX_THEN_DFLASH_CONFIG_OR_TOP: "`eagle_aux_hidden_state_layer_ids` - 1 if present, else "
                                                       "`dflash_config.target_layer_ids`, else top-level "
                                                       "`target_layer_ids`",
+        LayerIds.TOP_LEVEL: "top-level `target_layer_ids` (0-based layer outputs, as z-lab's)",
     },
     "ids_missing": {
         IdsMissing.REFUSE: "refuses to load",
         IdsMissing.MODEL_DEFAULT: "the target model's default EAGLE-3 layers (not the trained ones)",
         IdsMissing.DERIVE: "derived from the layer counts (`build_target_layer_ids`), a guess",
+        IdsMissing.CLASS_DEFAULT: "the config class's default [1, 13, 25, 37, 49] (Muse Glimmer's, not the trained "
+                                  "ones)",
     },
     "ids_order": {
         IdsOrder.SORTED_UNIQUE: "target layer order (sorted, duplicates dropped)",
@@ -262,24 +298,31 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
                                                              "layers causal and full ones not",
         Causality.IS_CAUSAL_THEN_SLIDING: "top-level `is_causal` only (never `dflash_config.causal`), else sliding "
                                           "layers causal and full ones not",
+        Causality.BIDIRECTIONAL: "every layer bidirectional: there is no causal mode",
     },
     "layer_types": {
         LayerTypes.EXPLICIT: "`transformer_layer_config.layer_types` as written (absent: every layer full)",
         LayerTypes.QWEN3: "`layer_types`, else transformers' Qwen3 rule (`use_sliding_window`, `max_window_layers`)",
+        LayerTypes.ALL_SLIDING_DEFAULT: "`layer_types`, else every layer sliding (the config class's default)",
     },
     "window": {
         Window.RAW: "`transformer_layer_config.sliding_window`",
         Window.SWA_WINDOW_SIZE_OR_QWEN3: "`dflash_config.swa_window_size`, else `sliding_window` (null unless "
                                          "`use_sliding_window` is true: the load fails)",
         Window.QWEN3: "`sliding_window`, null unless `use_sliding_window` is true",
+        Window.DEFAULT_2048: "`sliding_window`, else 2048 (the config class's default)",
     },
     "window_semantics": {
         WindowSemantics.PER_QUERY: "W keys ending at each query (slot j sees j+1 fewer context positions than trained)",
         WindowSemantics.ANCHOR: "context positions >= anchor - W, for every slot of the block",
+        WindowSemantics.SYMMETRIC: "keys at most W positions before or after each query (transformers' "
+                                   "bidirectional sliding mask), over a sliding cache that keeps W - 1 context "
+                                   "positions",
     },
     "window_missing": {
         WindowMissing.REFUSE: "the load fails",
         WindowMissing.FULL_CONTEXT: "they attend the whole context",
+        WindowMissing.CLASS_DEFAULT: "a window of 2048 (the config class's default)",
     },
     "block_size": {
         BlockSize.SPECULATIVE_TOKENS: "`proposal_methods[0].speculative_tokens` + 1 (`vllm serve DRAFT`), or "
@@ -287,6 +330,7 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
         BlockSize.SERVING_FLAG: "`num_speculative_tokens` + 1 from `--speculative-config` (the config's "
                                 "`block_size` is not read)",
         BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16: "`dflash_config.block_size`, else `block_size`, else 16",
+        BlockSize.TOP_DEFAULT_16: "top-level `block_size`, else 16 (the config class's default)",
     },
     "vocab": {
         Vocab.OWN_LM_HEAD_D2T: "own `lm_head` + `d2t` used (without `d2t` the map stays all zeros)",
@@ -304,6 +348,7 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
     "mask": {
         Mask.REQUIRED: "`mask_token_id` (required)",
         Mask.TOKEN_FALLBACK: "`mask_token_id`, else the tokenizer's `<\\|MASK\\|>` token",
+        Mask.CLASS_DEFAULT: "`mask_token_id`, else 201818 (the config class's default, Muse Glimmer's)",
     },
     "mask_embedding": {
         MaskEmbedding.USED: "a `mask_embedding.pt` beside the weights replaces the mask token's embedding",
@@ -316,6 +361,17 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
         DSpark.ALL_HEADS_TARGET_LM_HEAD: "vanilla, gated and rnn Markov heads; the target's lm_head; the confidence "
                                          "head built whatever `enable_confidence_head` says",
         DSpark.NOT_SERVED: "not served",
+    },
+    "native_layout": {
+        NativeLayout.READ: "read: `MuseGlimmerAssistantModel` is served by its DFlash model, `encoder.fc` / "
+                           "`encoder.output_norm_enc` renamed on load; the V1 model runner takes the ids from "
+                           "`dflash_config.target_layer_ids` only, 0.32 the causality from `is_causal` / "
+                           "`dflash_config.causal` (0.33 forces non-causal): convert writes all three",
+        NativeLayout.ALIAS: "read: `MuseGlimmerAssistantModel` is an alias of its DFlash draft model, `encoder.*` "
+                            "renamed on load, the DFlash keys at the top level, non-causal (its config class)",
+        NativeLayout.NOT_READ: "not read: loaded as a Qwen3Config, `encoder.fc` / `encoder.output_norm_enc` match "
+                               "none of its weights (left at random init)",
+        NativeLayout.OWN: "its own layout (`AutoModel`, no remote code)",
     },
     "verifier": {
         Verifier.HUB_REPO_ID: "`speculators_config.verifier.name_or_path`; `vllm serve DRAFT` refuses a local path",
@@ -330,7 +386,7 @@ FIELD_TITLES = {
     "window_missing": "sliding layers without a window size",
     "block_size": "block size", "vocab": "pruned vocab", "fc_width": "fc input width",
     "mixed": "mixed sliding + full layers", "mask": "mask token", "mask_embedding": "trained mask embedding",
-    "verifier": "target model", "dspark": "DSpark drafts",
+    "verifier": "target model", "dspark": "DSpark drafts", "native_layout": "transformers' own layout",
 }
 MASK_EMBEDDING_FILE = catalogue.MASK_EMBEDDING_FILE  # vLLM and SGLang read it from the draft's directory
 TRAINED_WINDOW = WindowSemantics.ANCHOR  # what speculators trains and the runtime implements

@@ -206,15 +206,18 @@ DOC_BEGIN, DOC_END = "<!-- config-keys:begin -->", "<!-- config-keys:end -->"
 
 
 def markdown_table() -> str:
-    rows = ["| key | kinds | HF / z-lab | speculators | neutral | read by | what it changes |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| key | kinds | HF / z-lab | speculators | transformers' own | neutral | read by | what it changes |",
+            "|---|---|---|---|---|---|---|---|"]
     for k in CONFIG_KEYS:
         spec = f"`{k.speculators}` (top level)" if k.speculators else "no field: refused unless neutral"
         neutral = "required" if k.required else " or ".join(["absent", *(f"`{n!r}`" for n in k.neutral)])
         if k.filled:
             neutral += f" (absent: speculators fills `{k.filled[0]!r}`" + (
                 f", HF readers act on `{k.hf_filled[0]!r}`)" if k.hf_filled else ")")
-        rows.append(f"| `{k.name}` | {', '.join(k.kinds)} | `{k.hf_path}` | {spec} | {neutral} | {k.readers} | "
+        # transformers' own layout has a place for none of them (docs/formats.md section 15)
+        native = "no place: refused unless neutral" if "dflash" in k.kinds else "the layout holds dflash drafts only"
+        rows.append(f"| `{k.name}` | {', '.join(k.kinds)} | `{k.hf_path}` | {spec} | {native} | {neutral} | "
+                    f"{k.readers} | "
                     f"{k.effect} |")
     return "\n".join(rows)
 

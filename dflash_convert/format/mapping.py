@@ -29,6 +29,7 @@ from dflash_convert.format.configs import (
     FieldError,
     HFDFlashConfig,
     SpeculatorsDFlashConfig,
+    TransformersDFlashConfig,
     VerifierRef,
 )
 from dflash_convert.errors import DFlashError
@@ -103,6 +104,8 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
     archs = raw.get("architectures") or []
     if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise DFlashError(f"field `architectures`: expected a list of strings, got {_short(archs)}", file=file)
+    if raw.get("model_type") == TRANSFORMERS_MODEL_TYPE or TRANSFORMERS_ARCHITECTURE in archs:
+        return "transformers", "dflash"
     for variant, arch in HF_ARCHITECTURE.items():
         if arch in archs:
             return "hf", variant
@@ -202,6 +205,8 @@ def target_ids_from_aux(aux_ids: list[int]) -> list[int]:
 
 def spec_from_config(raw: dict[str, Any], file: str = "config.json") -> DraftSpec:
     fmt, variant = detect_format(raw, file)
+    if fmt == "transformers":
+        return _spec_from_transformers(raw, file)
     return _spec_from_speculators(raw, variant, file) if fmt == "speculators" else _spec_from_hf(raw, variant, file)
 
 
@@ -480,10 +485,150 @@ def _sliding_window_non_causal(spec: DraftSpec) -> tuple[bool, list[str]]:
 
 
 def spec_to_config(spec: DraftSpec, fmt: str) -> tuple[dict[str, Any], list[str]]:
-    config, warnings = spec_to_hf(spec) if fmt == "hf" else spec_to_speculators(spec)
+    writers = {"hf": spec_to_hf, "speculators": spec_to_speculators, "transformers": spec_to_transformers}
+    config, warnings = writers[fmt](spec)
     # What we write passes the checks every read applies (overrides and derived values included).
     spec_from_config(config, file=f"the {fmt} config.json to be written")
     return config, warnings
+
+
+# ----------------------------------------------------------------------------- transformers' own layout
+
+# transformers (5.19 and 5.24) ships DFlash itself: MuseGlimmerAssistantConfig / MuseGlimmerAssistantModel, run by
+# generate(speculation_type="dflash"). Its config is flat with the DFlash keys at the top level; its layers are
+# Qwen3's (QK-norm, SwiGLU, no biases), bidirectional only, sliding per layer_types; it has no lm_head (candidates
+# come from the target's output embeddings) and no module beyond fc + norm + layers.
+TRANSFORMERS_MODEL_TYPE = "muse_glimmer_assistant"
+TRANSFORMERS_ARCHITECTURE = "MuseGlimmerAssistantModel"
+# MuseGlimmerAssistantConfig's class defaults: what transformers acts on for an absent key (layer_types: all
+# sliding). vocab_size is no field of that class: vLLM 0.33's reader fills 202048 (Muse Glimmer's vocabulary).
+TRANSFORMERS_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 6656, "intermediate_size": 19968, "num_hidden_layers": 5, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "sliding_window": 2048,
+    "hidden_act": "silu", "block_size": 16, "mask_token_id": 201818, "target_layer_ids": [1, 13, 25, 37, 49],
+    "vocab_size": 202048, "bos_token_id": 200000, "eos_token_id": 200001, "pad_token_id": 200018}
+# dflash_config keys the writer copies for vLLM, whose V1 model runner takes the target layer ids only from
+# dflash_config (0.32 and 0.33) and 0.32 its causality too (0.33 adds causal: false for this model type itself);
+# None: the top-level value. The reader accepts them where they say what transformers does.
+TRANSFORMERS_VLLM_COPIES: dict[str, Any] = {"causal": False, "target_layer_ids": None}
+# Keys of the native config that are DFlash's or the file's, not the draft decoder's.
+TRANSFORMERS_OWN_KEYS = ("architectures", "model_type", "is_causal", "dflash_config", "block_size",
+                         "mask_token_id", "target_layer_ids", "num_target_layers", "verifier", "dtype", "torch_dtype",
+                         "transformers_version")
+# Qwen3 decoder keys the native config states otherwise (layer_types, rope_parameters) or has no use for.
+QWEN3_LAYOUT_KEYS = ("model_type", "use_sliding_window", "max_window_layers", "rope_theta", "rope_scaling",
+                     "attention_bias", "tie_word_embeddings")
+NON_CAUSAL_HINT = ("a draft trained causal may still be served non-causal (convert --non-causal; "
+                   "validate says what it then accepts)")
+
+
+def _check_transformers_copies(raw: dict, filled: dict, file: str) -> None:
+    """`is_causal` and `dflash_config` are for vLLM (transformers ignores them): they must say what transformers
+    does (non-causal, the top-level values), or the engines would run different drafts."""
+    if raw.get("is_causal"):
+        raise DFlashError(f"field `is_causal` is {_short(raw['is_causal'])}: transformers' MuseGlimmerAssistantModel "
+                          "attends bidirectionally and ignores it, but vLLM reads it; remove it", file=file)
+    dc = raw.get("dflash_config") or {}
+    if not isinstance(dc, dict):
+        raise DFlashError(f"field `dflash_config` is {_short(dc)}, not an object", file=file)
+    wanted = {**TRANSFORMERS_VLLM_COPIES, **{k: filled[k] for k in TRANSFORMERS_VLLM_COPIES if k in filled}}
+    for key, value in dc.items():
+        if key not in wanted or value != wanted[key]:
+            said = f"is {_short(value)} but transformers acts on {_short(wanted[key])}" if key in wanted else \
+                "is a key transformers ignores"
+            raise DFlashError(f"field `dflash_config.{key}` {said}, while vLLM reads it; remove it", file=file)
+
+
+def _spec_from_transformers(raw: dict, file: str) -> DraftSpec:
+    filled = {**TRANSFORMERS_DEFAULTS, **raw}
+    _check_transformers_copies(raw, filled, file)
+    if "rope_parameters" not in raw and ("rope_theta" in raw or "rope_scaling" in raw):
+        del filled["rope_parameters"]  # legacy keys: transformers folds them into rope_parameters
+    filled.setdefault("layer_types", ["sliding_attention"] * filled["num_hidden_layers"])
+    cfg = _parse(TransformersDFlashConfig, filled, file)
+    if cfg.attention_bias:
+        raise DFlashError("field `attention_bias` is true: transformers' MuseGlimmerAssistantModel has no "
+                          "attention biases", file=file)
+    for k in keys.keys_for("dflash"):
+        if not k.is_neutral(raw.get(k.name)):
+            raise DFlashError(f"field `{k.name}` = {_short(raw[k.name])} ({k.readers}: {k.effect}) has no place in "
+                              "transformers' MuseGlimmerAssistantModel, which would ignore it", file=file)
+    decoder = {k: v for k, v in filled.items() if k not in TRANSFORMERS_OWN_KEYS}
+    layer_types = resolve_layer_types(decoder)
+    decoder.update(model_type="qwen3", use_sliding_window="sliding_attention" in layer_types)
+    verifier = cfg.verifier if cfg.verifier and cfg.verifier.name_or_path else None
+    return DraftSpec(source_format="transformers", variant="dflash", decoder=decoder, block_size=cfg.block_size,
+                     mask_token_id=cfg.mask_token_id, target_layer_ids=list(cfg.target_layer_ids),
+                     layer_types=layer_types, layer_causal=[False] * len(layer_types),
+                     num_target_layers=cfg.num_target_layers, verifier=verifier,
+                     dtype=raw.get("dtype") or raw.get("torch_dtype"))
+
+
+def transformers_refusals(spec: DraftSpec) -> list[str]:
+    """Why transformers' own layout cannot state this draft (empty: it can)."""
+    out = []
+    if spec.variant != "dflash":
+        out.append(f"a {spec.variant} draft: transformers' MuseGlimmerAssistantModel has none of its modules "
+                   "(dflash2's convolutions and candidate selector, DSpark's Markov and confidence heads)")
+    if spec.is_pruned_vocab:
+        out.append(f"a pruned vocabulary (lm_head [{spec.draft_vocab_size}, {spec.hidden_size}] + d2t): transformers "
+                   "drafts over the target's output embeddings and has no place for the draft's own lm_head")
+    if causal := [i for i, c in enumerate(spec.layer_causal) if c]:
+        out.append(f"draft layers {causal} are causal and transformers' MuseGlimmerAssistantModel attends "
+                   f"bidirectionally only; {NON_CAUSAL_HINT}")
+    if spec.target_hidden_size not in (None, spec.hidden_size):
+        out.append(f"target_hidden_size {spec.target_hidden_size} differs from hidden_size {spec.hidden_size}: "
+                   "transformers sizes encoder.fc as len(target_layer_ids) x hidden_size")
+    if spec.attention_bias:
+        out.append("attention_bias is true: transformers' MuseGlimmerAssistantModel has no attention biases")
+    if features := non_qwen3_features(spec):
+        out.append(f"{', '.join(features)}: engine-read keys transformers' MuseGlimmerAssistantModel has no "
+                   "place for")
+    return out
+
+
+def _rope_parameters(spec: DraftSpec) -> dict[str, Any]:
+    params = dict(spec.decoder.get("rope_parameters") or spec.decoder.get("rope_scaling") or {})
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params["rope_theta"] = spec.rope_theta
+    return params
+
+
+def spec_to_transformers(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
+    """config.json of transformers' own layout (MuseGlimmerAssistantConfig) for a spec, and the warnings."""
+    check_complete(spec)
+    if refusals := transformers_refusals(spec):
+        raise DFlashError(f"transformers' own layout cannot hold this draft: {refusals[0]}"
+                          + (f" (and {len(refusals) - 1} more)" if len(refusals) > 1 else ""))
+    # is_causal false: transformers ignores it, vLLM 0.32 (which lacks 0.33's non-causal override for this model
+    # type) resolves causality from it before layer_types
+    out: dict[str, Any] = {"architectures": [TRANSFORMERS_ARCHITECTURE], "model_type": TRANSFORMERS_MODEL_TYPE,
+                           "is_causal": False}
+    out.update({k: v for k, v in spec.decoder.items() if k not in QWEN3_LAYOUT_KEYS and k not in HF_DFLASH_KEYS
+                and not (v is None and k in TRANSFORMERS_DEFAULTS)})
+    # every key whose class default is another model's, stated (the special ids do not change what is drafted)
+    out.update(num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
+               hidden_act=spec.hidden_act, rope_parameters=_rope_parameters(spec), layer_types=list(spec.layer_types),
+               block_size=spec.block_size, mask_token_id=spec.mask_token_id,
+               target_layer_ids=list(spec.target_layer_ids))
+    for special in ("bos_token_id", "eos_token_id", "pad_token_id"):  # the class takes one id or null
+        value = spec.decoder.get(special)
+        out[special] = value if type(value) is int else None
+    out["dflash_config"] = {**TRANSFORMERS_VLLM_COPIES, "target_layer_ids": list(spec.target_layer_ids)}
+    if spec.num_target_layers is not None:
+        out["num_target_layers"] = spec.num_target_layers
+    if spec.verifier:
+        out["verifier"] = spec.verifier.model_dump(exclude_none=True)
+    if spec.dtype:
+        out["dtype"] = spec.dtype
+    warnings = []
+    if spec.extra:
+        warnings.append("keys no engine is known to read are not written to transformers' layout: "
+                        f"{', '.join(sorted(spec.extra))}")
+    return out, warnings
 
 
 # ----------------------------------------------------------------------------- what a conversion did to the config
@@ -511,13 +656,22 @@ CONFIG_CHANGE_REASONS = {
     "dspark_bonus_anchor": "what vLLM's speculators reader derives (not sample_from_anchor); no reader of this layout "
                            "needs it",
     "tie_word_embeddings": "speculators' field (DFlash drafts never tie)",
-    "model_type": "the HF format's flat Qwen3 config needs it",
+    "model_type": "the flat config's model type (HF format: qwen3; transformers' own: muse_glimmer_assistant)",
+    "max_window_layers": "transformers' own layout states layer_types instead of Qwen3's rule",
+    "attention_bias": "false here: transformers' own layout has no attention biases",
     "layer_types": "written explicitly so no reader falls back to a default",
     "draft_vocab_size": "written only for a pruned vocabulary in the HF format (speculators always writes it)",
     "num_target_layers": "the verifier's layer count (--verifier)",
     "target_hidden_size": "written only when known",
     "dtype": "the weights' dtype (--dtype or the source's)",
     "torch_dtype": "legacy name of dtype",
+    "rope_parameters": "written whole: MuseGlimmerAssistantConfig's default rope_theta (500000) is not Qwen3's",
+    "head_dim": "written explicitly: MuseGlimmerAssistantConfig's default (128) is not the draft's",
+    "num_key_value_heads": "written explicitly: MuseGlimmerAssistantConfig's default (8) is not the draft's",
+    "rms_norm_eps": "written explicitly: MuseGlimmerAssistantConfig's default (1e-5) is not Qwen3's",
+    "bos_token_id": "written as null: MuseGlimmerAssistantConfig's defaults are Muse Glimmer's token ids",
+    "pad_token_id": "written as null: MuseGlimmerAssistantConfig's defaults are Muse Glimmer's token ids",
+    "eos_token_id": "written as null: MuseGlimmerAssistantConfig's defaults are Muse Glimmer's token ids",
 }
 
 
@@ -533,7 +687,8 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def _canonical_config(raw: dict[str, Any], fmt: str) -> dict[str, tuple[str, Any]]:
     """canonical key -> (path in this layout, value); the decoder's keys are flat in both layouts."""
     side = 0 if fmt == "speculators" else 1
-    by_path = {paths[side]: name for name, paths in CONFIG_ALIASES.items()}
+    # transformers' own layout keeps every DFlash key at the top level under its canonical name
+    by_path = {} if fmt == "transformers" else {paths[side]: name for name, paths in CONFIG_ALIASES.items()}
     out: dict[str, tuple[str, Any]] = {}
     if fmt == "speculators":
         for path, value in _flatten(raw.get("transformer_layer_config") or {}).items():

@@ -100,7 +100,9 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
     target = _verifier_id(spec) or "<TARGET_MODEL>"
     block = spec.block_size
     fmt = {"speculators": "speculators (vLLM speculators library layout)",
-           "hf": "Hugging Face / z-lab (flat Qwen3 config with DFlash keys)"}[spec.source_format]
+           "hf": "Hugging Face / z-lab (flat Qwen3 config with DFlash keys)",
+           "transformers": "transformers' own (`MuseGlimmerAssistantConfig`: `AutoModel` loads it, "
+                           "`generate(speculation_type=\"dflash\")` runs it)"}[spec.source_format]
     vocab = (f"pruned: the draft predicts {spec.draft_vocab_size} of the target's {spec.vocab_size} tokens "
              "(mapped back through d2t)" if spec.is_pruned_vocab else f"full target vocabulary ({spec.vocab_size} tokens)")
     rows = [

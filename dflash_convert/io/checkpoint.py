@@ -233,7 +233,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
         if i == 0:
             metadata = meta
         for name, info in found.items():
-            canon = catalogue.canonical_name(name)
+            canon = catalogue.canonical_name(name, spec.source_format)
             if canon in tensors:
                 raise DFlashError(f"tensor `{name}` appears twice (also in {tensors[canon].file.name})", file=f)
             tensors[canon] = info
@@ -261,7 +261,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
         for name, tensor in state.items():
             if not isinstance(tensor, torch.Tensor):
                 raise DFlashError(f"entry `{name}` is a {type(tensor).__name__}, not a tensor"[:200], file=f)
-            canon = catalogue.canonical_name(name)
+            canon = catalogue.canonical_name(name, spec.source_format)
             pickled[canon] = tensor
             source_names[canon] = name
             tensors[canon] = TensorInfo(canon, code_for_torch(tensor.dtype, tensor=name, file=f),

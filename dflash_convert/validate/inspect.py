@@ -158,7 +158,8 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
         rule = catalogue.rule_for(name, spec.variant)
-        tensors.append(TensorRow(name=name, dtype=info.dtype, shape=list(info.shape), file=info.file.name,
+        tensors.append(TensorRow(name=catalogue.layout_name(name, spec.source_format), dtype=info.dtype,
+                                 shape=list(info.shape), file=info.file.name,
                                  role=rule.role if rule else "unknown"))
         if rule and catalogue.loaded_by_engines(rule, spec):
             params += math.prod(info.shape)

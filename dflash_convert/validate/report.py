@@ -169,6 +169,10 @@ class EngineStats(BaseModel):
                                       "greedy: step by step up to near-ties of tie_ulps ulps of dtype, with "
                                       "steps_compared, prompts_whole and steps_not_compared; sampled: tau (absolute), "
                                       "per_position and z (standard errors) of the interval derived from the counts")
+    emulated: AcceptanceCounts | None = Field(None, description="our runtime's run counted as this engine counts, "
+                                              "where that is not vLLM's counting (transformers)")
+    steps_equal: int | None = Field(None, description="prompts whose acceptance equals the emulation's step for "
+                                    "step (transformers, greedy)")
 
 
 class BaselineComparison(BaseModel):
@@ -236,7 +240,7 @@ class ValidationReport(BaseModel):
     tool: str = "dflash-convert"
     tool_version: str
     checkpoint: str
-    checkpoint_format: Literal["speculators", "hf"] | None = None
+    checkpoint_format: Literal["speculators", "hf", "transformers"] | None = None
     checkpoint_revision: str | None = None
     target: str | None = None
     target_revision: str | None = None
@@ -497,6 +501,8 @@ def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) ->
     table.add_row("runtime (last block shortened)", str(a.num_drafts), str(a.accepted), f"{a.acceptance_length:.3f}",
                   _short(a.per_position_rates, 200))
     rows = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
+    if engine is not None and engine.emulated is not None:
+        rows.append((f"runtime, as {engine.engine} counts", engine.emulated))
     if engine is not None:
         rows.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
     for name, c in rows:
@@ -507,6 +513,9 @@ def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) ->
     if engine is not None and engine.outputs_equal is not None:
         console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
                       "prompts (speculative, target-only, our target's greedy)", markup=False)
+        if engine.steps_equal is not None:
+            console.print(f"{engine.engine} {engine.version}: acceptance equal step for step on {engine.steps_equal}/"
+                          f"{engine.prompts} prompts", markup=False)
     elif engine is not None:
         console.print(f"{engine.engine} {engine.version}: sampled at temperature {engine.sampling.get('temperature')} "
                       f"(prompt i seeded {engine.sampling.get('seed', 0)} + i); acceptance compared within "

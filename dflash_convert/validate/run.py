@@ -359,6 +359,8 @@ def _end_to_end_level(run: Run) -> None:
         run.run.append("end_to_end")
         if run.opts.engine_python is not None and run.stats is not None:
             _served_level(run)
+        if run.opts.engine == "transformers" and run.stats is not None:
+            _transformers_level(run)
 
 
 def _answer_earlier_turns(run: Run) -> None:
@@ -406,6 +408,38 @@ def _served_level(run: Run) -> None:
     equal = run.engine_run.outputs_equal
     run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, "
             + (f"outputs equal on {equal}/{run.engine_run.prompts} prompts" if equal is not None else "sampled"))
+    run.checks += checks
+
+
+def _transformers_level(run: Run) -> None:
+    """The pair in transformers' own generate(speculation_type="dflash"), in-process, against our decode loop run
+    with transformers' semantics (transformers_engine.py): greedy, step for step."""
+    from dflash_convert.validate import transformers_engine
+
+    from dflash_runtime import load_draft, load_target
+
+    opts, spec = run.opts, run.trained.spec
+    why = None
+    if spec.source_format != "transformers":
+        why = "transformers reads only its own layout: convert --to transformers (--non-causal), then validate that"
+    elif run.sampling.temperature > 0:
+        why = "sampled: transformers draws from a random stream of its own; it is compared greedy only"
+    else:
+        why = transformers_engine.cannot_compare(spec, run.prompt_ids, opts.max_new_tokens)
+    if why is not None:
+        run.skipped["served"] = why
+        run.say(f"engine: transformers not run: {why}")
+        return
+    dtype = run.torch_dtype
+    draft = run.loaded if run.loaded is not None else load_draft(run.ckpt, dtype=dtype, **_load_options(run))
+    target = load_target(run.target_dir, dtype=run.target_torch_dtype or dtype)
+    checks, run.engine_run = transformers_engine.transformers_checks(
+        Path(run.path), run.target_dir, run.prompt_ids, opts.max_new_tokens, our_draft=draft, our_target=target,
+        dtype=dtype, say=run.say)
+    e = run.engine_run
+    run.say(f"engine: transformers {e.version}: tau {e.counts.acceptance_length:.3f} (emulation "
+            f"{e.emulated.acceptance_length:.3f}), outputs equal on {e.outputs_equal}/{e.prompts}, acceptance equal "
+            f"step for step on {e.steps_equal}/{e.prompts} prompts")
     run.checks += checks
 
 

@@ -32,7 +32,7 @@ change. Every emitted token is then a sample of the target's filtered distributi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +51,7 @@ class Generation:
     tokens: list[int]  # new tokens only
     stats: DecodeStats
     decisions: list[Decision] | None = None  # greedy, when asked: how near each verify step sat to a tie (ties.py)
+    accepted_per_step: list[int] = field(default_factory=list)  # proposals accepted at each draft step, in order
 
 
 def _now(device: torch.device) -> float:
@@ -179,7 +180,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
                                    new_tokens=len(tokens), prefill_time_s=prefill_time, draft_time_s=draft_time,
                                    verify_time_s=verify_time, total_time_s=total, drafted=drafted,
                                    survival_per_step=survival_per_step)
-    return Generation(tokens=tokens, stats=stats, decisions=decisions)
+    return Generation(tokens=tokens, stats=stats, decisions=decisions, accepted_per_step=accepted_per_step)
 
 
 def _propose(draft: DFlashDraft, target: Target, anchor: int, start: int, size: int, draft_window: int | None,
