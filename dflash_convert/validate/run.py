@@ -38,7 +38,7 @@ from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
 from dflash_convert.validate.checks import (Check, make_check, checkpoint_checks, duplicate_tensors_check, scan_checks,
-                                            target_checks)
+                                            target_checks, verifier_against)
 from dflash_convert.validate.end_to_end import Placement, Prompts, end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
@@ -258,6 +258,8 @@ def _static_level(run: Run, duplicates: Check) -> None:
         answered = {"target_layer_ids_range", "mask_token_id_special"}
         checks = [c for c in checks if not (c.status == "skip" and c.name in answered)]
         checks += target_checks(run.ckpt.spec, run.info, ckpt=run.ckpt)
+        named = verifier_against(run.ckpt.spec, _target_name(run.opts), run.target_dir)
+        checks = [named if c.name == "verifier" and named is not None else c for c in checks]
     checks += [c for c in (_causal_override_check(run.ckpt, run.opts.causal), run.mask_check) if c is not None]
     run.checks += checks
     run.run.append("static")
