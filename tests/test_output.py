@@ -64,7 +64,7 @@ def test_quiet_keeps_the_verdict_failures_and_warnings(cli, tmp_path):
     r = cli("validate", bad, "--levels", "static", "-q")
     assert r.code == 3 and r.err == "", r.err
     assert re.search(r"^\s+fail\s+target_layer_ids\s+target layer ids", r.out, re.M), r.out
-    assert " pass " not in r.out and r.out.splitlines()[-1].startswith("FAILED: ")
+    assert " pass " not in r.out and r.out.splitlines()[-1].startswith("FAILED (static; numeric not run: not requested; ")
     assert r.out.splitlines()[-1].endswith("failed: target_layer_ids")
     # diff -q: the differences and the verdict, without the informational lines
     r = cli("diff", PAIR / "draft", bad, "-q")
@@ -75,7 +75,7 @@ def test_quiet_keeps_the_verdict_failures_and_warnings(cli, tmp_path):
 def test_json_is_one_object_on_stdout(cli, tmp_path):
     r = cli("validate", scrambled(PAIR / "draft", tmp_path / "bad"), "--levels", "static", "--json")
     assert r.code == 3 and json.loads(r.out)["passed"] is False
-    assert r.err.strip().splitlines()[-1].startswith("FAILED: ")  # the log still shows the verdict
+    assert r.err.strip().splitlines()[-1].startswith("FAILED (static; ")  # the log still shows the verdict
 
 
 # ----------------------------------------------------------------------------- 80 columns, plain text
@@ -414,3 +414,30 @@ def test_a_passing_run_with_a_warning_shows_the_warning_in_markdown(cli, tmp_pat
     rows = [line for line in text.splitlines() if line.startswith("| verifier |")]
     assert len(rows) == 1, f"the warned check is not in the Markdown report:\n{text}"
     assert "| static | warn |" in rows[0] and "names no verifier" in rows[0]
+
+
+def test_the_verdict_line_names_the_levels_that_did_not_run(cli, monkeypatch):
+    """A forgotten --target: the verdict line (all -q shows) says end to end did not run and why, and suggests the
+    target the draft records when it is at hand; --require-end-to-end makes the missing level a failure (exit 3);
+    `--json -q` still writes the verdict to stderr."""
+    monkeypatch.chdir(ROOT)  # the draft records its target as examples/pair/target
+    args = ("validate", "examples/pair/draft", "--levels", "static,end_to_end", "-q")
+    hint = ("end to end not run: no --target given; the draft names examples/pair/target, found here: add --target "
+            "examples/pair/target)")
+    r = cli(*args)
+    assert r.code == 0 and r.out.splitlines()[-1].startswith(
+        f"PASSED (static; numeric not run: not requested; {hint}: "), r.out
+    required = cli(*args, "--require-end-to-end")
+    assert required.code == 3 and required.out.splitlines()[-1].startswith(f"FAILED (static; ") and \
+        required.out.splitlines()[-1].endswith("failed: end_to_end_ran"), required.out
+    quiet_json = cli(*args, "--json")
+    assert quiet_json.code == 0 and quiet_json.json()["passed"] and hint in quiet_json.err, quiet_json.err
+
+
+def test_a_long_list_of_rates_is_cut_between_numbers():
+    """A failed position_rates row shows its value and threshold lists shortened: whole numbers and a count of
+    the rest, never `0....` cut inside a number."""
+    from dflash_convert.validate.report import _short
+
+    text = _short([0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25])
+    assert re.fullmatch(r"\[(\d\.\d\d, )+\+\d+ more\]", text) and len(text) <= 48, text

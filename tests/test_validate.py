@@ -334,7 +334,7 @@ def test_pruned_draft_without_d2t(speculators_drafts, tmp_path, cli):
     r = cli("validate", draft, "--json", "--keep-going")
     assert r.code == 3 and {"vocab_map", "draft_loads"} <= set(failed(r.json()))
     assert r.json()["levels_run"] == ["static", "numeric"]
-    assert r.json()["levels_skipped"]["end_to_end"] == "no --target given"
+    assert r.json()["levels_skipped"]["end_to_end"].startswith("no --target given")
 
 
 def test_convert_validate_keeps_nothing_when_validation_fails(speculators_drafts, tmp_path, cli):

@@ -58,9 +58,9 @@ def validate(
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))
     _markdown_reports(report, report_md, out)
-    if as_json and not quiet:  # stdout holds the JSON: the log still shows the report and its verdict
+    if as_json:  # stdout holds the JSON: the log still shows the report (-q: its failures, warnings, verdict)
         live.stop()
-        render_table(report, err)
+        render_table(report, err, quiet)
     out.result(to_json(report), render=lambda console, q: render_table(report, console, q))
     if not report.passed:
         raise typer.Exit(ValidationFailed.exit_code)

@@ -166,6 +166,9 @@ class ValidateOptions(BaseModel):
         "baseline's value (0.05: 5 %).")
     keep_going: Annotated[bool, Flag("--keep-going")] = Field(
         False, description="Run numeric and end-to-end levels even when static checks failed.")
+    require_end_to_end: Annotated[bool, Flag("--require-end-to-end")] = Field(
+        False, description="Fail (exit 3) when the end-to-end level does not run (no --target, a config-only target, "
+        "an earlier level failed): for CI, where a forgotten --target must not pass.")
     allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=ALLOW_PICKLE_HELP)
 
     def check(self) -> None:

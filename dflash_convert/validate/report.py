@@ -280,7 +280,10 @@ def _short(value: Any, limit: int = 48) -> str:
     if isinstance(value, float):
         text = f"{value:.4g}"
     elif isinstance(value, list) and value and all(isinstance(v, float) for v in value):
-        text = "[" + ", ".join(f"{v:.2f}" for v in value) + "]"
+        items = [f"{v:.2f}" for v in value]  # cut between numbers, never inside one
+        shown = next((k for k in range(len(items), 0, -1)
+                      if len(", ".join(items[:k])) + (0 if k == len(items) else 14) + 2 <= limit), 1)
+        return "[" + ", ".join(items[:shown]) + (f", +{len(items) - shown} more" if shown < len(items) else "") + "]"
     else:
         text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -335,7 +338,7 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
     if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
     verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
-    console.print(f"{verdict}: {escape(verdict_text(report))}")
+    console.print(f"{verdict} {escape(verdict_text(report))}")
 
 
 def sampling_line(u: SamplingUsed) -> str:
@@ -348,14 +351,25 @@ def sampling_line(u: SamplingUsed) -> str:
     return line
 
 
+def levels_text(report: ValidationReport) -> str:
+    """The levels that ran and those that did not, with why: `(static, numeric; end to end not run: ...)`."""
+    ran = ", ".join(lv.replace("_", " ") for lv in report.levels_run) or "no level ran"
+    return "(" + "; ".join([ran, *(f"{lv.replace('_', ' ')} not run: {why}"
+                                   for lv, why in sorted(report.levels_skipped.items(), key=_level_order))]) + ")"
+
+
+def _level_order(item: tuple[str, str]) -> int:
+    return LEVELS.index(item[0]) if item[0] in LEVELS else len(LEVELS)
+
+
 def verdict_text(report: ValidationReport) -> str:
-    """The verdict line after PASSED/FAILED: counts, tau and speedup, the failed checks."""
+    """The verdict line after PASSED/FAILED: the levels run and not, counts, tau and speedup, the failed checks."""
     n = report.counts()
     a = report.acceptance
     figures = f", tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x" if a is not None else ""
     failed = report.failed_checks
     names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
-    return (f"{n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped in "
+    return (f"{levels_text(report)}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped in "
             f"{report.duration_s:.1f} s{figures}{names}")
 
 

@@ -148,6 +148,9 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     for lv in LEVELS:
         if lv not in run.run and lv not in run.skipped:
             run.skipped[lv] = "not requested"
+    if opts.require_end_to_end and "end_to_end" not in run.run:
+        run.checks.append(make_check("end_to_end_ran", False, "--require-end-to-end: the end-to-end level did not "
+                                     f"run ({run.skipped['end_to_end']})", level="end_to_end"))
     if run.stats is not None:
         run.stats.prompt_ids_sha256 = prompt_ids_sha256(run.prompt_ids)
         run.stats.per_request_histogram = request_histogram([p.acceptance_length for p in run.stats.per_prompt],
@@ -173,6 +176,16 @@ def _baseline_gate(run: Run, report: ValidationReport) -> None:
         check, report.baseline = compare_baseline(run.baseline, run.opts.baseline, report, run.opts.max_regression)
     report.checks.append(check)
     report.passed = not any(c.status == "fail" for c in report.checks)
+
+
+def _recorded_target(spec) -> str:
+    """The target the draft's config names, suggested when it is a directory at hand (else only named)."""
+    named = spec.verifier.name_or_path if spec.verifier is not None else None
+    if not named:
+        return ""
+    if (Path(named) / "config.json").is_file():
+        return f"; the draft names {named}, found here: add --target {named}"
+    return f"; the draft names {named}"
 
 
 def _target_name(opts: ValidateOptions) -> str | None:
@@ -343,7 +356,7 @@ def _load_options(run: Run) -> dict[str, Any]:
 
 def _end_to_end_level(run: Run) -> None:
     if run.opts.target is None:
-        run.skipped["end_to_end"] = "no --target given"
+        run.skipped["end_to_end"] = "no --target given" + _recorded_target(run.ckpt.spec)
     elif not run.target_has_weights:
         run.skipped["end_to_end"] = f"target {run.opts.target} has no weights (config only)"
     elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in run.checks):
