@@ -303,8 +303,9 @@ def test_inspect_engine_views_and_schema(cli, speculators_drafts):
     import jsonschema
 
     r = cli("inspect", speculators_drafts["all_full"], "--json")
-    assert r.code == 0, r.err
+    assert r.code == 3, r.err  # vLLM reads this speculators config as causal: an engine view that errs fails
     report = r.json()
+    assert set(r.failed_checks()) == {"engine_view.vllm-speculators"}, r.failed_checks()
     jsonschema.validate(report, json.loads((ROOT / "schemas" / "inspect-report.schema.json").read_text()))
     by_engine = {v["engine"]: v for v in report["engines"]}
     assert set(by_engine) == {"vllm-speculators", "vllm-hf", "sglang", "zlab"}

@@ -56,7 +56,7 @@ def test_quiet_keeps_the_verdict_failures_and_warnings(cli, tmp_path):
     assert loud.code == quiet.code == 3
     lines = quiet.out.splitlines()
     assert lines[0].startswith("FAIL target_layer_ids: ") and "DIFFERS from training" in quiet.out
-    assert lines[-1] == f"{bad}: FAILED: 1 failed, 0 warning(s) in the config and tensor headers (values not read: " \
+    assert lines[-1] == f"{bad}: FAILED: 4 failed, 0 warning(s) in the config and tensor headers (values not read: " \
                         "--scan reads them)"
     assert "tensors" not in quiet.out and "as trained" not in quiet.out and "note (" not in quiet.out
     assert "25 tensors" in loud.out and loud.out.splitlines()[-1] == lines[-1]
@@ -248,8 +248,9 @@ def test_convert_flags_what_inspect_would_and_strict_refuses(cli, tmp_path):
     assert "warning: the output fails inspect's target_layer_ids check" in r.err, r.err
     r = cli("convert", bad, "-o", tmp_path / "strict", "--strict")
     assert r.code == 3 and not (tmp_path / "strict").exists()
-    assert r.err.strip().splitlines()[-1] == ("Error: --strict: inspect finds 1 problem(s) in the output "
-                                              "(target_layer_ids); nothing was written")
+    assert r.err.strip().splitlines()[-1] == ("Error: --strict: inspect finds 4 problem(s) in the output "
+                                              "(target_layer_ids, engine_view.vllm-speculators, engine_view.vllm-hf, "
+                                              "engine_view.sglang); nothing was written")
     r = cli("convert", PAIR / "draft", "-o", tmp_path / "clean", "--strict")  # the clean pair: no warning at all
     assert r.code == 0 and r.err == "", r.err
 
