@@ -314,7 +314,7 @@ def test_inspect_engine_views_and_schema(cli, speculators_drafts):
     r = cli("inspect", speculators_drafts["all_full"], "--engine", "sglang", "--json")
     assert [v["engine"] for v in r.json()["engines"]] == ["sglang"]
     r = cli("inspect", speculators_drafts["all_full"], "--engine", "vllm")
-    assert "vLLM (speculators format) 0.33.0: DIFFERS from training" in r.out and "layer_causal" in r.out
+    assert "vLLM (speculators format), by 0.33.0's rules: DIFFERS from training" in r.out and "layer_causal" in r.out
     assert cli("inspect", speculators_drafts["all_full"], "--engine", "tgi").code == 2
 
 

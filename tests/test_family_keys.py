@@ -207,7 +207,7 @@ def test_a_dflash2_whose_keys_disagree_with_its_tensors_fails_naming_both(cli, f
 def test_inspect_says_vllm_needs_its_v2_runner_for_dflash2(cli, family_drafts):
     r = cli("inspect", family_drafts["dflash2"], "--engine", "vllm")
     assert r.code == 0, r.err
-    assert "vLLM (speculators format) 0.33.0: as trained (V2 model runner only)" in r.out, r.out
+    assert "vLLM (speculators format), by 0.33.0's rules: as trained (V2 model runner only)" in r.out, r.out
     assert "Model Runner V1 does not support: DFlash candidate-head drafts" in r.out
 
 

@@ -146,7 +146,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(module, as_json):
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"},
                        preexec_fn=stop_signals_at_default)
     assert r.returncode == 130, (r.returncode, r.stderr)
-    assert r.stderr.strip().splitlines() == ["Error: interrupted (Ctrl-C); nothing was written at the destination"]
+    assert r.stderr.strip().splitlines() == ["Error: interrupted (Ctrl-C)"]  # validate writes no destination
     if as_json:
         assert json.loads(r.stdout)["error"]["exit_code"] == 130
     else:
@@ -170,10 +170,20 @@ def test_ctrl_c_during_end_to_end_validation(as_json):
     out = p.stdout.read()
     p.wait(timeout=120)
     assert p.returncode == 130, (p.returncode, "".join(seen) + err)
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("Error: interrupted"), err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == \
+        "Error: interrupted (Ctrl-C); the report is incomplete", err
+    assert "destination" not in err  # validate has none
+    # what had been measured is reported, marked incomplete and not passed
     if as_json:
-        assert json.loads(out) == {"error": {"message": "interrupted (Ctrl-C); nothing was written at the "
-                                                        "destination", "file": None, "exit_code": 130}}
+        report = json.loads(out)
+        assert report["incomplete"] == "interrupted (Ctrl-C)" and report["passed"] is False
+        assert report["levels_skipped"]["end_to_end"] == "interrupted (Ctrl-C)"
+        partial = next(c for c in report["checks"] if c["name"] == "end_to_end_partial")
+        assert partial["status"] == "skip" and partial["message"].startswith("interrupted (Ctrl-C) after "), partial
+    else:
+        verdict = out.splitlines()[-1]
+        assert verdict.startswith("INCOMPLETE (") and "end to end not run: interrupted (Ctrl-C)" in verdict, out
+        assert "end_to_end_partial" in out, out
 
 
 
@@ -200,11 +210,10 @@ def test_an_interrupt_that_escapes_the_app_is_the_same_one_line(cli, monkeypatch
         monkeypatch.setattr(typer.Typer, "__call__", _raise(KeyboardInterrupt()))
     r = cli("inspect", str(PAIR / "draft"), *(["--json"] if as_json else []))
     assert r.code == 130, (r.code, r.err)
-    assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C); nothing was written at the destination"
+    assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C)"  # inspect writes no destination
     if as_json:
         assert r.out.startswith("{"), f"no JSON error object on stdout: {r.out!r}"  # json.loads: one, nothing else
-        assert json.loads(r.out) == {"error": {"message": "interrupted (Ctrl-C); nothing was written at the "
-                                                          "destination", "file": None, "exit_code": 130}}
+        assert json.loads(r.out) == {"error": {"message": "interrupted (Ctrl-C)", "file": None, "exit_code": 130}}
     else:
         assert r.out == ""
 

@@ -1,6 +1,7 @@
 """`validate`: the static, numeric and end-to-end checks of a draft, and the reports they write."""
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,6 +10,7 @@ import typer
 from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output, err, live
 from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples
+from dflash_convert.io.staging import INTERRUPTED_EXIT
 from dflash_convert.validate.options import PromptSet, ValidateOptions
 
 EPILOG = examples(
@@ -62,6 +64,9 @@ def validate(
         live.stop()
         render_table(report, err, quiet)
     out.result(to_json(report), render=lambda console, q: render_table(report, console, q))
+    if report.incomplete:  # Ctrl-C: the report above holds what was measured; the shells' code for it
+        err.print(f"Error: {report.incomplete}; the report is incomplete", markup=False)
+        sys.exit(INTERRUPTED_EXIT)
     if not report.passed:
         raise typer.Exit(ValidationFailed.exit_code)
 

@@ -86,7 +86,11 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     slots = draft.proposals(block)  # proposals per block: block - 1, or block when the anchor's slot predicts (dspark)
     decode = Decode(draft, target, opts, decoding, block)
     base_n = min(BASELINE_PROMPTS, len(prompt_ids))
-    runs, full, rounds = _decode_prompts(decode, prompt_ids, opts, say)
+    finished: list = []  # the speculative generations of the prompts done so far
+    try:
+        runs, full, rounds = _decode_prompts(decode, prompt_ids, opts, say, finished)
+    except KeyboardInterrupt:  # Ctrl-C: what was measured, marked partial, goes up with the interrupt
+        raise MeasuredSoFar(checks + [_partial_check(finished, len(prompt_ids), block, slots)]) from None
     whole = DecodeStats.merge([r.stats for r in runs])
     if sampling.temperature == 0:
         same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], penalties=decoding.penalties)
@@ -129,9 +133,33 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     return checks, stats, [r.tokens for r in runs]
 
 
-def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateOptions, say):
-    """(speculative generations of every prompt, their figures as vLLM counts them (full last blocks; only
-    under --engine vllm, else None), the timing rounds over the first BASELINE_PROMPTS)."""
+class MeasuredSoFar(KeyboardInterrupt):
+    """Ctrl-C during the end-to-end level, with the checks made and the figures measured until then."""
+
+    def __init__(self, checks: list[Check]):
+        super().__init__()
+        self.checks = checks
+
+
+def _partial_check(finished: list, total: int, block: int, slots: int) -> Check:
+    """The figures of the prompts decoded before a Ctrl-C (skip: no gate judges a partial run)."""
+    if not finished:
+        return make_check("end_to_end_partial", None, f"interrupted (Ctrl-C) before the first of {total} prompts "
+                          "was decoded: nothing measured", level="end_to_end")
+    merged = DecodeStats.merge([r.stats for r in finished])
+    rates = _rounded(merged.per_position_rates, slots)
+    return make_check("end_to_end_partial", None, f"interrupted (Ctrl-C) after {len(finished)}/{total} prompts: tau "
+                      f"{merged.tau:.2f} over {merged.new_tokens} tokens ({merged.num_drafts} draft steps, block "
+                      f"{block}); per position [{', '.join(f'{r:.2f}' for r in rates)}]; not checked: greedy output, speedup, thresholds",
+                      value={"prompts": len(finished), "acceptance_length": round(merged.tau, 4),
+                             "new_tokens": merged.new_tokens, "per_position_rates": rates},
+                      threshold=f"{total} prompts", level="end_to_end")
+
+
+def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateOptions, say, runs: list):
+    """(speculative generations of every prompt, appended to `runs` as they finish, their figures as vLLM counts
+    them (full last blocks; only under --engine vllm, else None), the timing rounds over the first
+    BASELINE_PROMPTS)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the block-size note is reported once, as a check
         say("end to end: warm-up")
@@ -139,7 +167,6 @@ def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateO
         # minutes at real size on CPU, where a draft that accepts little makes every token a verify step
         decode.speculative(prompt_ids[0], max_new_tokens=2)
         decode.target_only(prompt_ids[0], max_new_tokens=2)
-        runs = []
         for i, p in enumerate(prompt_ids, 1):
             runs.append(decode.speculative(p))
             say(Step(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "

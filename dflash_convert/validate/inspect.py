@@ -105,7 +105,7 @@ class InspectReport(BaseModel):
                 continue
             via = f" (as converted by `convert --to {view.reads}`)" if view.via_conversion else ""
             state = engine_views.view_state(view)
-            console.print(f"{view.title} {view.version}{via}: {state}", markup=False)
+            console.print(f"{engine_views.rules_label(view)}{via}: {state}", markup=False)
             if not view.as_trained or len(self.engines) == 1:
                 for line in engine_views.render_view(view)[1:2]:
                     console.print(line, markup=False)
@@ -211,7 +211,7 @@ def engine_checks(views: list[EngineView]) -> list[Check]:
         errors = [d.field for d in view.divergences if d.severity == "error"]
         if errors or not view.loads:
             via = " as converted" if view.via_conversion else ""
-            checks.append(make_check(f"engine_view.{view.engine}", False, f"{view.title} {view.version}{via} "
+            checks.append(make_check(f"engine_view.{view.engine}", False, f"{engine_views.rules_label(view)}{via}: "
                                      f"{engine_views.view_state(view)}" + (f" ({', '.join(errors)})" if errors else "")
                                      + ": see its ERROR lines", value=errors or None))
     return checks

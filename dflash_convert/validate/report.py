@@ -236,6 +236,8 @@ class ValidationReport(BaseModel):
     duration_s: float
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"),
                             description="when the report was made (UTC, ISO 8601)")
+    incomplete: str | None = Field(None, description="why the run stopped before its levels ended (Ctrl-C): the "
+                                   "checks and figures are what was measured until then, and it did not pass")
     passed: bool = Field(description="no check failed")
 
     @property
@@ -337,8 +339,8 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
     low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
     if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
-    verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
-    console.print(f"{verdict} {escape(verdict_text(report))}")
+    word = verdict_word(report)
+    console.print(f"[{VERDICT_STYLE[word]}]{word}[/] {escape(verdict_text(report))}")
 
 
 def sampling_line(u: SamplingUsed) -> str:
@@ -349,6 +351,14 @@ def sampling_line(u: SamplingUsed) -> str:
     if u.not_applied:
         line += "; not applied: " + "; ".join(f"{k} {why}" for k, why in u.not_applied.items())
     return line
+
+
+VERDICT_STYLE = {"PASSED": "green", "FAILED": "bold red", "INCOMPLETE": "bold yellow"}
+
+
+def verdict_word(report: ValidationReport) -> str:
+    """PASSED, FAILED, or INCOMPLETE for a run stopped before its end (Ctrl-C)."""
+    return "INCOMPLETE" if report.incomplete else "PASSED" if report.passed else "FAILED"
 
 
 def levels_text(report: ValidationReport) -> str:
@@ -414,7 +424,7 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
 def to_markdown(report: ValidationReport, image: str | None = None) -> str:
     """A Markdown report (a GitHub step summary, a PR comment): verdict, figures, the chart (`image`, a
     path to the SVG beside the file, else the unicode bars), the failed and warned checks, per-prompt table."""
-    verdict = "PASSED" if report.passed else "FAILED"
+    verdict = verdict_word(report)
     target = f" against `{report.target}`" if report.target else ""
     lines = [f"## dflash-convert validate: {verdict}", "",
              f"`{report.checkpoint}`{target}, levels run: {', '.join(report.levels_run) or 'none'} "

@@ -94,6 +94,7 @@ class Run:
     stats: AcceptanceStats | None = None
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
     engine_run: EngineStats | None = None
+    incomplete: str | None = None  # why the run stopped before its levels did (Ctrl-C)
     baseline: ValidationReport | None = None  # --baseline, read before any slow work
     pending: dict[int, list] = field(default_factory=dict)  # prompt index -> chat with turns the target answers
     render: dict[str, Any] = field(default_factory=dict)  # how prompts were rendered (tokenizer, template, ...)
@@ -134,17 +135,14 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle)
     run = Run(checkpoint_path, opts, progress or (lambda message: None), progress is None, ckpt, ckpt, list(opts.levels),
               device=opts.device, dtype_name=opts.dtype)
-    _prepare(run)
-    if "static" in run.wanted:
-        _static_level(run, duplicates)
-    if run.view is not None:
-        _engine_level(run)
-    needs_torch = "numeric" in run.wanted or run.end_to_end_runs
-    with _resources(run) if needs_torch else contextlib.nullcontext():
-        if "numeric" in run.wanted:
-            _numeric_level(run)
-        if "end_to_end" in run.wanted:
-            _end_to_end_level(run)
+    try:
+        _run_levels(run, duplicates)
+    except KeyboardInterrupt as exc:  # Ctrl-C: the report of what was measured, marked incomplete
+        run.checks += getattr(exc, "checks", [])
+        run.incomplete = "interrupted (Ctrl-C)"
+        for lv in run.wanted:
+            if lv not in run.run:
+                run.skipped[lv] = run.incomplete
     for lv in LEVELS:
         if lv not in run.run and lv not in run.skipped:
             run.skipped[lv] = "not requested"
@@ -160,11 +158,26 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
         engine_run=run.engine_run,
-        environment=_environment(opts, run), options=opts.model_dump(mode="json"),
-        duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in run.checks))
+        environment=_environment(opts, run), options=opts.model_dump(mode="json"), incomplete=run.incomplete,
+        duration_s=round(time.perf_counter() - t0, 3),
+        passed=run.incomplete is None and not any(c.status == "fail" for c in run.checks))
     if run.baseline is not None:
         _baseline_gate(run, report)
     return report
+
+
+def _run_levels(run: Run, duplicates: Check) -> None:
+    _prepare(run)
+    if "static" in run.wanted:
+        _static_level(run, duplicates)
+    if run.view is not None:
+        _engine_level(run)
+    needs_torch = "numeric" in run.wanted or run.end_to_end_runs
+    with _resources(run) if needs_torch else contextlib.nullcontext():
+        if "numeric" in run.wanted:
+            _numeric_level(run)
+        if "end_to_end" in run.wanted:
+            _end_to_end_level(run)
 
 
 def _baseline_gate(run: Run, report: ValidationReport) -> None:
@@ -175,7 +188,7 @@ def _baseline_gate(run: Run, report: ValidationReport) -> None:
     else:
         check, report.baseline = compare_baseline(run.baseline, run.opts.baseline, report, run.opts.max_regression)
     report.checks.append(check)
-    report.passed = not any(c.status == "fail" for c in report.checks)
+    report.passed = report.incomplete is None and not any(c.status == "fail" for c in report.checks)
 
 
 def _recorded_target(spec) -> str:
@@ -285,7 +298,7 @@ def _static_level(run: Run, duplicates: Check) -> None:
 def _engine_level(run: Run) -> None:
     run.checks.append(_engine_fidelity_check(run.view))
     if not run.view.loads:
-        run.skip(EXPENSIVE, f"{run.view.title} {run.view.version} would not load this checkpoint (engine_fidelity)")
+        run.skip(EXPENSIVE, f"{engine_views.rules_label(run.view)}, would not load this checkpoint (engine_fidelity)")
 
 
 @contextlib.contextmanager
@@ -418,6 +431,9 @@ def _served_level(run: Run) -> None:
         min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates,
         sampling=request.sampling)
     equal = run.engine_run.outputs_equal
+    fidelity = next((c for c in run.checks if c.name == "engine_fidelity"), None)
+    if fidelity is not None:  # the rules applied are one version's; the engine that ran may be another
+        fidelity.message += f" (vLLM {run.engine_run.version} ran the pair below)"
     run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, "
             + (f"outputs equal on {equal}/{run.engine_run.prompts} prompts" if equal is not None else "sampled"))
     run.checks += checks
@@ -504,7 +520,7 @@ def _engine_fidelity_check(view) -> Check:
     errors = [d for d in view.divergences if d.severity == "error"]
     warns = [d for d in view.divergences if d.severity == "warning"]
     shown = errors or warns
-    message = (f"{view.title} {view.version}: " + ("; ".join(f"{d.field}: {d.consequence} (fix: {d.fix})"
+    message = (f"{engine_views.rules_label(view)}: " + ("; ".join(f"{d.field}: {d.consequence} (fix: {d.fix})"
                                                           for d in shown) if shown else "serves the draft as trained"))
     return Check(name="engine_fidelity", status="fail" if errors or not view.loads else "warn" if warns else "pass",
                  value=view.engine, threshold="as trained", message=message, level="static")
