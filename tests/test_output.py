@@ -94,7 +94,9 @@ def test_help_at_80_columns_shows_every_flag_whole():
         missing = {f for f in flags if not re.search(rf"(^|[\s,/]){re.escape(f)}([\s,/=]|$)", r.stdout, re.M)}
         assert not missing, (name, missing, r.stdout)
         assert "…" not in r.stdout and "\x1b[" not in r.stdout
-        assert all(len(line) <= 80 for line in r.stdout.split("Examples:")[0].splitlines()), r.stdout
+        assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout  # examples continued with ` \`
+        usage = r.stdout.splitlines()[0]
+        assert usage.startswith("Usage: ") and "{" not in usage, usage  # SRC, not typer's {SRC}
 
 
 def test_tables_fit_80_columns_without_cutting_names(tmp_path):
@@ -451,3 +453,22 @@ def test_a_long_list_of_rates_is_cut_between_numbers():
 
     text = _short([0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25])
     assert re.fullmatch(r"\[(\d\.\d\d, )+\+\d+ more\]", text) and len(text) <= 48, text
+
+
+def test_push_with_swapped_arguments_says_so(cli, tmp_path):
+    """`hf upload` takes the repo first; `push DIRECTORY REPO` given the other way round is a usage error that
+    says the arguments look swapped, with the command in the right order."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    r = cli("push", "my-org/my-draft", draft)
+    assert r.code == 2 and "look swapped" in r.err and f"dflash-convert push {draft} my-org/my-draft" in r.err, r.err
+
+
+@pytest.mark.parametrize("command,option,foreign", [("inspect", "--allow-pickle", "validate"),
+                                                     ("pull", "--quiet", "verdict"), ("push", "--quiet", "verdict")])
+def test_help_texts_are_each_commands_own(command, option, foreign):
+    """A shared option's help does not talk about another command (inspect's --allow-pickle about validate's
+    mask embedding, pull's -q about a verdict line it never prints)."""
+    r = run(command, "-h", env={"COLUMNS": "200"})
+    line = next(line for line in r.stdout.splitlines() if option in line)
+    assert foreign not in line, line

@@ -13,9 +13,11 @@ _entry (the process: signals, redaction, errors), _params (choices, parsers, sha
 _options (flags generated from an options model), and one module per command.
 """
 
+import re
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from dflash_convert.cli import convert, diff, inspect, pull, push, schema, validate
 from dflash_convert.cli._entry import run
@@ -51,10 +53,17 @@ def _root(
     """Convert, inspect, validate and ship DFlash speculative-decoding drafts."""
 
 
+class _Command(TyperCommand):
+    """Usage lines as click and man pages write them: a required argument plain (`SRC`), not typer's `{SRC}`."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [re.sub(r"\{([^{}]+)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+
+
 # in the order --help lists them
 for _module in (convert, inspect, diff, schema, pull, push, validate):
     _name = _module.__name__.rpartition(".")[2]
-    app.command(epilog=_module.EPILOG)(getattr(_module, _name))
+    app.command(cls=_Command, epilog=_module.EPILOG)(getattr(_module, _name))
 
 
 def main(argv: Optional[list[str]] = None) -> None:

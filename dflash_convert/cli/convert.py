@@ -8,7 +8,7 @@ import typer
 from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    CommitDescription, CommitMessage, CreatePr, Json, Private, Quiet, Revision, Source, Token, examples, flag
+    CommitDescription, CommitMessage, CreatePr, Json, Private, QuietTransfer, Revision, Source, Token, examples, flag
 )
 from dflash_convert.convert.conversion import ConvertOptions
 
@@ -39,7 +39,7 @@ def convert(
     commit_description: CommitDescription = None,
     create_pr: CreatePr = False,
     as_json: Json = False,
-    quiet: Quiet = False,
+    quiet: QuietTransfer = False,
 ) -> None:
     """Convert a DFlash checkpoint between the speculators and HF / z-lab formats."""
     from dflash_convert.publish import convert_and_publish

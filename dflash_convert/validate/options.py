@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_convert.errors import DFlashError, UsageError
-from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, Flag
+from dflash_convert.flags import CAUSAL_HELP, VALIDATE_ALLOW_PICKLE_HELP, Flag
 from dflash_convert.format.compat import Level
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from dflash_convert.format.dtypes import DTYPE_CHOICES
@@ -169,7 +169,7 @@ class ValidateOptions(BaseModel):
     require_end_to_end: Annotated[bool, Flag("--require-end-to-end")] = Field(
         False, description="Fail (exit 3) when the end-to-end level does not run (no --target, a config-only target, "
         "an earlier level failed): for CI, where a forgotten --target must not pass.")
-    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=ALLOW_PICKLE_HELP)
+    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=VALIDATE_ALLOW_PICKLE_HELP)
 
     def check(self) -> None:
         """Raise UsageError naming the flag of the first value out of its range."""
