@@ -472,3 +472,20 @@ def test_help_texts_are_each_commands_own(command, option, foreign):
     r = run(command, "-h", env={"COLUMNS": "200"})
     line = next(line for line in r.stdout.splitlines() if option in line)
     assert foreign not in line, line
+
+
+def test_validate_help_groups_its_flags():
+    """validate -h lists its flags under headings users look for, in this order, from the options model's
+    HELP_PANELS (and the command's own report flags): under the plain Options heading only -h is left."""
+    from dflash_convert.cli._options import flagged_fields
+    from dflash_convert.validate.options import ValidateOptions
+
+    r = run("validate", "-h", env={"COLUMNS": "80"})
+    headings = [line[:-1] for line in r.stdout.splitlines() if re.fullmatch(r"[A-Z][a-z]+:", line)]
+    assert headings == ["Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Thresholds", "Reports", "Options"]
+    options = r.stdout.split("\nOptions:\n")[1].split("\n\n")[0]
+    assert options.split() == ["-h,", "--help", "Show", "this", "message", "and", "exit."], options
+    grouped = {n for names in ValidateOptions.HELP_PANELS.values() for n in names}
+    assert set(flagged_fields(ValidateOptions)) <= grouped
+    thresholds = r.stdout.split("\nThresholds:\n")[1].split("\n\n")[0]
+    assert "--min-acceptance-length" in thresholds and "--require-end-to-end" in thresholds

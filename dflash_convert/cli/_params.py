@@ -1,9 +1,10 @@
 """The command line's parameter kinds: choice enums made from the library's own names, the parsers of
 list / JSON / memory-budget options, and the options several commands share (declared once here)."""
 
+import copy
 import enum
 import json
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional, get_args
 
 import typer
 
@@ -84,6 +85,14 @@ def max_memory(text: Optional[str]) -> Optional[dict[str, int]]:
 def flag(*names: str, help: str, **kw: Any):
     """A boolean switch, shown as a flag (no `<bool>` value column in --help)."""
     return typer.Option(*names, help=help, metavar="", show_default=False, **kw)
+
+
+def in_panel(option: Any, panel: str) -> Any:
+    """A shared option (Json, Quiet, ...) listed under `panel` by a command whose -h groups its flags."""
+    kind, info = get_args(option)
+    info = copy.copy(info)
+    info.rich_help_panel = panel
+    return Annotated[kind, info]
 
 
 EXAMPLE_WIDTH = 80  # columns of an example line as --help shows it (click indents it 2), continued with " \\"

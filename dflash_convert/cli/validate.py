@@ -9,7 +9,7 @@ import typer
 
 from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output, err, live
-from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples
+from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, in_panel
 from dflash_convert.io.staging import INTERRUPTED_EXIT
 from dflash_convert.validate.options import PromptSet, ValidateOptions
 
@@ -25,19 +25,19 @@ def validate(
                                               "directory or Hub id.")],
     options: dict,  # ValidateOptions' own flags, generated (cli._options)
     dataset: Annotated[Optional[list[str]], typer.Option(
-        "--dataset", metavar="NAME[@REV]", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
+        "--dataset", metavar="NAME[@REV]", rich_help_panel="Inputs", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
         "gsm8k, math500, humaneval, mt-bench, mt-bench-2, mbpp, alpaca.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Prompts drawn from each --dataset "
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", rich_help_panel="Inputs", help="Prompts drawn from each --dataset "
                                                        "(with --seed; default: all).")] = None,
-    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write a JUnit XML report "
+    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", rich_help_panel="Reports", help="Also write a JUnit XML report "
                                                   "(one testcase per check) to FILE.")] = None,
     report_md: Annotated[Optional[Path], typer.Option(
-        "--report-md", metavar="FILE", help="Also write a Markdown report to FILE (the acceptance chart beside it, "
+        "--report-md", metavar="FILE", rich_help_panel="Reports", help="Also write a Markdown report to FILE (the acceptance chart beside it, "
         "as FILE with the suffix .svg). GITHUB_STEP_SUMMARY set: the report is appended there too.")] = None,
-    revision: Revision = None,
-    token: Token = None,
-    as_json: Json = False,
-    quiet: Quiet = False,
+    revision: in_panel(Revision, "Inputs") = None,
+    token: in_panel(Token, "Inputs") = None,
+    as_json: in_panel(Json, "Reports") = False,
+    quiet: in_panel(Quiet, "Reports") = False,
 ) -> None:
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
     from dflash_convert.errors import ValidationFailed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_convert.errors import DFlashError, UsageError
@@ -70,6 +70,17 @@ class ValidateOptions(BaseModel):
     usage error the CLI prints (exit 2), before anything is read."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # how `validate -h` groups the flags, the way users look for them (a field in none: "Options")
+    HELP_PANELS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "levels", "allow_pickle"),
+        "Decoding": ("max_new_tokens", "block_size", "sampling", "temperature", "top_k", "top_p", "min_p",
+                     "repetition_penalty", "presence_penalty", "frequency_penalty", "draft_sampling", "seed"),
+        "Runtime": ("device", "dtype", "backend", "target_backend", "causal", "compile", "device_map", "max_memory",
+                    "threads", "keep_going"),
+        "Engine": ("engine", "engine_python", "engine_args", "engine_timeout", "engine_kv_cache_gib"),
+        "Thresholds": ("min_acceptance_length", "min_position_rates", "min_speedup", "baseline", "max_regression",
+                       "require_end_to_end"),
+    }
 
     target: Annotated[str | Path | None, Flag("--target", type=str)] = Field(
         None, description="Target model directory, its config.json, or Hub id. A config alone enables the static pair "
