@@ -354,8 +354,15 @@ def test_svg_chart_is_well_formed_with_one_bar_per_position():
     bars = [r for r in svg.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
     heights = [float(r.get("height")) for r in bars]
     assert len(bars) == 4 and heights[0] == 2 * heights[1] == 4 * heights[3] and heights[2] == 0
-    assert len([ln for ln in svg.iter(f"{ns}line") if ln.get("stroke") == "#d62728"]) == 1  # one minimum
+    assert len([ln for ln in svg.iter(f"{ns}line") if ln.get("stroke") == "#222222"]) == 1  # one minimum
+    assert [r.get("fill") for r in bars] == ["#4c78a8"] * 4  # 1.0 meets its minimum 0.9
     assert svg.find(f"{ns}text").text == "t <&>"
+    # a bar below its minimum is red; a tau minimum is the dashed mean rate it needs: (tau - 1) / positions
+    svg = ET.fromstring(svg_chart([1.0, 0.5], [0.9, 0.6], tau_minimum=2.0))
+    bars = [r for r in svg.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+    assert [r.get("fill") for r in bars] == ["#4c78a8", "#d62728"]
+    dashed = [ln for ln in svg.iter(f"{ns}line") if ln.get("stroke-dasharray")]
+    assert len(dashed) == 1 and "mean rate of 0.500" in dashed[0].find(f"{ns}title").text
 
 
 def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path, monkeypatch):
@@ -384,6 +391,25 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
     assert f"   2  {rates[1]:.2f}  " in text and "min 0.99 LOW" in text and "| position_rates | end_to_end | fail |" \
         in text
     assert text.count("| 1 | ") == 1 and "<summary>Per prompt</summary>" in text
+    # rendered by a Markdown library as GitHub would: tables are tables, no cell shows literal backticks
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(text)
+    assert html.count("<table>") >= 3 and "``" not in html and "<code></code>" not in html, html
+    assert "<h2>dflash-convert validate: FAILED</h2>" in html
+    # the picture says the verdict, and the position below its minimum is the red bar
+    svg = (md.parent / "e2e.svg").read_text()
+    assert "FAILED: tau " in svg and "below its minimum 0.99" in svg
+    assert svg.count('fill="#d62728"') == text.count(" LOW") >= 1
+    # an engine run is in the Markdown, with the side-by-side table the terminal shows
+    from dflash_convert.validate.report import EngineStats, ValidationReport, to_markdown
+
+    served = ValidationReport.model_validate(report)
+    counts = {k: a[k] for k in ("num_drafts", "accepted", "acceptance_length", "per_position_rates")}
+    served.engine_run = EngineStats(engine="vllm", version="0.32.0", python="/venv/bin/python", prompts=a["prompts"],
+                                    outputs_equal=a["prompts"], counts={**counts, "drafted": 0})
+    html = MarkdownIt("commonmark").enable("table").render(to_markdown(served))
+    assert "Served in real vllm 0.32.0" in html and "<td>vllm 0.32.0 (its counters)</td>" in html, html
     step = summary.read_text()
     assert step.startswith("earlier step\n## dflash-convert validate: FAILED") and "![" not in step  # no image there
     # the terminal report draws the same chart, on stdout

@@ -17,8 +17,8 @@ from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
-                                            SamplingUsed)
+from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
+                                            PromptSetAcceptance, PromptStats, SamplingUsed)
 from dflash_convert.validate.histogram import step_histogram
 from dflash_convert.validate.sampling import runtime_sampling
 from dflash_convert.validate.served import TIE_ULPS, Parting
@@ -479,8 +479,8 @@ def _speedup_check(speedup: float, per_round: list[float], spec_tps: float, base
     msg = (f"speedup {speedup:.2f}x ({spec_tps:.1f} vs {base_tps:.1f} tok/s over {rounds} interleaved round(s) of "
            f"{prompts} prompt(s); per round {min(per_round):.2f}x-{max(per_round):.2f}x; {threads} thread(s))")
     if busy:
-        msg += (f"; load average {load:.1f} on {usable_cores()} core(s): other work competes for the CPU, timings "
-                "are unreliable")
+        msg += (f"; load average {load:.1f} on {usable_cores()} core(s): other work competes for the CPU, "
+                + UNRELIABLE_TIMING)
     if min_speedup is not None:
         return make_check("speedup", speedup >= min_speedup, msg + f"; required >= {min_speedup}",
                       value=round(speedup, 4), threshold=min_speedup, level="end_to_end")

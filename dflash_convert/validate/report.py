@@ -274,6 +274,7 @@ def validation_report_schema() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- renderings
 
 STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+UNRELIABLE_TIMING = "timings are unreliable"  # the speedup check's words for a busy machine
 
 
 def _short(value: Any, limit: int = 48) -> str:
@@ -416,9 +417,15 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
     b = getattr(report, "baseline", None)
     if b is not None:
         return svg_chart(b.rates, t.get("min_position_rates"), baseline=b.baseline_rates,
-                         title=f"acceptance per draft position: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f})")
-    return svg_chart(a.per_position_rates, t.get("min_position_rates"),
-                     title=f"acceptance per draft position: tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x")
+                         title=f"{verdict_word(report)}: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f}); acceptance "
+                         "per draft position")
+    tau_min = t.get("min_acceptance_length")
+    speedup = next((c for c in report.checks if c.name == "speedup"), None)
+    unreliable = speedup is not None and UNRELIABLE_TIMING in speedup.message
+    return svg_chart(a.per_position_rates, t.get("min_position_rates"), tau_minimum=tau_min,
+                     title=f"{verdict_word(report)}: tau {a.acceptance_length:.2f}"
+                     + (f" (min {tau_min:g})" if tau_min is not None else "") + f", speedup {a.speedup:.2f}x"
+                     + (" (unreliable: a busy machine)" if unreliable else "") + "; acceptance per draft position")
 
 
 def to_markdown(report: ValidationReport, image: str | None = None) -> str:
@@ -451,6 +458,8 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
                               baseline=b.baseline_rates if b else None), "```", ""]
         if b is not None:
             lines += baseline_markdown(b)
+        if a.vllm_counting is not None or report.engine_run is not None:
+            lines += counting_markdown(a, report.engine_run)
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
@@ -474,8 +483,9 @@ def histogram_markdown(a: AcceptanceStats) -> list[str]:
     most = max(a.per_request_histogram) or 1
     last = len(a.per_request_histogram) - 1
     lines = ["Per-request acceptance (prompts per tau band):", "", "| tau | prompts | |", "|---|---|---|"]
-    lines += [f"| {i + 1}-{i + 2}{'' if i == last else ' (excl.)'} | {n} | `{bar(n / most, 20).rstrip()}` |"
-              for i, n in enumerate(a.per_request_histogram)]
+    cells = [bar(n / most, 20).rstrip() for n in a.per_request_histogram]
+    lines += [f"| {i + 1}-{i + 2}{'' if i == last else ' (excl.)'} | {n} | {f'`{cell}`' if cell else ''} |"
+              for i, (n, cell) in enumerate(zip(a.per_request_histogram, cells))]
     return lines + [""]
 
 
@@ -497,29 +507,48 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def counting_rows(a: AcceptanceStats, engine: EngineStats | None) -> list[tuple[str, int, int, float, list[float]]]:
+    """(counted how, drafts, accepted, tau, per-position rates): our figures both ways and the engine's own."""
+    rows = [("runtime (last block shortened)", a.num_drafts, a.accepted, a.acceptance_length, a.per_position_rates)]
+    counted = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
+    if engine is not None:
+        counted.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
+    return rows + [(name, c.num_drafts, c.accepted, c.acceptance_length, c.per_position_rates)
+                   for name, c in counted if c is not None]
+
+
+def engine_line(engine: EngineStats) -> str:
+    """What the engine run showed besides its counts: its outputs (greedy) or the tolerance (sampled)."""
+    if engine.outputs_equal is not None:
+        return (f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
+                "prompts (speculative, target-only, our target's greedy)")
+    return (f"{engine.engine} {engine.version}: sampled at temperature {engine.sampling.get('temperature')} "
+            f"(prompt i seeded {engine.sampling.get('seed', 0)} + i); acceptance compared within "
+            f"tau +/- {engine.tolerance.get('tau')}")
+
+
 def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) -> None:
     """Our figures both ways and the engine's own, side by side."""
     from rich.table import Table
 
     table = Table("counted", "drafts", "accepted", "tau", "per-position rates", title="acceptance, side by side",
                   title_justify="left")
-    table.add_row("runtime (last block shortened)", str(a.num_drafts), str(a.accepted), f"{a.acceptance_length:.3f}",
-                  _short(a.per_position_rates, 200))
-    rows = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
-    if engine is not None:
-        rows.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
-    for name, c in rows:
-        if c is not None:
-            table.add_row(name, str(c.num_drafts), str(c.accepted), f"{c.acceptance_length:.3f}",
-                          _short(c.per_position_rates, 200))
+    for name, drafts, accepted, tau, rates in counting_rows(a, engine):
+        table.add_row(name, str(drafts), str(accepted), f"{tau:.3f}", _short(rates, 200))
     console.print(table)
-    if engine is not None and engine.outputs_equal is not None:
-        console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
-                      "prompts (speculative, target-only, our target's greedy)", markup=False)
-    elif engine is not None:
-        console.print(f"{engine.engine} {engine.version}: sampled at temperature {engine.sampling.get('temperature')} "
-                      f"(prompt i seeded {engine.sampling.get('seed', 0)} + i); acceptance compared within "
-                      f"tau +/- {engine.tolerance.get('tau')}", markup=False)
+    if engine is not None:
+        console.print(engine_line(engine), markup=False)
+
+
+def counting_markdown(a: AcceptanceStats, engine: EngineStats | None) -> list[str]:
+    """The side-by-side table in Markdown, after a line on the engine run (when one ran)."""
+    lines = ([f"Served in real {engine.engine} {engine.version} (run by {engine.python}): "
+              f"{_cell(engine_line(engine))}.", ""] if engine is not None else [])
+    lines += ["Acceptance, side by side:", "", "| counted | drafts | accepted | tau | per-position rates |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {name} | {drafts} | {accepted} | {tau:.3f} | {_short(rates, 200)} |"
+              for name, drafts, accepted, tau, rates in counting_rows(a, engine)]
+    return lines + [""]
 
 
 def to_json(report: ValidationReport) -> dict[str, Any]:
