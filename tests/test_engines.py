@@ -353,10 +353,10 @@ def test_validate_engine_that_cannot_load_skips_the_runtime_levels(cli, speculat
 
 
 def test_readme_engine_section_is_generated_from_the_table():
-    readme = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- engines-table:start -->\n(.*?)<!-- engines-table:end -->", readme, re.S)
-    assert m, "README lacks the generated engine table (python -m dflash_convert.format.engines --write-readme)"
-    assert m.group(1) == engines.render_markdown(), "README engine table is stale: run " \
+    page = (ROOT / "docs" / "engines.md").read_text()
+    m = re.search(r"<!-- engines-table:start -->\n(.*?)<!-- engines-table:end -->", page, re.S)
+    assert m, "docs/engines.md lacks its generated table (python -m dflash_convert.format.engines --write-readme)"
+    assert m.group(1) == engines.render_markdown(), "docs/engines.md's engine table is stale: run " \
                                                       "python -m dflash_convert.format.engines --write-readme"
 
 
