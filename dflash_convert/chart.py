@@ -48,8 +48,15 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
     minimums = list(minimums or [])
     baseline = list(baseline or [])
     n = max(len(rates), 1)
-    left, top, plot_w, plot_h = 44, 34, max(24 * n, 380), 180
-    width, height = left + plot_w + 16, top + plot_h + 40
+    tau_drawn = tau_minimum is not None and bool(rates)
+    legend = ["draft position (block slot); bar: share of steps accepted"]
+    legend += [", ".join(["grey: baseline"] * bool(baseline) + ["tick: minimum, red bar: below it"] * bool(minimums)
+                         + ([f"dashed: the mean rate tau {tau_minimum:g} needs"] if tau_drawn else []))]
+    legend = [line for line in legend if line]
+    left, top, plot_h = 44, 34, 180
+    # wide enough for the title (13 px) and each legend line (11 px), at about 0.6 em a character
+    plot_w = max(24 * n, 380, round(7 * len(title)) - left, round(6.4 * max(map(len, legend))) - left)
+    width, height = left + plot_w + 16, top + plot_h + 26 + 14 * len(legend)
     step = plot_w / n
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
@@ -77,16 +84,14 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
             parts.append(f'<line x1="{x + step * 0.05:.1f}" y1="{y:.1f}" x2="{x + step * 0.95:.1f}" y2="{y:.1f}" '
                          f'stroke="{MINIMUM}" stroke-width="2"/>')
         parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{k + 1}</text>')
-    if tau_minimum is not None and rates:
+    if tau_drawn:
         level = max(0.0, min(1.0, (tau_minimum - 1) / len(rates)))
         y = top + plot_h * (1 - level)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="{TAU_MINIMUM}" '
                      f'stroke-width="1.5" stroke-dasharray="6 4"><title>tau minimum {tau_minimum:g}: a mean rate of '
                      f'{level:.3f}</title></line>')
-    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">draft position '
-                 '(block slot); bar: share of steps accepted' + (', grey: baseline' if baseline else '')
-                 + (', tick: minimum, red bar: below it' if minimums else '')
-                 + (f', dashed: mean rate tau {tau_minimum:g} needs' if tau_minimum is not None and rates else '')
-                 + '</text>')
+    for i, line in enumerate(legend):
+        parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32 + 14 * i}" text-anchor="middle">'
+                     f'{escape(line)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

@@ -380,8 +380,8 @@ def verdict_text(report: ValidationReport) -> str:
     figures = f", tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x" if a is not None else ""
     failed = report.failed_checks
     names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
-    return (f"{levels_text(report)}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped in "
-            f"{report.duration_s:.1f} s{figures}{names}")
+    return (f"{levels_text(report)}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, "
+            f"{n['skip']} skipped in {report.duration_s:.1f} s{figures}{names}")
 
 
 def acceptance_lines(report: ValidationReport) -> list[str]:
@@ -435,9 +435,7 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
     target = f" against `{report.target}`" if report.target else ""
     lines = [f"## dflash-convert validate: {verdict}", "",
              f"`{report.checkpoint}`{target}, levels run: {', '.join(report.levels_run) or 'none'} "
-             f"({report.created_at})", "", verdict_text(report), ""]
-    for level, why in report.levels_skipped.items():
-        lines.append(f"- {level} skipped: {_cell(why)}")
+             f"({report.created_at})", "", f"**{verdict}** {_cell(verdict_text(report))}", ""]  # and why levels did not
     a = report.acceptance
     if a is not None:
         t = report.thresholds()
