@@ -88,7 +88,7 @@ def test_an_engine_view_that_errs_is_a_problem(cli, speculators_drafts, tmp_path
     r = cli("inspect", speculators_drafts["pruned"])
     lines = r.out.splitlines()
     assert r.code == 3 and "FAILED: 2 failed" in lines[-1] and "no problems found" not in r.out, r.out
-    assert any(line.startswith("FAIL engine_view.sglang: SGLang ") for line in lines), r.out
+    assert any(line.startswith("FAIL engine_view.sglang: SGLang, by 0.5.23's rules as converted: DIFFERS") for line in lines), r.out
     info = cli("inspect", speculators_drafts["pruned"], "--json").json()
     assert info["ok"] is False and {"engine_view.sglang", "engine_view.zlab"} <= {p["name"] for p in info["problems"]}
     assert cli("inspect", speculators_drafts["pruned"], "--engine", "vllm").code == 0
