@@ -55,7 +55,7 @@ def validate(
         raise typer.BadParameter(f"must be at least 1, got {num_prompts}", param_hint="--num-prompts")
     opts = ValidateOptions(**options, checkpoint_revision=ckpt_sha,
                            prompt_sets=_prompt_sets(dataset or [], num_prompts, options.get("seed", 0), token, out))
-    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status)
+    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status, report_interrupted=True)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))

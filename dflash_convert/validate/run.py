@@ -111,7 +111,7 @@ class Run:
 
 
 def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *,
-             progress: Callable[[str], None] | None = None) -> ValidationReport:
+             progress: Callable[[str], None] | None = None, report_interrupted: bool = False) -> ValidationReport:
     """Run every level the inputs allow (or those in `opts.levels`) and report which ran and why others
     did not. Raises UsageError for options out of range and DFlashError, before loading anything, when
     the memory plan says the run does not fit.
@@ -120,7 +120,8 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     causality, block size, vocabulary handling) and fail `engine_fidelity` where it differs from training;
     that failure does not skip the runtime levels, whose acceptance is then what the deployment gets.
     dtype "auto" loads each checkpoint in its own dtype (its config's `dtype`/`torch_dtype`, else the
-    dtype its weights are stored in)."""
+    dtype its weights are stored in). `report_interrupted` (the validate command): a Ctrl-C returns the report
+    of what was measured, `incomplete` set; otherwise (convert --validate, library callers) it propagates."""
     t0 = time.perf_counter()
     opts = opts or ValidateOptions()
     opts.check()
@@ -138,6 +139,8 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     try:
         _run_levels(run, duplicates)
     except KeyboardInterrupt as exc:  # Ctrl-C: the report of what was measured, marked incomplete
+        if not report_interrupted:
+            raise
         run.checks += getattr(exc, "checks", [])
         run.incomplete = "interrupted (Ctrl-C)"
         for lv in run.wanted:
