@@ -1,6 +1,6 @@
 """Our validate beside real vLLM on the bundled pair: drafts / accepted / tau, three ways each, for the
 draft as trained (causal), served non-causal (`sliding_window_non_causal: true`) and wired to the
-wrong target layers (ids [2, 6] instead of [1, 5]). Prints a Markdown table (the README's).
+wrong target layers (ids [2, 6] instead of [1, 5]). Prints a Markdown table (docs/validate-guide.md's).
 
     python benchmarks/vllm_side_by_side.py --engine-python build/vllm-venv/bin/python
 

@@ -37,15 +37,26 @@ def text_chart(rates: list[float], minimums: list[float] | None = None, width: i
     return lines
 
 
+BAR, LOW_BAR, MINIMUM, TAU_MINIMUM = "#4c78a8", "#d62728", "#222222", "#ff7f0e"
+
+
 def svg_chart(rates: list[float], minimums: list[float] | None = None, title: str = "",
-              baseline: list[float] | None = None) -> str:
+              baseline: list[float] | None = None, tau_minimum: float | None = None) -> str:
     """A bar chart of `rates` (0..1) per draft position, an earlier run's rates as grey bars beside
-    them, minimums as red ticks; about 2 KB of SVG."""
+    them, minimums as dark ticks (a bar below its minimum red), and a tau minimum as the dashed level
+    every position must reach on average (tau = 1 + the sum of the rates); about 2 KB of SVG."""
     minimums = list(minimums or [])
     baseline = list(baseline or [])
     n = max(len(rates), 1)
-    left, top, plot_w, plot_h = 44, 34, max(24 * n, 380), 180
-    width, height = left + plot_w + 16, top + plot_h + 40
+    tau_drawn = tau_minimum is not None and bool(rates)
+    legend = ["draft position (block slot); bar: share of steps accepted"]
+    legend += [", ".join(["grey: baseline"] * bool(baseline) + ["tick: minimum, red bar: below it"] * bool(minimums)
+                         + ([f"dashed: the mean rate tau {tau_minimum:g} needs"] if tau_drawn else []))]
+    legend = [line for line in legend if line]
+    left, top, plot_h = 44, 34, 180
+    # wide enough for the title (13 px) and each legend line (11 px), at about 0.6 em a character
+    plot_w = max(24 * n, 380, round(7 * len(title)) - left, round(6.4 * max(map(len, legend))) - left)
+    width, height = left + plot_w + 16, top + plot_h + 26 + 14 * len(legend)
     step = plot_w / n
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
@@ -64,15 +75,23 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
                          f'height="{hb:.1f}" fill="#bbbbbb"><title>position {k + 1}, baseline: {baseline[k]:.3f}'
                          '</title></rect>')
         bx, bw = (x + step * 0.5, step * 0.4) if k < len(baseline) else (x + step * 0.15, step * 0.7)
-        parts.append(f'<rect x="{bx:.1f}" y="{top + plot_h - h:.1f}" width="{bw:.1f}" '
-                     f'height="{h:.1f}" fill="#4c78a8"><title>position {k + 1}: {rate:.3f}</title></rect>')
+        low = k < len(minimums) and rate < minimums[k]
+        parts.append(f'<rect x="{bx:.1f}" y="{top + plot_h - h:.1f}" width="{bw:.1f}" height="{h:.1f}" '
+                     f'fill="{LOW_BAR if low else BAR}"><title>position {k + 1}: {rate:.3f}'
+                     + (f" (below its minimum {minimums[k]:g})" if low else "") + '</title></rect>')
         if k < len(minimums):
             y = top + plot_h * (1 - max(0.0, min(1.0, minimums[k])))
             parts.append(f'<line x1="{x + step * 0.05:.1f}" y1="{y:.1f}" x2="{x + step * 0.95:.1f}" y2="{y:.1f}" '
-                         'stroke="#d62728" stroke-width="2"/>')
+                         f'stroke="{MINIMUM}" stroke-width="2"/>')
         parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{k + 1}</text>')
-    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">draft position '
-                 '(block slot); bar: share of steps accepted' + (', grey: baseline' if baseline else '')
-                 + (', red: minimum' if minimums else '') + '</text>')
+    if tau_drawn:
+        level = max(0.0, min(1.0, (tau_minimum - 1) / len(rates)))
+        y = top + plot_h * (1 - level)
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="{TAU_MINIMUM}" '
+                     f'stroke-width="1.5" stroke-dasharray="6 4"><title>tau minimum {tau_minimum:g}: a mean rate of '
+                     f'{level:.3f}</title></line>')
+    for i, line in enumerate(legend):
+        parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32 + 14 * i}" text-anchor="middle">'
+                     f'{escape(line)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

@@ -61,4 +61,6 @@ def missing_extra(exc: ModuleNotFoundError) -> DFlashError | None:
     extra = EXTRAS.get(module)
     if extra is None:
         return None
-    return DFlashError(f"this command needs {module}, which is not installed: pip install 'dflash-convert[{extra}]'")
+    # the package is installed from a clone of its repository (it is not on PyPI): the extra comes from there too
+    return DFlashError(f"this command needs {module}, which is not installed: run pip install -e '.[{extra}]' in "
+                       "your clone of dflash-convert")

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 # the help of a flag two commands' options models share
-ALLOW_PICKLE_HELP = ("Accept pickle files: .bin/.pt weights, and for validate a mask_embedding.pt (loaded with "
-                     "weights_only=True).")
+ALLOW_PICKLE_HELP = "Accept pickle weight files (.bin/.pt)."
+VALIDATE_ALLOW_PICKLE_HELP = ("Accept pickle files: .bin/.pt weights, and a mask_embedding.pt (loaded with "
+                              "weights_only=True).")
 CAUSAL_HELP = "Force every draft layer causal / non-causal (default: as the checkpoint declares)."
 
 # how the text of a flag becomes the field's value (the CLI holds the parsers)

@@ -199,3 +199,32 @@ def test_tensor_stored_in_two_shards(speculators_drafts, tmp_path, cli):
     r = cli("validate", d, "--json")
     assert r.code == 3 and [x["name"] for x in r.json()["checks"] if x["status"] == "fail"] == ["duplicate_tensors"]
     assert duplicate_tensors_check(speculators_drafts["full"]).status == "pass"
+
+
+def test_verifier_warns_when_the_draft_names_another_target(cli, tmp_path):
+    """The bundled draft names examples/pair/target; validated against a copy of that config elsewhere under
+    another name (a model of the same shape), `verifier` warns naming both; against the named target, a copy in
+    a folder of the same name, or the Hub cache's folder of a Hub id, it passes."""
+    from types import SimpleNamespace
+
+    from dflash_convert.validate.checks import verifier_against
+
+    lookalike = tmp_path / "lookalike-target"
+    lookalike.mkdir()
+    shutil.copy("examples/pair/target/config.json", lookalike)
+    r = cli("validate", "examples/pair/draft", "--target", lookalike, "--levels", "static", "--json")
+    check = by_name_json(r.json())["verifier"]
+    assert check["status"] == "warn" and "examples/pair/target" in check["message"] and str(lookalike) in \
+        check["message"], check
+    spec = SimpleNamespace(verifier=SimpleNamespace(name_or_path="Qwen/Qwen3-8B"))
+    cached = tmp_path / "hub" / "models--Qwen--Qwen3-8B" / "snapshots" / "abc"
+    assert verifier_against(spec, "Qwen/Qwen3-8B").status == "pass"
+    assert verifier_against(spec, str(cached), cached).status == "pass"
+    assert verifier_against(spec, "/models/qwen3-8b").status == "pass"
+    assert verifier_against(spec, "/models/Llama-3-8B").status == "warn"
+    r = cli("validate", "examples/pair/draft", "--target", "examples/pair/target", "--levels", "static", "--json")
+    assert by_name_json(r.json())["verifier"]["status"] == "pass"
+
+
+def by_name_json(report):
+    return {c["name"]: c for c in report["checks"]}

@@ -98,7 +98,7 @@ def test_json_error_on_usage_errors(cli, speculators_drafts, tmp_path):
 def test_json_is_one_object_on_success(cli, speculators_drafts, tmp_path):
     r = cli("convert", speculators_drafts["pruned"], "-o", tmp_path / "hf", "--json")
     assert r.code == 0 and only_json(r)["destination_format"] == "hf"
-    r = cli("inspect", tmp_path / "hf", "--json")
+    r = cli("inspect", tmp_path / "hf", "--engine", "vllm", "--json")  # SGLang does not serve its pruned vocab
     assert r.code == 0 and only_json(r)["format"] == "hf"
 
 
@@ -119,7 +119,10 @@ def test_quiet_silences_progress_and_info(cli, speculators_drafts, tmp_path, mon
     monkeypatch.setattr(cli_module._output, "err", Console(stderr=True, force_terminal=True, force_interactive=True))
     r = cli("convert", speculators_drafts["full"], "-o", tmp_path / "loud")
     assert r.code == 0 and "converting" in r.err and "converted speculators -> hf" in r.out, r.err
-    assert "  config " in r.out  # the details of the summary
+    # the config's changes in one line counting them; -v one line per key with why (conversion.json has them)
+    assert "  config: " in r.out and "(-v lists them" in r.out and "  config is_causal" not in r.out, r.out
+    verbose = cli("convert", speculators_drafts["full"], "-o", tmp_path / "verbose", "-v")
+    assert "  config is_causal added: SGLang and z-lab read" in verbose.out, verbose.out
     r = cli("convert", speculators_drafts["full"], "-o", tmp_path / "quiet", "-q")
     # -q: the one summary line; on stderr only the warnings (these drafts are F32: inspect's dtype warning)
     assert r.code == 0 and r.out.startswith("converted speculators -> hf") and len(r.out.splitlines()) == 1, r.out

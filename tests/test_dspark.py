@@ -164,12 +164,12 @@ def test_a_dspark_whose_keys_disagree_with_its_tensors_fails_naming_both(cli, fa
 def test_inspect_says_which_engine_serves_which_dspark(cli, family_drafts):
     r = cli("inspect", family_drafts["dspark"], "--engine", "vllm")
     assert r.code == 0, r.err
-    assert "vLLM (speculators format) 0.33.0: as trained (V2 model runner only)" in r.out, r.out
+    assert "vLLM (speculators format), by 0.33.0's rules: as trained (V2 model runner only)" in r.out, r.out
     assert "Model Runner V1 does not support: dspark speculative decoding" in r.out
     r = cli("inspect", family_drafts["dspark_rnn"], "--engine", "vllm")
     assert "does not load" in r.out and "vanilla Markov head only" in r.out, r.out
     r = cli("inspect", family_drafts["dspark_rnn"], "--engine", "sglang")
-    assert "SGLang 0.5.23 (as converted by `convert --to hf`): as trained" in r.out, r.out
+    assert "SGLang, by 0.5.23's rules (as converted by `convert --to hf`): as trained" in r.out, r.out
     r = cli("inspect", family_drafts["dspark_no_conf"], "--engine", "sglang")
     assert "does not load" in r.out and "confidence head" in r.out, r.out
 

@@ -303,8 +303,9 @@ def test_inspect_engine_views_and_schema(cli, speculators_drafts):
     import jsonschema
 
     r = cli("inspect", speculators_drafts["all_full"], "--json")
-    assert r.code == 0, r.err
+    assert r.code == 3, r.err  # vLLM reads this speculators config as causal: an engine view that errs fails
     report = r.json()
+    assert set(r.failed_checks()) == {"engine_view.vllm-speculators"}, r.failed_checks()
     jsonschema.validate(report, json.loads((ROOT / "schemas" / "inspect-report.schema.json").read_text()))
     by_engine = {v["engine"]: v for v in report["engines"]}
     assert set(by_engine) == {"vllm-speculators", "vllm-hf", "sglang", "zlab", "transformers"}
@@ -313,7 +314,7 @@ def test_inspect_engine_views_and_schema(cli, speculators_drafts):
     r = cli("inspect", speculators_drafts["all_full"], "--engine", "sglang", "--json")
     assert [v["engine"] for v in r.json()["engines"]] == ["sglang"]
     r = cli("inspect", speculators_drafts["all_full"], "--engine", "vllm")
-    assert "vLLM (speculators format) 0.33.0: DIFFERS from training" in r.out and "layer_causal" in r.out
+    assert "vLLM (speculators format), by 0.33.0's rules: DIFFERS from training" in r.out and "layer_causal" in r.out
     assert cli("inspect", speculators_drafts["all_full"], "--engine", "tgi").code == 2
 
 
@@ -352,10 +353,10 @@ def test_validate_engine_that_cannot_load_skips_the_runtime_levels(cli, speculat
 
 
 def test_readme_engine_section_is_generated_from_the_table():
-    readme = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- engines-table:start -->\n(.*?)<!-- engines-table:end -->", readme, re.S)
-    assert m, "README lacks the generated engine table (python -m dflash_convert.format.engines --write-readme)"
-    assert m.group(1) == engines.render_markdown(), "README engine table is stale: run " \
+    page = (ROOT / "docs" / "engines.md").read_text()
+    m = re.search(r"<!-- engines-table:start -->\n(.*?)<!-- engines-table:end -->", page, re.S)
+    assert m, "docs/engines.md lacks its generated table (python -m dflash_convert.format.engines --write-readme)"
+    assert m.group(1) == engines.render_markdown(), "docs/engines.md's engine table is stale: run " \
                                                       "python -m dflash_convert.format.engines --write-readme"
 
 

@@ -169,7 +169,9 @@ FAMILY_TENSORS = [f"layers.{i}.{part}_conv.{leaf}" for i in range(2) for part in
 def test_every_saved_family_draft_inspects_clean_with_its_keys(cli, family_drafts):
     for name in family_drafts:  # dflash2 and DSpark, each shape speculators saves
         r = cli("inspect", family_drafts[name], "--json")
-        assert r.code == 0 and not r.failed_checks(), (name, r.out[-2000:])
+        failed = r.failed_checks()  # only engines that do not serve the family as trained
+        assert all(c.startswith("engine_view.") for c in failed), (name, r.out[-2000:])
+        assert r.code == (3 if failed else 0), (name, r.out[-2000:])
         checks = {c["name"]: c for c in r.json()["checks"]}
         assert checks["family_config"]["status"] == "pass" and checks["family_shapes"]["status"] == "pass"
 
@@ -205,7 +207,7 @@ def test_a_dflash2_whose_keys_disagree_with_its_tensors_fails_naming_both(cli, f
 def test_inspect_says_vllm_needs_its_v2_runner_for_dflash2(cli, family_drafts):
     r = cli("inspect", family_drafts["dflash2"], "--engine", "vllm")
     assert r.code == 0, r.err
-    assert "vLLM (speculators format) 0.33.0: as trained (V2 model runner only)" in r.out, r.out
+    assert "vLLM (speculators format), by 0.33.0's rules: as trained (V2 model runner only)" in r.out, r.out
     assert "Model Runner V1 does not support: DFlash candidate-head drafts" in r.out
 
 

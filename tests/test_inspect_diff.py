@@ -9,7 +9,7 @@ from factories import read_config
 
 
 def test_inspect_speculators_and_hf(cli, speculators_drafts, tmp_path):
-    r = cli("inspect", speculators_drafts["pruned"], "--json")
+    r = cli("inspect", speculators_drafts["pruned"], "--engine", "vllm", "--json")  # vLLM serves a pruned vocab
     assert r.code == 0, r.err
     info = r.json()
     assert info["format"] == "speculators" and info["variant"] == "dflash"
@@ -79,3 +79,18 @@ def test_diff_across_formats_and_differences(cli, speculators_drafts, tmp_path):
     fc = d.json()["tensors"]["fc.weight"]
     assert fc["status"] == "differs" and 0 < fc["max_abs_diff"] < 1e-2
     assert cli("diff", speculators_drafts["pruned"], bf, "--tolerance", "0.05").code == 0  # bf16 rounding of weights near 1
+
+
+def test_an_engine_view_that_errs_is_a_problem(cli, speculators_drafts, tmp_path):
+    """A pruned-vocab draft: SGLang and z-lab's loader do not serve its vocab as trained (an ERROR in their
+    views). That is a problem like any other: a FAIL line, the verdict line, `ok`/`problems` in the JSON and
+    exit 3; the engine that serves it as trained (vLLM) passes. `convert` warns about it."""
+    r = cli("inspect", speculators_drafts["pruned"])
+    lines = r.out.splitlines()
+    assert r.code == 3 and "FAILED: 2 failed" in lines[-1] and "no problems found" not in r.out, r.out
+    assert any(line.startswith("FAIL engine_view.sglang: SGLang, by 0.5.23's rules as converted: DIFFERS") for line in lines), r.out
+    info = cli("inspect", speculators_drafts["pruned"], "--json").json()
+    assert info["ok"] is False and {"engine_view.sglang", "engine_view.zlab"} <= {p["name"] for p in info["problems"]}
+    assert cli("inspect", speculators_drafts["pruned"], "--engine", "vllm").code == 0
+    converted = cli("convert", speculators_drafts["pruned"], "-o", tmp_path / "hf")
+    assert converted.code == 0 and "inspect's engine_view.sglang check" in converted.err, converted.err

@@ -56,7 +56,7 @@ def test_quiet_keeps_the_verdict_failures_and_warnings(cli, tmp_path):
     assert loud.code == quiet.code == 3
     lines = quiet.out.splitlines()
     assert lines[0].startswith("FAIL target_layer_ids: ") and "DIFFERS from training" in quiet.out
-    assert lines[-1] == f"{bad}: FAILED: 1 failed, 0 warning(s) in the config and tensor headers (values not read: " \
+    assert lines[-1] == f"{bad}: FAILED: 4 failed, 0 warning(s) in the config and tensor headers (values not read: " \
                         "--scan reads them)"
     assert "tensors" not in quiet.out and "as trained" not in quiet.out and "note (" not in quiet.out
     assert "25 tensors" in loud.out and loud.out.splitlines()[-1] == lines[-1]
@@ -64,7 +64,7 @@ def test_quiet_keeps_the_verdict_failures_and_warnings(cli, tmp_path):
     r = cli("validate", bad, "--levels", "static", "-q")
     assert r.code == 3 and r.err == "", r.err
     assert re.search(r"^\s+fail\s+target_layer_ids\s+target layer ids", r.out, re.M), r.out
-    assert " pass " not in r.out and r.out.splitlines()[-1].startswith("FAILED: ")
+    assert " pass " not in r.out and r.out.splitlines()[-1].startswith("FAILED (static; numeric not run: not requested; ")
     assert r.out.splitlines()[-1].endswith("failed: target_layer_ids")
     # diff -q: the differences and the verdict, without the informational lines
     r = cli("diff", PAIR / "draft", bad, "-q")
@@ -75,7 +75,7 @@ def test_quiet_keeps_the_verdict_failures_and_warnings(cli, tmp_path):
 def test_json_is_one_object_on_stdout(cli, tmp_path):
     r = cli("validate", scrambled(PAIR / "draft", tmp_path / "bad"), "--levels", "static", "--json")
     assert r.code == 3 and json.loads(r.out)["passed"] is False
-    assert r.err.strip().splitlines()[-1].startswith("FAILED: ")  # the log still shows the verdict
+    assert r.err.strip().splitlines()[-1].startswith("FAILED (static; ")  # the log still shows the verdict
 
 
 # ----------------------------------------------------------------------------- 80 columns, plain text
@@ -94,7 +94,9 @@ def test_help_at_80_columns_shows_every_flag_whole():
         missing = {f for f in flags if not re.search(rf"(^|[\s,/]){re.escape(f)}([\s,/=]|$)", r.stdout, re.M)}
         assert not missing, (name, missing, r.stdout)
         assert "…" not in r.stdout and "\x1b[" not in r.stdout
-        assert all(len(line) <= 80 for line in r.stdout.split("Examples:")[0].splitlines()), r.stdout
+        assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout  # examples continued with ` \`
+        usage = r.stdout.splitlines()[0]
+        assert usage.startswith("Usage: ") and "{" not in usage, usage  # SRC, not typer's {SRC}
 
 
 def test_tables_fit_80_columns_without_cutting_names(tmp_path):
@@ -146,7 +148,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(module, as_json):
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"},
                        preexec_fn=stop_signals_at_default)
     assert r.returncode == 130, (r.returncode, r.stderr)
-    assert r.stderr.strip().splitlines() == ["Error: interrupted (Ctrl-C); nothing was written at the destination"]
+    assert r.stderr.strip().splitlines() == ["Error: interrupted (Ctrl-C)"]  # validate writes no destination
     if as_json:
         assert json.loads(r.stdout)["error"]["exit_code"] == 130
     else:
@@ -170,10 +172,20 @@ def test_ctrl_c_during_end_to_end_validation(as_json):
     out = p.stdout.read()
     p.wait(timeout=120)
     assert p.returncode == 130, (p.returncode, "".join(seen) + err)
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("Error: interrupted"), err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == \
+        "Error: interrupted (Ctrl-C); the report is incomplete", err
+    assert "destination" not in err  # validate has none
+    # what had been measured is reported, marked incomplete and not passed
     if as_json:
-        assert json.loads(out) == {"error": {"message": "interrupted (Ctrl-C); nothing was written at the "
-                                                        "destination", "file": None, "exit_code": 130}}
+        report = json.loads(out)
+        assert report["incomplete"] == "interrupted (Ctrl-C)" and report["passed"] is False
+        assert report["levels_skipped"]["end_to_end"] == "interrupted (Ctrl-C)"
+        partial = next(c for c in report["checks"] if c["name"] == "end_to_end_partial")
+        assert partial["status"] == "skip" and partial["message"].startswith("interrupted (Ctrl-C) after "), partial
+    else:
+        verdict = out.splitlines()[-1]
+        assert verdict.startswith("INCOMPLETE (") and "end to end not run: interrupted (Ctrl-C)" in verdict, out
+        assert "end_to_end_partial" in out, out
 
 
 
@@ -200,11 +212,10 @@ def test_an_interrupt_that_escapes_the_app_is_the_same_one_line(cli, monkeypatch
         monkeypatch.setattr(typer.Typer, "__call__", _raise(KeyboardInterrupt()))
     r = cli("inspect", str(PAIR / "draft"), *(["--json"] if as_json else []))
     assert r.code == 130, (r.code, r.err)
-    assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C); nothing was written at the destination"
+    assert r.err.strip().splitlines()[-1] == "Error: interrupted (Ctrl-C)"  # inspect writes no destination
     if as_json:
         assert r.out.startswith("{"), f"no JSON error object on stdout: {r.out!r}"  # json.loads: one, nothing else
-        assert json.loads(r.out) == {"error": {"message": "interrupted (Ctrl-C); nothing was written at the "
-                                                          "destination", "file": None, "exit_code": 130}}
+        assert json.loads(r.out) == {"error": {"message": "interrupted (Ctrl-C)", "file": None, "exit_code": 130}}
     else:
         assert r.out == ""
 
@@ -221,7 +232,8 @@ def test_missing_extra_names_what_to_install(tmp_path):
                        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"})
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1] == ("Error: this command needs transformers, which is not installed: "
-                                                 "pip install 'dflash-convert[runtime]'"), r.stderr
+                                                 "run pip install -e '.[runtime]' in your clone of dflash-convert"), \
+        r.stderr  # the package is not on the index: the extra is installed from the clone
 
 
 def test_choice_errors_in_plain_words(cli, tmp_path):
@@ -248,8 +260,9 @@ def test_convert_flags_what_inspect_would_and_strict_refuses(cli, tmp_path):
     assert "warning: the output fails inspect's target_layer_ids check" in r.err, r.err
     r = cli("convert", bad, "-o", tmp_path / "strict", "--strict")
     assert r.code == 3 and not (tmp_path / "strict").exists()
-    assert r.err.strip().splitlines()[-1] == ("Error: --strict: inspect finds 1 problem(s) in the output "
-                                              "(target_layer_ids); nothing was written")
+    assert r.err.strip().splitlines()[-1] == ("Error: --strict: inspect finds 4 problem(s) in the output "
+                                              "(target_layer_ids, engine_view.vllm-speculators, engine_view.vllm-hf, "
+                                              "engine_view.sglang); nothing was written")
     r = cli("convert", PAIR / "draft", "-o", tmp_path / "clean", "--strict")  # the clean pair: no warning at all
     assert r.code == 0 and r.err == "", r.err
 
@@ -342,8 +355,15 @@ def test_svg_chart_is_well_formed_with_one_bar_per_position():
     bars = [r for r in svg.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
     heights = [float(r.get("height")) for r in bars]
     assert len(bars) == 4 and heights[0] == 2 * heights[1] == 4 * heights[3] and heights[2] == 0
-    assert len([ln for ln in svg.iter(f"{ns}line") if ln.get("stroke") == "#d62728"]) == 1  # one minimum
+    assert len([ln for ln in svg.iter(f"{ns}line") if ln.get("stroke") == "#222222"]) == 1  # one minimum
+    assert [r.get("fill") for r in bars] == ["#4c78a8"] * 4  # 1.0 meets its minimum 0.9
     assert svg.find(f"{ns}text").text == "t <&>"
+    # a bar below its minimum is red; a tau minimum is the dashed mean rate it needs: (tau - 1) / positions
+    svg = ET.fromstring(svg_chart([1.0, 0.5], [0.9, 0.6], tau_minimum=2.0))
+    bars = [r for r in svg.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+    assert [r.get("fill") for r in bars] == ["#4c78a8", "#d62728"]
+    dashed = [ln for ln in svg.iter(f"{ns}line") if ln.get("stroke-dasharray")]
+    assert len(dashed) == 1 and "mean rate of 0.500" in dashed[0].find(f"{ns}title").text
 
 
 def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path, monkeypatch):
@@ -372,6 +392,25 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
     assert f"   2  {rates[1]:.2f}  " in text and "min 0.99 LOW" in text and "| position_rates | end_to_end | fail |" \
         in text
     assert text.count("| 1 | ") == 1 and "<summary>Per prompt</summary>" in text
+    # rendered by a Markdown library as GitHub would: tables are tables, no cell shows literal backticks
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(text)
+    assert html.count("<table>") >= 3 and "``" not in html and "<code></code>" not in html, html
+    assert "<h2>dflash-convert validate: FAILED</h2>" in html
+    # the picture says the verdict, and the position below its minimum is the red bar
+    svg = (md.parent / "e2e.svg").read_text()
+    assert "FAILED: tau " in svg and "below its minimum 0.99" in svg
+    assert svg.count('fill="#d62728"') == text.count(" LOW") >= 1
+    # an engine run is in the Markdown, with the side-by-side table the terminal shows
+    from dflash_convert.validate.report import EngineStats, ValidationReport, to_markdown
+
+    served = ValidationReport.model_validate(report)
+    counts = {k: a[k] for k in ("num_drafts", "accepted", "acceptance_length", "per_position_rates")}
+    served.engine_run = EngineStats(engine="vllm", version="0.32.0", python="/venv/bin/python", prompts=a["prompts"],
+                                    outputs_equal=a["prompts"], counts={**counts, "drafted": 0})
+    html = MarkdownIt("commonmark").enable("table").render(to_markdown(served))
+    assert "Served in real vllm 0.32.0" in html and "<td>vllm 0.32.0 (its counters)</td>" in html, html
     step = summary.read_text()
     assert step.startswith("earlier step\n## dflash-convert validate: FAILED") and "![" not in step  # no image there
     # the terminal report draws the same chart, on stdout
@@ -414,3 +453,66 @@ def test_a_passing_run_with_a_warning_shows_the_warning_in_markdown(cli, tmp_pat
     rows = [line for line in text.splitlines() if line.startswith("| verifier |")]
     assert len(rows) == 1, f"the warned check is not in the Markdown report:\n{text}"
     assert "| static | warn |" in rows[0] and "names no verifier" in rows[0]
+
+
+def test_the_verdict_line_names_the_levels_that_did_not_run(cli, monkeypatch):
+    """A forgotten --target: the verdict line (all -q shows) says end to end did not run and why, and suggests the
+    target the draft records when it is at hand; --require-end-to-end makes the missing level a failure (exit 3);
+    `--json -q` still writes the verdict to stderr."""
+    monkeypatch.chdir(ROOT)  # the draft records its target as examples/pair/target
+    args = ("validate", "examples/pair/draft", "--levels", "static,end_to_end", "-q")
+    hint = ("end to end not run: no --target given; the draft names examples/pair/target, found here: add --target "
+            "examples/pair/target)")
+    r = cli(*args)
+    assert r.code == 0 and r.out.splitlines()[-1].startswith(
+        f"PASSED (static; numeric not run: not requested; {hint}: "), r.out
+    required = cli(*args, "--require-end-to-end")
+    assert required.code == 3 and required.out.splitlines()[-1].startswith(f"FAILED (static; ") and \
+        required.out.splitlines()[-1].endswith("failed: end_to_end_ran"), required.out
+    quiet_json = cli(*args, "--json")
+    assert quiet_json.code == 0 and quiet_json.json()["passed"] and hint in quiet_json.err, quiet_json.err
+
+
+def test_a_long_list_of_rates_is_cut_between_numbers():
+    """A failed position_rates row shows its value and threshold lists shortened: whole numbers and a count of
+    the rest, never `0....` cut inside a number."""
+    from dflash_convert.validate.report import _short
+
+    text = _short([0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25])
+    assert re.fullmatch(r"\[(\d\.\d\d, )+\+\d+ more\]", text) and len(text) <= 48, text
+
+
+def test_push_with_swapped_arguments_says_so(cli, tmp_path):
+    """`hf upload` takes the repo first; `push DIRECTORY REPO` given the other way round is a usage error that
+    says the arguments look swapped, with the command in the right order."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    r = cli("push", "my-org/my-draft", draft)
+    assert r.code == 2 and "look swapped" in r.err and f"dflash-convert push {draft} my-org/my-draft" in r.err, r.err
+
+
+@pytest.mark.parametrize("command,option,foreign", [("inspect", "--allow-pickle", "validate"),
+                                                     ("pull", "--quiet", "verdict"), ("push", "--quiet", "verdict")])
+def test_help_texts_are_each_commands_own(command, option, foreign):
+    """A shared option's help does not talk about another command (inspect's --allow-pickle about validate's
+    mask embedding, pull's -q about a verdict line it never prints)."""
+    r = run(command, "-h", env={"COLUMNS": "200"})
+    line = next(line for line in r.stdout.splitlines() if option in line)
+    assert foreign not in line, line
+
+
+def test_validate_help_groups_its_flags():
+    """validate -h lists its flags under headings users look for, in this order, from the options model's
+    HELP_PANELS (and the command's own report flags): under the plain Options heading only -h is left."""
+    from dflash_convert.cli._options import flagged_fields
+    from dflash_convert.validate.options import ValidateOptions
+
+    r = run("validate", "-h", env={"COLUMNS": "80"})
+    headings = [line[:-1] for line in r.stdout.splitlines() if re.fullmatch(r"[A-Z][a-z]+:", line)]
+    assert headings == ["Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Thresholds", "Reports", "Options"]
+    options = r.stdout.split("\nOptions:\n")[1].split("\n\n")[0]
+    assert options.split() == ["-h,", "--help", "Show", "this", "message", "and", "exit."], options
+    grouped = {n for names in ValidateOptions.HELP_PANELS.values() for n in names}
+    assert set(flagged_fields(ValidateOptions)) <= grouped
+    thresholds = r.stdout.split("\nThresholds:\n")[1].split("\n\n")[0]
+    assert "--min-acceptance-length" in thresholds and "--require-end-to-end" in thresholds

@@ -37,7 +37,7 @@ def test_bonus_token_is_the_target_row_after_the_last_proposal(temperature, samp
 
 
 def test_greedy_output_equal_checks_every_prompt_past_the_baselines(cli, tmp_path, tiny_target, monkeypatch):
-    """Six prompts, the fifth's speculative output one token off the target's greedy output: the check
+    """Six prompts, the fifth's speculative output off the target's greedy output at its last (sixth) token: the check
     fails naming prompt 5 (only the first four are also decoded target-only; the rest rely on the
     per-token check)."""
     from dflash_convert.validate import end_to_end
@@ -60,7 +60,7 @@ def test_greedy_output_equal_checks_every_prompt_past_the_baselines(cli, tmp_pat
             "--max-new-tokens", "6", "--device", "cpu", "--sampling", "greedy", "--json")
     assert r.code == 3, r.err
     check = {c["name"]: c for c in r.json()["checks"]}["greedy_output_equal"]
-    assert check["status"] == "fail" and check["message"].startswith("prompt 5: token 5 ") and check["value"] == "5/6"
+    assert check["status"] == "fail" and check["message"].startswith("prompt 5: token 6 ") and check["value"] == "5/6"
 
 
 def test_memory_plan_counts_keys_and_values(tiny_target):
@@ -98,3 +98,41 @@ def test_memory_plan_keeps_integer_tensors_at_their_width(speculators_drafts):
         assert bytes_at(ints, dtype) == sum(t.nbytes for t in ints)
     floats = [t for t in tensors.values() if t not in ints]
     assert bytes_at(list(tensors.values()), "bfloat16") == bytes_at(floats, "bfloat16") + sum(t.nbytes for t in ints)
+
+
+class _LogitsTarget:
+    """A target whose teacher-forced pass returns fixed logits [P+N, V] (bf16 values, as a bf16 target gives)."""
+
+    dtype = torch.bfloat16
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits.to(torch.bfloat16).float()
+
+    def set_capture(self, ids):
+        pass
+
+    def reset(self):
+        pass
+
+    def forward(self, ids, start):
+        return self.logits[:len(ids)], None
+
+
+@pytest.mark.parametrize("other_logit,status", [(8.0 - 0.0625, "pass"), (7.5, "fail")])
+def test_greedy_output_equal_passes_a_bf16_near_tie_and_fails_a_real_difference(other_logit, status):
+    """Prompt [1, 2], speculative output [3, 4]; the target's second row prefers 5 at 8.0. Token 4 one bf16 ulp
+    below it (0.0625 at 8) is a near-tie, named as one (the batched verify and sequential decoding round
+    differently); at 7.5 it is a real difference and fails."""
+    from types import SimpleNamespace
+
+    from dflash_convert.validate.end_to_end import _greedy_check
+
+    logits = torch.zeros(4, V)
+    logits[1, 3] = 9.0  # after the prompt: token 3
+    logits[2, 5], logits[2, 4] = 8.0, other_logit  # after token 3: 5, the speculative output took 4
+    checks = []
+    same = _greedy_check(checks, _LogitsTarget(logits), [[1, 2]], [SimpleNamespace(tokens=[3, 4])], [])
+    check = checks[0]
+    assert (check.status, same) == (status, [False]), check.message
+    assert check.value == "0/1" and "token 2" in check.message
+    assert ("near-tie" in check.message and "not a near-tie" not in check.message) == (status == "pass")

@@ -269,6 +269,8 @@ def test_cli_serves_the_pair_in_vllm(cli):
     assert status["engine_acceptance_length"] == "pass"
     run, ours = report["engine_run"], report["acceptance"]
     assert run["version"] == "0.32.0" and run["engine_args"] == args and run["outputs_equal"] == 16
+    fidelity = next(c["message"] for c in report["checks"] if c["name"] == "engine_fidelity")
+    assert "by 0.33.0's rules" in fidelity and "vLLM 0.32.0 ran the pair" in fidelity, fidelity  # rules vs ran
     assert {k: run["engine_config"][k] for k in ("max_model_len", "dtype", "enforce_eager")} == \
         {"max_model_len": 384, "dtype": "bfloat16", "enforce_eager": True}
     # the figures of the README: our loop 70 / 953, vLLM's counting 70 / 967, both in ours and in vLLM's

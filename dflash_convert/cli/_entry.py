@@ -13,7 +13,7 @@ import typer
 from dflash_convert.cli._errors import Failure, failure_of
 from dflash_convert.cli._output import emit_json, err, live
 from dflash_convert.errors import Interrupted
-from dflash_convert.io.staging import INTERRUPTED, INTERRUPTED_EXIT, interrupted_now
+from dflash_convert.io.staging import INTERRUPTED_EXIT, interrupted_line, interrupted_now
 
 
 def _env_flag(name: str) -> bool:
@@ -92,7 +92,7 @@ def _main(app: typer.Typer, argv: Optional[list[str]]) -> None:
         _quiet_interrupts()
         live.stop()
         if rc == INTERRUPTED_EXIT:  # typer turns a KeyboardInterrupt into this code, silently
-            _fail(INTERRUPTED, exit_code=INTERRUPTED_EXIT, file=None, as_json=as_json, debug=False)
+            _fail(interrupted_line(args), exit_code=INTERRUPTED_EXIT, file=None, as_json=as_json, debug=False)
         sys.exit(rc if isinstance(rc, int) else 0)
     except (Exception, KeyboardInterrupt, Interrupted) as exc:  # noqa: BLE001 - each one line unless --debug
         failure = failure_of(exc, debug)

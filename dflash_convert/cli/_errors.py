@@ -4,13 +4,14 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 validation ran and failed, 130 interrupted
 signal for other stop signals)."""
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import typer
 
 from dflash_convert.errors import DFlashError, Interrupted, missing_extra
-from dflash_convert.io.staging import INTERRUPTED, INTERRUPTED_EXIT
+from dflash_convert.io.staging import INTERRUPTED_EXIT, interrupted_line
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class UsageErrors:
 TABLE: tuple[tuple[Any, Callable[[Any], Optional[Failure]]], ...] = (
     # Interrupted: a stop signal during a write (staging already gone); its code is 128 + the signal
     ((DFlashError, Interrupted), lambda exc: Failure(str(exc), exc.exit_code, exc.file)),
-    ((KeyboardInterrupt, typer.Abort), lambda exc: Failure(INTERRUPTED, INTERRUPTED_EXIT)),
+    ((KeyboardInterrupt, typer.Abort), lambda exc: Failure(interrupted_line(sys.argv[1:]), INTERRUPTED_EXIT)),
     ((ModuleNotFoundError,), _missing_extra),
     ((UsageErrors(),), lambda exc: Failure(usage_message(exc), exc.exit_code, usage=True)),
 )

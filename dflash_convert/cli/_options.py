@@ -45,12 +45,17 @@ def _default(info) -> Any:
     return info.get_default(call_default_factory=True)
 
 
-def _option(name: str, spelling: Flag, info) -> tuple[Any, Any]:
+def _panel(model: type[BaseModel], name: str) -> Optional[str]:
+    """The -h heading a field's flag is listed under (the model's HELP_PANELS; None: the plain Options)."""
+    return next((panel for panel, names in getattr(model, "HELP_PANELS", {}).items() if name in names), None)
+
+
+def _option(name: str, spelling: Flag, info, panel: Optional[str] = None) -> tuple[Any, Any]:
     """(the typer annotation, the default) of one field's option."""
     kind, optional = _plain(info.annotation)
     default = _default(info)
     names = [n for n in (spelling.name, spelling.short) if n]
-    text = dict(help=info.description or "")
+    text = dict(help=info.description or "", rich_help_panel=panel)
     if spelling.parse is not None and spelling.parse != "dtype":  # text, parsed into the value
         option = typer.Option(*names, metavar=spelling.metavar or METAVARS[spelling.parse],
                               callback=PARSERS[spelling.parse], **text)
@@ -63,7 +68,7 @@ def _option(name: str, spelling: Flag, info) -> tuple[Any, Any]:
         return (Annotated[Optional[values] if optional else values, option],
                 None if default is None else values(default))
     if kind is bool:
-        return Annotated[Optional[bool] if optional else bool, flag(*names, help=text["help"])], default
+        return Annotated[Optional[bool] if optional else bool, flag(*names, **text)], default
     kind = spelling.type or kind
     extra = {"metavar": spelling.metavar} if spelling.metavar else {}
     return Annotated[Optional[kind] if optional else kind, typer.Option(*names, **extra, **text)], default
@@ -73,7 +78,7 @@ def option_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
     """The typer parameters of every flagged field, then one hidden parameter per former spelling."""
     params, aliases = [], []
     for name, (spelling, info) in flagged_fields(model).items():
-        annotation, default = _option(name, spelling, info)
+        annotation, default = _option(name, spelling, info, _panel(model, name))
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                                         default=default))
         kind = get_args(annotation)[0]

@@ -1,9 +1,10 @@
 """The command line's parameter kinds: choice enums made from the library's own names, the parsers of
 list / JSON / memory-budget options, and the options several commands share (declared once here)."""
 
+import copy
 import enum
 import json
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional, get_args
 
 import typer
 
@@ -86,8 +87,30 @@ def flag(*names: str, help: str, **kw: Any):
     return typer.Option(*names, help=help, metavar="", show_default=False, **kw)
 
 
+def in_panel(option: Any, panel: str) -> Any:
+    """A shared option (Json, Quiet, ...) listed under `panel` by a command whose -h groups its flags."""
+    kind, info = get_args(option)
+    info = copy.copy(info)
+    info.rich_help_panel = panel
+    return Annotated[kind, info]
+
+
+EXAMPLE_WIDTH = 80  # columns of an example line as --help shows it (click indents it 2), continued with " \\"
+
+
 def examples(*lines: str) -> str:
-    return "Examples:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)  # \b: click keeps the lines
+    return "Examples:\n\n\b\n" + "\n".join(_example(line) for line in lines)  # \b: click keeps the lines
+
+
+def _example(line: str) -> str:
+    """`  $ LINE`, broken at spaces into lines of at most EXAMPLE_WIDTH columns ending in ` \`."""
+    out, current = [], "  $"
+    for word in line.split(" "):
+        if len(current) + 1 + len(word) > EXAMPLE_WIDTH - 4 and current.strip() not in ("$", ""):
+            out.append(current + " \\")
+            current = "     "
+        current += " " + word if current.strip() else word
+    return "\n".join(out + [current])
 
 
 # ----------------------------------------------------------------------------- shared options (declared once)
@@ -100,6 +123,8 @@ Token = Annotated[Optional[str], typer.Option("--token", help="Hub token (defaul
 Json = Annotated[bool, flag("--json", help="Print one JSON object on stdout (errors too).")]
 Quiet = Annotated[bool, flag("-q", "--quiet", help="Print only the verdict line, failures, warnings and errors "
                              "(no progress, no passing checks).")]
+QuietTransfer = Annotated[bool, flag("-q", "--quiet", help="Print only the result line, warnings and errors (no "
+                                     "progress).")]  # the commands that write or move files: no verdict
 AllowPickle = Annotated[bool, flag("--allow-pickle", help=ALLOW_PICKLE_HELP)]
 Private = Annotated[bool, flag("--private", help="Create the Hub repo private.")]
 CommitMessage = Annotated[Optional[str], typer.Option("--commit-message", help="Commit title.")]

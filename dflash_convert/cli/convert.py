@@ -8,7 +8,7 @@ import typer
 from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    CommitDescription, CommitMessage, CreatePr, Json, Private, Quiet, Revision, Source, Token, examples, flag
+    CommitDescription, CommitMessage, CreatePr, Json, Private, QuietTransfer, Revision, Source, Token, examples, flag
 )
 from dflash_convert.convert.conversion import ConvertOptions
 
@@ -39,7 +39,9 @@ def convert(
     commit_description: CommitDescription = None,
     create_pr: CreatePr = False,
     as_json: Json = False,
-    quiet: Quiet = False,
+    quiet: QuietTransfer = False,
+    verbose: Annotated[bool, flag("-v", "--verbose", help="List every config key the conversion added, dropped "
+                                  "or rewrote, with why (conversion.json records them either way).")] = False,
 ) -> None:
     """Convert a DFlash checkpoint between the speculators and HF / z-lab formats."""
     from dflash_convert.publish import convert_and_publish
@@ -65,7 +67,20 @@ def convert(
     if not quiet:
         lines += [f"  dropped {name}: {reason}" for name, reason in record.tensors_dropped.items()]
         lines += [f"  added {name}: {how}" for name, how in record.tensors_added.items()]
-        lines += [f"  config {c.key} {c.change}" + (f": {c.why}" if c.why else "") for c in record.config_changes]
+        lines += _config_lines(record.config_changes, verbose)
     if done.push:
         lines.append(done.push.pr_url or done.push.commit_url)
     out.result(done.to_dict(), "\n".join(lines))
+
+
+def _config_lines(changes, verbose: bool) -> list[str]:
+    """One line counting the config keys changed by kind; with -v one line per key and why."""
+    if verbose:
+        return [f"  config {c.key} {c.change}" + (f": {c.why}" if c.why else "") for c in changes]
+    if not changes:
+        return []
+    kinds: dict[str, int] = {}
+    for c in changes:
+        kinds[c.change] = kinds.get(c.change, 0) + 1
+    return ["  config: " + ", ".join(f"{n} key(s) {kind}" for kind, n in kinds.items())
+            + " (-v lists them with why; conversion.json records them)"]

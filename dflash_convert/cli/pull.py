@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from dflash_convert.cli._output import Output
-from dflash_convert.cli._params import AllowPickle, Json, Quiet, Revision, Token, examples, flag
+from dflash_convert.cli._params import AllowPickle, Json, QuietTransfer, Revision, Token, examples, flag
 
 EPILOG = examples("dflash-convert pull org/draft",
                   "dflash-convert pull org/draft --revision v1 -o ./draft")
@@ -22,7 +22,7 @@ def pull(
     overwrite: Annotated[bool, flag("--overwrite", help="Replace a non-empty -o DIR (once the pull is "
                                      "complete).")] = False,
     as_json: Json = False,
-    quiet: Quiet = False,
+    quiet: QuietTransfer = False,
 ) -> None:
     """Download a DFlash checkpoint from the Hub (config, safetensors, index, README); prints its local path."""
     out = Output(as_json, quiet)

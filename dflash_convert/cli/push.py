@@ -7,9 +7,9 @@ import typer
 
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    CommitDescription, CommitMessage, CreatePr, Json, Private, Quiet, Revision, Token, examples, flag
+    CommitDescription, CommitMessage, CreatePr, Json, Private, QuietTransfer, Revision, Token, examples, flag
 )
-from dflash_convert.errors import DFlashError
+from dflash_convert.errors import DFlashError, UsageError
 
 EPILOG = examples("dflash-convert push ./draft-hf org/draft-hf",
                   "dflash-convert push ./draft-hf org/draft-hf --revision dev --private")
@@ -30,19 +30,27 @@ def push(
         "its results (tau, the acceptance chart, target, prompts, thresholds, date) go in the model card; a failed "
         "report stops the push.")] = None,
     as_json: Json = False,
-    quiet: Quiet = False,
+    quiet: QuietTransfer = False,
 ) -> None:
     """Upload a checkpoint directory in one commit to a branch (--revision, created from main if missing), with a
     README model card; prints the commit (or PR) URL."""
     from dflash_convert.publish import push_checkpoint
 
     out = Output(as_json, quiet)
+    _check_order(directory, repo)
     report = _read_validation_report(validation_report) if validation_report is not None else None
     out.hub()
     result = push_checkpoint(directory, repo, validate=not no_validate, report=report, revision=revision,
                              private=private, commit_message=commit_message, commit_description=commit_description,
                              create_pr=create_pr, token=token)
     out.result(result.to_dict(), result.pr_url or result.commit_url)
+
+
+def _check_order(directory: Path, repo: str) -> None:
+    """`hf upload` takes REPO first, push DIRECTORY first: arguments given the other way round are said so."""
+    if not directory.is_dir() and Path(repo).is_dir():
+        raise UsageError(f"the arguments look swapped: {directory} is no directory and {repo} is one; push takes "
+                         f"the directory first: dflash-convert push {repo} {directory}")
 
 
 def _read_validation_report(path: Path):

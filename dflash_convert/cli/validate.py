@@ -1,6 +1,7 @@
 """`validate`: the static, numeric and end-to-end checks of a draft, and the reports they write."""
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -8,7 +9,8 @@ import typer
 
 from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output, err, live
-from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples
+from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, in_panel
+from dflash_convert.io.staging import INTERRUPTED_EXIT
 from dflash_convert.validate.options import PromptSet, ValidateOptions
 
 EPILOG = examples(
@@ -23,19 +25,19 @@ def validate(
                                               "directory or Hub id.")],
     options: dict,  # ValidateOptions' own flags, generated (cli._options)
     dataset: Annotated[Optional[list[str]], typer.Option(
-        "--dataset", metavar="NAME[@REV]", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
+        "--dataset", metavar="NAME[@REV]", rich_help_panel="Inputs", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
         "gsm8k, math500, humaneval, mt-bench, mt-bench-2, mbpp, alpaca.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Prompts drawn from each --dataset "
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", rich_help_panel="Inputs", help="Prompts drawn from each --dataset "
                                                        "(with --seed; default: all).")] = None,
-    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write a JUnit XML report "
+    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", rich_help_panel="Reports", help="Also write a JUnit XML report "
                                                   "(one testcase per check) to FILE.")] = None,
     report_md: Annotated[Optional[Path], typer.Option(
-        "--report-md", metavar="FILE", help="Also write a Markdown report to FILE (the acceptance chart beside it, "
+        "--report-md", metavar="FILE", rich_help_panel="Reports", help="Also write a Markdown report to FILE (the acceptance chart beside it, "
         "as FILE with the suffix .svg). GITHUB_STEP_SUMMARY set: the report is appended there too.")] = None,
-    revision: Revision = None,
-    token: Token = None,
-    as_json: Json = False,
-    quiet: Quiet = False,
+    revision: in_panel(Revision, "Inputs") = None,
+    token: in_panel(Token, "Inputs") = None,
+    as_json: in_panel(Json, "Reports") = False,
+    quiet: in_panel(Quiet, "Reports") = False,
 ) -> None:
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
     from dflash_convert.errors import ValidationFailed
@@ -53,15 +55,18 @@ def validate(
         raise typer.BadParameter(f"must be at least 1, got {num_prompts}", param_hint="--num-prompts")
     opts = ValidateOptions(**options, checkpoint_revision=ckpt_sha,
                            prompt_sets=_prompt_sets(dataset or [], num_prompts, options.get("seed", 0), token, out))
-    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status)
+    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status, report_interrupted=True)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))
     _markdown_reports(report, report_md, out)
-    if as_json and not quiet:  # stdout holds the JSON: the log still shows the report and its verdict
+    if as_json:  # stdout holds the JSON: the log still shows the report (-q: its failures, warnings, verdict)
         live.stop()
-        render_table(report, err)
+        render_table(report, err, quiet)
     out.result(to_json(report), render=lambda console, q: render_table(report, console, q))
+    if report.incomplete:  # Ctrl-C: the report above holds what was measured; the shells' code for it
+        err.print(f"Error: {report.incomplete}; the report is incomplete", markup=False)
+        sys.exit(INTERRUPTED_EXIT)
     if not report.passed:
         raise typer.Exit(ValidationFailed.exit_code)
 

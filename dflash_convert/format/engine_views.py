@@ -255,7 +255,7 @@ def _view_attention(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
                               consequence=f"once the context exceeds {window} - block size tokens, block slot j sees "
                                           "j+1 fewer context positions than in training (acceptance may drop on "
                                           "long contexts)",
-                              fix="none in the config: measure it with validate --engine on long prompts"))
+                              fix="none in the config: acceptance on prompts longer than the window shows what it costs"))
 
 
 def _view_causality(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
@@ -513,6 +513,11 @@ def applied_checkpoint(ckpt, view: EngineView):
 
 # ----------------------------------------------------------------------------- in words
 
+def rules_label(view: EngineView) -> str:
+    """The engine and the version whose reading rules the view applies (not a version found installed)."""
+    return f"{view.title}, by {view.version}'s rules"
+
+
 def view_state(view: EngineView) -> str:
     """as trained / DIFFERS from training / does not load, and the model runner it needs, if only one serves it."""
     state = "as trained" if view.as_trained else ("does not load" if not view.loads else "DIFFERS from training")
@@ -527,7 +532,7 @@ def render_view(view: EngineView) -> list[str]:
     state = view_state(view)
     causal = ("-" if view.layer_causal is None else
               " ".join("C" if c else "N" for c in view.layer_causal))
-    lines = [f"{view.title} {view.version}{via}: {state}",
+    lines = [f"{rules_label(view)}{via}: {state}",
              f"  ids {view.target_layer_ids} ({view.target_layer_ids_source}); causal per layer {causal} "
              f"({view.causal_source}); block {view.block_size or 'unset'} ({view.block_size_source}); "
              f"vocab: {view.vocab}"

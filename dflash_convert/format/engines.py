@@ -3,7 +3,7 @@
 `ENGINES` is the one table: one row per engine and version (vLLM reads the two formats through two
 different code paths, so it has two rows; what both paths share is stated once). Each field holds a
 rule kind, a member of that field's enum (a name that is no kind fails when the row is built);
-`RULE_TEXT` says what each kind means and the README's engine table is generated from both
+`RULE_TEXT` says what each kind means and the engine table of docs/engines.md is generated from both
 (`python -m dflash_convert.format.engines --write-readme`).
 
 The code that applies the table lives beside it: format/engine_reading.py reads a config with one
@@ -451,10 +451,10 @@ def _check_tables(rule_text: dict[str, dict[str, str]] = RULE_TEXT) -> None:
 _check_tables()
 
 
-# ----------------------------------------------------------------------------- docs: the README's table
+# ----------------------------------------------------------------------------- docs: the table of docs/engines.md
 
 def render_markdown() -> str:
-    """The README section's table: one row per field, one column per engine (generated: do not hand-edit)."""
+    """docs/engines.md's table: one row per field, one column per engine (generated: do not hand-edit)."""
     head = "| | " + " | ".join(f"{e.title} {e.version}" for e in ENGINES) + " |"
     lines = [head, "|---" * (len(ENGINES) + 1) + "|"]
     for f in fields(EngineRules):
@@ -468,8 +468,8 @@ def render_markdown() -> str:
 README_START, README_END = "<!-- engines-table:start -->\n", "<!-- engines-table:end -->"
 
 
-def write_readme(path: str = "README.md") -> None:
-    """Replace the generated table between the README's markers with `render_markdown()`."""
+def write_readme(path: str = "docs/engines.md") -> None:
+    """Replace the generated table between the markers of docs/engines.md with `render_markdown()`."""
     from pathlib import Path
 
     text = Path(path).read_text()

@@ -662,7 +662,8 @@ CONFIG_CHANGE_REASONS = {
     "layer_types": "written explicitly so no reader falls back to a default",
     "draft_vocab_size": "written only for a pruned vocabulary in the HF format (speculators always writes it)",
     "num_target_layers": "the verifier's layer count (--verifier)",
-    "target_hidden_size": "written only when known",
+    "target_hidden_size": "the HF format writes it only when known; the speculators format always has the key "
+                          "(null: unknown, the draft's hidden size is used)",
     "dtype": "the weights' dtype (--dtype or the source's)",
     "torch_dtype": "legacy name of dtype",
     "rope_parameters": "written whole: MuseGlimmerAssistantConfig's default rope_theta (500000) is not Qwen3's",

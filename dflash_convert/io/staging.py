@@ -131,7 +131,15 @@ def _write_error(exc: OSError, dest: Path) -> DFlashError:
 # with a traceback. `_written` are the destinations this process completed (the message says so).
 # Ctrl-C: the one line (and JSON error object under --json) the process ends with, from its first instant
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what shells report for a Ctrl-C
-INTERRUPTED = "interrupted (Ctrl-C); nothing was written at the destination"
+INTERRUPTED = "interrupted (Ctrl-C)"
+WRITING_COMMANDS = ("convert", "pull", "push")  # the commands with a destination, left as it was
+
+
+def interrupted_line(args: list[str]) -> str:
+    """The Ctrl-C line of the command line `args` (without the program): a command that writes says that its
+    destination was left as it was; the others (validate, inspect, ...) have none."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    return INTERRUPTED + ("; nothing was written at the destination" if command in WRITING_COMMANDS else "")
 
 
 def interrupted_now(signum=None, frame=None) -> None:  # noqa: ARG001 - a signal handler's signature
@@ -139,10 +147,10 @@ def interrupted_now(signum=None, frame=None) -> None:  # noqa: ARG001 - a signal
     args = sys.argv[1:]
     args = args[: args.index("--")] if "--" in args else args
     try:
-        sys.stderr.write(f"Error: {INTERRUPTED}\n")
+        sys.stderr.write(f"Error: {interrupted_line(args)}\n")
         sys.stderr.flush()
         if "--json" in args:
-            error = {"error": {"message": INTERRUPTED, "file": None, "exit_code": INTERRUPTED_EXIT}}
+            error = {"error": {"message": interrupted_line(args), "file": None, "exit_code": INTERRUPTED_EXIT}}
             sys.stdout.write(json.dumps(error, indent=2) + "\n")
             sys.stdout.flush()
     finally:

@@ -294,6 +294,34 @@ def _verifier(spec: DraftSpec) -> Check:
     return make_check("verifier", None, "no verifier recorded (HF configs need none)")
 
 
+def verifier_against(spec: DraftSpec, given: str, target_dir=None) -> Check | None:
+    """`verifier` with --target: a warning when the draft names another target than the one given (a model of
+    the same shape passes every config check, then accepts almost nothing and parts from its greedy output).
+    The same target: the same string, the same directory, the Hub cache's folder of that id, or the same last
+    path component (a local copy of a Hub model). None when the draft names no verifier."""
+    from pathlib import Path
+
+    named = spec.verifier.name_or_path if spec.verifier is not None else None
+    if not named:
+        return None
+    here = [Path(given)] + ([Path(target_dir)] if target_dir is not None else [])
+    same = (named == given or any(_same_dir(Path(named), p) for p in here)
+            or any(f"models--{named.replace('/', '--')}" in p.parts for p in here)
+            or any(named.rstrip("/").rsplit("/", 1)[-1].lower() == p.name.lower() for p in here if p.name))
+    if same:
+        return make_check("verifier", True, f"verifier {named}, the --target given", value=named)
+    return make_check("verifier", False, f"the draft names its target {named}, but --target is {given}: a target "
+                      "the draft was not trained against of the same shape passes the config checks, then accepts "
+                      "almost nothing", value=named, threshold=given, bad="warn")
+
+
+def _same_dir(a, b) -> bool:
+    try:
+        return a.exists() and b.exists() and a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
 # ----------------------------------------------------------------------------- values (numpy, from the bit patterns)
 
 SCAN_CHUNK = 1 << 25  # elements read at a time: memory stays flat however big the tensor

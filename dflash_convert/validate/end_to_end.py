@@ -18,10 +18,11 @@ from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
-                                            SamplingUsed, StepDecisions)
+from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
+                                            PromptSetAcceptance, PromptStats, SamplingUsed, StepDecisions)
 from dflash_convert.validate.histogram import step_histogram
 from dflash_convert.validate.sampling import runtime_sampling
+from dflash_convert.validate.served import TIE_ULPS, Parting
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -29,7 +30,8 @@ BUSY_LOAD = 0.75  # 1-minute load average per usable core above which timings ar
 # Without --min-acceptance-length, tau below 1 + this share of the block's draft slots is a loud warning:
 # at block 16 a draft wired to the wrong target layers accepts ~1.6 (a working one 6 and more).
 AUTO_ACCEPTED_SHARE_WARN = 0.1
-MISWIRING_CAUSES = ("target layer ids (a lost +1 between the formats' ids, a reordered list), the mask token id, "
+LOW_TAU_CAUSES = ("the wrong target (another model, or one of the same shape with other weights: the draft's "
+                    "config names the target it was trained against), target layer ids (a lost +1 between the formats' ids, a reordered list), the mask token id, "
                     "causality (a causal draft served non-causally or the reverse)")
 
 
@@ -85,7 +87,11 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     slots = draft.proposals(block)  # proposals per block: block - 1, or block when the anchor's slot predicts (dspark)
     decode = Decode(draft, target, opts, decoding, block)
     base_n = min(BASELINE_PROMPTS, len(prompt_ids))
-    runs, full, rounds = _decode_prompts(decode, prompt_ids, opts, say)
+    finished: list = []  # the speculative generations of the prompts done so far
+    try:
+        runs, full, rounds = _decode_prompts(decode, prompt_ids, opts, say, finished)
+    except KeyboardInterrupt:  # Ctrl-C: what was measured, marked partial, goes up with the interrupt
+        raise MeasuredSoFar(checks + [_partial_check(finished, len(prompt_ids), block, slots)]) from None
     whole = DecodeStats.merge([r.stats for r in runs])
     if sampling.temperature == 0:
         same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], penalties=decoding.penalties)
@@ -130,9 +136,33 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     return checks, stats, [r.tokens for r in runs]
 
 
-def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateOptions, say):
-    """(speculative generations of every prompt, the same counted as vLLM counts them (full last blocks, with
-    their verify decisions; only under --engine vllm, else None), the timing rounds over the first
+class MeasuredSoFar(KeyboardInterrupt):
+    """Ctrl-C during the end-to-end level, with the checks made and the figures measured until then."""
+
+    def __init__(self, checks: list[Check]):
+        super().__init__()
+        self.checks = checks
+
+
+def _partial_check(finished: list, total: int, block: int, slots: int) -> Check:
+    """The figures of the prompts decoded before a Ctrl-C (skip: no gate judges a partial run)."""
+    if not finished:
+        return make_check("end_to_end_partial", None, f"interrupted (Ctrl-C) before the first of {total} prompts "
+                          "was decoded: nothing measured", level="end_to_end")
+    merged = DecodeStats.merge([r.stats for r in finished])
+    rates = _rounded(merged.per_position_rates, slots)
+    return make_check("end_to_end_partial", None, f"interrupted (Ctrl-C) after {len(finished)}/{total} prompts: tau "
+                      f"{merged.tau:.2f} over {merged.new_tokens} tokens ({merged.num_drafts} draft steps, block "
+                      f"{block}); per position [{', '.join(f'{r:.2f}' for r in rates)}]; not checked: greedy output, speedup, thresholds",
+                      value={"prompts": len(finished), "acceptance_length": round(merged.tau, 4),
+                             "new_tokens": merged.new_tokens, "per_position_rates": rates},
+                      threshold=f"{total} prompts", level="end_to_end")
+
+
+def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateOptions, say, runs: list):
+    """(speculative generations of every prompt, appended to `runs` as they finish, the same counted as vLLM
+    counts them (full last blocks, with their verify decisions; only under --engine vllm, else None), the timing
+    rounds over the first
     BASELINE_PROMPTS)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the block-size note is reported once, as a check
@@ -141,7 +171,6 @@ def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateO
         # minutes at real size on CPU, where a draft that accepts little makes every token a verify step
         decode.speculative(prompt_ids[0], max_new_tokens=2)
         decode.target_only(prompt_ids[0], max_new_tokens=2)
-        runs = []
         for i, p in enumerate(prompt_ids, 1):
             runs.append(decode.speculative(p))
             say(Step(f"end to end: prompt {i}/{len(prompt_ids)}: {runs[-1].stats.new_tokens} tokens, "
@@ -311,26 +340,74 @@ def _greedy_pass(decode: Decode, prompts: list[list[int]], say) -> tuple[list, l
 def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, sampled_at: float | None = None,
                   penalties=None) -> list[bool]:
     """Appends greedy_output_equal; returns, per prompt, whether its output is the target's greedy output.
-    `sampled_at`: the run samples at this temperature and `runs` are a greedy pass made for this check."""
-    bad = []  # (prompt, first token that is not the target's greedy choice)
-    for i, (p, r) in enumerate(zip(prompt_ids, runs)):
-        at = _first_non_greedy(target, p, r.tokens, penalties)
-        if at is None and i < len(baselines) and r.tokens != baselines[i].tokens:
-            at = first_difference(r.tokens, baselines[i].tokens)
-        if at is not None:
-            bad.append((i, at))
-    equal = len(runs) - len(bad)
-    msg = (f"speculative output is the target's greedy output on all {len(runs)} prompts (every token the "
-           f"target's argmax after the tokens before it; identical to target-only decoding on the first "
-           f"{len(baselines)})" if not bad else f"prompt {bad[0][0] + 1}: token {bad[0][1]} of the speculative "
-           f"output is not the target's greedy choice ({equal}/{len(runs)} prompts equal)")
+    `sampled_at`: the run samples at this temperature and `runs` are a greedy pass made for this check.
+    A token that is not the target's argmax passes as a near-tie when its logit is within served.Parting's
+    few units in the last place of the target's dtype (the batched verify and sequential decoding round
+    differently, and either token is then the target's choice); any other one fails."""
+    dtype = str(target.dtype).removeprefix("torch.")
+    partings = [_partings(target, p, r.tokens, baselines[i].tokens if i < len(baselines) else None, dtype, penalties)
+                for i, (p, r) in enumerate(zip(prompt_ids, runs))]
+    real = [(i, x) for i, found in enumerate(partings) for x in found if not x.near_tie]
+    ties = [(i, x) for i, found in enumerate(partings) for x in found if x.near_tie]
+    equal = sum(not found for found in partings)
+    n = len(runs)
+    if not real and not ties:
+        msg = (f"speculative output is the target's greedy output on all {n} prompts (every token the "
+               f"target's argmax after the tokens before it; identical to target-only decoding on the first "
+               f"{len(baselines)})")
+    elif not real:
+        msg = (f"speculative output is the target's greedy output on {equal}/{n} prompts; the other {n - equal} "
+               "part from it only at near-ties: " + " | ".join(
+                   f"prompt {i + 1}, token {x.at + 1}: {_describe(x)}" for i, x in ties[:3])
+               + (f" (+{len(ties) - 3} more)" if len(ties) > 3 else ""))
+    else:
+        i, x = real[0]
+        msg = (f"prompt {i + 1}: token {x.at + 1} of the speculative output is not the target's greedy choice "
+               f"({_describe(x)}; {equal}/{n} prompts equal)")
     if sampled_at is not None:
         msg += (f" (a greedy pass made for this check: the run itself samples at temperature {sampled_at}, whose "
                 "outputs cannot be compared token by token)")
-    checks.append(make_check("greedy_output_equal", not bad, msg, value=f"{equal}/{len(runs)}",
-                         threshold=f"{len(runs)}/{len(runs)}", level="end_to_end"))
-    wrong = {i for i, _ in bad}
-    return [i not in wrong for i in range(len(runs))]
+    checks.append(make_check("greedy_output_equal", not real, msg, value=f"{equal}/{n}",
+                         threshold=f"{n}/{n}", level="end_to_end"))
+    return [not found for found in partings]
+
+
+def _describe(x: Parting) -> str:
+    if x.taken_logit is None or x.other_logit is None:
+        return f"the target's greedy output has {x.taken}, the speculative one {x.other}"
+    verdict = (f"a near-tie, within {TIE_ULPS} {x.dtype} ulps = {x.tolerance:.3g}: numerics, not the draft"
+               if x.near_tie else "not a near-tie")
+    return (f"the target's choice {x.taken}, the speculative output's {x.other}; logits "
+            f"{x.taken_logit:.4g} and {x.other_logit:.4g}, {verdict}")
+
+
+def _partings(target, prompt: list[int], tokens: list[int], baseline: list[int] | None, dtype: str,
+              penalties=None) -> list[Parting]:
+    """Where the speculative `tokens` are not the target's greedy output, each with the target's logits of the
+    two tokens: every token that is not the target's argmax given everything before it (one
+    teacher-forced target pass; the run's penalties applied to each row as vLLM counts them), else the first
+    token where target-only decoding (`baseline`) took another."""
+    import torch
+    from dflash_runtime.sampling import penalize
+
+    target.set_capture([])
+    target.reset()
+    ids = torch.tensor(prompt + tokens, dtype=torch.long)
+    logits, _ = target.forward(ids, 0)  # [P+N, V]
+    rows = penalize(logits[len(prompt) - 1:-1], penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
+    target.reset()
+    greedy = rows.argmax(dim=-1).tolist()  # the target's choice for each new token
+
+    def at(k: int, taken: int | None) -> Parting:
+        if taken is None or k >= len(tokens):
+            return Parting(k, taken, tokens[k] if k < len(tokens) else None, dtype)
+        return Parting(k, taken, tokens[k], dtype, float(rows[k, taken]), float(rows[k, tokens[k]]))
+
+    found = [at(k, g) for k, (t, g) in enumerate(zip(tokens, greedy)) if t != g]
+    if not found and baseline is not None and baseline != tokens:
+        k = first_difference(tokens, baseline)
+        found = [at(k, baseline[k] if k < len(baseline) else None)]
+    return found
 
 
 def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions,
@@ -352,7 +429,7 @@ def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts
                              f"tau {tau:.3f} over {num} draft steps (block {block}); no --min-acceptance-length "
                              f"given" if tau >= floor else f"tau {tau:.3f} at block {block} (below {floor}, 1 + "
                              f"{AUTO_ACCEPTED_SHARE_WARN:.0%} of the {slots} draft slots): the draft accepts almost "
-                             f"nothing; likely mis-wired: {MISWIRING_CAUSES}; `inspect` and `validate --engine` show "
+                             f"nothing; likely causes: {LOW_TAU_CAUSES}; `inspect` and `validate --engine` show "
                              "how an engine reads it; --min-acceptance-length makes this a failure",
                              value=round(tau, 4), threshold=floor, level="end_to_end", bad="warn"))
     wanted = opts.min_position_rates
@@ -415,30 +492,13 @@ def _speedup_check(speedup: float, per_round: list[float], spec_tps: float, base
     msg = (f"speedup {speedup:.2f}x ({spec_tps:.1f} vs {base_tps:.1f} tok/s over {rounds} interleaved round(s) of "
            f"{prompts} prompt(s); per round {min(per_round):.2f}x-{max(per_round):.2f}x; {threads} thread(s))")
     if busy:
-        msg += (f"; load average {load:.1f} on {usable_cores()} core(s): other work competes for the CPU, timings "
-                "are unreliable")
+        msg += (f"; load average {load:.1f} on {usable_cores()} core(s): other work competes for the CPU, "
+                + UNRELIABLE_TIMING)
     if min_speedup is not None:
         return make_check("speedup", speedup >= min_speedup, msg + f"; required >= {min_speedup}",
                       value=round(speedup, 4), threshold=min_speedup, level="end_to_end")
     return make_check("speedup", not busy, msg + "; informational (no --min-speedup given)", value=round(speedup, 4),
                   level="end_to_end", bad="warn")
-
-
-def _first_non_greedy(target, prompt: list[int], tokens: list[int], penalties=None) -> int | None:
-    """Index of the first generated token that is not the target's argmax given everything before it
-    (one teacher-forced target pass; the run's penalties applied to each row as vLLM counts them), or None
-    when the whole output is the target's greedy output."""
-    import torch
-    from dflash_runtime.sampling import penalize
-
-    target.set_capture([])
-    target.reset()
-    ids = torch.tensor(prompt + tokens, dtype=torch.long)
-    logits, _ = target.forward(ids, 0)  # [P+N, V]
-    rows = penalize(logits[len(prompt) - 1:-1], penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
-    greedy = rows.argmax(dim=-1).tolist()  # the target's choice for each new token
-    target.reset()
-    return next((i for i, (t, g) in enumerate(zip(tokens, greedy)) if t != g), None)
 
 
 class VllmPenaltiesProcessor:

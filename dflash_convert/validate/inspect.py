@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from dflash_convert.format import catalogue, engine_views, mapping
 from dflash_convert.io.checkpoint import open_checkpoint
-from dflash_convert.validate.checks import Check
+from dflash_convert.validate.checks import Check, make_check
 from dflash_convert.format.configs import Format, LayerType, Variant
 from dflash_convert.format.dtypes import DTYPES
 from dflash_convert.format.engine_views import EngineView
@@ -65,7 +65,7 @@ class InspectReport(BaseModel):
     tensors: list[TensorRow]
     checks: list[Check]
     problems: list[Check] = Field(description="the checks that failed or warned")
-    ok: bool = Field(description="no check failed (engine divergences are reported, not failed, here)")
+    ok: bool = Field(description="no check failed (an engine view that errs is a failed `engine_view.*` check)")
     scanned: bool = Field(False, description="tensor values were read (--scan): NaN/Inf and degenerate values "
                           "checked; otherwise only the config and the tensor headers")
 
@@ -105,7 +105,7 @@ class InspectReport(BaseModel):
                 continue
             via = f" (as converted by `convert --to {view.reads}`)" if view.via_conversion else ""
             state = engine_views.view_state(view)
-            console.print(f"{view.title} {view.version}{via}: {state}", markup=False)
+            console.print(f"{engine_views.rules_label(view)}{via}: {state}", markup=False)
             if not view.as_trained or len(self.engines) == 1:
                 for line in engine_views.render_view(view)[1:2]:
                     console.print(line, markup=False)
@@ -164,7 +164,8 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         if rule and catalogue.loaded_by_engines(rule, spec):
             params += math.prod(info.shape)
     float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
-    checks = checkpoint_checks(ckpt, scan=scan)
+    views = engine_views.checkpoint_views(ckpt, engine)
+    checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views)
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
     return InspectReport(
         path=str(ckpt.path),
@@ -193,13 +194,28 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         dtype=float_dtypes[0] if len(float_dtypes) == 1 else float_dtypes,
         parameters=params,
         files=[f.name for f in ckpt.input_files],
-        engines=engine_views.checkpoint_views(ckpt, engine),
+        engines=views,
         tensors=tensors,
         checks=checks,
         problems=[c for c in checks if c.status in ("fail", "warn")],
         ok=not any(c.status == "fail" for c in checks),
         scanned=scan,
     )
+
+
+def engine_checks(views: list[EngineView]) -> list[Check]:
+    """Each engine view that errs (the engine does not load the draft, or serves it differently at every step)
+    as a failed check naming the engine and the fields: a problem like any other, in the verdict line, the JSON
+    and the exit code. Warnings (some deployments only) stay notes of the view."""
+    checks = []
+    for view in views:
+        errors = [d.field for d in view.divergences if d.severity == "error"]
+        if errors or not view.loads:
+            via = " as converted" if view.via_conversion else ""
+            checks.append(make_check(f"engine_view.{view.engine}", False, f"{engine_views.rules_label(view)}{via}: "
+                                     f"{engine_views.view_state(view)}" + (f" ({', '.join(errors)})" if errors else "")
+                                     + ": see its ERROR lines", value=errors or None))
+    return checks
 
 
 def inspect_report_schema() -> dict[str, Any]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_convert.errors import DFlashError, UsageError
-from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, Flag
+from dflash_convert.flags import CAUSAL_HELP, VALIDATE_ALLOW_PICKLE_HELP, Flag
 from dflash_convert.format.compat import Level
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from dflash_convert.format.dtypes import DTYPE_CHOICES
@@ -70,6 +70,17 @@ class ValidateOptions(BaseModel):
     usage error the CLI prints (exit 2), before anything is read."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # how `validate -h` groups the flags, the way users look for them (a field in none: "Options")
+    HELP_PANELS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "levels", "allow_pickle"),
+        "Decoding": ("max_new_tokens", "block_size", "sampling", "temperature", "top_k", "top_p", "min_p",
+                     "repetition_penalty", "presence_penalty", "frequency_penalty", "draft_sampling", "seed"),
+        "Runtime": ("device", "dtype", "backend", "target_backend", "causal", "compile", "device_map", "max_memory",
+                    "threads", "keep_going"),
+        "Engine": ("engine", "engine_python", "engine_args", "engine_timeout", "engine_kv_cache_gib"),
+        "Thresholds": ("min_acceptance_length", "min_position_rates", "min_speedup", "baseline", "max_regression",
+                       "require_end_to_end"),
+    }
 
     target: Annotated[str | Path | None, Flag("--target", type=str)] = Field(
         None, description="Target model directory, its config.json, or Hub id. A config alone enables the static pair "
@@ -166,7 +177,10 @@ class ValidateOptions(BaseModel):
         "baseline's value (0.05: 5 %).")
     keep_going: Annotated[bool, Flag("--keep-going")] = Field(
         False, description="Run numeric and end-to-end levels even when static checks failed.")
-    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=ALLOW_PICKLE_HELP)
+    require_end_to_end: Annotated[bool, Flag("--require-end-to-end")] = Field(
+        False, description="Fail (exit 3) when the end-to-end level does not run (no --target, a config-only target, "
+        "an earlier level failed): for CI, where a forgotten --target must not pass.")
+    allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=VALIDATE_ALLOW_PICKLE_HELP)
 
     def check(self) -> None:
         """Raise UsageError naming the flag of the first value out of its range."""

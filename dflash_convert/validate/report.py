@@ -255,6 +255,8 @@ class ValidationReport(BaseModel):
     duration_s: float
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"),
                             description="when the report was made (UTC, ISO 8601)")
+    incomplete: str | None = Field(None, description="why the run stopped before its levels ended (Ctrl-C): the "
+                                   "checks and figures are what was measured until then, and it did not pass")
     passed: bool = Field(description="no check failed")
 
     @property
@@ -291,6 +293,7 @@ def validation_report_schema() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- renderings
 
 STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+UNRELIABLE_TIMING = "timings are unreliable"  # the speedup check's words for a busy machine
 
 
 def _short(value: Any, limit: int = 48) -> str:
@@ -299,7 +302,10 @@ def _short(value: Any, limit: int = 48) -> str:
     if isinstance(value, float):
         text = f"{value:.4g}"
     elif isinstance(value, list) and value and all(isinstance(v, float) for v in value):
-        text = "[" + ", ".join(f"{v:.2f}" for v in value) + "]"
+        items = [f"{v:.2f}" for v in value]  # cut between numbers, never inside one
+        shown = next((k for k in range(len(items), 0, -1)
+                      if len(", ".join(items[:k])) + (0 if k == len(items) else 14) + 2 <= limit), 1)
+        return "[" + ", ".join(items[:shown]) + (f", +{len(items) - shown} more" if shown < len(items) else "") + "]"
     else:
         text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -353,8 +359,8 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
     low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
     if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
-    verdict = "[green]PASSED[/green]" if report.passed else "[bold red]FAILED[/bold red]"
-    console.print(f"{verdict}: {escape(verdict_text(report))}")
+    word = verdict_word(report)
+    console.print(f"[{VERDICT_STYLE[word]}]{word}[/] {escape(verdict_text(report))}")
 
 
 def sampling_line(u: SamplingUsed) -> str:
@@ -367,15 +373,34 @@ def sampling_line(u: SamplingUsed) -> str:
     return line
 
 
+VERDICT_STYLE = {"PASSED": "green", "FAILED": "bold red", "INCOMPLETE": "bold yellow"}
+
+
+def verdict_word(report: ValidationReport) -> str:
+    """PASSED, FAILED, or INCOMPLETE for a run stopped before its end (Ctrl-C)."""
+    return "INCOMPLETE" if report.incomplete else "PASSED" if report.passed else "FAILED"
+
+
+def levels_text(report: ValidationReport) -> str:
+    """The levels that ran and those that did not, with why: `(static, numeric; end to end not run: ...)`."""
+    ran = ", ".join(lv.replace("_", " ") for lv in report.levels_run) or "no level ran"
+    return "(" + "; ".join([ran, *(f"{lv.replace('_', ' ')} not run: {why}"
+                                   for lv, why in sorted(report.levels_skipped.items(), key=_level_order))]) + ")"
+
+
+def _level_order(item: tuple[str, str]) -> int:
+    return LEVELS.index(item[0]) if item[0] in LEVELS else len(LEVELS)
+
+
 def verdict_text(report: ValidationReport) -> str:
-    """The verdict line after PASSED/FAILED: counts, tau and speedup, the failed checks."""
+    """The verdict line after PASSED/FAILED: the levels run and not, counts, tau and speedup, the failed checks."""
     n = report.counts()
     a = report.acceptance
     figures = f", tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x" if a is not None else ""
     failed = report.failed_checks
     names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
-    return (f"{n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped in "
-            f"{report.duration_s:.1f} s{figures}{names}")
+    return (f"{levels_text(report)}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, "
+            f"{n['skip']} skipped in {report.duration_s:.1f} s{figures}{names}")
 
 
 def acceptance_lines(report: ValidationReport) -> list[str]:
@@ -411,21 +436,25 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
     b = getattr(report, "baseline", None)
     if b is not None:
         return svg_chart(b.rates, t.get("min_position_rates"), baseline=b.baseline_rates,
-                         title=f"acceptance per draft position: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f})")
-    return svg_chart(a.per_position_rates, t.get("min_position_rates"),
-                     title=f"acceptance per draft position: tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x")
+                         title=f"{verdict_word(report)}: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f}); acceptance "
+                         "per draft position")
+    tau_min = t.get("min_acceptance_length")
+    speedup = next((c for c in report.checks if c.name == "speedup"), None)
+    unreliable = speedup is not None and UNRELIABLE_TIMING in speedup.message
+    return svg_chart(a.per_position_rates, t.get("min_position_rates"), tau_minimum=tau_min,
+                     title=f"{verdict_word(report)}: tau {a.acceptance_length:.2f}"
+                     + (f" (min {tau_min:g})" if tau_min is not None else "") + f", speedup {a.speedup:.2f}x"
+                     + (" (unreliable: a busy machine)" if unreliable else "") + "; acceptance per draft position")
 
 
 def to_markdown(report: ValidationReport, image: str | None = None) -> str:
     """A Markdown report (a GitHub step summary, a PR comment): verdict, figures, the chart (`image`, a
     path to the SVG beside the file, else the unicode bars), the failed and warned checks, per-prompt table."""
-    verdict = "PASSED" if report.passed else "FAILED"
+    verdict = verdict_word(report)
     target = f" against `{report.target}`" if report.target else ""
     lines = [f"## dflash-convert validate: {verdict}", "",
              f"`{report.checkpoint}`{target}, levels run: {', '.join(report.levels_run) or 'none'} "
-             f"({report.created_at})", "", verdict_text(report), ""]
-    for level, why in report.levels_skipped.items():
-        lines.append(f"- {level} skipped: {_cell(why)}")
+             f"({report.created_at})", "", f"**{verdict}** {_cell(verdict_text(report))}", ""]  # and why levels did not
     a = report.acceptance
     if a is not None:
         t = report.thresholds()
@@ -446,6 +475,8 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
                               baseline=b.baseline_rates if b else None), "```", ""]
         if b is not None:
             lines += baseline_markdown(b)
+        if a.vllm_counting is not None or report.engine_run is not None:
+            lines += counting_markdown(a, report.engine_run)
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
@@ -469,8 +500,9 @@ def histogram_markdown(a: AcceptanceStats) -> list[str]:
     most = max(a.per_request_histogram) or 1
     last = len(a.per_request_histogram) - 1
     lines = ["Per-request acceptance (prompts per tau band):", "", "| tau | prompts | |", "|---|---|---|"]
-    lines += [f"| {i + 1}-{i + 2}{'' if i == last else ' (excl.)'} | {n} | `{bar(n / most, 20).rstrip()}` |"
-              for i, n in enumerate(a.per_request_histogram)]
+    cells = [bar(n / most, 20).rstrip() for n in a.per_request_histogram]
+    lines += [f"| {i + 1}-{i + 2}{'' if i == last else ' (excl.)'} | {n} | {f'`{cell}`' if cell else ''} |"
+              for i, (n, cell) in enumerate(zip(a.per_request_histogram, cells))]
     return lines + [""]
 
 
@@ -492,34 +524,52 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def counting_rows(a: AcceptanceStats, engine: EngineStats | None) -> list[tuple[str, int, int, float, list[float]]]:
+    """(counted how, drafts, accepted, tau, per-position rates): our figures both ways and the engine's own."""
+    rows = [("runtime (last block shortened)", a.num_drafts, a.accepted, a.acceptance_length, a.per_position_rates)]
+    counted = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
+    if engine is not None and engine.emulated is not None:
+        counted.append((f"runtime, as {engine.engine} counts", engine.emulated))
+    if engine is not None:
+        counted.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
+    return rows + [(name, c.num_drafts, c.accepted, c.acceptance_length, c.per_position_rates)
+                   for name, c in counted if c is not None]
+
+
+def engine_line(engine: EngineStats) -> str:
+    """What the engine run showed besides its counts: its outputs (greedy) or the tolerance (sampled)."""
+    if engine.outputs_equal is not None:
+        steps = (f"; acceptance equal step for step on {engine.steps_equal}/{engine.prompts} prompts"
+                 if engine.steps_equal is not None else "")
+        return (f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
+                f"prompts (speculative, target-only, our target's greedy){steps}")
+    return (f"{engine.engine} {engine.version}: sampled at temperature {engine.sampling.get('temperature')} "
+            f"(prompt i seeded {engine.sampling.get('seed', 0)} + i); acceptance compared within "
+            f"tau +/- {engine.tolerance.get('tau')}")
+
+
 def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) -> None:
     """Our figures both ways and the engine's own, side by side."""
     from rich.table import Table
 
     table = Table("counted", "drafts", "accepted", "tau", "per-position rates", title="acceptance, side by side",
                   title_justify="left")
-    table.add_row("runtime (last block shortened)", str(a.num_drafts), str(a.accepted), f"{a.acceptance_length:.3f}",
-                  _short(a.per_position_rates, 200))
-    rows = [("runtime, as vLLM counts (full last block)", a.vllm_counting)]
-    if engine is not None and engine.emulated is not None:
-        rows.append((f"runtime, as {engine.engine} counts", engine.emulated))
-    if engine is not None:
-        rows.append((f"{engine.engine} {engine.version} (its counters)", engine.counts))
-    for name, c in rows:
-        if c is not None:
-            table.add_row(name, str(c.num_drafts), str(c.accepted), f"{c.acceptance_length:.3f}",
-                          _short(c.per_position_rates, 200))
+    for name, drafts, accepted, tau, rates in counting_rows(a, engine):
+        table.add_row(name, str(drafts), str(accepted), f"{tau:.3f}", _short(rates, 200))
     console.print(table)
-    if engine is not None and engine.outputs_equal is not None:
-        console.print(f"{engine.engine} {engine.version}: outputs equal on {engine.outputs_equal}/{engine.prompts} "
-                      "prompts (speculative, target-only, our target's greedy)", markup=False)
-        if engine.steps_equal is not None:
-            console.print(f"{engine.engine} {engine.version}: acceptance equal step for step on {engine.steps_equal}/"
-                          f"{engine.prompts} prompts", markup=False)
-    elif engine is not None:
-        console.print(f"{engine.engine} {engine.version}: sampled at temperature {engine.sampling.get('temperature')} "
-                      f"(prompt i seeded {engine.sampling.get('seed', 0)} + i); acceptance compared within "
-                      f"tau +/- {engine.tolerance.get('tau')}", markup=False)
+    if engine is not None:
+        console.print(engine_line(engine), markup=False)
+
+
+def counting_markdown(a: AcceptanceStats, engine: EngineStats | None) -> list[str]:
+    """The side-by-side table in Markdown, after a line on the engine run (when one ran)."""
+    lines = ([f"Served in real {engine.engine} {engine.version} (run by {engine.python}): "
+              f"{_cell(engine_line(engine))}.", ""] if engine is not None else [])
+    lines += ["Acceptance, side by side:", "", "| counted | drafts | accepted | tau | per-position rates |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {name} | {drafts} | {accepted} | {tau:.3f} | {_short(rates, 200)} |"
+              for name, drafts, accepted, tau, rates in counting_rows(a, engine)]
+    return lines + [""]
 
 
 def to_json(report: ValidationReport) -> dict[str, Any]:

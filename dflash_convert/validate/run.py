@@ -38,7 +38,7 @@ from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
 from dflash_convert.validate.checks import (Check, make_check, checkpoint_checks, duplicate_tensors_check, scan_checks,
-                                            target_checks)
+                                            target_checks, verifier_against)
 from dflash_convert.validate.end_to_end import Placement, Prompts, end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
@@ -94,6 +94,7 @@ class Run:
     stats: AcceptanceStats | None = None
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
     engine_run: EngineStats | None = None
+    incomplete: str | None = None  # why the run stopped before its levels did (Ctrl-C)
     baseline: ValidationReport | None = None  # --baseline, read before any slow work
     pending: dict[int, list] = field(default_factory=dict)  # prompt index -> chat with turns the target answers
     render: dict[str, Any] = field(default_factory=dict)  # how prompts were rendered (tokenizer, template, ...)
@@ -110,7 +111,7 @@ class Run:
 
 
 def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *,
-             progress: Callable[[str], None] | None = None) -> ValidationReport:
+             progress: Callable[[str], None] | None = None, report_interrupted: bool = False) -> ValidationReport:
     """Run every level the inputs allow (or those in `opts.levels`) and report which ran and why others
     did not. Raises UsageError for options out of range and DFlashError, before loading anything, when
     the memory plan says the run does not fit.
@@ -119,7 +120,8 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     causality, block size, vocabulary handling) and fail `engine_fidelity` where it differs from training;
     that failure does not skip the runtime levels, whose acceptance is then what the deployment gets.
     dtype "auto" loads each checkpoint in its own dtype (its config's `dtype`/`torch_dtype`, else the
-    dtype its weights are stored in)."""
+    dtype its weights are stored in). `report_interrupted` (the validate command): a Ctrl-C returns the report
+    of what was measured, `incomplete` set; otherwise (convert --validate, library callers) it propagates."""
     t0 = time.perf_counter()
     opts = opts or ValidateOptions()
     opts.check()
@@ -134,6 +136,40 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle)
     run = Run(checkpoint_path, opts, progress or (lambda message: None), progress is None, ckpt, ckpt, list(opts.levels),
               device=opts.device, dtype_name=opts.dtype)
+    try:
+        _run_levels(run, duplicates)
+    except KeyboardInterrupt as exc:  # Ctrl-C: the report of what was measured, marked incomplete
+        if not report_interrupted:
+            raise
+        run.checks += getattr(exc, "checks", [])
+        run.incomplete = "interrupted (Ctrl-C)"
+        for lv in run.wanted:
+            if lv not in run.run:
+                run.skipped[lv] = run.incomplete
+    for lv in LEVELS:
+        if lv not in run.run and lv not in run.skipped:
+            run.skipped[lv] = "not requested"
+    if opts.require_end_to_end and "end_to_end" not in run.run:
+        run.checks.append(make_check("end_to_end_ran", False, "--require-end-to-end: the end-to-end level did not "
+                                     f"run ({run.skipped['end_to_end']})", level="end_to_end"))
+    if run.stats is not None:
+        run.stats.prompt_ids_sha256 = prompt_ids_sha256(run.prompt_ids)
+        run.stats.per_request_histogram = request_histogram([p.acceptance_length for p in run.stats.per_prompt],
+                                                            run.stats.block_size)
+    report = ValidationReport(
+        tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
+        checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
+        levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
+        engine_run=run.engine_run,
+        environment=_environment(opts, run), options=opts.model_dump(mode="json"), incomplete=run.incomplete,
+        duration_s=round(time.perf_counter() - t0, 3),
+        passed=run.incomplete is None and not any(c.status == "fail" for c in run.checks))
+    if run.baseline is not None:
+        _baseline_gate(run, report)
+    return report
+
+
+def _run_levels(run: Run, duplicates: Check) -> None:
     _prepare(run)
     if "static" in run.wanted:
         _static_level(run, duplicates)
@@ -145,23 +181,6 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
             _numeric_level(run)
         if "end_to_end" in run.wanted:
             _end_to_end_level(run)
-    for lv in LEVELS:
-        if lv not in run.run and lv not in run.skipped:
-            run.skipped[lv] = "not requested"
-    if run.stats is not None:
-        run.stats.prompt_ids_sha256 = prompt_ids_sha256(run.prompt_ids)
-        run.stats.per_request_histogram = request_histogram([p.acceptance_length for p in run.stats.per_prompt],
-                                                            run.stats.block_size)
-    report = ValidationReport(
-        tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
-        checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
-        levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
-        engine_run=run.engine_run,
-        environment=_environment(opts, run), options=opts.model_dump(mode="json"),
-        duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in run.checks))
-    if run.baseline is not None:
-        _baseline_gate(run, report)
-    return report
 
 
 def _baseline_gate(run: Run, report: ValidationReport) -> None:
@@ -172,7 +191,17 @@ def _baseline_gate(run: Run, report: ValidationReport) -> None:
     else:
         check, report.baseline = compare_baseline(run.baseline, run.opts.baseline, report, run.opts.max_regression)
     report.checks.append(check)
-    report.passed = not any(c.status == "fail" for c in report.checks)
+    report.passed = report.incomplete is None and not any(c.status == "fail" for c in report.checks)
+
+
+def _recorded_target(spec) -> str:
+    """The target the draft's config names, suggested when it is a directory at hand (else only named)."""
+    named = spec.verifier.name_or_path if spec.verifier is not None else None
+    if not named:
+        return ""
+    if (Path(named) / "config.json").is_file():
+        return f"; the draft names {named}, found here: add --target {named}"
+    return f"; the draft names {named}"
 
 
 def _target_name(opts: ValidateOptions) -> str | None:
@@ -258,6 +287,8 @@ def _static_level(run: Run, duplicates: Check) -> None:
         answered = {"target_layer_ids_range", "mask_token_id_special"}
         checks = [c for c in checks if not (c.status == "skip" and c.name in answered)]
         checks += target_checks(run.ckpt.spec, run.info, ckpt=run.ckpt)
+        named = verifier_against(run.ckpt.spec, _target_name(run.opts), run.target_dir)
+        checks = [named if c.name == "verifier" and named is not None else c for c in checks]
     checks += [c for c in (_causal_override_check(run.ckpt, run.opts.causal), run.mask_check) if c is not None]
     run.checks += checks
     run.run.append("static")
@@ -270,7 +301,7 @@ def _static_level(run: Run, duplicates: Check) -> None:
 def _engine_level(run: Run) -> None:
     run.checks.append(_engine_fidelity_check(run.view))
     if not run.view.loads:
-        run.skip(EXPENSIVE, f"{run.view.title} {run.view.version} would not load this checkpoint (engine_fidelity)")
+        run.skip(EXPENSIVE, f"{engine_views.rules_label(run.view)}, would not load this checkpoint (engine_fidelity)")
 
 
 @contextlib.contextmanager
@@ -341,7 +372,7 @@ def _load_options(run: Run) -> dict[str, Any]:
 
 def _end_to_end_level(run: Run) -> None:
     if run.opts.target is None:
-        run.skipped["end_to_end"] = "no --target given"
+        run.skipped["end_to_end"] = "no --target given" + _recorded_target(run.ckpt.spec)
     elif not run.target_has_weights:
         run.skipped["end_to_end"] = f"target {run.opts.target} has no weights (config only)"
     elif any(c.name in ("draft_loads", "backend") and c.status == "fail" for c in run.checks):
@@ -406,6 +437,9 @@ def _served_level(run: Run) -> None:
         sampling=request.sampling, steps=run.stats.vllm_steps,
         emulated_dtypes=[d for d in (run.dtype_name, run.target_dtype_name) if d])
     equal = run.engine_run.outputs_equal
+    fidelity = next((c for c in run.checks if c.name == "engine_fidelity"), None)
+    if fidelity is not None:  # the rules applied are one version's; the engine that ran may be another
+        fidelity.message += f" (vLLM {run.engine_run.version} ran the pair below)"
     run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, "
             + (f"outputs equal on {equal}/{run.engine_run.prompts} prompts" if equal is not None else "sampled"))
     run.checks += checks
@@ -524,7 +558,7 @@ def _engine_fidelity_check(view) -> Check:
     errors = [d for d in view.divergences if d.severity == "error"]
     warns = [d for d in view.divergences if d.severity == "warning"]
     shown = errors or warns
-    message = (f"{view.title} {view.version}: " + ("; ".join(f"{d.field}: {d.consequence} (fix: {d.fix})"
+    message = (f"{engine_views.rules_label(view)}: " + ("; ".join(f"{d.field}: {d.consequence} (fix: {d.fix})"
                                                           for d in shown) if shown else "serves the draft as trained"))
     return Check(name="engine_fidelity", status="fail" if errors or not view.loads else "warn" if warns else "pass",
                  value=view.engine, threshold="as trained", message=message, level="static")
