@@ -267,3 +267,34 @@ def test_concurrency_in_flight(server, tmp_path, cli):
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=8), "--concurrency", "4")
     assert r.code == 0, r.err
     assert most[0] == 4
+
+
+def _with_top(answer: dict, tops: list[dict[str, float]]) -> dict:
+    """A completion answer with vLLM's top candidates per token (return_tokens_as_token_ids)."""
+    answer["choices"][0]["logprobs"] = {"top_logprobs": [{f"token_id:{t}": v for t, v in step.items()}
+                                                         for step in tops]}
+    return answer
+
+
+@pytest.mark.parametrize(("other_logit", "passes"), [(9.99, True), (7.0, False)])
+def test_baseline_endpoint_outputs_judged_at_near_ties(server, tmp_path, cli, other_logit, passes):
+    """Outputs parting at token 3: a near-tie by the baseline's logits passes (and is named), else the prompt,
+    the position and both tokens are named and the run fails."""
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 3], tokens=[5, 6, 8, 9])))
+    with FakeEndpoint() as plain:
+        plain.answer("/v1/models", Canned(body=models("m")))
+        tops = [{5: 10.0}, {6: 10.0}, {7: 10.0, 8: other_logit}, {9: 10.0}]
+        plain.answer("/v1/completions", Canned(body=_with_top(plain_completion([5, 6, 7, 9]), tops)))
+        r = cli("validate", "--endpoint", server.url, "--baseline-endpoint", plain.url, "--prompts",
+                _ids_prompts(tmp_path, n=1), "--sampling", "greedy", "--json")
+        sent = [s.body for s in plain.seen if s.path == "/v1/completions"]
+    assert r.code == (0 if passes else 3), r.err
+    b = r.json()["endpoint"]["baseline_endpoint"]
+    assert b["rounds"] == 3 and len(sent) == 3 and sent[0]["logprobs"] == 5 and sent[0]["return_tokens_as_token_ids"]
+    if passes:
+        assert b["outputs_equal"] == 0
+        assert "token 3: the baseline took 7, the speculative endpoint 8" in b["near_ties"][0]
+    else:
+        message = r.failed_checks()["endpoint_outputs_equal"]
+        assert "prompt 1: the deployment's speculation changes its output (token 3: the baseline took 7, the " \
+               "speculative endpoint 8 (values 10 and 7: not a near-tie))" in message

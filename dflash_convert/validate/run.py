@@ -125,6 +125,8 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
     opts.check()
     if checkpoint_path is None:
         return _endpoint_only(opts, progress or (lambda message: None), t0)
+    if opts.endpoint is not None and opts.engine is None and opts.target is not None:
+        opts = _endpoint_engine(opts)
     duplicates = duplicate_tensors_check(checkpoint_path)
     if duplicates.failed:  # the checkpoint cannot be opened: report the one problem found
         return ValidationReport(
@@ -174,6 +176,19 @@ def _endpoint_prompts(opts: ValidateOptions) -> list[tuple[str | None, Any]]:
     if given is None and not opts.prompt_sets:
         given = list(BUILTIN_TEXT_PROMPTS)
     return [(None, p) for p in given or []] + [(s.name, p) for s in opts.prompt_sets for p in s.prompts]
+
+
+def _endpoint_engine(opts: ValidateOptions) -> ValidateOptions:
+    """The options with --engine set to the engine the endpoint is (its /v1/models says), so that the offline
+    levels emulate it and count as it counts; unchanged for a server that does not say."""
+    from dflash_convert.validate.endpoint import Deadline, Endpoint, served_model
+
+    endpoint = Endpoint(opts.endpoint, key_variable=opts.endpoint_key_env, deadline=Deadline(opts.endpoint_timeout))
+    try:
+        _, engine = served_model(endpoint, opts.endpoint_model)
+    finally:
+        endpoint.close()
+    return opts.model_copy(update={"engine": engine}) if engine in engines.ENGINE_NAMES else opts
 
 
 def _endpoint_level(run: Run, report: ValidationReport) -> None:
