@@ -298,3 +298,29 @@ def test_baseline_endpoint_outputs_judged_at_near_ties(server, tmp_path, cli, ot
         message = r.failed_checks()["endpoint_outputs_equal"]
         assert "prompt 1: the deployment's speculation changes its output (token 3: the baseline took 7, the " \
                "speculative endpoint 8 (values 10 and 7: not a near-tie))" in message
+
+
+def test_ctrl_c_cancels_in_flight_requests(server, tmp_path):
+    """Ctrl-C while requests hang on the server: exit 130 at once (nothing waits for their answers)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from processes import ROOT, stop_signals_at_default
+
+    server.answer("/v1/completions", Canned(body=plain_completion([1]), hang_s=60))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]))
+    child = subprocess.Popen([sys.executable, "-m", "dflash_convert", "validate", "--endpoint", server.url,
+                              "--prompts", str(_ids_prompts(tmp_path, n=4)), "--concurrency", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=stop_signals_at_default)
+    deadline = time.monotonic() + 60
+    while sum(s.path == "/v1/completions" for s in server.seen) < 2:
+        assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=20)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err

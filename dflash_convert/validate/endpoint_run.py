@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,28 +144,49 @@ def parse_reply(sent: Sent, answer, where: str) -> Reply:
 
 
 def send_all(endpoint: Endpoint, sent: list[Sent], concurrency: int) -> tuple[list[Reply], float]:
-    """Every request, `concurrency` in flight; (replies in order, wall seconds). The first failure ends the run
-    (what is in flight is dropped: the client closes); Ctrl-C likewise, then it propagates (exit 130)."""
+    """Every request, `concurrency` in flight; (replies in order, wall seconds). The first failure ends the run;
+    so does Ctrl-C, which then propagates (exit 130). The senders are daemon threads and the client is closed on
+    the way out: nothing waits for an answer still in flight."""
     started = time.monotonic()
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="endpoint")
-    futures = [pool.submit(lambda s=s: parse_reply(s, endpoint.post(s.path, s.body),
-                                                   f"{endpoint.label} {endpoint.url}{s.path}")) for s in sent]
+    todo = iter(range(len(sent)))
+    replies: list[Reply | None] = [None] * len(sent)
+    failures: list[BaseException] = []
+    finished = [0]
+    state = threading.Condition()
+
+    def sender() -> None:
+        while True:
+            with state:
+                i = next(todo, None)
+                if i is None or failures:
+                    return
+            try:
+                s = sent[i]
+                replies[i] = parse_reply(s, endpoint.post(s.path, s.body), f"{endpoint.label} {endpoint.url}{s.path}")
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, raised there
+                with state:
+                    failures.append(exc)
+            with state:
+                finished[0] += 1
+                state.notify()
+
+    for _ in range(min(concurrency, len(sent))):
+        threading.Thread(target=sender, daemon=True, name="endpoint-sender").start()
     try:
-        done, _ = wait(futures, timeout=max(endpoint.deadline.left(), 0), return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f in done and f.exception() is not None), None)
-        if failed is not None:
-            raise failed.exception()
-        if len(done) < len(futures):
-            raise EndpointError(f"{endpoint.label} {endpoint.url}: {len(futures) - len(done)} request(s) unanswered "
+        with state:
+            while finished[0] < len(sent) and not failures and endpoint.deadline.left() > 0:
+                state.wait(min(endpoint.deadline.left(), 1.0))
+        if failures:
+            raise failures[0]
+        if finished[0] < len(sent):
+            raise EndpointError(f"{endpoint.label} {endpoint.url}: {len(sent) - finished[0]} request(s) unanswered "
                                 f"within {endpoint.deadline.total_s:g} s (--endpoint-timeout)")
-        return [f.result() for f in futures], time.monotonic() - started
     except BaseException:
-        for f in futures:
-            f.cancel()
-        endpoint.close()  # in-flight requests end with their connections
+        with state:
+            failures.append(EndpointError("stopped"))  # the senders take no further request
+        endpoint.close()  # requests in flight end with their connections
         raise
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    return [r for r in replies if r is not None], time.monotonic() - started
 
 
 def read_counters(endpoint: Endpoint):
