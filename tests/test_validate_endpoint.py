@@ -120,6 +120,7 @@ def test_thresholds_reports_and_exit_3(server, tmp_path, cli):
     assert set(failed) == {"endpoint_acceptance_length", "endpoint_position_rates"}
     assert "position 1: 0.250 < 0.5" in failed["endpoint_position_rates"]
     assert "endpoint_acceptance_length" in junit.read_text() and "tau 1.25" in md.read_text()
+    assert "tau 1.25" in md.with_suffix(".svg").read_text()
 
 
 def test_regression_gate_between_endpoint_runs(server, tmp_path, cli):

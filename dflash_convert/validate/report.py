@@ -491,8 +491,12 @@ def endpoint_lines(report: ValidationReport) -> list[str]:
 
 
 def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
-    """The acceptance chart as SVG (None without end-to-end figures)."""
+    """The acceptance chart as SVG (None without end-to-end figures); an --endpoint run alone: the endpoint's."""
     a = report.acceptance
+    e = getattr(report, "endpoint", None)
+    if a is None and e is not None:
+        return svg_chart(e.counts.per_position_rates, report.thresholds().get("min_position_rates"),
+                         title=f"acceptance per draft position at {e.url}: tau {e.counts.acceptance_length:.2f}")
     if a is None:
         return None
     t = report.thresholds() if isinstance(report, ValidationReport) else report.thresholds
