@@ -325,3 +325,20 @@ def test_ctrl_c_cancels_in_flight_requests(server, tmp_path):
     _, err = child.communicate(timeout=20)
     assert child.returncode == 130, err
     assert "Traceback" not in err
+
+
+def test_model_card_shows_the_served_figures(server, tmp_path, cli):
+    """push --validation-report with an endpoint report: the card says what the deployment served."""
+    from pathlib import Path
+
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.validate.report import ValidationReport
+
+    server.answer("/v1/completions", Canned(body=vllm_completion([1, 0, 2, 1], tokens=[1] * 9)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--json")
+    summary = ValidationReport.model_validate(r.json()).summary().model_dump(mode="json")
+    assert summary["endpoint"]["per_request"] == []
+    pair = Path(__file__).resolve().parents[1] / "examples" / "pair" / "draft"
+    card = model_card(open_checkpoint(pair).spec, repo_id="org/d", validation=summary)
+    assert "Served by vllm (model `m`, measured over HTTP): tau 2.75 in vLLM's counting over 8 verify steps" in card

@@ -282,6 +282,8 @@ class ValidationSummary(BaseModel):
     target: str | None = None
     created_at: str | None = Field(None, description="when the validation ran (UTC, ISO 8601)")
     acceptance: AcceptanceStats | None = Field(None, description="the end-to-end figures, when that level ran")
+    endpoint: EndpointStats | None = Field(None, description="a live server's figures (--endpoint), without the "
+                                           "per-request list")
     thresholds: dict[str, Any] = Field(default_factory=dict, description="the gates asked for: "
                                        "min_acceptance_length, min_position_rates, min_speedup")
 
@@ -332,7 +334,8 @@ class ValidationReport(BaseModel):
                                  checks=[CheckSummary(**c.model_dump(include={"name", "level", "status", "message"}))
                                          for c in self.checks],
                                  target=self.target, created_at=self.created_at, acceptance=self.acceptance,
-                                 thresholds=self.thresholds())
+                                 endpoint=self.endpoint.model_copy(update={"per_request": []}) if self.endpoint
+                                 else None, thresholds=self.thresholds())
 
 
 def validation_report_schema() -> dict[str, Any]:
