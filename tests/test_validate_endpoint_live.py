@@ -3,7 +3,8 @@ vllm.entrypoints.openai.api_server`; its `vllm` script fails on the CPU distribu
 
 Three servers, started together once for this module (a few minutes on a busy 2-core machine), each serving
 several cases:
-- `spec`: the bundled pair, per-request statistics on, an API key required;
+- `spec`: the bundled pair, per-request statistics on, an API key required, and a tokenizer whose word `t<i>` is
+  id i with a chat template that renders the contents alone (chat prompts are then the same ids);
 - `plain`: the bundled target alone (the baseline, and a server that does not speculate);
 - `miswired`: a copy of the bundled draft whose target layer ids are wrong, per-request statistics off (the
   counter path, other traffic, and a deployment that does not serve the draft as trained).
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from factories import token_words_target
 from processes import VLLM_PYTHON, needs_vllm
 
 pytestmark = needs_vllm
@@ -47,13 +49,14 @@ def _free_port() -> int:
 class Server:
     """One `vllm serve` of the pair's target on loopback, in its own process group."""
 
-    def __init__(self, log: Path, *args: str):
+    def __init__(self, log: Path, *args: str, target: Path = PAIR / "target"):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
-        command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(PAIR / "target"),
-                   "--served-model-name", "pair", "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "384",
+        tokenizer = [] if (target / "tokenizer.json").exists() else ["--skip-tokenizer-init"]
+        command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
+                   "--served-model-name", "pair", *tokenizer, "--enforce-eager", "--max-model-len", "384",
                    "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
@@ -97,8 +100,9 @@ def servers(tmp_path_factory):
                                                     "num_speculative_tokens": 15})]
 
     started = time.monotonic()
+    worded = token_words_target(PAIR / "target", work / "target")  # chat prompts too
     running = {"spec": Server(work / "spec.log", *spec(PAIR / "draft"), "--per-request-spec-decode-metrics",
-                              "summary", "--api-key", KEY),
+                              "summary", "--api-key", KEY, target=worded),
                "plain": Server(work / "plain.log"),
                "miswired": Server(work / "miswired.log", *spec(miswired))}
     try:
@@ -120,21 +124,31 @@ def _counters(text: str) -> tuple[int, int, list[int]]:
     return spec.steps, spec.accepted, spec.per_position
 
 
-def test_per_request_counts_equal_what_metrics_moved_by(servers, cli, monkeypatch):
-    """The server's own per-request counts, summed: exactly what its /metrics moved by; the key never shown."""
+def test_per_request_counts_equal_what_metrics_moved_by(servers, cli, monkeypatch, tmp_path):
+    """The server's own per-request counts, summed: exactly what its /metrics moved by; the same prompts as chat
+    messages (through the server's template) and as token ids give the same counts; the key never shown."""
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     server = servers["spec"]
-    before = _counters(server.metrics())
-    r = cli("validate", "--endpoint", server.url, "--prompts", PAIR / "prompts.txt", "--sampling", "greedy",
-            "--max-new-tokens", TOKENS, "--concurrency", "4", "--json", "--min-acceptance-length", "3")
-    assert r.code == 0, r.err
-    after = _counters(server.metrics())
-    e = r.json()["endpoint"]
-    assert e["counted"].startswith("per-request") and e["engine"] == "vllm" and e["prompts"] == 16
-    steps, accepted = after[0] - before[0], after[1] - before[1]
-    assert (e["counts"]["num_drafts"], e["counts"]["accepted"]) == (steps, accepted)
-    assert e["counts"]["per_position_rates"] == [round((a - b) / steps, 4) for a, b in zip(after[2], before[2])]
-    assert KEY not in r.out + r.err
+    chat = tmp_path / "chat.jsonl"
+    lines = [line.split() for line in (PAIR / "prompts.txt").read_text().splitlines() if line.strip()]
+    chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": " ".join(f"t{t}" for t in ids)}]})
+                            + "\n" for ids in lines))
+    runs = {}
+    for name, prompts in (("chat", chat), ("ids", PAIR / "prompts.txt")):
+        before = _counters(server.metrics())
+        r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--sampling", "greedy",
+                "--max-new-tokens", TOKENS, "--json", "--min-acceptance-length", "3")
+        assert r.code == 0, r.err
+        after = _counters(server.metrics())
+        e = runs[name] = r.json()["endpoint"]
+        assert e["counted"].startswith("per-request") and e["engine"] == "vllm" and e["prompts"] == 16
+        steps, accepted = after[0] - before[0], after[1] - before[1]
+        assert (e["counts"]["num_drafts"], e["counts"]["accepted"]) == (steps, accepted)
+        assert e["counts"]["per_position_rates"] == [round((a - b) / steps, 4) for a, b in zip(after[2], before[2])]
+        assert KEY not in r.out + r.err
+    assert {q["path"] for q in runs["chat"]["per_request"]} == {"/v1/chat/completions"}
+    assert {q["path"] for q in runs["ids"]["per_request"]} == {"/v1/completions"}
+    assert runs["chat"]["counts"] == runs["ids"]["counts"]
     monkeypatch.delenv("OPENAI_API_KEY")
     r = cli("validate", "--endpoint", server.url)
     assert r.code == 1 and "HTTP 401" in r.err and "$OPENAI_API_KEY is not set" in r.err
@@ -189,8 +203,19 @@ def test_other_traffic_refused_on_the_counter_path(servers, cli):
     other = threading.Thread(target=other_traffic)
     other.start()
     try:
+        deadline = time.monotonic() + 120
+        while _running(server.metrics()) == 0:  # the other traffic has reached the server
+            assert time.monotonic() < deadline, "the other requests never ran"
+            time.sleep(0.02)
         r = cli("validate", "--endpoint", server.url, "--prompts", PAIR / "prompts.txt", "--max-new-tokens", 8)
     finally:
         stop.set()
         other.join()
     assert r.code == 1 and "cannot measure" in r.err and "--per-request-spec-decode-metrics" in r.err
+
+
+def _running(text: str) -> float:
+    """Requests running or waiting on the server, by its /metrics."""
+    from dflash_convert.validate.endpoint_counts import parse_metrics
+
+    return parse_metrics(text).in_flight
