@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -179,10 +178,3 @@ def sequence(*bodies: Any) -> Callable[[Any], Any]:
 
     return next_body
 
-
-def slow(seconds: float, body: Any) -> Callable[[Any], Any]:
-    def answer(_request):
-        time.sleep(seconds)
-        return body
-
-    return answer
