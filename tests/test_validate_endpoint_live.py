@@ -3,13 +3,14 @@ vllm.entrypoints.openai.api_server`; its `vllm` script fails on the CPU distribu
 
 Three servers, started together once for this module (a few minutes on a busy 2-core machine), each serving
 several cases:
-- `spec`: the bundled pair, per-request statistics on, an API key required, and a tokenizer whose word `t<i>` is
+- `spec`: the bundled pair on two tensor-parallel workers, per-request statistics on, an API key required, and a
+  tokenizer whose word `t<i>` is
   id i with a chat template that renders the contents alone (chat prompts are then the same ids);
 - `plain`: the bundled target alone (the baseline, and a server that does not speculate);
 - `miswired`: a copy of the bundled draft whose target layer ids are wrong, per-request statistics off (the
   counter path, other traffic, and a deployment that does not serve the draft as trained).
-Not run here: tensor_parallel_size 2 (a fourth server; the counter path is summed over every `engine` label and
-tested so against the fake server), and SGLang (no CPU build).
+Not run here: data-parallel ranks (the counter path's sum over every `engine` label is tested against the fake
+server), and SGLang (no CPU build).
 
 Needs a Python with vLLM ($DFLASH_VLLM_PYTHON, else build/vllm-venv/bin/python); skipped without one."""
 
@@ -49,11 +50,11 @@ def _free_port() -> int:
 class Server:
     """One `vllm serve` of the pair's target on loopback, in its own process group."""
 
-    def __init__(self, log: Path, *args: str, target: Path = PAIR / "target"):
+    def __init__(self, log: Path, *args: str, target: Path = PAIR / "target", env: dict | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
         tokenizer = [] if (target / "tokenizer.json").exists() else ["--skip-tokenizer-init"]
         command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
                    "--served-model-name", "pair", *tokenizer, "--enforce-eager", "--max-model-len", "384",
@@ -102,7 +103,8 @@ def servers(tmp_path_factory):
     started = time.monotonic()
     worded = token_words_target(PAIR / "target", work / "target")  # chat prompts too
     running = {"spec": Server(work / "spec.log", *spec(PAIR / "draft"), "--per-request-spec-decode-metrics",
-                              "summary", "--api-key", KEY, target=worded),
+                              "summary", "--api-key", KEY, "--tensor-parallel-size", "2", target=worded,
+                              env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),  # a CPU build binds one range per worker
                "plain": Server(work / "plain.log"),
                "miswired": Server(work / "miswired.log", *spec(miswired))}
     try:
@@ -152,6 +154,19 @@ def test_per_request_counts_equal_what_metrics_moved_by(servers, cli, monkeypatc
     monkeypatch.delenv("OPENAI_API_KEY")
     r = cli("validate", "--endpoint", server.url)
     assert r.code == 1 and "HTTP 401" in r.err and "$OPENAI_API_KEY is not set" in r.err
+
+
+def test_tensor_parallel_deployment_agrees_with_the_offline_emulation(servers, cli, monkeypatch):
+    """The pair served on two tensor-parallel workers gives what the runtime's emulation of vLLM gives offline."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--endpoint", servers["spec"].url,
+            "--prompts", PAIR / "prompts.txt", "--sampling", "greedy", "--max-new-tokens", TOKENS,
+            "--levels", "static,end_to_end", "--json")
+    assert r.code == 0, r.err
+    check = next(c for c in r.json()["checks"] if c["name"] == "endpoint_acceptance_agrees")
+    assert check["status"] == "pass", check["message"]
+    endpoint = r.json()["endpoint"]
+    assert endpoint["counts"] == endpoint["offline"]
 
 
 def test_baseline_endpoint_outputs_equal_and_speedup(servers, cli, monkeypatch):
