@@ -342,3 +342,19 @@ def test_model_card_shows_the_served_figures(server, tmp_path, cli):
     pair = Path(__file__).resolve().parents[1] / "examples" / "pair" / "draft"
     card = model_card(open_checkpoint(pair).spec, repo_id="org/d", validation=summary)
     assert "Served by vllm (model `m`, measured over HTTP): tau 2.75 in vLLM's counting over 8 verify steps" in card
+
+
+def test_figures_per_prompt_set_through_the_library(server):
+    """Named prompt sets (--dataset) are measured together and reported each on its own."""
+    from dflash_convert.validate import ValidateOptions, validate
+    from dflash_convert.validate.options import PromptSet
+
+    server.answer("/v1/completions", Canned(body=lambda body: vllm_completion(
+        [0, 0, 2] if body["prompt"][0] == 1 else [2, 0, 0], tokens=[1, 2])))
+    report = validate(None, ValidateOptions(endpoint=server.url, prompts=[[1, 5]], prompt_sets=[
+        PromptSet(name="easy", source="here", prompts=[[1, 2], [1, 3]]),
+        PromptSet(name="hard", source="here", prompts=[[9, 9]])]))
+    sets = report.endpoint.per_prompt_set
+    assert (sets["easy"].prompts, sets["easy"].acceptance_length, sets["easy"].source) == (2, 3.0, "here")
+    assert (sets["hard"].prompts, sets["hard"].acceptance_length) == (1, 1.0)
+    assert report.endpoint.counts.num_drafts == 8 and report.endpoint.prompts == 4

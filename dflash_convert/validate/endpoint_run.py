@@ -234,8 +234,9 @@ def per_request(replies: list[Reply]) -> list[EndpointRequest]:
                             ttft_ms=r.ttft_ms, itl_ms=r.itl_ms) for r in replies]
 
 
-def per_set(replies: list[Reply]) -> dict[str, PromptSetAcceptance]:
-    """tau per named prompt set, from per-request statistics (counters cannot split a run)."""
+def per_set(replies: list[Reply], sources: dict[str, str]) -> dict[str, PromptSetAcceptance]:
+    """tau per named prompt set (`sources`: name -> where it came from), from per-request statistics (counters
+    cannot split a run)."""
     out = {}
     for name in dict.fromkeys(r.sent.prompt_set for r in replies if r.sent.prompt_set is not None):
         mine = [r for r in replies if r.sent.prompt_set == name]
@@ -244,7 +245,8 @@ def per_set(replies: list[Reply]) -> dict[str, PromptSetAcceptance]:
         total = SpecCounts()
         for r in mine:
             total = total + r.spec
-        out[name] = PromptSetAcceptance(source=name, prompts=len(mine), new_tokens=sum(r.new_tokens for r in mine),
+        out[name] = PromptSetAcceptance(source=sources.get(name, name), prompts=len(mine),
+                                        new_tokens=sum(r.new_tokens for r in mine),
                                         num_drafts=total.steps, accepted=total.accepted, acceptance_length=total.tau,
                                         per_position_rates=total.rates)
     return out
