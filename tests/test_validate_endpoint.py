@@ -99,12 +99,11 @@ def test_foreign_traffic_refused(server, tmp_path, cli):
     assert r.code == 1 and "cannot measure" in r.err and "running or waiting" in r.err
 
 
-@pytest.mark.parametrize("metrics", [None, prometheus(10, 30, 12, [6, 4, 2], done=5)])
+@pytest.mark.parametrize("metrics", [b"# no vllm here\n", prometheus(10, 30, 12, [6, 4, 2], done=5)])
 def test_endpoint_that_does_not_speculate(server, tmp_path, cli, metrics):
     """No statistics and no counter moved (or none exposed): one line, exit 1."""
     server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
-    if metrics is not None:
-        server.answer("/metrics", Canned(body=metrics))
+    server.answer("/metrics", Canned(body=metrics))
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
     assert r.code == 1 and "the endpoint does not speculate" in r.err
     assert _one_error_line(r)
@@ -358,3 +357,13 @@ def test_figures_per_prompt_set_through_the_library(server):
     assert (sets["easy"].prompts, sets["easy"].acceptance_length, sets["easy"].source) == (2, 3.0, "here")
     assert (sets["hard"].prompts, sets["hard"].acceptance_length) == (1, 1.0)
     assert report.endpoint.counts.num_drafts == 8 and report.endpoint.prompts == 4
+
+
+def test_counters_that_cannot_be_read(server, tmp_path, cli):
+    """No per-request statistics and /metrics absent (a router): cannot measure, saying why; with per-request
+    statistics the counters are not needed."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 1 and "cannot measure" in r.err and "HTTP 404" in r.err and _one_error_line(r)
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    assert cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path)).code == 0

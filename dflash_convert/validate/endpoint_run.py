@@ -190,11 +190,12 @@ def send_all(endpoint: Endpoint, sent: list[Sent], concurrency: int) -> tuple[li
 
 
 def read_counters(endpoint: Endpoint):
-    """The server's /metrics, or None where it has none (404) or answers otherwise than Prometheus text."""
+    """The server's /metrics, or why it could not be read (a string): a run with per-request statistics needs
+    none, and one without says why it cannot count."""
     try:
         return parse_metrics(endpoint.get("/metrics").body)
-    except EndpointError:
-        return None
+    except EndpointError as exc:
+        return str(exc).removeprefix(f"{endpoint.label} {endpoint.url}")
 
 
 def measured(endpoint: Endpoint, replies: list[Reply], before, after) -> tuple[SpecCounts, str]:
@@ -206,7 +207,11 @@ def measured(endpoint: Endpoint, replies: list[Reply], before, after) -> tuple[S
         for r in replies:
             total = total + r.spec
         return total, "per-request statistics, summed over the requests"
-    if before is None or after is None or before.spec is None or after.spec is None:
+    unread = next((c for c in (before, after) if isinstance(c, str)), None)
+    if unread is not None:
+        raise EndpointError(f"{where}: cannot measure: no answer carried per-request statistics and its counters "
+                            f"could not be read ({unread.strip(': ')}); " + HOW_TO_COUNT)
+    if before.spec is None or after.spec is None:
         raise EndpointError(f"{where}: the endpoint does not speculate (no per-request speculative statistics, and "
                             "no spec-decode counter in its /metrics)")
     delta = counter_delta(before, after)
