@@ -34,7 +34,7 @@ def push_checkpoint(directory: str | Path, repo_id: str, *, validate: bool = Tru
     for checked in (static, report if validate else None):
         if checked is not None and checked.failed:
             names = ", ".join(f"{c.name} ({c.message})" if c.message else c.name for c in checked.failed_checks)
-            what = "validation" if checked is static else f"the validation report of {checked.checkpoint}"
+            what = "validation" if checked is static else f"the validation report of {checked.checkpoint or checked.endpoint.url}"
             raise ValidationFailed(f"{what} failed: {names}; nothing was pushed (--no-validate pushes anyway)",
                                    file=str(directory))
     shown = report or static

@@ -151,6 +151,24 @@ def chat_target(tiny_target: Path, dest: Path, *, template: str | None = TEMPLAT
     return dest
 
 
+def token_words_target(target: Path, dest: Path) -> Path:
+    """A copy of `target` whose tokenizer reads the word `t<i>` as token id i (no BOS) and whose chat template
+    renders the messages' contents alone: the text `t409 t399` and the ids [409, 399] are the same prompt, through
+    a server's chat endpoint and its completions endpoint alike."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    shutil.copytree(target, dest)
+    config = read_config(dest)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(config["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # words joined by spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token=f"t{config['eos_token_id']}")
+    fast.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    fast.save_pretrained(dest)
+    return dest
+
+
 def tensors_of(path: Path) -> dict:
     out = {}
     for f in sorted(Path(path).glob("*.safetensors")):

@@ -16,14 +16,16 @@ from dflash_convert.validate.options import PromptSet, ValidateOptions
 EPILOG = examples(
     "dflash-convert validate ./draft",
     "dflash-convert validate ./draft --target Qwen/Qwen3-8B --min-acceptance-length 3 --junit report.xml",
-    "dflash-convert validate org/draft --target ./qwen3-8b --levels static,numeric --backend sdpa --json")
+    "dflash-convert validate org/draft --target ./qwen3-8b --levels static,numeric --backend sdpa --json",
+    "dflash-convert validate --endpoint http://staging:8000 --min-acceptance-length 3 --junit report.xml")
 
 
 @with_options(ValidateOptions)
 def validate(
-    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="Draft checkpoint (either format): "
-                                              "directory or Hub id.")],
-    options: dict,  # ValidateOptions' own flags, generated (cli._options)
+    checkpoint: Annotated[Optional[str], typer.Argument(
+        metavar="[CHECKPOINT]", help="Draft checkpoint (either format): directory or Hub id. Optional with "
+        "--endpoint (the served figures alone).")] = None,
+    options: Optional[dict] = None,  # ValidateOptions' own flags, generated (cli._options)
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", metavar="NAME[@REV]", rich_help_panel="Inputs", help="A benchmark prompt set from the Hub (repeatable; tau per set): "
         "gsm8k, math500, humaneval, mt-bench, mt-bench-2, mbpp, alpaca.")] = None,
@@ -45,8 +47,12 @@ def validate(
     from dflash_convert.validate.run import validate as run_validation
 
     out = Output(as_json, quiet)
-    ckpt_path, ckpt_sha = out.local(checkpoint, revision=revision, token=token,
-                                    allow_pickle=options.get("allow_pickle", False))
+    if checkpoint is None and options.get("endpoint") is None:
+        raise typer.BadParameter("give a CHECKPOINT, or --endpoint URL to measure a live server",
+                                 param_hint="CHECKPOINT")
+    ckpt_path, ckpt_sha = (out.local(checkpoint, revision=revision, token=token,
+                                     allow_pickle=options.get("allow_pickle", False))
+                           if checkpoint is not None else (None, None))
     target = options.get("target")
     if target is not None:
         options["target"], options["target_revision"] = out.local(target, token=token, for_target=True)

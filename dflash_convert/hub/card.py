@@ -86,6 +86,7 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
                   "Acceptance per draft position (the fraction of draft steps whose token at that position was "
                   "accepted):", "", "```text", *text_chart(a["per_position_rates"], t.get("min_position_rates")),
                   "```", ""]
+    lines += _endpoint_lines(validation.get("endpoint"), validation.get("thresholds") or {})
     notable = [c for c in checks if c.get("status") not in ("pass", "skip")]
     if notable:
         lines += ["| check | status | message |", "|---|---|---|"]
@@ -93,6 +94,21 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
             message = " ".join(str(c.get("message", "")).split()).replace("|", "\\|")
             lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
     return lines + [""]
+
+
+def _endpoint_lines(e: Any, thresholds: dict[str, Any]) -> list[str]:
+    """A live deployment's figures (validate --endpoint), as it served them."""
+    if not isinstance(e, dict):
+        return []
+    c = e["counts"]
+    b = e.get("baseline_endpoint") or {}
+    speed = (f" {b['speedup']:.2f}x the tokens/s of the same target served without speculation"
+             + (f", greedy outputs equal on {b['outputs_equal']}/{b['prompts']} prompts" if b.get("outputs_equal")
+                is not None else "") + ".") if b else ""
+    return [f"Served by {e['engine']} (model `{e['model']}`, measured over HTTP): tau {c['acceptance_length']:.2f} "
+            f"in vLLM's counting over {c['num_drafts']} verify steps of {e['prompts']} prompts, "
+            f"{e['tokens_per_s']:.0f} tokens/s at concurrency {e['concurrency']}.{speed}", "", "```text",
+            *text_chart(c["per_position_rates"], thresholds.get("min_position_rates")), "```", ""]
 
 
 def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any] | None,

@@ -56,7 +56,7 @@ def load_baseline(path: str | Path) -> ValidationReport:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise DFlashError(f"not a `validate --json` report: field `{where}`: {first['msg']}", file=path) from None
-    if report.acceptance is None:
+    if report.acceptance is None and report.endpoint is None:
         raise DFlashError("the baseline report has no end-to-end figures (its run did not decode): nothing to "
                           "compare with", file=path)
     return report
@@ -96,6 +96,10 @@ def _short(value: Any) -> str:
 
 def figures(report: ValidationReport) -> tuple[str, int, float, list[float]]:
     """(what was counted, draft steps, tau, per-position rates): the most engine-like figures of a report."""
+    if report.endpoint is not None:
+        e = report.endpoint
+        return f"the endpoint's {e.engine} counts ({e.counted.split(',')[0]})", e.counts.num_drafts, \
+            e.counts.acceptance_length, list(e.counts.per_position_rates)
     if report.engine_run is not None:
         c = report.engine_run.counts
         return f"{report.engine_run.engine} {report.engine_run.version}'s own counters", c.num_drafts, \
@@ -118,7 +122,10 @@ def _tau_variance(rates: list[float], n: int) -> float:
 
 def compare(baseline: ValidationReport, path: str | Path, current: ValidationReport, max_regression: float = 0.0
             ) -> tuple[Check, BaselineComparison]:
-    """The `regression` check of `current` against `baseline` (settings already checked equal)."""
+    """The `regression` check of `current` against `baseline` (settings already checked equal; an endpoint run's
+    checked here: the same requests, as sent, in both)."""
+    if current.endpoint is not None:
+        _same_requests(baseline, path, current)
     was_what, n_b, tau_b, rates_b = figures(baseline)
     now_what, n_c, tau_c, rates_c = figures(current)
     m = len(rates_b) + 1
@@ -148,3 +155,16 @@ def compare(baseline: ValidationReport, path: str | Path, current: ValidationRep
     check = make_check("regression", not low, message, value=round(tau_c, 4), threshold=round(tau_b - tau_allowed, 4),
                    level="end_to_end")
     return check, comparison
+
+
+def _same_requests(baseline: ValidationReport, path: str | Path, current: ValidationReport) -> None:
+    """An endpoint run is gated only on an endpoint report of the same requests (prompts, max tokens, sampling)."""
+    if baseline.endpoint is None:
+        raise DFlashError("the baseline has no --endpoint figures: an endpoint run is compared with an earlier "
+                          "endpoint run of the same prompts and settings", file=path)
+    theirs, ours = baseline.endpoint, current.endpoint
+    if theirs.prompts_sha256 != ours.prompts_sha256:
+        raise DFlashError("the baseline's endpoint run sent other requests (prompts, max tokens or sampling: "
+                          f"{theirs.prompts} prompts, max {theirs.max_tokens} tokens, {_short(theirs.sampling)} there; "
+                          f"{ours.prompts}, {ours.max_tokens}, {_short(ours.sampling)} here): its figures cannot gate "
+                          "this run", file=path)

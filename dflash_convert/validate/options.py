@@ -19,6 +19,8 @@ from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
 LEVELS: tuple[str, ...] = get_args(Level)  # in the order they run
 MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized; also the cap on --max-new-tokens
 TIMING_ROUNDS = 3  # interleaved target-only / speculative rounds over the baseline prompts
+ENDPOINT_TIMEOUT_S = 600.0  # the whole --endpoint measurement
+ENDPOINT_KEY_VARIABLE = "OPENAI_API_KEY"
 ENGINE_TIMEOUT_S = 1800.0  # the real engine's run: its start (imports, compilation) is most of it on small pairs
 ENGINE_ARGS_OWNED = ("model", "speculative_config", "skip_tokenizer_init", "disable_log_stats")  # set by the driver
 SamplingMode = Literal["auto", "greedy"]
@@ -175,6 +177,22 @@ class ValidateOptions(BaseModel):
     max_regression: Annotated[float, Flag("--max-regression")] = Field(
         0.0, description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "
         "baseline's value (0.05: 5 %).")
+    endpoint: Annotated[str | None, Flag("--endpoint", metavar="URL")] = Field(
+        None, description="A live OpenAI-compatible server (vLLM, SGLang, a router): send it the prompts and measure "
+        "the acceptance it serves, from its per-request statistics or its Prometheus counters.")
+    endpoint_model: Annotated[str | None, Flag("--endpoint-model", metavar="NAME")] = Field(
+        None, description="The model to ask --endpoint for (default: the only one its /v1/models lists).")
+    endpoint_key_env: Annotated[str, Flag("--endpoint-key-env", metavar="VAR")] = Field(
+        ENDPOINT_KEY_VARIABLE, description="The environment variable holding the endpoint's API key (sent only "
+        "to the endpoints, never printed or written).")
+    endpoint_timeout: Annotated[float, Flag("--endpoint-timeout", metavar="SECONDS")] = Field(
+        ENDPOINT_TIMEOUT_S, description="Seconds the whole endpoint measurement may take; each connect and read is "
+        "bounded by what is left.")
+    concurrency: Annotated[int, Flag("--concurrency")] = Field(
+        1, description="Requests in flight at once against --endpoint (and --baseline-endpoint).")
+    baseline_endpoint: Annotated[str | None, Flag("--baseline-endpoint", metavar="URL")] = Field(
+        None, description="The same target served without speculation: greedy outputs must equal --endpoint's "
+        "(up to near-ties), and the speedup is measured in interleaved rounds.")
     keep_going: Annotated[bool, Flag("--keep-going")] = Field(
         False, description="Run numeric and end-to-end levels even when static checks failed.")
     require_end_to_end: Annotated[bool, Flag("--require-end-to-end")] = Field(
@@ -235,6 +253,12 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--engine-args: {', '.join(owned)} are set by validate itself")
         if not (self.engine_timeout > 0 and self.engine_kv_cache_gib > 0):
             raise UsageError("--engine-timeout and --engine-kv-cache-gib must be positive")
+        if self.endpoint is None and (self.endpoint_model or self.baseline_endpoint):
+            raise UsageError("--endpoint-model and --baseline-endpoint go with --endpoint")
+        if not (self.concurrency >= 1 and math.isfinite(self.endpoint_timeout) and self.endpoint_timeout > 0):
+            raise UsageError("--concurrency must be at least 1 and --endpoint-timeout a positive number of seconds")
+        if not self.endpoint_key_env.replace("_", "").isalnum():
+            raise UsageError(f"--endpoint-key-env {self.endpoint_key_env!r}: the name of an environment variable")
         if self.engine is not None and self.causal is not None:
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
 

@@ -175,6 +175,75 @@ class EngineStats(BaseModel):
                                     "step (transformers, greedy)")
 
 
+class EndpointRequest(BaseModel):
+    """One request sent to the endpoint (the first measured round)."""
+
+    prompt: int = Field(description="1-based, in the order the prompts were given (named sets after the prompts)")
+    prompt_set: str | None = None
+    path: str = Field(description="/v1/chat/completions (text, messages) or /v1/completions (token ids)")
+    new_tokens: int = Field(description="the server's usage.completion_tokens")
+    steps: int | None = Field(None, description="verify steps (per-request statistics only)")
+    accepted: int | None = Field(None, description="draft tokens accepted (per-request statistics only)")
+    acceptance_length: float | None = Field(None, description="tau, vLLM's counting (per-request statistics only)")
+    latency_s: float = Field(description="request sent to answer read, as this client saw it")
+    ttft_ms: float | None = Field(None, description="time to first token, as the server reports it (vLLM "
+                                  "--enable-per-request-metrics); None: not reported")
+    itl_ms: float | None = Field(None, description="mean inter-token latency, as the server reports it")
+
+
+class EndpointComparison(BaseModel):
+    """--baseline-endpoint: the same target served without speculation."""
+
+    url: str
+    model: str
+    prompts: int
+    outputs_equal: int | None = Field(description="greedy: prompts whose outputs are equal token for token; None: "
+                                      "sampled (not compared)")
+    near_ties: list[str] = Field(default_factory=list, description="outputs that part first at a near-tie")
+    rounds: int = Field(description="interleaved rounds of both endpoints over the prompts")
+    tokens_per_s: float = Field(description="the speculative endpoint, all rounds")
+    baseline_tokens_per_s: float = Field(description="the baseline endpoint, all rounds")
+    speedup: float = Field(description="tokens_per_s / baseline_tokens_per_s")
+    speedup_range: list[float] = Field(default_factory=list, description="[min, max] of a single round")
+    latency_s: float = Field(description="mean request latency, speculative endpoint")
+    baseline_latency_s: float = Field(description="mean request latency, baseline endpoint")
+
+
+class EndpointStats(BaseModel):
+    """A live OpenAI-compatible server measured over HTTP (`--endpoint URL`): the deployment's own counts."""
+
+    url: str = Field(description="the server's root (never with credentials)")
+    model: str
+    engine: str = Field(description="vllm, sglang, or unknown (told from /v1/models' owned_by)")
+    counted: str = Field(description="where the acceptance figures come from: per-request statistics or the "
+                         "Prometheus counters' deltas")
+    concurrency: int
+    prompts: int
+    new_tokens: int
+    counts: AcceptanceCounts = Field(description="vLLM's counting: tau = 1 + accepted / verify steps")
+    sglang_acceptance_length: float | None = Field(
+        None, description="SGLang's counting: generated tokens / verify steps (None: counters, steps per request "
+        "unknown)")
+    accepted_histogram: list[int] = Field(default_factory=list, description="verify steps by draft tokens accepted "
+                                          "(entry j: steps that accepted j); empty from counters")
+    per_prompt_set: dict[str, PromptSetAcceptance] = Field(default_factory=dict)
+    per_request: list[EndpointRequest] = Field(default_factory=list)
+    duration_s: float = Field(description="wall time of the measured round")
+    tokens_per_s: float = Field(description="generated tokens / duration_s, at `concurrency` requests in flight")
+    latency_s_mean: float
+    latency_s_p50: float
+    latency_s_p90: float
+    ttft_ms_mean: float | None = None
+    itl_ms_mean: float | None = None
+    max_tokens: int
+    sampling: dict[str, Any] = Field(default_factory=dict, description="each sampling field: the value sent, or "
+                                     "'server default' (not sent)")
+    prompts_sha256: str = Field(description="SHA-256 of the prompts as sent (--baseline checks the same ones ran)")
+    baseline_endpoint: EndpointComparison | None = None
+    offline: AcceptanceCounts | None = Field(None, description="with CKPT and --target: the runtime's emulation of "
+                                             "the engine, counted as vLLM counts")
+
+
 class BaselineComparison(BaseModel):
     """This run against an earlier report (--baseline): the figures of both and the drops allowed."""
 
@@ -232,6 +301,8 @@ class ValidationSummary(BaseModel):
     target: str | None = None
     created_at: str | None = Field(None, description="when the validation ran (UTC, ISO 8601)")
     acceptance: AcceptanceStats | None = Field(None, description="the end-to-end figures, when that level ran")
+    endpoint: EndpointStats | None = Field(None, description="a live server's figures (--endpoint), without the "
+                                           "per-request list")
     thresholds: dict[str, Any] = Field(default_factory=dict, description="the gates asked for: "
                                        "min_acceptance_length, min_position_rates, min_speedup")
 
@@ -239,7 +310,7 @@ class ValidationSummary(BaseModel):
 class ValidationReport(BaseModel):
     tool: str = "dflash-convert"
     tool_version: str
-    checkpoint: str
+    checkpoint: str | None = Field(description="the draft checkpoint; None: an --endpoint run without one")
     checkpoint_format: Literal["speculators", "hf", "transformers"] | None = None
     checkpoint_revision: str | None = None
     target: str | None = None
@@ -249,6 +320,7 @@ class ValidationReport(BaseModel):
     checks: list[Check]
     acceptance: AcceptanceStats | None = None
     engine_run: EngineStats | None = Field(None, description="the real engine's figures (--engine-python)")
+    endpoint: EndpointStats | None = Field(None, description="a live server's figures (--endpoint)")
     baseline: BaselineComparison | None = Field(None, description="this run against an earlier report (--baseline)")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
@@ -283,7 +355,8 @@ class ValidationReport(BaseModel):
                                  checks=[CheckSummary(**c.model_dump(include={"name", "level", "status", "message"}))
                                          for c in self.checks],
                                  target=self.target, created_at=self.created_at, acceptance=self.acceptance,
-                                 thresholds=self.thresholds())
+                                 endpoint=self.endpoint.model_copy(update={"per_request": []}) if self.endpoint
+                                 else None, thresholds=self.thresholds())
 
 
 def validation_report_schema() -> dict[str, Any]:
@@ -319,7 +392,7 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
 
     if not quiet:
         run = ", ".join(report.levels_run) or "none"
-        console.print(f"validate {report.checkpoint} (levels run: {run})", markup=False)
+        console.print(f"validate {report.checkpoint or report.endpoint.url} (levels run: {run})", markup=False)
     # the name column never wraps; the message wraps on words (80-column logs)
     table = Table(Column("status", no_wrap=True), Column("check", no_wrap=True), Column("message", ratio=1),
                   box=None, show_header=False, pad_edge=False)
@@ -356,6 +429,10 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             console.print(f"target attention {a.target_attention}{compiled}", markup=False)
     if a is not None and not quiet and (a.vllm_counting is not None or report.engine_run is not None):
         _render_counting(a, report.engine_run, console)
+    if report.endpoint is not None and not quiet:
+        console.print("", markup=False)
+        for line in endpoint_lines(report):
+            console.print(line, markup=False)
     low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
     if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
@@ -397,6 +474,8 @@ def verdict_text(report: ValidationReport) -> str:
     n = report.counts()
     a = report.acceptance
     figures = f", tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x" if a is not None else ""
+    if report.endpoint is not None:
+        figures += f", endpoint tau {report.endpoint.counts.acceptance_length:.2f}"
     failed = report.failed_checks
     names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
     return (f"{levels_text(report)}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, "
@@ -427,9 +506,44 @@ def acceptance_lines(report: ValidationReport) -> list[str]:
               if a.predicted_position_rates else [])]
 
 
+def endpoint_lines(report: ValidationReport) -> list[str]:
+    """The live endpoint's figures: tau both ways, throughput, latency, the comparison, the chart."""
+    e = report.endpoint
+    c = e.counts
+    sglang = f", {e.sglang_acceptance_length:.2f} in SGLang's" if e.sglang_acceptance_length is not None else ""
+    server = (f"; server-reported TTFT {e.ttft_ms_mean:.1f} ms, inter-token {e.itl_ms_mean:.2f} ms"
+              if e.ttft_ms_mean is not None and e.itl_ms_mean is not None else "")
+    lines = [f"endpoint {e.url} ({e.engine}, model {e.model}): tau {c.acceptance_length:.2f} in vLLM's counting"
+             f"{sglang}, {c.num_drafts} verify steps over {e.prompts} prompts ({e.new_tokens} tokens); from "
+             f"{e.counted}",
+             f"  {e.tokens_per_s:.1f} tokens/s at concurrency {e.concurrency}; request latency mean "
+             f"{e.latency_s_mean:.3f} s, p50 {e.latency_s_p50:.3f} s, p90 {e.latency_s_p90:.3f} s{server}",
+             "  sampling: " + ", ".join(f"{k} {v}" for k, v in e.sampling.items()) + f"; max tokens {e.max_tokens}"]
+    for name, s in e.per_prompt_set.items():
+        lines.append(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} steps)")
+    if e.accepted_histogram:
+        lines.append("  verify steps by draft tokens accepted (0, 1, ...): " + " ".join(map(str, e.accepted_histogram)))
+    b = e.baseline_endpoint
+    if b is not None:
+        spread = f", per round {b.speedup_range[0]:.2f}-{b.speedup_range[1]:.2f}x" if b.speedup_range else ""
+        equal = (f"; greedy outputs equal on {b.outputs_equal}/{b.prompts} prompts" if b.outputs_equal is not None
+                 else "; sampled: outputs not compared")
+        lines.append(f"  against {b.url} (no speculation): speedup {b.speedup:.2f}x ({b.tokens_per_s:.1f} vs "
+                     f"{b.baseline_tokens_per_s:.1f} tokens/s over {b.rounds} interleaved rounds{spread}; latency "
+                     f"{b.latency_s:.3f} vs {b.baseline_latency_s:.3f} s){equal}")
+    if e.offline is not None:
+        lines.append(f"  offline emulation of the engine (vLLM's counting): tau {e.offline.acceptance_length:.2f}")
+    lines.append("endpoint acceptance per draft position:")
+    return lines + text_chart(c.per_position_rates, report.thresholds().get("min_position_rates"))
+
+
 def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
-    """The acceptance chart as SVG (None without end-to-end figures)."""
+    """The acceptance chart as SVG (None without end-to-end figures); an --endpoint run alone: the endpoint's."""
     a = report.acceptance
+    e = getattr(report, "endpoint", None)
+    if a is None and e is not None:
+        return svg_chart(e.counts.per_position_rates, report.thresholds().get("min_position_rates"),
+                         title=f"acceptance per draft position at {e.url}: tau {e.counts.acceptance_length:.2f}")
     if a is None:
         return None
     t = report.thresholds() if isinstance(report, ValidationReport) else report.thresholds
@@ -453,7 +567,8 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
     verdict = verdict_word(report)
     target = f" against `{report.target}`" if report.target else ""
     lines = [f"## dflash-convert validate: {verdict}", "",
-             f"`{report.checkpoint}`{target}, levels run: {', '.join(report.levels_run) or 'none'} "
+             f"`{report.checkpoint or report.endpoint.url}`{target}, levels run: "
+             f"{', '.join(report.levels_run) or 'none'} "
              f"({report.created_at})", "", f"**{verdict}** {_cell(verdict_text(report))}", ""]  # and why levels did not
     a = report.acceptance
     if a is not None:
@@ -477,6 +592,8 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
             lines += baseline_markdown(b)
         if a.vllm_counting is not None or report.engine_run is not None:
             lines += counting_markdown(a, report.engine_run)
+    if report.endpoint is not None:
+        lines += ["```text", *endpoint_lines(report), "```", ""]
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
@@ -589,7 +706,7 @@ def to_junit(report: ValidationReport) -> str:
                               failures=str(sum(c.status == "fail" for c in checks)), errors="0",
                               skipped=str(sum(c.status == "skip" for c in checks)))
         props = ET.SubElement(suite, "properties")
-        ET.SubElement(props, "property", name="checkpoint", value=report.checkpoint)
+        ET.SubElement(props, "property", name="checkpoint", value=report.checkpoint or "")
         if report.target:
             ET.SubElement(props, "property", name="target", value=report.target)
         for c in checks:

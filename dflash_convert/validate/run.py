@@ -47,8 +47,8 @@ from dflash_convert.validate.histogram import request_histogram
 from dflash_convert.validate.turns import answer_turns
 from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
-from dflash_convert.validate.prompts import (chat_template, load_tokenizer, pending_turn, read_prompts,
-                                             tokenize_prompts)
+from dflash_convert.validate.prompts import (BUILTIN_TEXT_PROMPTS, chat_template, load_tokenizer, pending_turn,
+                                             read_prompts, tokenize_prompts)
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
 from dflash_convert.validate.sampling import (generation_config, resolve_sampling, runtime_sampling,
                                               stop_token_ids)
@@ -110,7 +110,7 @@ class Run:
         return "end_to_end" in self.wanted and self.target_has_weights
 
 
-def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *,
+def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = None, *,
              progress: Callable[[str], None] | None = None, report_interrupted: bool = False) -> ValidationReport:
     """Run every level the inputs allow (or those in `opts.levels`) and report which ran and why others
     did not. Raises UsageError for options out of range and DFlashError, before loading anything, when
@@ -125,6 +125,10 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     t0 = time.perf_counter()
     opts = opts or ValidateOptions()
     opts.check()
+    if checkpoint_path is None:
+        return _endpoint_only(opts, progress or (lambda message: None), t0)
+    if opts.endpoint is not None and opts.engine is None and opts.target is not None:
+        opts = _endpoint_engine(opts)
     duplicates = duplicate_tensors_check(checkpoint_path)
     if duplicates.failed:  # the checkpoint cannot be opened: report the one problem found
         return ValidationReport(
@@ -164,6 +168,8 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
         environment=_environment(opts, run), options=opts.model_dump(mode="json"), incomplete=run.incomplete,
         duration_s=round(time.perf_counter() - t0, 3),
         passed=run.incomplete is None and not any(c.status == "fail" for c in run.checks))
+    if opts.endpoint is not None and run.incomplete is None:
+        _endpoint_level(run, report)
     if run.baseline is not None:
         _baseline_gate(run, report)
     return report
@@ -183,9 +189,61 @@ def _run_levels(run: Run, duplicates: Check) -> None:
             _end_to_end_level(run)
 
 
+def _endpoint_prompts(opts: ValidateOptions) -> list[tuple[str | None, Any]]:
+    """(set name or None, prompt) of every prompt the endpoint is sent, as given (the server tokenizes)."""
+    given = read_prompts(opts.prompts) if isinstance(opts.prompts, (str, Path)) else opts.prompts
+    if given is None and not opts.prompt_sets:
+        given = list(BUILTIN_TEXT_PROMPTS)
+    return [(None, p) for p in given or []] + [(s.name, p) for s in opts.prompt_sets for p in s.prompts]
+
+
+def _endpoint_engine(opts: ValidateOptions) -> ValidateOptions:
+    """The options with --engine set to the engine the endpoint is (its /v1/models says), so that the offline
+    levels emulate it and count as it counts; unchanged for a server that does not say."""
+    from dflash_convert.validate.endpoint import Deadline, Endpoint, served_model
+
+    endpoint = Endpoint(opts.endpoint, key_variable=opts.endpoint_key_env, deadline=Deadline(opts.endpoint_timeout))
+    try:
+        _, engine = served_model(endpoint, opts.endpoint_model)
+    finally:
+        endpoint.close()
+    return opts.model_copy(update={"engine": engine}) if engine in engines.ENGINE_NAMES else opts
+
+
+def _endpoint_level(run: Run, report: ValidationReport) -> None:
+    """--endpoint with a checkpoint: the live server measured, beside the offline emulation where it ran."""
+    from dflash_convert.validate.endpoint_level import endpoint_level
+
+    offline = run.stats.vllm_counting if run.stats is not None else None
+    checks, report.endpoint = endpoint_level(run.opts, _endpoint_prompts(run.opts), say=run.say, offline=offline)
+    report.checks += checks
+    report.passed = not any(c.status == "fail" for c in report.checks)
+
+
+def _endpoint_only(opts: ValidateOptions, say: Callable[[str], None], t0: float) -> ValidationReport:
+    """--endpoint without a checkpoint: the served figures only, no verdict on the draft's fidelity."""
+    from dflash_convert.errors import UsageError
+    from dflash_convert.validate.endpoint_level import endpoint_level
+
+    if opts.endpoint is None:
+        raise UsageError("give a CHECKPOINT, or --endpoint URL to measure a live server")
+    baseline = load_baseline(opts.baseline) if opts.baseline is not None else None
+    checks, stats = endpoint_level(opts, _endpoint_prompts(opts), say=say)
+    report = ValidationReport(
+        tool_version=__version__, checkpoint=None, target=_target_name(opts), levels_run=["end_to_end"],
+        levels_skipped={lv: "no checkpoint given (--endpoint alone)" for lv in LEVELS[:-1]}, checks=checks,
+        endpoint=stats, environment=_environment(opts), options=opts.model_dump(mode="json"),
+        duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in checks))
+    if baseline is not None:
+        check, report.baseline = compare_baseline(baseline, opts.baseline, report, opts.max_regression)
+        report.checks.append(check)
+        report.passed = not any(c.status == "fail" for c in report.checks)
+    return report
+
+
 def _baseline_gate(run: Run, report: ValidationReport) -> None:
     """--baseline: the regression check of this run's figures against the earlier report's."""
-    if report.acceptance is None:
+    if report.acceptance is None and report.endpoint is None:
         check = make_check("regression", None, f"no end-to-end figures in this run to compare with {run.opts.baseline}",
                        level="end_to_end")
     else:

@@ -1,0 +1,369 @@
+"""`validate --endpoint URL` against a fake OpenAI-compatible server (tests/endpoint_server.py): counting from
+per-request statistics (vLLM 0.32's and SGLang 0.5.23's shapes, from their protocol code: no SGLang server ran)
+and from Prometheus counters, the refusals (foreign traffic, no speculation), the thresholds and reports, and each
+fault: one line, exit 1, nothing written. The live vLLM server is in test_validate_endpoint_live.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from endpoint_server import (Canned, FakeEndpoint, models, plain_completion, prometheus, sequence, sglang_chat,
+                             vllm_completion)
+
+KEY = "sk-test-never-shown-0123456789"
+
+
+@pytest.fixture
+def server():
+    with FakeEndpoint() as fake:
+        fake.answer("/v1/models", Canned(body=models("m")))
+        yield fake
+
+
+def _one_error_line(r) -> bool:
+    """The failure is the last line of stderr, alone (progress lines come before it)."""
+    lines = r.err.strip().splitlines()
+    return lines[-1].startswith("Error:") and sum(line.startswith("Error") for line in lines) == 1
+
+
+def _ids_prompts(tmp_path, n=2):
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(" ".join(str(10 + i + j) for j in range(4)) for i in range(n)) + "\n")
+    return path
+
+
+def test_per_request_statistics_counted_exactly(server, tmp_path, cli):
+    """Two answers' histograms summed: tau, per-position rates and SGLang's counting follow from them exactly."""
+    server.answer("/v1/completions", Canned(body=sequence(vllm_completion([1, 0, 2, 1], tokens=[1] * 9),
+                                                          vllm_completion([0, 1, 0, 3], tokens=[2] * 12))))
+    r = cli("validate", "--endpoint", server.url + "/v1", "--prompts", _ids_prompts(tmp_path), "--json",
+            "--sampling", "greedy", "--max-new-tokens", "12")
+    assert r.code == 0, r.err
+    e = r.json()["endpoint"]
+    # steps 8; accepted 0*1 + 2*2 + 3*1 + 1*1 + 3*3 = 17; position k: steps accepting more than k
+    assert e["counts"] == {"num_drafts": 8, "drafted": 24, "accepted": 17, "acceptance_length": round(1 + 17 / 8, 4),
+                           "per_position_rates": [round(7 / 8, 4), round(6 / 8, 4), round(4 / 8, 4)]}
+    assert e["accepted_histogram"] == [1, 1, 2, 4]
+    assert e["sglang_acceptance_length"] == round(21 / 8, 4)
+    assert e["counted"].startswith("per-request")
+    assert e["sampling"]["temperature"] == 0.0 and e["sampling"]["top_p"] == "server default"
+    sent = [s.body for s in server.seen if s.path == "/v1/completions"]
+    assert sent[0]["prompt"] == [10, 11, 12, 13] and sent[0]["return_token_ids"] is True
+    assert sent[0]["temperature"] == 0.0 and "top_p" not in sent[0] and sent[0]["max_tokens"] == 12
+
+
+def test_sglang_shapes_and_chat_prompts(server, tmp_path, cli):
+    """Text prompts go to the chat endpoint; SGLang is asked for its details, and counted from them."""
+    server.answer("/v1/models", Canned(body=models("m", owned_by="sglang")))
+    server.answer("/v1/chat/completions", Canned(body=sglang_chat([1, 2, 0, 3], tokens=[5] * 14, draft_tokens=4)))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--json")
+    assert r.code == 0, r.err
+    e = r.json()["endpoint"]
+    assert e["engine"] == "sglang"
+    assert e["counts"]["num_drafts"] == 6 and e["counts"]["accepted"] == 11
+    assert e["counts"]["per_position_rates"] == [round(5 / 6, 4), 0.5, 0.5]
+    body = next(s.body for s in server.seen if s.path == "/v1/chat/completions")
+    assert body["messages"] == [{"role": "user", "content": "hi"}] and body["return_spec_tokens_details"] is True
+    assert "temperature" not in body  # --sampling auto: the server's default
+
+
+def test_counters_summed_over_data_parallel_ranks(server, tmp_path, cli):
+    """No per-request statistics: the counters' deltas, summed over both `engine` labels."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    server.answer("/metrics", Canned(body=prometheus(10, 30, 12, [6, 4, 2], done=5, engines=2)),
+                  Canned(body=prometheus(16, 48, 21, [10, 7, 4], done=7, engines=2)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--json")
+    assert r.code == 0, r.err
+    e = r.json()["endpoint"]
+    assert e["counts"] == {"num_drafts": 6, "drafted": 18, "accepted": 9, "acceptance_length": 2.5,
+                           "per_position_rates": [round(4 / 6, 4), 0.5, round(2 / 6, 4)]}
+    assert e["counted"].startswith("the deltas") and e["sglang_acceptance_length"] is None
+
+
+def test_foreign_traffic_refused(server, tmp_path, cli):
+    """The request counter moved by more than our 2 requests: no figure is reported as ours."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    server.answer("/metrics", Canned(body=prometheus(10, 30, 12, [6, 4, 2], done=5)),
+                  Canned(body=prometheus(16, 48, 21, [10, 7, 4], done=8)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--junit", tmp_path / "j.xml")
+    assert r.code == 1 and r.out == ""
+    assert "cannot measure" in r.err and "moved by 3" in r.err and "--per-request-spec-decode-metrics" in r.err
+    assert not (tmp_path / "j.xml").exists()
+    server.answer("/metrics", Canned(body=prometheus(10, 30, 12, [6, 4, 2], done=5)),
+                  Canned(body=prometheus(16, 48, 21, [10, 7, 4], done=7, running=1)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 1 and "cannot measure" in r.err and "running or waiting" in r.err
+
+
+@pytest.mark.parametrize("metrics", [b"# no vllm here\n", prometheus(10, 30, 12, [6, 4, 2], done=5)])
+def test_endpoint_that_does_not_speculate(server, tmp_path, cli, metrics):
+    """No statistics and no counter moved (or none exposed): one line, exit 1."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    server.answer("/metrics", Canned(body=metrics))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 1 and "the endpoint does not speculate" in r.err
+    assert _one_error_line(r)
+
+
+def test_thresholds_reports_and_exit_3(server, tmp_path, cli):
+    server.answer("/v1/completions", Canned(body=vllm_completion([3, 1, 0, 0], tokens=[1] * 5)))
+    md, junit = tmp_path / "r.md", tmp_path / "r.xml"
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--json",
+            "--min-acceptance-length", "2", "--min-position-rates", "0.5,0.1", "--junit", junit, "--report-md", md)
+    assert r.code == 3
+    failed = r.failed_checks()
+    assert set(failed) == {"endpoint_acceptance_length", "endpoint_position_rates"}
+    assert "position 1: 0.250 < 0.5" in failed["endpoint_position_rates"]
+    assert "endpoint_acceptance_length" in junit.read_text() and "tau 1.25" in md.read_text()
+    assert "tau 1.25" in md.with_suffix(".svg").read_text()
+
+
+def test_regression_gate_between_endpoint_runs(server, tmp_path, cli):
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 0, 0, 50], tokens=[1] * 5)))
+    prompts = _ids_prompts(tmp_path)
+    first = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--json")
+    assert first.code == 0, first.err
+    (tmp_path / "base.json").write_text(first.out)
+    server.answer("/v1/completions", Canned(body=vllm_completion([30, 10, 5, 5], tokens=[1] * 5)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--json", "--baseline", tmp_path / "base.json")
+    assert r.code == 3 and "regression" in r.failed_checks()
+    other = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--baseline", tmp_path / "base.json",
+                "--max-new-tokens", "9")
+    assert other.code == 1 and "sent other requests" in other.err
+
+
+def test_model_choice(server, tmp_path, cli):
+    server.answer("/v1/models", Canned(body=models("a", "b")))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 2 and "2 models (a, b)" in r.err and "--endpoint-model" in r.err
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--endpoint-model", "c")
+    assert r.code == 1 and "does not serve 'c'" in r.err
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--endpoint-model", "b")
+    assert r.code == 0 and {s.body["model"] for s in server.seen if s.path == "/v1/completions"} == {"b"}
+
+
+def test_key_from_the_named_variable_never_shown(server, tmp_path, cli, monkeypatch):
+    """The key goes in the header to the endpoint; a 401 names the variable, never the key."""
+    monkeypatch.setenv("STAGING_KEY", KEY)
+    server.answer("/v1/models", Canned(401, {"error": {"message": f"bad key {KEY}"}}))
+    r = cli("validate", "--endpoint", server.url, "--endpoint-key-env", "STAGING_KEY")
+    assert r.code == 1 and "$STAGING_KEY was refused" in r.err and "HTTP 401" in r.err
+    assert KEY not in r.err + r.out
+    assert server.seen[-1].headers["Authorization"] == f"Bearer {KEY}"
+    server.answer("/v1/models", Canned(body=models("m")))
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    r = cli("validate", "--endpoint", server.url, "--endpoint-key-env", "STAGING_KEY", "--prompts",
+            _ids_prompts(tmp_path), "--json", "--report-md", tmp_path / "r.md")
+    assert r.code == 0 and KEY not in r.out + r.err + (tmp_path / "r.md").read_text()
+
+
+def test_redirect_to_another_host_gets_no_key(server, tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with FakeEndpoint() as elsewhere:
+        elsewhere.answer("/v1/models", Canned(body=models("m")))
+        server.answer("/v1/models", Canned(307, b"", headers={"Location": elsewhere.url + "/v1/models"}))
+        r = cli("validate", "--endpoint", server.url)
+        assert r.code == 1 and "redirected (HTTP 307)" in r.err and "not followed" in r.err
+        assert elsewhere.seen == [] and KEY not in r.err
+
+
+@pytest.mark.parametrize(("canned", "said"), [
+    (Canned(404, {"error": {"message": "The model `m` does not exist."}}), "HTTP 404 (not found: The model"),
+    (Canned(200, b"<html>gateway</html>", headers={"Content-Type": "text/html"}), "not JSON (content-type text/html"),
+    (Canned(200, {"choices": []}), "lacks the field `choices.0`"),
+    (Canned(200, {"choices": [{"text": "x"}], "usage": {}}), "lacks the field `usage.completion_tokens`"),
+    (Canned(200, plain_completion([1] * 40), cut=True), "cut short"),
+    (Canned(500, {"error": {"message": "engine dead"}}), "HTTP 500: engine dead"),
+])
+def test_bad_answers_one_line(server, tmp_path, cli, canned, said):
+    server.answer("/v1/completions", canned)
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 1 and said in r.err and r.out == "", r.err
+    assert _one_error_line(r) and "Traceback" not in r.err
+
+
+def test_retry_after_capped(server, tmp_path, cli, monkeypatch):
+    """429 then 503 with Retry-After: waited (an hour capped to the cap), then answered."""
+    from dflash_convert.validate import endpoint
+
+    waits = []
+    monkeypatch.setattr(endpoint.time, "sleep", waits.append)
+    server.answer("/v1/completions", Canned(429, {}, headers={"Retry-After": "3600"}),
+                  Canned(503, {}, headers={"Retry-After": "2"}), Canned(body=vllm_completion([0, 2], tokens=[1])))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=1))
+    assert r.code == 0, r.err
+    assert waits == [endpoint.RETRY_AFTER_CAP_S, 2.0]
+    server.answer("/v1/completions", Canned(503, {"error": {"message": "overloaded"}}))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=1))
+    assert r.code == 1 and "HTTP 503: overloaded" in r.err
+
+
+def test_hanging_server_bounded(server, tmp_path, cli):
+    server.answer("/v1/completions", Canned(body=plain_completion([1]), hang_s=30))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=1), "--endpoint-timeout", "1")
+    assert r.code == 1 and "--endpoint-timeout" in r.err and _one_error_line(r)
+    assert "no answer (read timeout" in r.err or "unanswered within" in r.err
+
+
+def test_unreachable_and_bad_urls(cli):
+    r = cli("validate", "--endpoint", "http://127.0.0.1:9")
+    assert r.code == 1 and "cannot connect" in r.err
+    r = cli("validate", "--endpoint", "ftp://x")
+    assert r.code == 2 and "http:// or https://" in r.err
+    r = cli("validate", "--endpoint", f"http://user:{KEY}@127.0.0.1:9")
+    assert r.code == 2 and KEY not in r.err
+    r = cli("validate")
+    assert r.code == 2 and "--endpoint" in r.err
+
+
+def test_tls_verified_against_named_bundle(tmp_path, cli, monkeypatch):
+    """A self-signed server: refused as unverified; trusted once SSL_CERT_FILE names its certificate."""
+    import ssl
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    with FakeEndpoint() as fake:
+        fake.answer("/v1/models", Canned(body=models("m")))
+        fake.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        fake.httpd.socket = context.wrap_socket(fake.httpd.socket, server_side=True)
+        url = fake.url.replace("http://", "https://")
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+        r = cli("validate", "--endpoint", url, "--prompts", _ids_prompts(tmp_path, n=1))
+        assert r.code == 1 and "TLS certificate not verified" in r.err
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
+        r = cli("validate", "--endpoint", url, "--prompts", _ids_prompts(tmp_path, n=1))
+        assert r.code == 0, r.err
+
+
+def test_concurrency_in_flight(server, tmp_path, cli):
+    """--concurrency 4: four requests are answered together (each holds its answer a moment)."""
+    import threading
+
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def answer(_body):
+        import time
+
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.3)
+        with lock:
+            inside[0] -= 1
+        return vllm_completion([0, 2], tokens=[1])
+
+    server.answer("/v1/completions", Canned(body=answer))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=8), "--concurrency", "4")
+    assert r.code == 0, r.err
+    assert most[0] == 4
+
+
+def _with_top(answer: dict, tops: list[dict[str, float]]) -> dict:
+    """A completion answer with vLLM's top candidates per token (return_tokens_as_token_ids)."""
+    answer["choices"][0]["logprobs"] = {"top_logprobs": [{f"token_id:{t}": v for t, v in step.items()}
+                                                         for step in tops]}
+    return answer
+
+
+@pytest.mark.parametrize(("other_logit", "passes"), [(9.99, True), (7.0, False)])
+def test_baseline_endpoint_outputs_judged_at_near_ties(server, tmp_path, cli, other_logit, passes):
+    """Outputs parting at token 3: a near-tie by the baseline's logits passes (and is named), else the prompt,
+    the position and both tokens are named and the run fails."""
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 3], tokens=[5, 6, 8, 9])))
+    with FakeEndpoint() as plain:
+        plain.answer("/v1/models", Canned(body=models("m")))
+        tops = [{5: 10.0}, {6: 10.0}, {7: 10.0, 8: other_logit}, {9: 10.0}]
+        plain.answer("/v1/completions", Canned(body=_with_top(plain_completion([5, 6, 7, 9]), tops)))
+        r = cli("validate", "--endpoint", server.url, "--baseline-endpoint", plain.url, "--prompts",
+                _ids_prompts(tmp_path, n=1), "--sampling", "greedy", "--json")
+        sent = [s.body for s in plain.seen if s.path == "/v1/completions"]
+    assert r.code == (0 if passes else 3), r.err
+    b = r.json()["endpoint"]["baseline_endpoint"]
+    assert b["rounds"] == 3 and len(sent) == 3 and sent[0]["logprobs"] == 5 and sent[0]["return_tokens_as_token_ids"]
+    if passes:
+        assert b["outputs_equal"] == 0
+        assert "token 3: the baseline took 7, the speculative endpoint 8" in b["near_ties"][0]
+    else:
+        message = r.failed_checks()["endpoint_outputs_equal"]
+        assert "prompt 1: the deployment's speculation changes its output (token 3: the baseline took 7, the " \
+               "speculative endpoint 8 (values 10 and 7: not a near-tie))" in message
+
+
+def test_ctrl_c_cancels_in_flight_requests(server, tmp_path):
+    """Ctrl-C while requests hang on the server: exit 130 at once (nothing waits for their answers)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from processes import ROOT, stop_signals_at_default
+
+    server.answer("/v1/completions", Canned(body=plain_completion([1]), hang_s=60))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "runtime")]))
+    child = subprocess.Popen([sys.executable, "-m", "dflash_convert", "validate", "--endpoint", server.url,
+                              "--prompts", str(_ids_prompts(tmp_path, n=4)), "--concurrency", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=stop_signals_at_default)
+    deadline = time.monotonic() + 60
+    while sum(s.path == "/v1/completions" for s in server.seen) < 2:
+        assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=20)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err
+
+
+def test_model_card_shows_the_served_figures(server, tmp_path, cli):
+    """push --validation-report with an endpoint report: the card says what the deployment served."""
+    from pathlib import Path
+
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.validate.report import ValidationReport
+
+    server.answer("/v1/completions", Canned(body=vllm_completion([1, 0, 2, 1], tokens=[1] * 9)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--json")
+    summary = ValidationReport.model_validate(r.json()).summary().model_dump(mode="json")
+    assert summary["endpoint"]["per_request"] == []
+    pair = Path(__file__).resolve().parents[1] / "examples" / "pair" / "draft"
+    card = model_card(open_checkpoint(pair).spec, repo_id="org/d", validation=summary)
+    assert "Served by vllm (model `m`, measured over HTTP): tau 2.75 in vLLM's counting over 8 verify steps" in card
+
+
+def test_figures_per_prompt_set_through_the_library(server):
+    """Named prompt sets (--dataset) are measured together and reported each on its own."""
+    from dflash_convert.validate import ValidateOptions, validate
+    from dflash_convert.validate.options import PromptSet
+
+    server.answer("/v1/completions", Canned(body=lambda body: vllm_completion(
+        [0, 0, 2] if body["prompt"][0] == 1 else [2, 0, 0], tokens=[1, 2])))
+    report = validate(None, ValidateOptions(endpoint=server.url, prompts=[[1, 5]], prompt_sets=[
+        PromptSet(name="easy", source="here", prompts=[[1, 2], [1, 3]]),
+        PromptSet(name="hard", source="here", prompts=[[9, 9]])]))
+    sets = report.endpoint.per_prompt_set
+    assert (sets["easy"].prompts, sets["easy"].acceptance_length, sets["easy"].source) == (2, 3.0, "here")
+    assert (sets["hard"].prompts, sets["hard"].acceptance_length) == (1, 1.0)
+    assert report.endpoint.counts.num_drafts == 8 and report.endpoint.prompts == 4
+
+
+def test_counters_that_cannot_be_read(server, tmp_path, cli):
+    """No per-request statistics and /metrics absent (a router): cannot measure, saying why; with per-request
+    statistics the counters are not needed."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 1 and "cannot measure" in r.err and "HTTP 404" in r.err and _one_error_line(r)
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    assert cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path)).code == 0
