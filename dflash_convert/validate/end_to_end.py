@@ -19,7 +19,7 @@ from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (AcceptanceCounts, AcceptanceStats, PromptSetAcceptance, PromptStats,
-                                            SamplingUsed, StepDecisions)
+                                            SamplingUsed, StepDecisions, SyntheticAcceptance)
 from dflash_convert.validate.histogram import step_histogram
 from dflash_convert.validate.sampling import runtime_sampling
 from dflash_runtime.metrics import DecodeStats
@@ -127,7 +127,19 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
                                 output_equal=None if same is None else same[i],
                                 accepted_histogram=step_histogram(r.stats.per_position_rates, r.stats.num_drafts))
                     for i, (p, r) in enumerate(zip(prompt_ids, runs))])
+    stats.synthetic = synthetic_acceptance(stats)
     return checks, stats, [r.tokens for r in runs]
+
+
+def synthetic_acceptance(stats: AcceptanceStats) -> SyntheticAcceptance | None:
+    """vLLM's synthetic-sampler keys for the acceptance of `stats`, from the figures counted as vLLM counts when
+    this run has them; None without draft steps."""
+    counted = stats.vllm_counting
+    rates = counted.per_position_rates if counted else stats.per_position_rates
+    if not rates or not (counted or stats).num_drafts:
+        return None
+    return SyntheticAcceptance(num_speculative_tokens=len(rates), synthetic_acceptance_rates=rates,
+                               counted="vllm" if counted else "last_block_shortened")
 
 
 def _decode_prompts(decode: Decode, prompt_ids: list[list[int]], opts: ValidateOptions, say):

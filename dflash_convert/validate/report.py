@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from dflash_runtime import DRAFT_SAMPLING
 
@@ -63,6 +63,32 @@ class AcceptanceCounts(BaseModel):
     accepted: int
     acceptance_length: float
     per_position_rates: list[float]
+
+
+class SyntheticAcceptance(BaseModel):
+    """vLLM's synthetic rejection sampler set to this run's acceptance: the keys to put in `--speculative-config`
+    to load-test a fleet accepting as this draft did on these prompts. vLLM requires one rate per speculative
+    token, each the unconditional share of steps whose first k+1 drafts were all accepted, in [0, 1] and
+    non-increasing (checked here as vLLM checks it)."""
+
+    num_speculative_tokens: int = Field(ge=1, description="K as vLLM runs the draft (the rates' length)")
+    rejection_sample_method: Literal["synthetic"] = "synthetic"
+    synthetic_acceptance_rates: list[float] = Field(description="per position: share of draft steps whose first "
+                                                    "k+1 drafts were all accepted")
+    counted: Literal["vllm", "last_block_shortened"] = Field(
+        description="vllm: counted as vLLM counts (full last blocks, --engine vllm); last_block_shortened: each "
+        "prompt's last block cut to max_new_tokens, which lowers the rates by at most one step per prompt")
+
+    @model_validator(mode="after")
+    def _as_vllm_checks(self):
+        rates, k = self.synthetic_acceptance_rates, self.num_speculative_tokens
+        if len(rates) != k or not all(0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+            raise ValueError(f"synthetic_acceptance_rates {rates} are not {k} non-increasing rates in [0, 1]")
+        return self
+
+    def speculative_config(self) -> dict[str, Any]:
+        """The keys of vLLM's `--speculative-config` that replay this acceptance."""
+        return self.model_dump(exclude={"counted"})
 
 
 THRESHOLDS = ("min_acceptance_length", "min_position_rates", "min_speedup")
@@ -119,6 +145,8 @@ class AcceptanceStats(BaseModel):
         None, description="the same decoding counted as vLLM counts: the last block drafted and verified whole "
         "(block_size - 1 drafts) and acceptances past max_new_tokens counted; the figures above shorten the last "
         "block to what can still be emitted")
+    synthetic: SyntheticAcceptance | None = Field(
+        None, description="vLLM's synthetic rejection sampler set to this acceptance (None: no draft steps)")
     vllm_steps: list[StepDecisions] | None = Field(
         None, description="greedy with --engine vllm: each prompt's verify steps counted as vLLM counts, with how "
         "near each decision sat to a tie (what engine_acceptance_agrees compares step by step)")
