@@ -128,6 +128,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
                                 accepted_histogram=step_histogram(r.stats.per_position_rates, r.stats.num_drafts))
                     for i, (p, r) in enumerate(zip(prompt_ids, runs))])
     stats.synthetic = synthetic_acceptance(stats)
+    stats.round_step_times = _round_step_times(rounds)
     return checks, stats, [r.tokens for r in runs]
 
 
@@ -394,6 +395,18 @@ def _ratio(a: float, b: float) -> float:
 def _round_speedup(base_round, spec_round) -> float:
     return _ratio(DecodeStats.merge([g.stats for g in spec_round]).tokens_per_s,
                   DecodeStats.merge([g.stats for g in base_round]).tokens_per_s)
+
+
+def _round_step_times(rounds) -> list[list[float]]:
+    """Per timing round: [draft step s, verify step s, target-only step s] (the cost model's inputs)."""
+    out = []
+    for base_round, spec_round in rounds:
+        spec = DecodeStats.merge([g.stats for g in spec_round])
+        base = DecodeStats.merge([g.stats for g in base_round])
+        if spec.num_drafts and base.tokens_per_s > 0:
+            out.append([spec.draft_time_s / spec.num_drafts, spec.verify_time_s / spec.num_drafts,
+                        1.0 / base.tokens_per_s])
+    return out
 
 
 def _tps_range(rounds) -> list[float]:

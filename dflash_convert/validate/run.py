@@ -42,7 +42,7 @@ from dflash_convert.validate.checks import (Check, make_check, checkpoint_checks
 from dflash_convert.validate.end_to_end import Placement, Prompts, end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
-from dflash_convert.validate import served
+from dflash_convert.validate import served, sweep
 from dflash_convert.validate.histogram import request_histogram
 from dflash_convert.validate.turns import answer_turns
 from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
@@ -92,6 +92,8 @@ class Run:
     target_torch_dtype: Any = None
     threads: int | None = None
     stats: AcceptanceStats | None = None
+    blocks: list[int | None] = field(default_factory=lambda: [None])  # one end-to-end run per block (per K)
+    per_k: list[AcceptanceStats] = field(default_factory=list)  # every K's run, the first is `stats`
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
     engine_run: EngineStats | None = None
     baseline: ValidationReport | None = None  # --baseline, read before any slow work
@@ -134,6 +136,9 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle)
     run = Run(checkpoint_path, opts, progress or (lambda message: None), progress is None, ckpt, ckpt, list(opts.levels),
               device=opts.device, dtype_name=opts.dtype)
+    run.blocks = opts.blocks(_anchor_proposes(ckpt.spec))
+    if opts.num_speculative_tokens:  # the first K is the run the checks, --baseline and the engine see
+        run.opts = opts.model_copy(update={"block_size": run.blocks[0]})
     _prepare(run)
     if "static" in run.wanted:
         _static_level(run, duplicates)
@@ -156,12 +161,18 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
-        engine_run=run.engine_run,
+        engine_run=run.engine_run, per_num_speculative_tokens=[r for r in map(sweep.k_run, run.per_k) if r],
+        recommendation=sweep.recommendations(run.per_k, sweep.device_name(run.device)) if run.per_k else [],
         environment=_environment(opts, run), options=opts.model_dump(mode="json"),
         duration_s=round(time.perf_counter() - t0, 3), passed=not any(c.status == "fail" for c in run.checks))
     if run.baseline is not None:
         _baseline_gate(run, report)
     return report
+
+
+def _anchor_proposes(spec) -> bool:
+    """A DSpark draft with sample_from_anchor: its anchor's slot proposes, so K proposals take K slots."""
+    return spec.variant == "dspark" and bool(spec.variant_fields.get("sample_from_anchor"))
 
 
 def _baseline_gate(run: Run, report: ValidationReport) -> None:
@@ -311,7 +322,7 @@ def _resources(run: Run) -> Iterator[None]:
 def _memory_plan(run: Run) -> memory.MemoryPlan:
     opts, spec, e2e = run.opts, run.ckpt.spec, run.end_to_end_runs
     draft_tensors = [run.ckpt.tensors[n] for n in catalogue.expected_shapes(spec) if n in run.ckpt.tensors]
-    block = opts.block_size or spec.block_size
+    block = max(b or opts.block_size or spec.block_size for b in run.blocks)
     sequence = (max(map(len, run.prompt_ids)) if run.prompt_ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
     sequence += opts.max_new_tokens if run.pending else 0  # an earlier turn's answer joins the prompt
     return memory.plan(draft_tensors, run.dtype_name, device=run.device, target_dir=run.target_dir if e2e else None,
@@ -357,8 +368,24 @@ def _end_to_end_level(run: Run) -> None:
             sampling=run.sampling, placement=placement, draft=run.loaded, progress=run.say, quiet=run.quiet)
         run.checks += checks
         run.run.append("end_to_end")
+        run.per_k = [run.stats] if run.stats is not None else []
+        for block in run.blocks[1:] if run.stats is not None else ():
+            _another_k(run, placement, block)
         if run.opts.engine_python is not None and run.stats is not None:
             _served_level(run)
+
+
+def _another_k(run: Run, placement: Placement, block: int) -> None:
+    """One more end-to-end run at another K: its checks named with their K, its figures beside the first's."""
+    k = block - (0 if _anchor_proposes(run.ckpt.spec) else 1)
+    run.say(f"end to end: num_speculative_tokens {k} (block of {block})")
+    checks, stats, _ = end_to_end(
+        run.ckpt, run.target_dir, Prompts(run.prompt_ids, run.prompt_sets, run.prompt_format),
+        run.opts.model_copy(update={"block_size": block}), sampling=run.sampling, placement=placement,
+        draft=run.loaded, progress=run.say, quiet=run.quiet)
+    run.checks += [c.model_copy(update={"name": f"{c.name} (K={k})"}) for c in checks]
+    if stats is not None:
+        run.per_k.append(stats)
 
 
 def _answer_earlier_turns(run: Run) -> None:
