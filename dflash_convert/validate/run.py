@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from dflash_convert import __version__
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, engine_views, engines, mapping
+from dflash_convert.format import catalogue, engine_views, engines, mapping, serving
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
@@ -136,7 +136,7 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle)
     run = Run(checkpoint_path, opts, progress or (lambda message: None), progress is None, ckpt, ckpt, list(opts.levels),
               device=opts.device, dtype_name=opts.dtype)
-    run.blocks = opts.blocks(_anchor_proposes(ckpt.spec))
+    run.blocks = opts.blocks(serving.anchor_proposes(ckpt.spec))
     if opts.num_speculative_tokens:  # the first K is the run the checks, --baseline and the engine see
         run.opts = opts.model_copy(update={"block_size": run.blocks[0]})
     _prepare(run)
@@ -168,11 +168,6 @@ def validate(checkpoint_path: str | Path, opts: ValidateOptions | None = None, *
     if run.baseline is not None:
         _baseline_gate(run, report)
     return report
-
-
-def _anchor_proposes(spec) -> bool:
-    """A DSpark draft with sample_from_anchor: its anchor's slot proposes, so K proposals take K slots."""
-    return spec.variant == "dspark" and bool(spec.variant_fields.get("sample_from_anchor"))
 
 
 def _baseline_gate(run: Run, report: ValidationReport) -> None:
@@ -377,7 +372,7 @@ def _end_to_end_level(run: Run) -> None:
 
 def _another_k(run: Run, placement: Placement, block: int) -> None:
     """One more end-to-end run at another K: its checks named with their K, its figures beside the first's."""
-    k = block - (0 if _anchor_proposes(run.ckpt.spec) else 1)
+    k = block - (0 if serving.anchor_proposes(run.ckpt.spec) else 1)
     run.say(f"end to end: num_speculative_tokens {k} (block of {block})")
     checks, stats, _ = end_to_end(
         run.ckpt, run.target_dir, Prompts(run.prompt_ids, run.prompt_sets, run.prompt_format),
