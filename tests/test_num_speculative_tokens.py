@@ -86,3 +86,19 @@ def test_spread_over_rounds_decides_whether_the_winner_is_clear():
     assert rec.best.low < rec.best.speedup < rec.best.high
     (rec,) = recommend({3: 3.0, 7: 6.0}, {1: rounds})
     assert rec.best.num_speculative_tokens == 7 and rec.clear
+
+
+def test_markdown_and_model_card_carry_the_k_table_and_the_recommended_launch(sweep):
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.validate.report import to_markdown
+
+    k = sweep.recommendation[0].num_speculative_tokens
+    markdown = to_markdown(sweep)
+    assert "| num_speculative_tokens | block | tau |" in markdown and f"**num_speculative_tokens {k}**" in markdown
+    assert "K=15" in markdown and "do not transfer to another device" in markdown
+    card = model_card(open_checkpoint(PAIR / "draft").spec, repo_id="org/d",
+                      validation=sweep.summary().model_dump(mode="json"))
+    section = card.split("### Which K to serve", 1)[1]  # the trained block's commands come before it
+    assert f'"num_speculative_tokens": {k}}}' in section and sweep.recommendation[0].device in section
+    assert f"SGLang: `--speculative-num-draft-tokens {k + 1}` (the block" in section

@@ -295,6 +295,10 @@ class ValidationSummary(BaseModel):
     acceptance: AcceptanceStats | None = Field(None, description="the end-to-end figures, when that level ran")
     thresholds: dict[str, Any] = Field(default_factory=dict, description="the gates asked for: "
                                        "min_acceptance_length, min_position_rates, min_speedup")
+    per_num_speculative_tokens: list[SpeculativeTokensRun] = Field(
+        default_factory=list, description="end to end: one run per K (the report's rows)")
+    recommendation: list[KRecommendation] = Field(default_factory=list, description="the K recommended per "
+                                                  "concurrency")
 
 
 class ValidationReport(BaseModel):
@@ -346,7 +350,9 @@ class ValidationReport(BaseModel):
                                  checks=[CheckSummary(**c.model_dump(include={"name", "level", "status", "message"}))
                                          for c in self.checks],
                                  target=self.target, created_at=self.created_at, acceptance=self.acceptance,
-                                 thresholds=self.thresholds())
+                                 thresholds=self.thresholds(),
+                                 per_num_speculative_tokens=self.per_num_speculative_tokens,
+                                 recommendation=self.recommendation)
 
 
 def validation_report_schema() -> dict[str, Any]:
