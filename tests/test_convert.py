@@ -295,3 +295,48 @@ def test_hub_cache_blob_names_are_the_recorded_sha256(cli, speculators_drafts, t
     record = json.loads((out / "conversion.json").read_text())
     for name in ("config.json", "model.safetensors"):
         assert record["input_files"][name] == hashlib.sha256((src / name).read_bytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- speculators' pre-2026-04-21 convention
+
+def old_speculative_tokens(src: Path, dst: Path) -> Path:
+    """A draft as speculators wrote DFlash before its PR #456: speculative_tokens = block_size and no
+    sample_from_anchor key (that key came later)."""
+    shutil.copytree(src, dst)
+    cfg = read_config(dst)
+    cfg.pop("sample_from_anchor", None)
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = cfg["block_size"]
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def test_old_speculative_tokens_convention_round_trips(cli, speculators_drafts, tiny_target, tmp_path):
+    """Accepted with a warning naming the convention and what vLLM would serve; the copy states block_size - 1
+    and conversion.json records the rewrite; HF and back keeps the trained block."""
+    src = old_speculative_tokens(speculators_drafts["full"], tmp_path / "old")
+    out, hf, back = tmp_path / "spec", tmp_path / "hf", tmp_path / "back"
+    r = cli("convert", src, "-o", out, "--to", "speculators", "--verifier", tiny_target, "--json")
+    assert r.code == 0, r.err
+    said = " ".join(r.json()["warnings"])
+    assert "PR #456" in said and "would serve 8 speculative tokens, 9 slots" in said
+    assert "num_speculative_tokens=7" in said
+    assert read_config(out)["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 7
+    assert read_config(out)["block_size"] == 8
+    changes = json.loads((out / "conversion.json").read_text())["config_changes"]
+    tokens = [c for c in changes if c["key"] == "speculators_config.proposal_methods"]
+    assert [(c["before"][0]["speculative_tokens"], c["after"][0]["speculative_tokens"]) for c in tokens] == [(8, 7)]
+    assert cli("convert", src, "-o", hf, "--verifier", tiny_target).code == 0
+    assert read_config(hf)["block_size"] == 8
+    assert cli("convert", hf, "-o", back, "--verifier", tiny_target).code == 0
+    assert read_config(back)["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 7
+
+
+def test_old_convention_needs_its_writer_shape(cli, speculators_drafts, tmp_path):
+    """speculative_tokens = block_size beside an explicit sample_from_anchor: false is no writer's convention
+    (speculators writes block_size - 1 since that key exists): still refused."""
+    src = old_speculative_tokens(speculators_drafts["full"], tmp_path / "old")
+    cfg = read_config(src)
+    cfg["sample_from_anchor"] = False
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = cli("convert", src, "-o", tmp_path / "out")
+    assert r.code == 1 and "speculative_tokens" in r.err

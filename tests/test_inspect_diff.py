@@ -94,3 +94,21 @@ def test_an_engine_view_that_errs_is_a_problem(cli, speculators_drafts, tmp_path
     assert cli("inspect", speculators_drafts["pruned"], "--engine", "vllm").code == 0
     converted = cli("convert", speculators_drafts["pruned"], "-o", tmp_path / "hf")
     assert converted.code == 0 and "inspect's engine_view.sglang check" in converted.err, converted.err
+
+
+def test_inspect_vllm_on_the_old_speculative_tokens_convention(cli, speculators_drafts, tmp_path):
+    """A pre-2026-04-21 speculators config (speculative_tokens = block_size): read (exit 0, a warning), and
+    `inspect --engine vllm` says vLLM drafts one slot past the block and to pass num_speculative_tokens."""
+    src = tmp_path / "old"
+    shutil.copytree(speculators_drafts["full"], src)
+    cfg = read_config(src)
+    cfg.pop("sample_from_anchor", None)
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = cfg["block_size"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = cli("inspect", src, "--engine", "vllm")
+    assert r.code == 0, r.err
+    assert "WARN speculative_tokens" in r.out and "PR #456" in r.out
+    assert "drafts blocks of 9 (speculative_tokens + 1) instead of 8" in r.out
+    assert "pass num_speculative_tokens=7 explicitly in --speculative-config" in r.out
+    info = cli("inspect", src, "--json").json()
+    assert "speculative_tokens" in [p["name"] for p in info["problems"]] and info["ok"]

@@ -1,6 +1,6 @@
 """`inspect`: the format, what each engine applies, the tensors and every problem found."""
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,7 +12,9 @@ from dflash_convert.cli._params import (
 EPILOG = examples(
     "dflash-convert inspect ./draft",
     "dflash-convert inspect org/draft --revision v1 --json",
-    "dflash-convert inspect ./draft --scan --engine sglang")
+    "dflash-convert inspect ./draft --scan --engine sglang",
+    "dflash-convert inspect ./draft --engine vllm --num-speculative-tokens 7 --max-num-seqs 256 "
+    "--max-num-batched-tokens 2048")
 
 
 def inspect(
@@ -22,6 +24,15 @@ def inspect(
     revision: Revision = None,
     token: Token = None,
     engine: EngineOpt = None,
+    num_speculative_tokens: Annotated[Optional[int], typer.Option(
+        "--num-speculative-tokens", metavar="K", help="With --engine vllm|sglang: check a launch drafting K tokens "
+        "per step (vLLM's name; the block is K+1) against the engine's rules.")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(
+        "--max-num-seqs", metavar="S", help="vLLM's max_num_seqs of that launch.")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(
+        "--max-num-batched-tokens", metavar="T", help="vLLM's max_num_batched_tokens of that launch.")] = None,
+    draft_window_size: Annotated[Optional[int], typer.Option(
+        "--draft-window-size", metavar="W", help="SGLang's --speculative-draft-window-size of that launch.")] = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -30,9 +41,28 @@ def inspect(
     from dflash_convert.validate.inspect import inspect_checkpoint
 
     out = Output(as_json, quiet)
+    serving = _serving(value(engine), num_speculative_tokens, max_num_seqs, max_num_batched_tokens, draft_window_size)
     local, sha = out.local(path, revision=revision, token=token, allow_pickle=allow_pickle)
-    report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=value(engine))
+    report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=value(engine), serving=serving)
     report.revision = sha
     out.result(report.model_dump(mode="json"), render=report.render)
     if not report.ok:
         raise typer.Exit(ValidationFailed.exit_code)
+
+
+def _serving(engine: str | None, k: int | None, seqs: int | None, budget: int | None, window: int | None):
+    """The launch settings to check, or None; a usage error where they cannot be checked as given."""
+    from dflash_convert.errors import UsageError
+    from dflash_convert.format.serving import ServingConfig
+
+    if k is None:
+        if any(v is not None for v in (seqs, budget, window)):
+            raise UsageError("--max-num-seqs, --max-num-batched-tokens and --draft-window-size describe a launch: "
+                             "give --num-speculative-tokens with them")
+        return None
+    if engine not in ("vllm", "sglang"):
+        raise UsageError("--num-speculative-tokens checks a launch of one engine: give --engine vllm or sglang")
+    if any(v is not None and v < 1 for v in (k, seqs, budget, window)):
+        raise UsageError("--num-speculative-tokens, --max-num-seqs, --max-num-batched-tokens and "
+                         "--draft-window-size must be at least 1")
+    return ServingConfig(engine, k, seqs, budget, window)

@@ -189,6 +189,8 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
     if dest == ckpt.format:
         warnings.append(f"the source is already in the {dest} format: writing a normalized copy (config rewritten "
                         "the way this tool writes it, training-only tensors dropped, overrides applied)")
+    if legacy := mapping.legacy_speculative_tokens_warning(ckpt.spec):
+        warnings.append(legacy)  # the spec's block_size is kept; both writers derive speculative_tokens from it
     spec = _apply_overrides(ckpt.spec, opts, warnings)
     if dest == "speculators" and spec.verifier is None and not opts.no_verifier:
         raise DFlashError("field `speculators_config.verifier.name_or_path` would be empty: vLLM serves a "

@@ -201,6 +201,18 @@ class SpeculatorsDFlashConfig(_Open):
             return self.sample_from_anchor
         return self.speculators_model_type == "dspark"
 
+    @property
+    def legacy_speculative_tokens(self) -> bool:
+        """speculative_tokens = block_size on a dflash draft: what speculators wrote from DFlash's arrival (its
+        PR #354, 2026-04-15) until its PR #456 (2026-04-21). Its own model read only block_size then (the
+        field was metadata, off by one: the first slot re-predicts the anchor), so block_size is the trained
+        block. Only that writer's shape counts: dflash, block_size written, no sample_from_anchor key (that
+        key came later, PR #760, with writers that store block_size - 1)."""
+        methods = self.speculators_config.proposal_methods if self.speculators_config else []
+        return (self.speculators_model_type == "dflash" and "sample_from_anchor" not in self.model_fields_set
+                and "block_size" in self.model_fields_set and bool(methods)
+                and methods[0].speculative_tokens == self.block_size)
+
     @model_validator(mode="after")
     def _consistent(self):
         vocab = self.transformer_layer_config.vocab_size
@@ -219,7 +231,7 @@ class SpeculatorsDFlashConfig(_Open):
                 raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods"
                                  f"[0].speculative_tokens is {methods[0].speculative_tokens}; with sample_from_anchor "
                                  "every slot drafts, so they must be equal")
-        elif methods and methods[0].speculative_tokens != self.block_size - 1:
+        elif methods and methods[0].speculative_tokens != self.block_size - 1 and not self.legacy_speculative_tokens:
             said = "" if "block_size" in self.model_fields_set else " (absent: speculators' default)"
             raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods[0]"
                              f".speculative_tokens is {methods[0].speculative_tokens}; a block is the anchor plus "
@@ -367,6 +379,9 @@ class DraftSpec(BaseModel):
     variant_fields: dict[str, Any] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict, description="source keys with no meaning to DFlash, carried through")
     dtype: str | None = None
+    legacy_speculative_tokens: int | None = Field(None, description="speculative_tokens as a pre-2026-04-21 "
+                                                  "speculators config stored it (= block_size, off by one); "
+                                                  "None for every other source")
 
     # Views of the decoder dims: required keys read as stored, the rest through DecoderConfig's defaults.
     def _d(self, key: str):

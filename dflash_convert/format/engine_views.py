@@ -309,7 +309,14 @@ def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: C
         div.append(Divergence(field="block_size", severity="error", trained=spec.block_size, applied=r.block,
                               consequence=f"drafts blocks of {r.block} ({r.block_source}) instead of "
                                           f"{spec.block_size}",
-                              fix="write block_size (convert writes it in every place engines read)"))
+                              fix=_block_size_fix(spec, rules)))
+
+
+def _block_size_fix(spec: DraftSpec, rules: EngineRules) -> str:
+    if spec.legacy_speculative_tokens is not None and rules.block_size == BlockSize.SPECULATIVE_TOKENS:
+        return (f"pass num_speculative_tokens={(spec.block_size or 1) - 1} explicitly in --speculative-config: the "
+                "config follows speculators' old convention, speculative_tokens = block_size (or convert it)")
+    return "write block_size (convert writes it in every place engines read)"
 
 
 def _view_vocab(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading, names: set[str]) -> None:

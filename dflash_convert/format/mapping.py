@@ -249,7 +249,21 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         variant_fields=_speculators_fields(raw, variant),
         extra={k: v for k, v in raw.items() if k not in SPECULATORS_KNOWN_KEYS},
         dtype=raw.get("dtype") or raw.get("torch_dtype"),
+        legacy_speculative_tokens=cfg.block_size if cfg.legacy_speculative_tokens else None,
     )
+
+
+def legacy_speculative_tokens_warning(spec: DraftSpec) -> str | None:
+    """What a user must know about a config in speculators' pre-2026-04-21 convention (None for others)."""
+    if spec.legacy_speculative_tokens is None or spec.block_size is None:
+        return None
+    b = spec.block_size
+    return (f"speculators_config.proposal_methods[0].speculative_tokens is {spec.legacy_speculative_tokens}, equal to "
+            f"block_size {b}: speculators' old DFlash convention (before its PR #456, 2026-04-21; the first slot "
+            f"re-predicts the anchor, so a block of {b} drafts {b - 1} tokens). vLLM takes num_speculative_tokens from "
+            f"this field and would serve {b} speculative tokens, {b + 1} slots per step, one past the trained block: "
+            f"pass num_speculative_tokens={b - 1} explicitly in --speculative-config, or convert (writes "
+            f"speculative_tokens = {b - 1})")
 
 
 def _speculators_fields(raw: dict, variant: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dflash_convert.chart import svg_chart, text_chart
+from dflash_convert.chart import bar, svg_chart, text_chart
 from dflash_convert.io.checkpoint import open_checkpoint
 
 from dflash_convert.io.reading import read_json
@@ -111,6 +111,35 @@ def _endpoint_lines(e: Any, thresholds: dict[str, Any]) -> list[str]:
             *text_chart(c["per_position_rates"], thresholds.get("min_position_rates")), "```", ""]
 
 
+def _render_k(validation: dict[str, Any], target: str, repo_id: str, method: str) -> list[str]:
+    """The validation's runs per num_speculative_tokens (when it ran several): tau, step costs and expected
+    speedup per K, a chart per concurrency, and the launch lines at the recommended K, naming the device the
+    costs are from."""
+    rows = [r for r in validation.get("per_num_speculative_tokens") or [] if isinstance(r, dict)]
+    if len(rows) < 2:
+        return []
+    lines = ["### Which K to serve", "", "| num_speculative_tokens | tau | draft step | verify step | target step | "
+             "expected speedup | measured speedup |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['num_speculative_tokens']} | {r['acceptance_length']:.2f} | {r['draft_step_s'] * 1e3:.2f} ms | "
+              f"{r['verify_step_s'] * 1e3:.2f} ms | {r['target_step_s'] * 1e3:.2f} ms | "
+              f"{r['expected_speedup']:.2f}x | {r['measured_speedup']:.2f}x |" for r in rows]
+    top = max(r["expected_speedup"] for r in rows) or 1.0
+    for rec in validation.get("recommendation") or []:
+        k = rec["num_speculative_tokens"]
+        lines += ["", f"Expected speedup (tau x target step / (draft step + verify step)) at concurrency "
+                  f"{rec['concurrency']}, from step costs measured on {rec['device']}: they do not transfer to "
+                  "another device.", "", "```text"]
+        lines += [f"K={r['num_speculative_tokens']:<3} {bar(r['expected_speedup'] / top, 40)} "
+                  f"{r['expected_speedup']:.2f}x" for r in rows]
+        lines += ["```", "", f"Recommended at concurrency {rec['concurrency']}: `num_speculative_tokens` {k}.", "",
+                  "```bash", f"vllm serve {target} \\",
+                  f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{repo_id}\", "
+                  f"\"num_speculative_tokens\": {k}}}'", "```", ""]
+        if method == "dflash":
+            lines += [f"SGLang: `--speculative-num-draft-tokens {k + 1}` (the block of K+1).", ""]
+    return lines
+
+
 def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any] | None,
                        record: ConversionRecord | None) -> str:
     target = _verifier_id(spec) or "<TARGET_MODEL>"
@@ -174,6 +203,7 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
                f"vLLM's `num_speculative_tokens` is the block size minus one ({num_spec})."), ""]
     if validation:
         lines += _render_validation(validation)
+        lines += _render_k(validation, target, repo_id, method)
     if record is not None:
         rev = f" at `{record.source_revision}`" if record.source_revision else ""
         lines += ["### Provenance", "",

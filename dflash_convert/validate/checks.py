@@ -37,6 +37,7 @@ def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
     problems = catalogue.tensor_problems(spec, {n: i.shape for n, i in ckpt.tensors.items()})
     checks = [
         _block_size(spec),
+        *_legacy_speculative_tokens(spec),
         *_mask_token(spec),
         *_layer_ids(spec),
         _fc_width(ckpt),
@@ -60,6 +61,13 @@ def _block_size(spec: DraftSpec) -> Check:
         return make_check("block_size", False, "config has no block_size: engines fall back to their own default "
                           "(16 in SGLang), which may not be what the draft was trained for", threshold=bounds)
     return make_check("block_size", True, f"field `block_size` = {b}", value=b, threshold=bounds)
+
+
+def _legacy_speculative_tokens(spec: DraftSpec) -> list[Check]:
+    """A warning, only on configs in speculators' pre-2026-04-21 convention (speculative_tokens = block_size)."""
+    note = mapping.legacy_speculative_tokens_warning(spec)
+    return [make_check("speculative_tokens", False, note, value=spec.legacy_speculative_tokens,
+                       threshold=f"block_size - 1 = {(spec.block_size or 1) - 1}", bad="warn")] if note else []
 
 
 def _mask_token(spec: DraftSpec) -> list[Check]:

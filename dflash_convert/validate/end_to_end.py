@@ -19,7 +19,8 @@ from dflash_convert.io.progress import Step
 from dflash_convert.validate.checks import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
-                                            PromptSetAcceptance, PromptStats, SamplingUsed, StepDecisions)
+                                            PromptSetAcceptance, PromptStats, SamplingUsed, StepDecisions,
+                                            SyntheticAcceptance)
 from dflash_convert.validate.histogram import step_histogram
 from dflash_convert.validate.sampling import runtime_sampling
 from dflash_convert.validate.served import TIE_ULPS, Parting
@@ -133,7 +134,20 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
                                 output_equal=None if same is None else same[i],
                                 accepted_histogram=step_histogram(r.stats.per_position_rates, r.stats.num_drafts))
                     for i, (p, r) in enumerate(zip(prompt_ids, runs))])
+    stats.synthetic = synthetic_acceptance(stats)
+    stats.round_step_times = _round_step_times(rounds)
     return checks, stats, [r.tokens for r in runs]
+
+
+def synthetic_acceptance(stats: AcceptanceStats) -> SyntheticAcceptance | None:
+    """vLLM's synthetic-sampler keys for the acceptance of `stats`, from the figures counted as vLLM counts when
+    this run has them; None without draft steps."""
+    counted = stats.vllm_counting
+    rates = counted.per_position_rates if counted else stats.per_position_rates
+    if not rates or not (counted or stats).num_drafts:
+        return None
+    return SyntheticAcceptance(num_speculative_tokens=len(rates), synthetic_acceptance_rates=rates,
+                               counted="vllm" if counted else "last_block_shortened")
 
 
 class MeasuredSoFar(KeyboardInterrupt):
@@ -459,6 +473,18 @@ def _ratio(a: float, b: float) -> float:
 def _round_speedup(base_round, spec_round) -> float:
     return _ratio(DecodeStats.merge([g.stats for g in spec_round]).tokens_per_s,
                   DecodeStats.merge([g.stats for g in base_round]).tokens_per_s)
+
+
+def _round_step_times(rounds) -> list[list[float]]:
+    """Per timing round: [draft step s, verify step s, target-only step s] (the cost model's inputs)."""
+    out = []
+    for base_round, spec_round in rounds:
+        spec = DecodeStats.merge([g.stats for g in spec_round])
+        base = DecodeStats.merge([g.stats for g in base_round])
+        if spec.num_drafts and base.tokens_per_s > 0:
+            out.append([spec.draft_time_s / spec.num_drafts, spec.verify_time_s / spec.num_drafts,
+                        1.0 / base.tokens_per_s])
+    return out
 
 
 def _tps_range(rounds) -> list[float]:

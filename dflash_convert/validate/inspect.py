@@ -21,6 +21,7 @@ from dflash_convert.validate.checks import Check, make_check
 from dflash_convert.format.configs import Format, LayerType, Variant
 from dflash_convert.format.dtypes import DTYPES
 from dflash_convert.format.engine_views import EngineView
+from dflash_convert.format.serving import ServingConfig, serving_checks
 
 
 class TensorRow(BaseModel):
@@ -147,8 +148,9 @@ def _human(key: str, value: Any) -> str:
 
 
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
-                       engine: str | None = None) -> InspectReport:
-    """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine."""
+                       engine: str | None = None, serving: ServingConfig | None = None) -> InspectReport:
+    """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine; `serving`
+    adds the checks of a launch's settings against that engine's rules (format/serving.py)."""
     from dflash_convert.validate.checks import checkpoint_checks
 
     ckpt = open_checkpoint(path, allow_pickle=allow_pickle)
@@ -166,6 +168,8 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
     views = engine_views.checkpoint_views(ckpt, engine)
     checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views)
+    if serving is not None:
+        checks += serving_checks(spec, ckpt.raw_config, serving)
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
     return InspectReport(
         path=str(ckpt.path),

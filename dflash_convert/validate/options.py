@@ -106,8 +106,14 @@ class ValidateOptions(BaseModel):
         description=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")
     max_new_tokens: Annotated[int, Flag("--max-new-tokens")] = Field(
         64, description="Tokens generated per prompt (end to end).")
+    num_speculative_tokens: Annotated[list[int] | None, Flag("--num-speculative-tokens", parse="ints",
+                                                             metavar="K[,K...]")] = Field(
+        None, description="vLLM's num_speculative_tokens: tokens drafted per step (a block of K+1 slots; K for a "
+        "DSpark draft with sample_from_anchor). Several values: one end-to-end run per K, reported side by side. "
+        "Default: the draft's trained block.")
     block_size: Annotated[int | None, Flag("--block-size")] = Field(
-        None, description="Run-time block size (default: the draft's).")
+        None, description="The DFlash block in slots (K+1), not vLLM's KV-cache --block-size; "
+        "--num-speculative-tokens says it in vLLM's terms. Default: the draft's.")
     sampling: Annotated[SamplingMode, Flag("--sampling")] = Field(
         "auto", description="auto: temperature, top-k, top-p, min-p from the target's generation_config.json, as "
         "vLLM serves it; greedy: temperature 0. Flags below override.")
@@ -207,6 +213,11 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"unknown validation level(s) {unknown}; choose from {', '.join(LEVELS)}")
         if self.block_size is not None and not MIN_BLOCK_SIZE <= self.block_size <= MAX_BLOCK_SIZE:
             raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {self.block_size}")
+        ks = self.num_speculative_tokens
+        if ks is not None and self.block_size is not None:
+            raise UsageError("give --num-speculative-tokens or --block-size, not both (the block is K+1 slots)")
+        if ks is not None and not all(1 <= k <= MAX_BLOCK_SIZE for k in ks) or ks and len(set(ks)) != len(ks):
+            raise UsageError(f"--num-speculative-tokens must be distinct values in [1, {MAX_BLOCK_SIZE}], got {ks}")
         if not 1 <= self.max_new_tokens <= MAX_PROMPT_TOKENS:
             raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {self.max_new_tokens}")
         for name in FIELDS + PENALTY_FIELDS:
@@ -261,6 +272,14 @@ class ValidateOptions(BaseModel):
             raise UsageError(f"--endpoint-key-env {self.endpoint_key_env!r}: the name of an environment variable")
         if self.engine is not None and self.causal is not None:
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
+
+    def blocks(self, anchor_predicts: bool) -> list[int | None]:
+        """The blocks (slots) to run, one end-to-end run each: K+1 per --num-speculative-tokens value (K when the
+        anchor's slot proposes, as vLLM runs a DSpark draft with sample_from_anchor); else [--block-size], None
+        meaning the draft's own."""
+        if not self.num_speculative_tokens:
+            return [self.block_size]
+        return [k + (0 if anchor_predicts else 1) for k in self.num_speculative_tokens]
 
     @property
     def placed_by_device_map(self) -> str | None:

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from dflash_runtime import DRAFT_SAMPLING
 
@@ -63,6 +63,66 @@ class AcceptanceCounts(BaseModel):
     accepted: int
     acceptance_length: float
     per_position_rates: list[float]
+
+
+class SyntheticAcceptance(BaseModel):
+    """vLLM's synthetic rejection sampler set to this run's acceptance: the keys to put in `--speculative-config`
+    to load-test a fleet accepting as this draft did on these prompts. vLLM requires one rate per speculative
+    token, each the unconditional share of steps whose first k+1 drafts were all accepted, in [0, 1] and
+    non-increasing (checked here as vLLM checks it)."""
+
+    num_speculative_tokens: int = Field(ge=1, description="K as vLLM runs the draft (the rates' length)")
+    rejection_sample_method: Literal["synthetic"] = "synthetic"
+    synthetic_acceptance_rates: list[float] = Field(description="per position: share of draft steps whose first "
+                                                    "k+1 drafts were all accepted")
+    counted: Literal["vllm", "last_block_shortened"] = Field(
+        description="vllm: counted as vLLM counts (full last blocks, --engine vllm); last_block_shortened: each "
+        "prompt's last block cut to max_new_tokens, which lowers the rates by at most one step per prompt")
+
+    @model_validator(mode="after")
+    def _as_vllm_checks(self):
+        rates, k = self.synthetic_acceptance_rates, self.num_speculative_tokens
+        if len(rates) != k or not all(0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+            raise ValueError(f"synthetic_acceptance_rates {rates} are not {k} non-increasing rates in [0, 1]")
+        return self
+
+    def speculative_config(self) -> dict[str, Any]:
+        """The keys of vLLM's `--speculative-config` that replay this acceptance."""
+        return self.model_dump(exclude={"counted"})
+
+
+class SpeculativeTokensRun(BaseModel):
+    """One end-to-end run at one num_speculative_tokens K (the block runs K+1 slots; K when a DSpark anchor
+    proposes), with its step costs and the speedup they predict on the device measured (validate/cost.py)."""
+
+    num_speculative_tokens: int
+    block_size: int = Field(description="slots the run drafted per step")
+    acceptance_length: float = Field(description="tau at this K")
+    per_position_rates: list[float]
+    num_drafts: int
+    outputs_equal: int | None = Field(description="greedy: prompts whose output is the target's")
+    measured_speedup: float = Field(description="the runtime's tokens/s over target-only, the same timed runs")
+    draft_step_s: float = Field(description="a draft step, median over timing rounds (batch 1)")
+    verify_step_s: float = Field(description="the target's verify step of the block, median over rounds (batch 1)")
+    target_step_s: float = Field(description="a target-only step (one token), median over rounds (batch 1)")
+    expected_speedup: float = Field(description="tau * target_step_s / (draft_step_s + verify_step_s), median "
+                                    "over the timing rounds")
+    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
+    synthetic: SyntheticAcceptance | None = None
+
+
+class KRecommendation(BaseModel):
+    """The K with the best expected speedup at one concurrency, on the device its costs were measured on."""
+
+    concurrency: int = Field(description="sequences per step the costs were measured at")
+    num_speculative_tokens: int
+    expected_speedup: float
+    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
+    runner_up: int | None = Field(description="the next best K")
+    runner_up_speedup: float | None
+    clear: bool = Field(description="the best K's range lies above the runner-up's (else the rounds cannot tell "
+                        "them apart)")
+    device: str = Field(description="where the step costs were measured: they do not transfer to another device")
 
 
 THRESHOLDS = ("min_acceptance_length", "min_position_rates", "min_speedup")
@@ -119,6 +179,11 @@ class AcceptanceStats(BaseModel):
         None, description="the same decoding counted as vLLM counts: the last block drafted and verified whole "
         "(block_size - 1 drafts) and acceptances past max_new_tokens counted; the figures above shorten the last "
         "block to what can still be emitted")
+    synthetic: SyntheticAcceptance | None = Field(
+        None, description="vLLM's synthetic rejection sampler set to this acceptance (None: no draft steps)")
+    round_step_times: list[list[float]] = Field(
+        default_factory=list, description="per timing round: [draft step, verify step, target-only step] in "
+        "seconds, means per step at batch 1 (what the cost model reads)")
     vllm_steps: list[StepDecisions] | None = Field(
         None, description="greedy with --engine vllm: each prompt's verify steps counted as vLLM counts, with how "
         "near each decision sat to a tie (what engine_acceptance_agrees compares step by step)")
@@ -305,6 +370,10 @@ class ValidationSummary(BaseModel):
                                            "per-request list")
     thresholds: dict[str, Any] = Field(default_factory=dict, description="the gates asked for: "
                                        "min_acceptance_length, min_position_rates, min_speedup")
+    per_num_speculative_tokens: list[SpeculativeTokensRun] = Field(
+        default_factory=list, description="end to end: one run per K (the report's rows)")
+    recommendation: list[KRecommendation] = Field(default_factory=list, description="the K recommended per "
+                                                  "concurrency")
 
 
 class ValidationReport(BaseModel):
@@ -322,6 +391,10 @@ class ValidationReport(BaseModel):
     engine_run: EngineStats | None = Field(None, description="the real engine's figures (--engine-python)")
     endpoint: EndpointStats | None = Field(None, description="a live server's figures (--endpoint)")
     baseline: BaselineComparison | None = Field(None, description="this run against an earlier report (--baseline)")
+    per_num_speculative_tokens: list[SpeculativeTokensRun] = Field(
+        default_factory=list, description="end to end: one run per K (--num-speculative-tokens; else the one run)")
+    recommendation: list[KRecommendation] = Field(
+        default_factory=list, description="per concurrency: the K with the best expected speedup")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -356,7 +429,9 @@ class ValidationReport(BaseModel):
                                          for c in self.checks],
                                  target=self.target, created_at=self.created_at, acceptance=self.acceptance,
                                  endpoint=self.endpoint.model_copy(update={"per_request": []}) if self.endpoint
-                                 else None, thresholds=self.thresholds())
+                                 else None, thresholds=self.thresholds(),
+                                 per_num_speculative_tokens=self.per_num_speculative_tokens,
+                                 recommendation=self.recommendation)
 
 
 def validation_report_schema() -> dict[str, Any]:
@@ -433,11 +508,38 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
         console.print("", markup=False)
         for line in endpoint_lines(report):
             console.print(line, markup=False)
+    if not quiet:
+        for line in per_k_lines(report):
+            console.print(line, markup=False)
     low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
     if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
     word = verdict_word(report)
     console.print(f"[{VERDICT_STYLE[word]}]{word}[/] {escape(verdict_text(report))}")
+
+
+def per_k_lines(report: ValidationReport) -> list[str]:
+    """The runs per num_speculative_tokens side by side (tau, rates, step costs, expected and measured speedup)
+    and the recommended K per concurrency, naming the device the costs are from."""
+    rows = report.per_num_speculative_tokens
+    if len(rows) < 2:  # one K: its figures are the acceptance lines above (its costs are in the JSON)
+        return []
+    lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} {'draft ms':>9} {'verify ms':>9} {'target ms':>9} "
+                 f"{'expected':>14} {'measured':>8}  per-position rates"]
+    for r in rows:
+        low, high = r.expected_speedup_range
+        lines.append(f"{r.num_speculative_tokens:>3} {r.block_size:>5} {r.acceptance_length:>6.2f} "
+                     f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
+                     f"{r.expected_speedup:>5.2f}x [{low:.2f}-{high:.2f}] {r.measured_speedup:>7.2f}x  "
+                     + _short(r.per_position_rates, 120))
+    for rec in report.recommendation:
+        low, high = rec.expected_speedup_range
+        other = (f"; runner-up K={rec.runner_up} at {rec.runner_up_speedup:.2f}x"
+                 + ("" if rec.clear else " (within the rounds' spread: no clear winner)")) if rec.runner_up else ""
+        lines.append(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens {rec.num_speculative_tokens}"
+                     f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
+                     f"{rec.device}, which do not transfer to another device")
+    return lines
 
 
 def sampling_line(u: SamplingUsed) -> str:
@@ -594,6 +696,7 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
             lines += counting_markdown(a, report.engine_run)
     if report.endpoint is not None:
         lines += ["```text", *endpoint_lines(report), "```", ""]
+    lines += per_k_markdown(report)
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
@@ -610,6 +713,32 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
                   f"{' '.join(map(str, p.accepted_histogram))} |" for p in a.per_prompt]
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def per_k_markdown(report: ValidationReport) -> list[str]:
+    """The runs per num_speculative_tokens as a Markdown table, the expected speedup per K as bars (one chart
+    per concurrency measured) and the recommendation with the device its costs are from."""
+    rows = report.per_num_speculative_tokens
+    if len(rows) < 2:
+        return []
+    lines = ["| num_speculative_tokens | block | tau | draft step | verify step | target step | expected speedup | "
+             "measured speedup |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.num_speculative_tokens} | {r.block_size} | {r.acceptance_length:.2f} | "
+              f"{r.draft_step_s * 1e3:.3f} ms | {r.verify_step_s * 1e3:.3f} ms | {r.target_step_s * 1e3:.3f} ms | "
+              f"{r.expected_speedup:.2f}x [{r.expected_speedup_range[0]:.2f}-{r.expected_speedup_range[1]:.2f}] | "
+              f"{r.measured_speedup:.2f}x |" for r in rows]
+    top = max((r.expected_speedup_range[1] for r in rows), default=0.0) or 1.0
+    for rec in report.recommendation:
+        lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
+                  "not transfer to another device):", "", "```text"]
+        lines += [f"K={r.num_speculative_tokens:<3} {bar(r.expected_speedup / top, 40)} {r.expected_speedup:.2f}x"
+                  for r in rows]
+        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **num_speculative_tokens "
+                  f"{rec.num_speculative_tokens}** ({rec.expected_speedup:.2f}x, rounds "
+                  f"{rec.expected_speedup_range[0]:.2f}-{rec.expected_speedup_range[1]:.2f}x"
+                  + (f"; runner-up {rec.runner_up} at {rec.runner_up_speedup:.2f}x" if rec.runner_up else "")
+                  + ("" if rec.clear else ", within the rounds' spread") + ")."]
+    return lines + [""]
 
 
 def histogram_markdown(a: AcceptanceStats) -> list[str]:

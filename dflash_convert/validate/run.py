@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from dflash_convert import __version__
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, engine_views, engines, mapping
+from dflash_convert.format import catalogue, engine_views, engines, mapping, serving
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
@@ -42,7 +42,7 @@ from dflash_convert.validate.checks import (Check, make_check, checkpoint_checks
 from dflash_convert.validate.end_to_end import Placement, Prompts, end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
-from dflash_convert.validate import served
+from dflash_convert.validate import served, sweep
 from dflash_convert.validate.histogram import request_histogram
 from dflash_convert.validate.turns import answer_turns
 from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
@@ -92,6 +92,8 @@ class Run:
     target_torch_dtype: Any = None
     threads: int | None = None
     stats: AcceptanceStats | None = None
+    blocks: list[int | None] = field(default_factory=lambda: [None])  # one end-to-end run per block (per K)
+    per_k: list[AcceptanceStats] = field(default_factory=list)  # every K's run, the first is `stats`
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
     engine_run: EngineStats | None = None
     incomplete: str | None = None  # why the run stopped before its levels did (Ctrl-C)
@@ -140,6 +142,9 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
     ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle)
     run = Run(checkpoint_path, opts, progress or (lambda message: None), progress is None, ckpt, ckpt, list(opts.levels),
               device=opts.device, dtype_name=opts.dtype)
+    run.blocks = opts.blocks(serving.anchor_proposes(ckpt.spec))
+    if opts.num_speculative_tokens:  # the first K is the run the checks, --baseline and the engine see
+        run.opts = opts.model_copy(update={"block_size": run.blocks[0]})
     try:
         _run_levels(run, duplicates)
     except KeyboardInterrupt as exc:  # Ctrl-C: the report of what was measured, marked incomplete
@@ -164,7 +169,8 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
-        engine_run=run.engine_run,
+        engine_run=run.engine_run, per_num_speculative_tokens=[r for r in map(sweep.k_run, run.per_k) if r],
+        recommendation=sweep.recommendations(run.per_k, sweep.device_name(run.device)) if run.per_k else [],
         environment=_environment(opts, run), options=opts.model_dump(mode="json"), incomplete=run.incomplete,
         duration_s=round(time.perf_counter() - t0, 3),
         passed=run.incomplete is None and not any(c.status == "fail" for c in run.checks))
@@ -400,7 +406,7 @@ def _resources(run: Run) -> Iterator[None]:
 def _memory_plan(run: Run) -> memory.MemoryPlan:
     opts, spec, e2e = run.opts, run.ckpt.spec, run.end_to_end_runs
     draft_tensors = [run.ckpt.tensors[n] for n in catalogue.expected_shapes(spec) if n in run.ckpt.tensors]
-    block = opts.block_size or spec.block_size
+    block = max(b or opts.block_size or spec.block_size for b in run.blocks)
     sequence = (max(map(len, run.prompt_ids)) if run.prompt_ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
     sequence += opts.max_new_tokens if run.pending else 0  # an earlier turn's answer joins the prompt
     return memory.plan(draft_tensors, run.dtype_name, device=run.device, target_dir=run.target_dir if e2e else None,
@@ -446,10 +452,26 @@ def _end_to_end_level(run: Run) -> None:
             sampling=run.sampling, placement=placement, draft=run.loaded, progress=run.say, quiet=run.quiet)
         run.checks += checks
         run.run.append("end_to_end")
+        run.per_k = [run.stats] if run.stats is not None else []
+        for block in run.blocks[1:] if run.stats is not None else ():
+            _another_k(run, placement, block)
         if run.opts.engine_python is not None and run.stats is not None:
             _served_level(run)
         if run.opts.engine == "transformers" and run.stats is not None:
             _transformers_level(run)
+
+
+def _another_k(run: Run, placement: Placement, block: int) -> None:
+    """One more end-to-end run at another K: its checks named with their K, its figures beside the first's."""
+    k = block - (0 if serving.anchor_proposes(run.ckpt.spec) else 1)
+    run.say(f"end to end: num_speculative_tokens {k} (block of {block})")
+    checks, stats, _ = end_to_end(
+        run.ckpt, run.target_dir, Prompts(run.prompt_ids, run.prompt_sets, run.prompt_format),
+        run.opts.model_copy(update={"block_size": block}), sampling=run.sampling, placement=placement,
+        draft=run.loaded, progress=run.say, quiet=run.quiet)
+    run.checks += [c.model_copy(update={"name": f"{c.name} (K={k})"}) for c in checks]
+    if stats is not None:
+        run.per_k.append(stats)
 
 
 def _answer_earlier_turns(run: Run) -> None:

@@ -1,0 +1,66 @@
+"""One end-to-end run per num_speculative_tokens K: the side-by-side rows of the report and the K recommended
+per concurrency, from each run's acceptance and timed steps (the cost model is cost.py)."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from statistics import median
+
+from dflash_convert.validate import cost
+from dflash_convert.validate.report import AcceptanceStats, KRecommendation, SpeculativeTokensRun
+
+BATCH = 1  # the runtime decodes one sequence at a time: the costs it measures are batch 1's
+
+
+def device_name(device: str) -> str:
+    """The device the costs were measured on, named as a reader compares machines (GPU model, CPU model)."""
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), None)
+    return f"cpu ({model or platform.processor() or platform.machine()})"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _times(stats: AcceptanceStats) -> list[cost.StepTimes]:
+    return [cost.StepTimes(*r) for r in stats.round_step_times]
+
+
+def k_run(stats: AcceptanceStats) -> SpeculativeTokensRun | None:
+    """The report row of one K's run; None where no timing round measured a step."""
+    times = _times(stats)
+    if not times:
+        return None
+    k = len(stats.per_position_rates)
+    estimate = cost.estimates({k: stats.acceptance_length}, {k: times})[0]
+    return SpeculativeTokensRun(
+        num_speculative_tokens=k, block_size=stats.block_size, acceptance_length=stats.acceptance_length,
+        per_position_rates=stats.per_position_rates, num_drafts=stats.num_drafts, outputs_equal=stats.outputs_equal,
+        measured_speedup=round(stats.speedup, 4), draft_step_s=median(t.draft_s for t in times),
+        verify_step_s=median(t.verify_s for t in times), target_step_s=median(t.target_s for t in times),
+        expected_speedup=round(estimate.speedup, 4),
+        expected_speedup_range=[round(estimate.low, 4), round(estimate.high, 4)], synthetic=stats.synthetic)
+
+
+def recommendations(runs: list[AcceptanceStats], device: str) -> list[KRecommendation]:
+    """The best K at each concurrency measured (batch 1: the runtime's), with its spread and runner-up."""
+    taus = {len(s.per_position_rates): s.acceptance_length for s in runs}
+    costs = {BATCH: {len(s.per_position_rates): _times(s) for s in runs if s.round_step_times}}
+    out = []
+    for r in cost.recommend(taus, costs):
+        up = r.runner_up
+        out.append(KRecommendation(
+            concurrency=r.concurrency, num_speculative_tokens=r.best.num_speculative_tokens,
+            expected_speedup=round(r.best.speedup, 4), expected_speedup_range=[round(r.best.low, 4),
+                                                                               round(r.best.high, 4)],
+            runner_up=up.num_speculative_tokens if up else None, runner_up_speedup=round(up.speedup, 4) if up else None,
+            clear=r.clear, device=device))
+    return out

@@ -1,0 +1,104 @@
+"""Which K to serve: --num-speculative-tokens runs (one end-to-end run per K on the bundled pair) and the cost
+model that turns tau and step times into an expected speedup and a recommendation per concurrency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dflash_convert.errors import UsageError
+from dflash_convert.validate.cost import StepTimes, expected_speedup, recommend
+from dflash_convert.validate.options import ValidateOptions
+
+PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+KS = [3, 7, 15]
+
+
+def _opts(**over) -> ValidateOptions:
+    prompts = [[int(t) for t in line.split()] for line in PAIR.joinpath("prompts.txt").read_text().splitlines()[:4]]
+    return ValidateOptions(target=PAIR / "target", prompts=prompts, levels=["end_to_end"], max_new_tokens=32,
+                           sampling="greedy", timing_rounds=1, **over)
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    from dflash_convert.validate.run import validate
+
+    return validate(PAIR / "draft", _opts(num_speculative_tokens=KS))
+
+
+def test_tau_per_k_rises_and_equals_the_single_k_runs(sweep):
+    """On the bundled pair tau is non-decreasing in K, each K's run is the run that K alone gives, and each
+    K runs a block of K+1 with K per-position rates (and K synthetic rates)."""
+    from dflash_convert.validate.run import validate
+
+    rows = sweep.per_num_speculative_tokens
+    assert [r.num_speculative_tokens for r in rows] == KS and [r.block_size for r in rows] == [k + 1 for k in KS]
+    taus = [r.acceptance_length for r in rows]
+    assert taus == sorted(taus) and taus[0] < taus[-1]
+    assert all(len(r.per_position_rates) == r.num_speculative_tokens == r.synthetic.num_speculative_tokens
+               for r in rows)
+    assert sweep.acceptance.acceptance_length == taus[0] and sweep.passed
+    for k, row in zip(KS, rows):
+        single = validate(PAIR / "draft", _opts(num_speculative_tokens=[k])).acceptance
+        assert (single.acceptance_length, single.per_position_rates) == (row.acceptance_length, row.per_position_rates)
+        assert single.outputs_equal == row.outputs_equal == 4
+    rec = sweep.recommendation
+    assert [r.concurrency for r in rec] == [1] and rec[0].num_speculative_tokens in KS
+    assert rec[0].device.startswith("cpu")
+
+
+def test_block_size_is_the_dflash_block_and_excludes_k():
+    with pytest.raises(UsageError, match="not both"):
+        _opts(num_speculative_tokens=[3], block_size=4).check()
+    with pytest.raises(UsageError, match="distinct"):
+        _opts(num_speculative_tokens=[3, 3]).check()
+    assert _opts(num_speculative_tokens=[3, 7]).blocks(anchor_predicts=False) == [4, 8]
+    assert _opts(num_speculative_tokens=[3, 7]).blocks(anchor_predicts=True) == [3, 7]  # DSpark, sample_from_anchor
+    assert _opts(block_size=5).blocks(anchor_predicts=False) == [5]
+    assert "not vLLM's KV-cache" in ValidateOptions.model_fields["block_size"].description
+
+
+def test_expected_speedup_on_fixed_timings():
+    assert expected_speedup(4.0, StepTimes(draft_s=0.005, verify_s=0.015, target_s=0.010)) == pytest.approx(2.0)
+    assert expected_speedup(4.0, StepTimes(0.0, 0.0, 0.010)) == 0.0
+
+
+def test_recommendation_follows_the_verify_cost_with_the_batch():
+    """One stream: verify costs the same at every K (memory-bound), the longest K wins. 64 streams: verify grows
+    with the K+1 slots of every sequence (compute-bound), the shortest K wins, though tau is flat per K."""
+    taus = {3: 3.2, 7: 5.0, 15: 6.5}
+    one = {k: [StepTimes(0.002, 0.011, 0.010)] for k in taus}
+    many = {k: [StepTimes(0.002, 0.012 * (k + 1) / 4, 0.012)] for k in taus}
+    by_batch = {r.concurrency: r for r in recommend(taus, {1: one, 64: many})}
+    assert by_batch[1].best.num_speculative_tokens == 15 and by_batch[1].best.speedup == pytest.approx(5.0)
+    assert by_batch[64].best.num_speculative_tokens == 3 and by_batch[64].runner_up.num_speculative_tokens == 7
+    assert by_batch[64].best.speedup == pytest.approx(3.2 * 0.012 / 0.014)
+
+
+def test_spread_over_rounds_decides_whether_the_winner_is_clear():
+    taus = {3: 3.0, 7: 3.1}
+    rounds = {3: [StepTimes(0.001, 0.010, 0.010), StepTimes(0.001, 0.012, 0.010)],
+              7: [StepTimes(0.001, 0.010, 0.010), StepTimes(0.001, 0.012, 0.010)]}
+    (rec,) = recommend(taus, {1: rounds})
+    assert rec.best.num_speculative_tokens == 7 and not rec.clear
+    assert rec.best.low < rec.best.speedup < rec.best.high
+    (rec,) = recommend({3: 3.0, 7: 6.0}, {1: rounds})
+    assert rec.best.num_speculative_tokens == 7 and rec.clear
+
+
+def test_markdown_and_model_card_carry_the_k_table_and_the_recommended_launch(sweep):
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.validate.report import to_markdown
+
+    k = sweep.recommendation[0].num_speculative_tokens
+    markdown = to_markdown(sweep)
+    assert "| num_speculative_tokens | block | tau |" in markdown and f"**num_speculative_tokens {k}**" in markdown
+    assert "K=15" in markdown and "do not transfer to another device" in markdown
+    card = model_card(open_checkpoint(PAIR / "draft").spec, repo_id="org/d",
+                      validation=sweep.summary().model_dump(mode="json"))
+    section = card.split("### Which K to serve", 1)[1]  # the trained block's commands come before it
+    assert f'"num_speculative_tokens": {k}}}' in section and sweep.recommendation[0].device in section
+    assert f"SGLang: `--speculative-num-draft-tokens {k + 1}` (the block" in section
