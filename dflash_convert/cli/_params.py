@@ -103,7 +103,7 @@ def examples(*lines: str) -> str:
 
 
 def _example(line: str) -> str:
-    """`  $ LINE`, broken at spaces into lines of at most EXAMPLE_WIDTH columns ending in ` \`."""
+    r"""`  $ LINE`, broken at spaces into lines of at most EXAMPLE_WIDTH columns ending in ` \`."""
     out, current = [], "  $"
     for word in line.split(" "):
         if len(current) + 1 + len(word) > EXAMPLE_WIDTH - 4 and current.strip() not in ("$", ""):

@@ -75,11 +75,13 @@ class ValidateOptions(BaseModel):
     # how `validate -h` groups the flags, the way users look for them (a field in none: "Options")
     HELP_PANELS: ClassVar[dict[str, tuple[str, ...]]] = {
         "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "levels", "allow_pickle"),
-        "Decoding": ("max_new_tokens", "block_size", "sampling", "temperature", "top_k", "top_p", "min_p",
+        "Decoding": ("max_new_tokens", "num_speculative_tokens", "block_size", "sampling", "temperature", "top_k", "top_p", "min_p",
                      "repetition_penalty", "presence_penalty", "frequency_penalty", "draft_sampling", "seed"),
         "Runtime": ("device", "dtype", "backend", "target_backend", "causal", "compile", "device_map", "max_memory",
                     "threads", "keep_going"),
         "Engine": ("engine", "engine_python", "engine_args", "engine_timeout", "engine_kv_cache_gib"),
+        "Live deployment": ("endpoint", "endpoint_model", "endpoint_key_env", "endpoint_timeout", "concurrency",
+                            "baseline_endpoint"),
         "Thresholds": ("min_acceptance_length", "min_position_rates", "min_speedup", "baseline", "max_regression",
                        "require_end_to_end"),
     }
