@@ -832,12 +832,13 @@ def test_sampled_tolerance_narrows_with_the_counts():
     assert small[2] == large[2] > 2.5  # z: 0.01 two-sided over tau and 3 positions
 
 
-def test_greedy_tolerance_stays_fixed():
-    from dflash_convert.validate.served import served_checks
-
-    _, stats = served_checks(_engine_answer([90, 80, 70]), [[1, 2, 3], [4, 5]], _emulated([90, 80, 70]), block=4,
-                             engine_args={}, python="py", min_acceptance_length=None, min_position_rates=None)
-    assert stats.tolerance == {"mode": "greedy", "tau": 0.068, "per_position": [0.02] * 3, "z": None}
+def test_greedy_comparison_is_recorded_with_its_rule_and_figures():
+    """engine_run.tolerance says how the greedy counts were compared: the tie in ulps of which dtype, how many
+    steps were compared, how many prompts to their end and how many steps were left after a near-tie."""
+    _, tolerance = _greedy_agreement([[3, 1], [2, 2]], _decisions([(3, 128, 128), (1, 128, 128)],
+                                                                  [(2, 128, 1), (2, 128, 128)]))
+    assert tolerance == {"mode": "greedy", "tie_ulps": 4, "dtype": "bfloat16", "steps_compared": 3,
+                         "prompts_whole": 1, "steps_not_compared": 1}
 
 
 def test_broken_sampler_answer_is_a_one_line_error_not_a_verdict():
