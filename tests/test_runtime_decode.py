@@ -173,7 +173,7 @@ def test_family_greedy_decoding_is_lossless(name, backend, compile, family_draft
     assert ours.tokens == target_generate(runtime_target, prompt, max_new_tokens=20).tokens
     assert ours.stats.num_drafts > 0 and len(ours.stats.per_position_rates) == draft.proposals()
     predicted = ours.stats.predicted_rates  # a confidence head's survival estimates, per position
-    if draft.confidence_head is not None:
+    if getattr(draft.head, "confidence", None) is not None:  # a dspark head with a confidence head
         assert draft.last_confidence is not None and ((draft.last_confidence > 0) & (draft.last_confidence < 1)).all()
         assert len(predicted) == draft.proposals() and all(0 <= p <= 1 for p in predicted)
         assert predicted == sorted(predicted, reverse=True)  # a product of probabilities only shrinks along a block

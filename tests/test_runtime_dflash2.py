@@ -206,8 +206,8 @@ def _candidates(draft, target, embed_scale: float = 1.0):
     draft.reset()
     draft.add_context(features[:13], 0)
     with torch.inference_mode():
-        candidates, (top, projected) = draft._step(int(ids[13]), 13, embed=lambda i: embed_scale * target.embed(i),
-                                                   lm_head=target.lm_head, block_size=None, draft_window=None)
+        candidates, top, projected = draft._step(int(ids[13]), 13, embed=lambda i: embed_scale * target.embed(i),
+                                              lm_head=target.lm_head, block_size=None, draft_window=None)
     return candidates, top, projected
 
 

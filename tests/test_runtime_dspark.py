@@ -114,20 +114,20 @@ def test_loader_reads_the_heads_speculators_saved(name, family_drafts):
     cfg = model.config
     assert draft.anchor_predicts is cfg.sample_from_anchor
     assert draft.proposals() == (cfg.block_size if cfg.sample_from_anchor else cfg.block_size - 1)
-    assert draft.markov.kind == cfg.markov_head_type
+    assert draft.head.markov.kind == cfg.markov_head_type
     theirs = model.markov_head
-    assert torch.equal(draft.markov.w1, theirs.markov_w1.weight)
-    assert torch.equal(draft.markov.w2, theirs.markov_w2.weight)
+    assert torch.equal(draft.head.markov.w1, theirs.markov_w1.weight)
+    assert torch.equal(draft.head.markov.w2, theirs.markov_w2.weight)
     proj = {"gated": getattr(theirs, "gate_proj", None),
             "rnn": getattr(theirs, "joint_proj", None)}.get(cfg.markov_head_type)
-    assert (draft.markov.proj is None) == (proj is None)
+    assert (draft.head.markov.proj is None) == (proj is None)
     if proj is not None:
-        assert torch.equal(draft.markov.proj, proj.weight) and torch.equal(draft.markov.proj_bias, proj.bias)
-    assert (draft.confidence_head is None) == (model.confidence_head is None)
+        assert torch.equal(draft.head.markov.proj, proj.weight) and torch.equal(draft.head.markov.proj_bias, proj.bias)
+    assert (draft.head.confidence is None) == (model.confidence_head is None)
     if model.confidence_head is not None:
-        assert torch.equal(draft.confidence_head.weight, model.confidence_head.proj.weight)
-        assert torch.equal(draft.confidence_head.bias, model.confidence_head.proj.bias)
-        assert draft.confidence_head.with_markov is cfg.confidence_head_with_markov
+        assert torch.equal(draft.head.confidence.weight, model.confidence_head.proj.weight)
+        assert torch.equal(draft.head.confidence.bias, model.confidence_head.proj.bias)
+        assert draft.head.confidence.with_markov is cfg.confidence_head_with_markov
 
 
 @pytest.mark.parametrize("name", ["dspark", "dspark_bonus_anchor", "dspark_pruned"])
@@ -203,9 +203,8 @@ def test_zero_markov_bonus_anchor_dspark_is_the_dflash_draft_it_was_made_from():
     d1 = load_draft(PAIR / "draft")
     d2 = load_draft(PAIR / "draft")
     vocab, hidden = d2.spec.vocab_size, d2.spec.hidden_size
-    d2.markov = dspark.Markov(torch.randn(vocab, 8), torch.zeros(vocab, 8), "rnn", torch.randn(24, 16 + hidden),
-                              torch.randn(24))
-    d2.anchor_predicts = False
+    d2.head = dspark.Head(dspark.Markov(torch.randn(vocab, 8), torch.zeros(vocab, 8), "rnn",
+                                        torch.randn(24, 16 + hidden), torch.randn(24)), None, anchor_predicts=False)
     assert_decode_alike(d1, d2, pair_target)
 
 
@@ -276,8 +275,8 @@ def test_an_hf_dspark_without_head_keys_runs_the_heads_speculators_trained(cli, 
         del cfg[key]
     (out / "config.json").write_text(json.dumps(cfg))
     a, b = load_draft(family_drafts["dspark"]), load_draft(out)
-    assert b.markov is not None and b.markov.kind == "vanilla"
-    assert b.confidence_head is not None and b.confidence_head.with_markov
+    assert b.head.markov is not None and b.head.markov.kind == "vanilla"
+    assert b.head.confidence is not None and b.head.confidence.with_markov
     x = speculative_generate(a, runtime_target, [3, 14, 15, 92], max_new_tokens=24)
     y = speculative_generate(b, runtime_target, [3, 14, 15, 92], max_new_tokens=24)
     assert x.tokens == y.tokens and x.stats.predicted_rates == y.stats.predicted_rates
@@ -312,7 +311,7 @@ def test_rnn_head_with_a_bonus_anchor_starts_as_sglang_starts_it(rnn_bonus_ancho
     (select_draft_hidden_without_anchor), from a zero state at slot 1 (RNNHead.init_state). speculators trains
     the recurrence from slot 0 (the anchor's row, the anchor as previous token): not what is served."""
     draft = load_draft(rnn_bonus_anchor)
-    assert not draft.anchor_predicts and draft.markov.kind == "rnn"
+    assert not draft.anchor_predicts and draft.head.markov.kind == "rnn"
     anchor = 13
     ids, features, block = target_context(runtime_target, draft, 30, seed=0, anchor=anchor)
     draft.reset()
@@ -320,7 +319,7 @@ def test_rnn_head_with_a_bonus_anchor_starts_as_sglang_starts_it(rnn_bonus_ancho
     picked, logits = draft.propose(int(ids[anchor]), anchor, embed=runtime_target.embed, lm_head=runtime_target.lm_head)
     hidden = draft.block_hidden(runtime_target.embed(block), anchor)  # [B, H], slot 0 the anchor's
     base = draft.logits(hidden, runtime_target.lm_head)
-    head, zero = draft.markov, torch.zeros(draft.markov.rank)
+    head, zero = draft.head.markov, torch.zeros(draft.head.markov.rank)
     want_picks, want = _rnn_walk(head, int(ids[anchor]), base[1:], hidden[1:], zero)
     assert picked.tolist() == want_picks
     assert torch.allclose(logits, want, atol=1e-5), (logits - want).abs().max()

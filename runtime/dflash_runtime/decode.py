@@ -190,8 +190,7 @@ def _propose(draft: DFlashDraft, target: Target, anchor: int, start: int, size: 
     sampling) sampled, with the distribution they were sampled from [P, V] (None when greedy), on the generator's
     device (where the target's logits are): accept_block's ratio reuses it; and the logits they were picked from
     [P, V]."""
-    # dflash2 and dspark sample slot by slot in their walks (each slot after the previous pick)
-    walk = temperature > 0 and (draft.selector is not None or draft.markov is not None)
+    walk = temperature > 0 and draft.walks  # dflash2 and dspark sample slot by slot, each after the previous pick
     sampled = dict(temperature=temperature, generator=generator) if walk else {}
     proposals, draft_logits = draft.propose(anchor, start, embed=target.embed, lm_head=target.lm_head,
                                             block_size=size, draft_window=draft_window, **sampled)  # [P], [P, V]

@@ -18,10 +18,17 @@ candidates get finite draft logits: the realized row of scores, which is what a 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from dflash_convert.format import catalogue, keys
+
+# family keys (dflash_config.*) the head applies: the embedding scale, and the candidates' logit maps
+APPLIES = ("dflash_config.input_embedding_scale", "dflash_config.output_multiplier",
+           "dflash_config.final_logit_softcapping")
 
 
 @dataclass
@@ -130,3 +137,45 @@ def walk(sel: Selector, anchor: torch.Tensor, candidates: torch.Tensor, top: tor
         previous = candidates[s, index]
         picked[s] = previous
     return picked, logits
+
+
+@dataclass
+class Head:
+    """The candidate selector's walk over the proposing slots (slots 1..B-1; the anchor is the bonus token)."""
+
+    selector: Selector
+    vocab: int  # V, the target's
+    embed_scale: float = 1.0  # input_embedding_scale
+    multiplier: float = 1.0  # output_multiplier
+    softcap: float | None = None  # final_logit_softcapping (None: no cap)
+    anchor_predicts = False
+    walks = True
+
+    def outputs(self, rows: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (candidate ids [P, k], their unary logits [P, k], projected hidden [P, R]) for the walk."""
+        return candidate_scores(self.selector, logits, rows, multiplier=self.multiplier, softcap=self.softcap)
+
+    def pick(self, anchor: torch.Tensor, outputs: tuple[torch.Tensor, ...], *, temperature: float = 0.0,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """-> (the walk's picks [P], its realized scores [P, V]: -inf outside each slot's k candidates, None)."""
+        picked, logits = walk(self.selector, anchor, *outputs, self.vocab, temperature=temperature,
+                              generator=generator)
+        return picked, logits, None
+
+
+def load(draft) -> Head:  # draft: the model.DFlashDraft being built
+    """The selector and its logit maps; each layer gets its two convolutions."""
+    spec, tensors, name = draft.spec, draft.tensors, catalogue.name
+    f = spec.variant_fields
+    for layer in draft.layers:
+        for part in ("attention", "mlp"):
+            setattr(layer, f"{part}_conv", Conv(
+                tensors[name(f"{part}_conv_base_kernel", layer.index)],
+                tensors[name(f"{part}_conv_kernel_projection", layer.index)],
+                group_size=f["conv_group_size"], block_size=spec.block_size))
+    selector = Selector(*(tensors[name(f"selector_{leaf}")] for leaf in (
+        "predecessor_codebook", "successor_codebook", "hidden_projection")), top_k=f["selector_top_k"])
+    value = functools.partial(keys.trained_value, "dflash2", f)
+    return Head(selector, spec.vocab_size, embed_scale=float(value("input_embedding_scale")),
+                multiplier=float(value("output_multiplier")),
+                softcap=float(value("final_logit_softcapping")) or None)  # 0: no cap

@@ -22,10 +22,14 @@ The backbone is the DFlash one. What changes:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from dflash_convert.errors import NotRunnable
+from dflash_convert.format import catalogue, keys
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
@@ -109,3 +113,56 @@ def sequential(head: Markov, anchor: torch.Tensor, base: torch.Tensor, hidden: t
         picked[s] = prev[0]
     probs = None if conf is None else confidence(conf, hidden, torch.cat(embeds))
     return picked, logits, probs
+
+
+@dataclass
+class Head:
+    """The Markov walk (when the head has one) over the proposing slots, and the confidence head's estimates."""
+
+    markov: Markov | None
+    confidence: Confidence | None
+    anchor_predicts: bool  # sample_from_anchor: the anchor's slot proposes too
+    draft_to_target: torch.Tensor | None = None  # [Vd] a pruned draft vocab's target ids
+    embed_scale = 1.0
+
+    @property
+    def walks(self) -> bool:
+        return self.markov is not None
+
+    def outputs(self, rows: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hidden [P, H], base logits [P, V]) for the heads; (greedy ids [P], logits [P, V]) without heads."""
+        if self.markov is None and self.confidence is None:
+            return logits.argmax(dim=-1), logits
+        return rows, logits
+
+    def pick(self, anchor: torch.Tensor, outputs: tuple[torch.Tensor, ...], *, temperature: float = 0.0,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """-> (picks [P], base + Markov bias [P, V]: what each slot was drawn from, confidences [P] or None)."""
+        out, logits = outputs
+        if self.markov is not None:
+            return sequential(self.markov, anchor, logits, out, self.draft_to_target, self.confidence,
+                              temperature=temperature, generator=generator)
+        probs = None
+        if self.confidence is not None:  # without a Markov head: confidence over the hidden state alone
+            probs = confidence(self.confidence, out, out[:, :0])
+            out = logits.argmax(dim=-1)
+        return out, logits, probs
+
+
+def load(draft) -> Head:  # draft: the model.DFlashDraft being built
+    """The Markov and confidence heads the config and tensors describe (speculators' fill-ins for absent keys)."""
+    tensors, name = draft.tensors, catalogue.name
+    value = functools.partial(keys.trained_value, "dspark", draft.spec.variant_fields)
+    kind = value("markov_head_type")
+    if kind not in MARKOV_HEAD_TYPES:
+        raise NotRunnable(f"markov_head_type {kind!r} is not one the runtime runs "
+                          f"({', '.join(MARKOV_HEAD_TYPES)}: speculators 0.9.0's)")
+    markov = conf = None
+    if value("markov_rank") > 0:
+        extra = {"gated": ("markov_gate", "markov_gate_bias"), "rnn": ("markov_joint", "markov_joint_bias")}.get(kind)
+        markov = Markov(tensors[name("markov_w1")], tensors[name("markov_w2")], kind,
+                        *(tensors[name(k)] for k in extra or ()))
+    if value("enable_confidence_head") and name("confidence_proj") in tensors:
+        conf = Confidence(tensors[name("confidence_proj")], tensors.get(name("confidence_bias")),
+                          with_markov=bool(value("confidence_head_with_markov")))
+    return Head(markov, conf, bool(value("sample_from_anchor")), draft.draft_to_target)

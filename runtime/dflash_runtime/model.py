@@ -9,21 +9,20 @@ Only context K/V are kept between steps; block K/V are recomputed each step.
 
 from __future__ import annotations
 
-import functools
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from dflash_convert.format import catalogue, compat, keys, mapping
+from dflash_convert.format import catalogue, compat, mapping
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.format.configs import DraftSpec
 from dflash_convert.errors import DFlashError, NotRunnable
 
-from . import dflash2, dspark
+from . import dflash2, heads
 from .attention import BACKENDS, select_backend
 
 # scaled RoPE types (transformers' names): static ones fix their frequencies; "dynamic" (NTK) and
@@ -267,23 +266,14 @@ class DFlashDraft:
                 sliding_window=spec.sliding_window if sliding else None,
                 index=i,
             ))
-        self.selector = None  # dflash2: the candidate selector, and the maps of its unary logits
-        self.embed_scale, self.logit_multiplier, self.softcap = 1.0, 1.0, None
-        if spec.variant == "dflash2":
-            self._load_dflash2(spec, tensors)
-        # dspark: the Markov head walks the proposing slots; the anchor's slot proposes too (sample_from_anchor)
-        self.markov: dspark.Markov | None = None
-        self.confidence_head: dspark.Confidence | None = None
-        self.anchor_predicts = False
-        self.last_confidence: torch.Tensor | None = None  # [P] the confidence head's estimates of the last block
-        if spec.variant == "dspark":
-            self._load_dspark(spec, tensors)
         # Pruned vocab: own lm_head [Vd, H] and the draft -> target id map built from d2t.
         self.lm_head = tensors.get(name("lm_head")) if spec.is_pruned_vocab else None
         self.draft_to_target = None
         if self.lm_head is not None:
             ids = catalogue.d2t_target_ids(tensors[name("d2t")].cpu().numpy())
             self.draft_to_target = torch.from_numpy(ids).to(self.lm_head.device)  # [Vd]
+        self.head: heads.Head = heads.KINDS[spec.variant].load(self)  # what the draft's kind adds (heads.py)
+        self.last_confidence: torch.Tensor | None = None  # [P] a confidence head's estimates of the last block
         inv_freq, self.rope_scale = rope_inv_freq(spec)
         self.inv_freq = inv_freq.to(self.device)  # [d/2] float32
         self.length_rope = LengthRope.of(spec)  # dynamic / longrope: frequencies by step length
@@ -298,44 +288,22 @@ class DFlashDraft:
         if compile:
             self._enable_compile()
 
-    def _load_dflash2(self, spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
-        f, name = spec.variant_fields, catalogue.name
-        for layer in self.layers:
-            for part in ("attention", "mlp"):
-                setattr(layer, f"{part}_conv", dflash2.Conv(
-                    tensors[name(f"{part}_conv_base_kernel", layer.index)],
-                    tensors[name(f"{part}_conv_kernel_projection", layer.index)],
-                    group_size=f["conv_group_size"], block_size=spec.block_size))
-        self.selector = dflash2.Selector(*(tensors[name(f"selector_{leaf}")] for leaf in (
-            "predecessor_codebook", "successor_codebook", "hidden_projection")), top_k=f["selector_top_k"])
-        value = functools.partial(keys.trained_value, "dflash2", f)
-        self.embed_scale = float(value("input_embedding_scale"))
-        self.logit_multiplier = float(value("output_multiplier"))
-        self.softcap = float(value("final_logit_softcapping")) or None  # 0: no cap
-
-    def _load_dspark(self, spec: DraftSpec, tensors: dict[str, torch.Tensor]) -> None:
-        name = catalogue.name
-        value = functools.partial(keys.trained_value, "dspark", spec.variant_fields)
-        kind = value("markov_head_type")
-        if kind not in dspark.MARKOV_HEAD_TYPES:
-            raise NotRunnable(f"markov_head_type {kind!r} is not one the runtime runs "
-                              f"({', '.join(dspark.MARKOV_HEAD_TYPES)}: speculators 0.9.0's)")
-        if value("markov_rank") > 0:
-            extra = {"gated": ("markov_gate", "markov_gate_bias"),
-                     "rnn": ("markov_joint", "markov_joint_bias")}.get(kind)
-            self.markov = dspark.Markov(tensors[name("markov_w1")], tensors[name("markov_w2")], kind,
-                                        *(tensors[name(k)] for k in extra or ()))
-        if value("enable_confidence_head") and name("confidence_proj") in tensors:
-            self.confidence_head = dspark.Confidence(tensors[name("confidence_proj")],
-                                                     tensors.get(name("confidence_bias")),
-                                                     with_markov=bool(value("confidence_head_with_markov")))
-        self.anchor_predicts = bool(value("sample_from_anchor"))
-
     def proposals(self, block_size: int | None = None) -> int:
         """How many tokens a block of `block_size` slots proposes: all of them when the anchor's slot predicts
         (dspark's sample_from_anchor), else all but the anchor's."""
         block_size = block_size or self.block_size
         return block_size if self.anchor_predicts else block_size - 1
+
+    @property
+    def anchor_predicts(self) -> bool:
+        """Whether the anchor's slot proposes too (the head's; dspark's sample_from_anchor)."""
+        return self.head.anchor_predicts
+
+    @property
+    def walks(self) -> bool:
+        """Whether propose samples its proposals itself at temperature > 0 (slot by slot, each after the previous
+        pick); otherwise its ids are greedy and a sampling caller draws each slot from the logits."""
+        return self.head.walks
 
     def with_backend(self, name: str, *, compile: bool | None = None) -> "DFlashDraft":
         """The same draft attending with another backend, checked against the capability table: built
@@ -355,20 +323,8 @@ class DFlashDraft:
             raise DFlashError("the compiled draft step cannot use FlexAttention on CPU; use --backend sdpa or eager "
                               "with --compile (compiled flex runs on CUDA)")
         self.compile = True
-        weights = [self.fc, self.hidden_norm, self.norm, self.inv_freq, self.lm_head, self.draft_to_target,
-                   self.mask_embedding]
-        for layer in self.layers:
-            weights += [getattr(layer, f.name) for f in fields(DraftLayer) if f.type.startswith("torch.Tensor")]
-            weights += [t for conv in (layer.attention_conv, layer.mlp_conv) if conv is not None
-                        for t in (conv.base_kernel, conv.kernel_projection)]
-        if self.selector is not None:
-            weights += [self.selector.predecessor_codebook, self.selector.successor_codebook,
-                        self.selector.hidden_projection]
-        if self.markov is not None:
-            weights += [self.markov.w1, self.markov.w2, self.markov.proj, self.markov.proj_bias]
-        if self.confidence_head is not None:
-            weights += [self.confidence_head.weight, self.confidence_head.bias]
-        for t in weights:
+        # every weight (the head's included) is one of self.tensors; the rest are derived at load
+        for t in (*self.tensors.values(), self.inv_freq, self.draft_to_target, self.mask_embedding):
             if t is not None:
                 torch._dynamo.mark_static_address(t)
         self.cache.mark_static()
@@ -462,30 +418,20 @@ class DFlashDraft:
                 draft_window: int | None = None, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft P = proposals(B) tokens after `anchor_id` at position `start` (the cache must hold the context
-        up to start-1). Returns (greedy ids [P], logits [P, V]). A dflash2 draft walks its candidates here,
-        and a dspark draft its Markov head, sampled at `temperature` with `generator` when it is > 0 (each slot
-        depends on the previous pick); their logits are what each slot was drawn from (dflash2: the walk's
-        realized scores, -inf outside the k candidates; dspark: base + Markov bias). A dspark draft's
-        confidence head's estimates are left in `last_confidence` [P]."""
-        out, logits = self._step(anchor_id, start, embed=embed, lm_head=lm_head, block_size=block_size,
-                                 draft_window=draft_window)
-        if self.markov is not None:
-            picked, logits, self.last_confidence = dspark.sequential(
-                self.markov, torch.as_tensor(anchor_id, device=self.device), logits, out, self.draft_to_target,
-                self.confidence_head, temperature=temperature, generator=generator)
-            return picked, logits
-        if self.confidence_head is not None:  # a dspark draft without a Markov head: confidence over hidden alone
-            self.last_confidence = dspark.confidence(self.confidence_head, out, out[:, :0])
-            out = logits.argmax(dim=-1)
-        if self.selector is None:
-            return out, logits
-        candidates, top, projected = out, *logits
-        return dflash2.walk(self.selector, torch.as_tensor(anchor_id, device=self.device), candidates, top,
-                            projected, self.spec.vocab_size, temperature=temperature, generator=generator)
+        up to start-1). Returns (ids [P], logits [P, V]). A draft that `walks` (dflash2's selector, dspark's
+        Markov head: heads.py) picks slot by slot, each after the previous pick, sampled at `temperature` with
+        `generator` when it is > 0, and its logits are what each slot was drawn from (dflash2: the walk's
+        realized scores, -inf outside the k candidates; dspark: base + Markov bias); any other draft's ids are
+        greedy, whatever the temperature. A confidence head's estimates are left in `last_confidence` [P]."""
+        outputs = self._step(anchor_id, start, embed=embed, lm_head=lm_head, block_size=block_size,
+                             draft_window=draft_window)
+        picked, logits, self.last_confidence = self.head.pick(torch.as_tensor(anchor_id, device=self.device),
+                                                              outputs, temperature=temperature, generator=generator)
+        return picked, logits
 
     def _step(self, anchor_id: int, start: int, *, embed, lm_head, block_size: int | None,
-              draft_window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The compiled (or eager) step: (ids, logits) of a dflash draft, (candidates, edge scores) of a dflash2."""
+              draft_window: int | None) -> tuple[torch.Tensor, ...]:
+        """The compiled (or eager) step: the head's outputs (draft_step)."""
         block_size = block_size or self.block_size
         first = self._block_start(start, block_size, draft_window)
         ids = torch.full((block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
@@ -494,11 +440,11 @@ class DFlashDraft:
             self._start.fill_(start)
             self._ctx_first.fill_(first)
             # the whole cache is attended (masked): a fixed shape, so no recompiles as context grows
-            out, logits = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.cache.capacity,
-                                                 embed, lm_head)
+            outputs = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.cache.capacity,
+                                             embed, lm_head)
             if self.device.type == "cuda":  # CUDA graph outputs are overwritten by the next replay
-                return out.clone(), (tuple(t.clone() for t in logits) if isinstance(logits, tuple) else logits.clone())
-            return out, logits
+                return tuple(t.clone() for t in outputs)
+            return outputs
         return draft_step(self, ids, start, first, first, start + block_size, embed, lm_head)
 
 
@@ -590,26 +536,18 @@ def block_logits(d: DFlashDraft, hidden: torch.Tensor, target_lm_head: Callable[
 
 def draft_step(d: DFlashDraft, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int,
                embed: Callable[[torch.Tensor], torch.Tensor], lm_head: Callable[[torch.Tensor], torch.Tensor]
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [B] (anchor, then mask ids) -> (greedy ids [P], float32 logits [P, V]) of the P = B-1 proposing slots
-    (slot 0's output is discarded), or of all B slots when the anchor's slot predicts (dspark).
-    dflash2: -> (candidate ids [B-1, k], (their unary logits [B-1, k], projected hidden [B-1, R])) for the walk.
-    dspark: -> (final-normed hidden [P, H], base logits [P, V]) for the Markov head's walk."""
+               ) -> tuple[torch.Tensor, ...]:
+    """ids [B] (anchor, then mask ids) -> the head's outputs from the P proposing slots' final-normed hidden
+    [P, H] and float32 logits [P, V]: slots 1..B-1 (slot 0's output is discarded), or all B slots when the
+    anchor's slot predicts (dspark)."""
     x = embed(ids)  # [B, H]
     if d.mask_embedding is not None:
         x = torch.where((ids == d.mask_token_id)[:, None], d.mask_embedding.to(x.dtype), x)
-    if d.embed_scale != 1.0:
-        x = x * d.embed_scale
+    if d.head.embed_scale != 1.0:
+        x = x * d.head.embed_scale
     hidden = block_forward(d, x, start, ctx_first, kv_lo, kv_hi)  # [B, H]
-    rows = hidden if d.anchor_predicts else hidden[1:]  # [P, H] the proposing slots
-    logits = block_logits(d, rows, lm_head)  # [P, V]
-    if d.markov is not None or d.confidence_head is not None:
-        return rows, logits
-    if d.selector is not None:
-        candidates, top, projected = dflash2.candidate_scores(d.selector, logits, rows, multiplier=d.logit_multiplier,
-                                                              softcap=d.softcap)
-        return candidates, (top, projected)
-    return logits.argmax(dim=-1), logits
+    rows = hidden if d.head.anchor_predicts else hidden[1:]  # [P, H] the proposing slots
+    return d.head.outputs(rows, block_logits(d, rows, lm_head))
 
 
 STEP_FUNCTIONS = {"step": draft_step, "context": write_context}
@@ -622,19 +560,14 @@ def resolve_layer_causal(spec: DraftSpec, causal: bool | None) -> list[bool]:
     return [bool(causal)] * spec.num_layers if causal is not None else list(spec.layer_causal)
 
 
-# family keys (dflash_config.*) the runtime applies, per draft kind; any other non-neutral one is refused
-RUNTIME_APPLIES = {"dflash2": ("dflash_config.input_embedding_scale", "dflash_config.output_multiplier",
-                               "dflash_config.final_logit_softcapping")}
-
-
 def _check_runnable(spec: DraftSpec, file: str) -> None:
-    if spec.variant not in ("dflash", "dflash2", "dspark"):
+    if spec.variant not in heads.KINDS:
         raise NotRunnable(f"{spec.variant} drafts are not supported by the runtime", file=file)
     try:
         mapping.check_complete(spec)  # block size, mask id and target ids: what every engine needs
     except DFlashError as exc:
         raise DFlashError(str(exc), file=file) from None
-    applied = RUNTIME_APPLIES.get(spec.variant, ())
+    applied = heads.KINDS[spec.variant].applies  # any other non-neutral family key is refused
     unsupported = [f for f in mapping.non_qwen3_features(spec) if f.partition("=")[0] not in applied]
     if unsupported:
         raise NotRunnable(f"config sets {', '.join(unsupported)}: the runtime implements the plain Qwen3 layer math "
