@@ -97,8 +97,9 @@ def test_an_engine_view_that_errs_is_a_problem(cli, speculators_drafts, tmp_path
 
 
 def test_inspect_vllm_on_the_old_speculative_tokens_convention(cli, speculators_drafts, tmp_path):
-    """A pre-2026-04-21 speculators config (speculative_tokens = block_size): read (exit 0, a warning), and
-    `inspect --engine vllm` says vLLM drafts one slot past the block and to pass num_speculative_tokens."""
+    """A pre-2026-04-21 speculators config (speculative_tokens = block_size): read (a warning), and `inspect
+    --engine vllm` says vLLM drafts one slot past the block and to pass num_speculative_tokens: a failed engine
+    view (exit 3), as any engine that serves the draft otherwise than trained."""
     src = tmp_path / "old"
     shutil.copytree(speculators_drafts["full"], src)
     cfg = read_config(src)
@@ -106,9 +107,11 @@ def test_inspect_vllm_on_the_old_speculative_tokens_convention(cli, speculators_
     cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = cfg["block_size"]
     (src / "config.json").write_text(json.dumps(cfg))
     r = cli("inspect", src, "--engine", "vllm")
-    assert r.code == 0, r.err
+    assert r.code == 3, r.err  # `vllm serve DRAFT` would draft one slot past the block: an engine view that errs
+    assert "FAIL engine_view.vllm-speculators" in r.out
     assert "WARN speculative_tokens" in r.out and "PR #456" in r.out
     assert "drafts blocks of 9 (speculative_tokens + 1) instead of 8" in r.out
     assert "pass num_speculative_tokens=7 explicitly in --speculative-config" in r.out
     info = cli("inspect", src, "--json").json()
-    assert "speculative_tokens" in [p["name"] for p in info["problems"]] and info["ok"]
+    assert {"speculative_tokens", "engine_view.vllm-speculators"} <= {p["name"] for p in info["problems"]}
+    assert not info["ok"]

@@ -240,7 +240,7 @@ def test_choice_errors_in_plain_words(cli, tmp_path):
     r = cli("convert", PAIR / "draft", "-o", tmp_path / "x", "--to", "gguf")
     assert r.code == 2 and not (tmp_path / "x").exists()
     assert r.err.strip().splitlines()[-1] == ("Error: Invalid value for '--to': 'gguf' is not one of the choices: "
-                                              "speculators, hf"), r.err
+                                              "speculators, hf, transformers"), r.err
 
 
 def test_clean_example_inspects_without_noise_or_none(cli):

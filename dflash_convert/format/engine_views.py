@@ -525,8 +525,16 @@ def rules_label(view: EngineView) -> str:
     return f"{view.title}, by {view.version}'s rules"
 
 
+def format_cannot_hold(view: EngineView) -> bool:
+    """The engine reads only a format that cannot hold this draft at all (transformers' own layout and a causal or
+    pruned-vocab draft): it serves another kind of draft, rather than this one wrongly."""
+    return not view.loads and any(d.field == "format" and d.severity == "error" for d in view.divergences)
+
+
 def view_state(view: EngineView) -> str:
     """as trained / DIFFERS from training / does not load, and the model runner it needs, if only one serves it."""
+    if format_cannot_hold(view):
+        return "not served (its format cannot hold this draft)"
     state = "as trained" if view.as_trained else ("does not load" if not view.loads else "DIFFERS from training")
     runners = sorted({d.applied for d in view.divergences if isinstance(d.applied, str)
                       and d.applied.endswith("model runner only")})

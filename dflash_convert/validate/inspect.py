@@ -107,6 +107,10 @@ class InspectReport(BaseModel):
             via = f" (as converted by `convert --to {view.reads}`)" if view.via_conversion else ""
             state = engine_views.view_state(view)
             console.print(f"{engine_views.rules_label(view)}{via}: {state}", markup=False)
+            if engine_views.format_cannot_hold(view) and len(self.engines) > 1:  # a problem only when asked for
+                console.print("  " + next(d.consequence for d in view.divergences if d.field == "format"),
+                              markup=False)
+                continue
             if not view.as_trained or len(self.engines) == 1:
                 for line in engine_views.render_view(view)[1:2]:
                     console.print(line, markup=False)
@@ -167,7 +171,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
             params += math.prod(info.shape)
     float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
     views = engine_views.checkpoint_views(ckpt, engine)
-    checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views)
+    checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views, asked=engine is not None)
     if serving is not None:
         checks += serving_checks(spec, ckpt.raw_config, serving)
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
@@ -207,12 +211,16 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     )
 
 
-def engine_checks(views: list[EngineView]) -> list[Check]:
+def engine_checks(views: list[EngineView], *, asked: bool = False) -> list[Check]:
     """Each engine view that errs (the engine does not load the draft, or serves it differently at every step)
     as a failed check naming the engine and the fields: a problem like any other, in the verdict line, the JSON
-    and the exit code. Warnings (some deployments only) stay notes of the view."""
+    and the exit code. Warnings (some deployments only) stay notes of the view. An engine whose own format
+    cannot hold the draft at all (transformers' layout and a causal draft) serves another kind of draft: its view
+    says so, and it is a problem only when that engine was `asked` for (`inspect --engine E`)."""
     checks = []
     for view in views:
+        if not asked and engine_views.format_cannot_hold(view):
+            continue
         errors = [d.field for d in view.divergences if d.severity == "error"]
         if errors or not view.loads:
             via = " as converted" if view.via_conversion else ""
