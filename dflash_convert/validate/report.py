@@ -91,26 +91,6 @@ class SyntheticAcceptance(BaseModel):
         return self.model_dump(exclude={"counted"})
 
 
-class SpeculativeTokensRun(BaseModel):
-    """One end-to-end run at one num_speculative_tokens K (the block runs K+1 slots; K when a DSpark anchor
-    proposes), with its step costs and the speedup they predict on the device measured (validate/cost.py)."""
-
-    num_speculative_tokens: int
-    block_size: int = Field(description="slots the run drafted per step")
-    acceptance_length: float = Field(description="tau at this K")
-    per_position_rates: list[float]
-    num_drafts: int
-    outputs_equal: int | None = Field(description="greedy: prompts whose output is the target's")
-    measured_speedup: float = Field(description="the runtime's tokens/s over target-only, the same timed runs")
-    draft_step_s: float = Field(description="a draft step, median over timing rounds (batch 1)")
-    verify_step_s: float = Field(description="the target's verify step of the block, median over rounds (batch 1)")
-    target_step_s: float = Field(description="a target-only step (one token), median over rounds (batch 1)")
-    expected_speedup: float = Field(description="tau * target_step_s / (draft_step_s + verify_step_s), median "
-                                    "over the timing rounds")
-    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
-    synthetic: SyntheticAcceptance | None = None
-
-
 class KRecommendation(BaseModel):
     """The K with the best expected speedup at one concurrency, on the device its costs were measured on."""
 
@@ -238,6 +218,32 @@ class EngineStats(BaseModel):
                                               "where that is not vLLM's counting (transformers)")
     steps_equal: int | None = Field(None, description="prompts whose acceptance equals the emulation's step for "
                                     "step (transformers, greedy)")
+
+
+class SpeculativeTokensRun(BaseModel):
+    """One end-to-end run at one num_speculative_tokens K (the block runs K+1 slots; K when a DSpark anchor
+    proposes), with its step costs and the speedup they predict on the device measured (validate/cost.py)."""
+
+    num_speculative_tokens: int
+    block_size: int = Field(description="slots the run drafted per step")
+    acceptance_length: float = Field(description="tau at this K")
+    per_position_rates: list[float]
+    num_drafts: int
+    outputs_equal: int | None = Field(description="greedy: prompts whose output is the target's")
+    measured_speedup: float = Field(description="the runtime's tokens/s over target-only, the same timed runs")
+    draft_step_s: float = Field(description="a draft step, median over timing rounds (batch 1)")
+    verify_step_s: float = Field(description="the target's verify step of the block, median over rounds (batch 1)")
+    target_step_s: float = Field(description="a target-only step (one token), median over rounds (batch 1)")
+    expected_speedup: float = Field(description="tau * target_step_s / (draft_step_s + verify_step_s), median "
+                                    "over the timing rounds")
+    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
+    synthetic: SyntheticAcceptance | None = None
+    vllm_counting: AcceptanceCounts | None = Field(
+        None, description="--engine vllm: this K's run counted as vLLM counts (full last blocks), what vLLM's "
+        "counters at this K are compared with")
+    engine_run: EngineStats | None = Field(
+        None, description="--engine vllm --engine-python: vLLM serving the draft at this K, in the same vLLM "
+        "process as the other K (its counters, outputs and how they were compared)")
 
 
 class EndpointRequest(BaseModel):
@@ -524,14 +530,19 @@ def per_k_lines(report: ValidationReport) -> list[str]:
     rows = report.per_num_speculative_tokens
     if len(rows) < 2:  # one K: its figures are the acceptance lines above (its costs are in the JSON)
         return []
-    lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} {'draft ms':>9} {'verify ms':>9} {'target ms':>9} "
-                 f"{'expected':>14} {'measured':>8}  per-position rates"]
+    served = _served_version(rows)
+    lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} " + (f"{'as vLLM':>7} {'vLLM':>6} " if served else "")
+             + f"{'draft ms':>9} {'verify ms':>9} {'target ms':>9} {'expected':>14} {'measured':>8}  per-position rates"]
     for r in rows:
         low, high = r.expected_speedup_range
         lines.append(f"{r.num_speculative_tokens:>3} {r.block_size:>5} {r.acceptance_length:>6.2f} "
-                     f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
+                     + (f"{_tau(r.vllm_counting):>7} {_tau(r.engine_run and r.engine_run.counts):>6} " if served else "")
+                     + f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
                      f"{r.expected_speedup:>5.2f}x [{low:.2f}-{high:.2f}] {r.measured_speedup:>7.2f}x  "
                      + _short(r.per_position_rates, 120))
+    if served:
+        lines.append(f"tau: the runtime's (last block shortened); as vLLM: the same runs counted as vLLM counts (full "
+                     f"last blocks); vLLM: the counters of {served} serving each K (one process)")
     for rec in report.recommendation:
         low, high = rec.expected_speedup_range
         other = (f"; runner-up K={rec.runner_up} at {rec.runner_up_speedup:.2f}x"
@@ -540,6 +551,15 @@ def per_k_lines(report: ValidationReport) -> list[str]:
                      f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
                      f"{rec.device}, which do not transfer to another device")
     return lines
+
+
+def _served_version(rows: list[SpeculativeTokensRun]) -> str | None:
+    """"vLLM V" where the engine served the K of these rows, else None."""
+    return next((f"vLLM {r.engine_run.version}" for r in rows if r.engine_run is not None), None)
+
+
+def _tau(counts: AcceptanceCounts | None) -> str:
+    return "-" if counts is None else f"{counts.acceptance_length:.2f}"
 
 
 def sampling_line(u: SamplingUsed) -> str:
@@ -721,10 +741,13 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
     rows = report.per_num_speculative_tokens
     if len(rows) < 2:
         return []
-    lines = ["| num_speculative_tokens | block | tau | draft step | verify step | target step | expected speedup | "
-             "measured speedup |", "|---|---|---|---|---|---|---|---|"]
+    served = _served_version(rows)
+    lines = ["| num_speculative_tokens | block | tau | " + ("tau as vLLM counts | " + served + " tau | " if served else "")
+             + "draft step | verify step | target step | expected speedup | measured speedup |",
+             "|---|---|---|" + ("---|---|" if served else "") + "---|---|---|---|---|"]
     lines += [f"| {r.num_speculative_tokens} | {r.block_size} | {r.acceptance_length:.2f} | "
-              f"{r.draft_step_s * 1e3:.3f} ms | {r.verify_step_s * 1e3:.3f} ms | {r.target_step_s * 1e3:.3f} ms | "
+              + (f"{_tau(r.vllm_counting)} | {_tau(r.engine_run and r.engine_run.counts)} | " if served else "")
+              + f"{r.draft_step_s * 1e3:.3f} ms | {r.verify_step_s * 1e3:.3f} ms | {r.target_step_s * 1e3:.3f} ms | "
               f"{r.expected_speedup:.2f}x [{r.expected_speedup_range[0]:.2f}-{r.expected_speedup_range[1]:.2f}] | "
               f"{r.measured_speedup:.2f}x |" for r in rows]
     top = max((r.expected_speedup_range[1] for r in rows), default=0.0) or 1.0

@@ -9,7 +9,7 @@ from pathlib import Path
 from statistics import median
 
 from dflash_convert.validate import cost
-from dflash_convert.validate.report import AcceptanceStats, KRecommendation, SpeculativeTokensRun
+from dflash_convert.validate.report import AcceptanceStats, EngineStats, KRecommendation, SpeculativeTokensRun
 
 BATCH = 1  # the runtime decodes one sequence at a time: the costs it measures are batch 1's
 
@@ -34,8 +34,9 @@ def _times(stats: AcceptanceStats) -> list[cost.StepTimes]:
     return [cost.StepTimes(*r) for r in stats.round_step_times]
 
 
-def k_run(stats: AcceptanceStats) -> SpeculativeTokensRun | None:
-    """The report row of one K's run; None where no timing round measured a step."""
+def k_run(stats: AcceptanceStats, engine: EngineStats | None = None) -> SpeculativeTokensRun | None:
+    """The report row of one K's run, with vLLM's run of that K where it served the draft (`engine`); None where
+    no timing round measured a step."""
     times = _times(stats)
     if not times:
         return None
@@ -47,7 +48,8 @@ def k_run(stats: AcceptanceStats) -> SpeculativeTokensRun | None:
         measured_speedup=round(stats.speedup, 4), draft_step_s=median(t.draft_s for t in times),
         verify_step_s=median(t.verify_s for t in times), target_step_s=median(t.target_s for t in times),
         expected_speedup=round(estimate.speedup, 4),
-        expected_speedup_range=[round(estimate.low, 4), round(estimate.high, 4)], synthetic=stats.synthetic)
+        expected_speedup_range=[round(estimate.low, 4), round(estimate.high, 4)], synthetic=stats.synthetic,
+        vllm_counting=stats.vllm_counting, engine_run=engine)
 
 
 def recommendations(runs: list[AcceptanceStats], device: str) -> list[KRecommendation]:
