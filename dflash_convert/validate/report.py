@@ -220,6 +220,19 @@ class EngineStats(BaseModel):
                                     "step (transformers, greedy)")
 
 
+class ConcurrencyCost(BaseModel):
+    """One K's step costs and expected speedup at a batch of `concurrency` sequences (--concurrency)."""
+
+    concurrency: int
+    draft_step_s: float = Field(description="concurrency x the batch-1 draft step (the runtime's draft runs one "
+                                "sequence per step; an engine batching the blocks does no worse)")
+    verify_step_s: float = Field(description="the target's forward of K+1 tokens per sequence at this batch, median "
+                                 "over rounds")
+    target_step_s: float = Field(description="the target's forward of one token per sequence at this batch, median")
+    expected_speedup: float
+    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
+
+
 class SpeculativeTokensRun(BaseModel):
     """One end-to-end run at one num_speculative_tokens K (the block runs K+1 slots; K when a DSpark anchor
     proposes), with its step costs and the speedup they predict on the device measured (validate/cost.py)."""
@@ -244,6 +257,9 @@ class SpeculativeTokensRun(BaseModel):
     engine_run: EngineStats | None = Field(
         None, description="--engine vllm --engine-python: vLLM serving the draft at this K, in the same vLLM "
         "process as the other K (its counters, outputs and how they were compared)")
+    per_concurrency: list[ConcurrencyCost] = Field(
+        default_factory=list, description="--concurrency: the costs and expected speedup at each batch size other "
+        "than 1, timed with the target's batched forward (validate/batch_costs.py)")
 
 
 class EndpointRequest(BaseModel):
@@ -540,6 +556,12 @@ def per_k_lines(report: ValidationReport) -> list[str]:
                      + f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
                      f"{r.expected_speedup:>5.2f}x [{low:.2f}-{high:.2f}] {r.measured_speedup:>7.2f}x  "
                      + _short(r.per_position_rates, 120))
+    for c in sorted({c.concurrency for r in rows for c in r.per_concurrency}):
+        at = [(r.num_speculative_tokens, _cost_at(r, c)) for r in rows if _cost_at(r, c) is not None]
+        lines.append(f"concurrency {c} (target steps timed at batch {c}; draft: {c} of its batch-1 steps): " + "; ".join(
+            f"K={k} verify {x.verify_step_s * 1e3:.3f} ms, target {x.target_step_s * 1e3:.3f} ms, expected "
+            f"{x.expected_speedup:.2f}x [{x.expected_speedup_range[0]:.2f}-{x.expected_speedup_range[1]:.2f}]"
+            for k, x in at))
     if served:
         lines.append(f"tau: the runtime's (last block shortened); as vLLM: the same runs counted as vLLM counts (full "
                      f"last blocks); vLLM: the counters of {served} serving each K (one process)")
@@ -551,6 +573,18 @@ def per_k_lines(report: ValidationReport) -> list[str]:
                      f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
                      f"{rec.device}, which do not transfer to another device")
     return lines
+
+
+def _cost_at(row: SpeculativeTokensRun, concurrency: int) -> ConcurrencyCost | None:
+    return next((c for c in row.per_concurrency if c.concurrency == concurrency), None)
+
+
+def speedup_at(row: SpeculativeTokensRun, concurrency: int) -> float | None:
+    """A row's expected speedup at a concurrency: batch 1's from the decode loop, others from --concurrency."""
+    if concurrency == 1:
+        return row.expected_speedup
+    at = _cost_at(row, concurrency)
+    return None if at is None else at.expected_speedup
 
 
 def _served_version(rows: list[SpeculativeTokensRun]) -> str | None:
@@ -750,12 +784,15 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
               + f"{r.draft_step_s * 1e3:.3f} ms | {r.verify_step_s * 1e3:.3f} ms | {r.target_step_s * 1e3:.3f} ms | "
               f"{r.expected_speedup:.2f}x [{r.expected_speedup_range[0]:.2f}-{r.expected_speedup_range[1]:.2f}] | "
               f"{r.measured_speedup:.2f}x |" for r in rows]
-    top = max((r.expected_speedup_range[1] for r in rows), default=0.0) or 1.0
     for rec in report.recommendation:
+        at = [(r.num_speculative_tokens, speedup_at(r, rec.concurrency)) for r in rows]
+        at = [(k, x) for k, x in at if x is not None]
+        top = max((x for _, x in at), default=0.0) or 1.0
         lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
-                  "not transfer to another device):", "", "```text"]
-        lines += [f"K={r.num_speculative_tokens:<3} {bar(r.expected_speedup / top, 40)} {r.expected_speedup:.2f}x"
-                  for r in rows]
+                  "not transfer to another device" + ("" if rec.concurrency == 1 else f"; the target's steps timed "
+                                                      f"at batch {rec.concurrency}, the draft's as "
+                                                      f"{rec.concurrency} single-sequence steps") + "):", "", "```text"]
+        lines += [f"K={k:<3} {bar(x / top, 40)} {x:.2f}x" for k, x in at]
         lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **num_speculative_tokens "
                   f"{rec.num_speculative_tokens}** ({rec.expected_speedup:.2f}x, rounds "
                   f"{rec.expected_speedup_range[0]:.2f}-{rec.expected_speedup_range[1]:.2f}x"

@@ -98,6 +98,7 @@ class Run:
     per_k_outputs: list[list[list[int]]] = field(default_factory=list)  # each K's (per_k's) speculative outputs
     engine_run: EngineStats | None = None  # the first K's, served by the engine
     per_k_engine: dict[int, EngineStats] = field(default_factory=dict)  # K -> vLLM's run of it (--engine-python)
+    batch_times: list[Any] = field(default_factory=list)  # batch_costs.BatchTimes per --concurrency other than 1
     incomplete: str | None = None  # why the run stopped before its levels did (Ctrl-C)
     baseline: ValidationReport | None = None  # --baseline, read before any slow work
     pending: dict[int, list] = field(default_factory=dict)  # prompt index -> chat with turns the target answers
@@ -172,9 +173,10 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
         engine_run=run.engine_run,
-        per_num_speculative_tokens=[r for r in (sweep.k_run(s, run.per_k_engine.get(len(s.per_position_rates)))
-                                                for s in run.per_k) if r],
-        recommendation=sweep.recommendations(run.per_k, sweep.device_name(run.device)) if run.per_k else [],
+        per_num_speculative_tokens=[r for r in (sweep.k_run(s, run.per_k_engine.get(len(s.per_position_rates)),
+                                                            run.batch_times) for s in run.per_k) if r],
+        recommendation=sweep.recommendations(run.per_k, sweep.device_name(run.device), run.batch_times)
+        if run.per_k else [],
         environment=_environment(opts, run), options=opts.model_dump(mode="json"), incomplete=run.incomplete,
         duration_s=round(time.perf_counter() - t0, 3),
         passed=run.incomplete is None and not any(c.status == "fail" for c in run.checks))
@@ -460,6 +462,8 @@ def _end_to_end_level(run: Run) -> None:
         run.per_k_outputs = [run.outputs] if run.stats is not None else []
         for block in run.blocks[1:] if run.stats is not None else ():
             _another_k(run, placement, block)
+        if run.stats is not None and set(run.opts.concurrency) - {1}:
+            _batch_costs(run)
         if run.opts.engine_python is not None and run.stats is not None:
             _served_level(run)
         if run.opts.engine == "transformers" and run.stats is not None:
@@ -478,6 +482,31 @@ def _another_k(run: Run, placement: Placement, block: int) -> None:
     if stats is not None:
         run.per_k.append(stats)
         run.per_k_outputs.append(outputs)
+
+
+def _batch_costs(run: Run) -> None:
+    """--concurrency: the target's verify and target-only steps timed at each batch size other than 1 (batch
+    1 is the decode loop's), for every K run (batch_costs.py); a check says where they cannot be timed."""
+    from dflash_runtime import load_target
+
+    from dflash_convert.validate import batch_costs
+
+    opts = run.opts
+    batches = sorted(set(opts.concurrency) - {1})
+    run.say(f"end to end: step costs at batch {', '.join(map(str, batches))} ({opts.timing_rounds} round(s))")
+    target = load_target(run.target_dir, device=run.device, dtype=run.target_torch_dtype or run.torch_dtype,
+                         attn_implementation=opts.target_backend, device_map=opts.placed_by_device_map,
+                         max_memory=opts.max_memory)
+    why = batch_costs.cannot_batch(target)
+    if why is None:
+        run.batch_times = batch_costs.time_batches(target, run.prompt_ids[0], batches,
+                                                   [len(s.per_position_rates) + 1 for s in run.per_k],
+                                                   opts.timing_rounds)
+    run.checks.append(make_check(
+        "batch_costs", why is None, f"verify and target-only steps timed at batch {', '.join(map(str, batches))}"
+        if why is None else f"--concurrency {','.join(map(str, batches))}: the target's batched steps cannot be "
+        f"timed ({why}); the recommendation is batch 1's only", level="end_to_end", bad="warn"))
+    del target
 
 
 def _named_k(checks: list[Check], k: int) -> list[Check]:
