@@ -8,8 +8,9 @@ prefilled once, then each timed step appends to that cache and the cache is crop
 - a target-only step: B sequences of one token.
 The draft's step at batch B is B of its single-sequence steps, as the runtime's draft runs them (one
 sequence per step, its context cache its own), taken from the decode loop's measurement of that K: an
-engine batching the draft's B blocks into one forward does no worse, so at B > 1 this errs towards fewer
-draft tokens, and the report says so.
+engine batching the draft's B blocks into one forward does no worse, so at B > 1 this is an upper bound on
+the draft's share: it lowers every K's expected speedup, and since the draft's step costs about the same at
+every K, it weighs tau more than the verify step's growth with K (it favours larger K). The report says so.
 
 A target whose layers keep a recurrent state (linear attention) cannot be cropped back: its batched costs are
 not measured, and the reason is returned instead.

@@ -225,7 +225,7 @@ class ConcurrencyCost(BaseModel):
 
     concurrency: int
     draft_step_s: float = Field(description="concurrency x the batch-1 draft step (the runtime's draft runs one "
-                                "sequence per step; an engine batching the blocks does no worse)")
+                                "sequence per step; an engine batching the blocks does no worse): an upper bound")
     verify_step_s: float = Field(description="the target's forward of K+1 tokens per sequence at this batch, median "
                                  "over rounds")
     target_step_s: float = Field(description="the target's forward of one token per sequence at this batch, median")
@@ -548,17 +548,20 @@ def per_k_lines(report: ValidationReport) -> list[str]:
         return []
     served = _served_version(rows)
     lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} " + (f"{'as vLLM':>7} {'vLLM':>6} " if served else "")
-             + f"{'draft ms':>9} {'verify ms':>9} {'target ms':>9} {'expected':>14} {'measured':>8}  per-position rates"]
+             + f"{'draft ms':>9} {'verify ms':>9} {'target ms':>9} {'expected':>14} {'measured':>8}  "
+             "per-position rates"]
     for r in rows:
         low, high = r.expected_speedup_range
         lines.append(f"{r.num_speculative_tokens:>3} {r.block_size:>5} {r.acceptance_length:>6.2f} "
-                     + (f"{_tau(r.vllm_counting):>7} {_tau(r.engine_run and r.engine_run.counts):>6} " if served else "")
+                     + (f"{_tau(r.vllm_counting):>7} {_tau(r.engine_run and r.engine_run.counts):>6} "
+                        if served else "")
                      + f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
                      f"{r.expected_speedup:>5.2f}x [{low:.2f}-{high:.2f}] {r.measured_speedup:>7.2f}x  "
                      + _short(r.per_position_rates, 120))
     for c in sorted({c.concurrency for r in rows for c in r.per_concurrency}):
         at = [(r.num_speculative_tokens, _cost_at(r, c)) for r in rows if _cost_at(r, c) is not None]
-        lines.append(f"concurrency {c} (target steps timed at batch {c}; draft: {c} of its batch-1 steps): " + "; ".join(
+        lines.append(f"concurrency {c} (target steps timed at batch {c}; draft: {c} of its batch-1 steps, an upper "
+                     "bound): " + "; ".join(
             f"K={k} verify {x.verify_step_s * 1e3:.3f} ms, target {x.target_step_s * 1e3:.3f} ms, expected "
             f"{x.expected_speedup:.2f}x [{x.expected_speedup_range[0]:.2f}-{x.expected_speedup_range[1]:.2f}]"
             for k, x in at))
@@ -776,7 +779,8 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
     if len(rows) < 2:
         return []
     served = _served_version(rows)
-    lines = ["| num_speculative_tokens | block | tau | " + ("tau as vLLM counts | " + served + " tau | " if served else "")
+    lines = ["| num_speculative_tokens | block | tau | "
+             + ("tau as vLLM counts | " + served + " tau | " if served else "")
              + "draft step | verify step | target step | expected speedup | measured speedup |",
              "|---|---|---|" + ("---|---|" if served else "") + "---|---|---|---|---|"]
     lines += [f"| {r.num_speculative_tokens} | {r.block_size} | {r.acceptance_length:.2f} | "
@@ -788,10 +792,11 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
         at = [(r.num_speculative_tokens, speedup_at(r, rec.concurrency)) for r in rows]
         at = [(k, x) for k, x in at if x is not None]
         top = max((x for _, x in at), default=0.0) or 1.0
+        batched = "" if rec.concurrency == 1 else (
+            f"; the target's steps timed at batch {rec.concurrency}, the draft's as {rec.concurrency} single-sequence "
+            "steps, an upper bound")
         lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
-                  "not transfer to another device" + ("" if rec.concurrency == 1 else f"; the target's steps timed "
-                                                      f"at batch {rec.concurrency}, the draft's as "
-                                                      f"{rec.concurrency} single-sequence steps") + "):", "", "```text"]
+                  f"not transfer to another device{batched}):", "", "```text"]
         lines += [f"K={k:<3} {bar(x / top, 40)} {x:.2f}x" for k, x in at]
         lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **num_speculative_tokens "
                   f"{rec.num_speculative_tokens}** ({rec.expected_speedup:.2f}x, rounds "
