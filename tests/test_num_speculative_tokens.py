@@ -102,3 +102,90 @@ def test_markdown_and_model_card_carry_the_k_table_and_the_recommended_launch(sw
     section = card.split("### Which K to serve", 1)[1]  # the trained block's commands come before it
     assert f'"num_speculative_tokens": {k}}}' in section and sweep.recommendation[0].device in section
     assert f"SGLang: `--speculative-num-draft-tokens {k + 1}` (the block" in section
+
+
+def _k_stats(k: int, tau: float, draft_s: float):
+    """One K's run as the sweep reads it: tau, K rates and one timing round at batch 1."""
+    from dflash_convert.validate.report import AcceptanceStats
+
+    return AcceptanceStats.model_construct(per_position_rates=[1.0] * k, acceptance_length=tau, block_size=k + 1,
+                                           round_step_times=[[draft_s, 0.010, 0.010]])
+
+
+def test_recommendation_per_concurrency_comes_from_the_batched_costs():
+    """At batch 1 the loop's costs make K=15 best; at batch 8 the timed verify of 16 tokens per sequence costs
+    four times that of 4, and the draft's step is 8 single-sequence steps, so K=3 wins there."""
+    from dflash_convert.validate.batch_costs import BatchTimes
+    from dflash_convert.validate.sweep import batched, concurrency_costs, recommendations
+
+    runs = [_k_stats(3, 3.0, 0.001), _k_stats(15, 6.0, 0.001)]
+    eight = BatchTimes(8, verify_s={4: [0.020, 0.022], 16: [0.080, 0.088]}, target_s=[0.018, 0.018])
+    assert batched(runs[1], eight) == [StepTimes(0.008, 0.080, 0.018), StepTimes(0.008, 0.088, 0.018)]
+    by = {r.concurrency: r for r in recommendations(runs, "cpu (test)", [eight])}
+    assert sorted(by) == [1, 8]
+    assert by[1].num_speculative_tokens == 15 and by[8].num_speculative_tokens == 3
+    per_round = [expected_speedup(3.0, StepTimes(0.008, v, 0.018)) for v in (0.020, 0.022)]
+    assert by[8].expected_speedup == pytest.approx(sum(per_round) / 2, abs=1e-4)  # the median of two rounds
+    (cost,) = concurrency_costs(runs[0], [eight])
+    assert (cost.concurrency, cost.draft_step_s, cost.verify_step_s) == (8, 0.008, pytest.approx(0.021))
+
+
+def test_concurrency_is_a_list_and_one_value_with_endpoint():
+    assert ValidateOptions(concurrency=4).concurrency == [4] and ValidateOptions().concurrency == [1]
+    with pytest.raises(UsageError, match="one value"):
+        ValidateOptions(endpoint="http://localhost:1", concurrency=[1, 4]).check()
+    with pytest.raises(UsageError, match="distinct"):
+        ValidateOptions(concurrency=[4, 4]).check()
+    assert ValidateOptions(endpoint="http://localhost:1", concurrency=[4]).endpoint_concurrency == 4
+
+
+def test_batched_steps_are_timed_per_block_and_round(tiny_target):
+    """The target's batched forward: one time per round for each K+1 and for the target-only step, the cache
+    cropped back to the context after each (a later step would otherwise follow a longer one)."""
+    import torch
+
+    from dflash_convert.validate import batch_costs
+    from dflash_runtime import load_target
+
+    target = load_target(tiny_target, device="cpu", dtype=torch.float32)
+    assert batch_costs.cannot_batch(target) is None
+    crops = []
+    real_step = batch_costs._step
+
+    def step(target, cache, context, batch, n):
+        took = real_step(target, cache, context, batch, n)
+        crops.append(cache.get_seq_length())
+        return took
+
+    batch_costs._step = step
+    try:
+        (times,) = batch_costs.time_batches(target, [5, 6, 7], [3], [4, 16], rounds=2)
+    finally:
+        batch_costs._step = real_step
+    assert times.batch == 3 and sorted(times.verify_s) == [4, 16]
+    assert all(len(v) == 2 for v in times.verify_s.values()) and len(times.target_s) == 2
+    assert set(crops) == {batch_costs.CONTEXT_TOKENS}
+
+
+def test_cli_concurrency_gives_a_recommendation_per_concurrency(cli, tmp_path):
+    """--concurrency 1,4: the K recommended at each, batch 4's from the target's steps timed at batch 4."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PAIR.joinpath("prompts.txt").read_text().splitlines()[:4]) + "\n")
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", prompts,
+            "--levels", "end_to_end", "--max-new-tokens", "16", "--sampling", "greedy",
+            "--num-speculative-tokens", "3,7", "--concurrency", "1,4", "--json")
+    assert r.code == 0, r.err[-2000:]
+    report = r.json()
+    assert [rec["concurrency"] for rec in report["recommendation"]] == [1, 4]
+    for row in report["per_num_speculative_tokens"]:
+        (at,) = row["per_concurrency"]
+        assert at["concurrency"] == 4 and at["verify_step_s"] > 0 and at["draft_step_s"] == 4 * row["draft_step_s"]
+    assert "concurrency 4 (target steps timed at batch 4" in r.err
+    assert next(c for c in report["checks"] if c["name"] == "batch_costs")["status"] == "pass"
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    card = model_card(open_checkpoint(PAIR / "draft").spec, repo_id="org/d", validation=report)
+    at4 = card.split("at concurrency 4", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    assert [f"{row['per_concurrency'][0]['expected_speedup']:.2f}x" in at4
+            for row in report["per_num_speculative_tokens"]] == [True, True]

@@ -281,6 +281,39 @@ def test_cli_serves_the_pair_in_vllm(cli):
 
 
 @needs_vllm
+def test_cli_serves_each_k_in_one_vllm_process(cli, tmp_path):
+    """--num-speculative-tokens 3,15: vLLM serves the draft at each K in one process, each K's counters against
+    the emulation of that K counted as vLLM counts; each K's vLLM tau beside the runtime's (JSON, terminal,
+    Markdown), equal to the emulation's where no decision sat near a tie."""
+    from dflash_convert.validate.report import ValidationReport, to_markdown
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join((PAIR / "prompts.txt").read_text().splitlines()[:6]) + "\n")
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", prompts, "--max-new-tokens", "48",
+            "--sampling", "greedy", "--engine", "vllm", "--engine-python", VLLM_PYTHON, "--engine-args",
+            json.dumps(EAGER), "--levels", "static,end_to_end", "--num-speculative-tokens", "3,15", "--threads", "1",
+            "--json")
+    assert r.code == 0, r.err[-3000:]
+    report = r.json()
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    for name in ("engine_outputs_equal", "engine_acceptance_agrees"):
+        assert status[name] == status[f"{name} (K=15)"] == "pass"
+    assert r.err.count("engine: vLLM at") == 1 and "(2 draft(s)" in r.err  # one vLLM process for both K
+    rows = report["per_num_speculative_tokens"]
+    assert [row["num_speculative_tokens"] for row in rows] == [3, 15]
+    for row in rows:
+        served = row["engine_run"]
+        assert len(served["counts"]["per_position_rates"]) == row["num_speculative_tokens"]
+        assert served["tolerance"]["steps_not_compared"] == 0  # no tie sat: the counts are equal outright
+        assert served["counts"] == row["vllm_counting"] and served["outputs_equal"] == 6
+    assert rows[0]["engine_run"] == report["engine_run"]
+    assert rows[0]["engine_run"]["counts"]["num_drafts"] > rows[1]["engine_run"]["counts"]["num_drafts"]
+    taus = [f"{row['engine_run']['counts']['acceptance_length']:.2f}" for row in rows]
+    assert "as vLLM   vLLM" in r.err and all(t in r.err for t in taus)
+    assert "| tau as vLLM counts | vLLM 0.32.0 tau |" in to_markdown(ValidationReport.model_validate(report))
+
+
+@needs_vllm
 def test_mixed_draft_cannot_run_on_cpu_vllm(cli, tmp_path):
     """Mixed sliding + full layers need vLLM's V2 model runner, which needs Triton: on CPU the run says so
     (exit 1), it neither fails nor passes the draft."""

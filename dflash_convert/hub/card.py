@@ -123,14 +123,16 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, method: str
     lines += [f"| {r['num_speculative_tokens']} | {r['acceptance_length']:.2f} | {r['draft_step_s'] * 1e3:.2f} ms | "
               f"{r['verify_step_s'] * 1e3:.2f} ms | {r['target_step_s'] * 1e3:.2f} ms | "
               f"{r['expected_speedup']:.2f}x | {r['measured_speedup']:.2f}x |" for r in rows]
-    top = max(r["expected_speedup"] for r in rows) or 1.0
     for rec in validation.get("recommendation") or []:
-        k = rec["num_speculative_tokens"]
+        k, concurrency = rec["num_speculative_tokens"], rec["concurrency"]
+        at = [(r["num_speculative_tokens"], _speedup_at(r, concurrency)) for r in rows]
+        at = [(n, x) for n, x in at if x is not None]
+        top = max((x for _, x in at), default=0.0) or 1.0
         lines += ["", f"Expected speedup (tau x target step / (draft step + verify step)) at concurrency "
-                  f"{rec['concurrency']}, from step costs measured on {rec['device']}: they do not transfer to "
-                  "another device.", "", "```text"]
-        lines += [f"K={r['num_speculative_tokens']:<3} {bar(r['expected_speedup'] / top, 40)} "
-                  f"{r['expected_speedup']:.2f}x" for r in rows]
+                  f"{concurrency}, from step costs measured on {rec['device']}"
+                  + ("" if concurrency == 1 else f" (the target's steps at batch {concurrency})")
+                  + ": they do not transfer to another device.", "", "```text"]
+        lines += [f"K={n:<3} {bar(x / top, 40)} {x:.2f}x" for n, x in at]
         lines += ["```", "", f"Recommended at concurrency {rec['concurrency']}: `num_speculative_tokens` {k}.", "",
                   "```bash", f"vllm serve {target} \\",
                   f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{repo_id}\", "
@@ -138,6 +140,14 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, method: str
         if method == "dflash":
             lines += [f"SGLang: `--speculative-num-draft-tokens {k + 1}` (the block of K+1).", ""]
     return lines
+
+
+def _speedup_at(row: dict[str, Any], concurrency: int) -> float | None:
+    """A K row's expected speedup at a concurrency: batch 1's, or its `per_concurrency` entry's."""
+    if concurrency == 1:
+        return row.get("expected_speedup")
+    return next((c.get("expected_speedup") for c in row.get("per_concurrency") or []
+                 if isinstance(c, dict) and c.get("concurrency") == concurrency), None)
 
 
 def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any] | None,

@@ -40,7 +40,7 @@ def compare_endpoints(opts, prompts, endpoint: Endpoint, baseline: Endpoint, *, 
     for r in range(rounds):
         pair = [(endpoint, ours, spec_runs), (baseline, theirs, base_runs)]
         for server, sent, runs in pair if r % 2 == 0 else pair[::-1]:
-            runs.append(send_all(server, sent, opts.concurrency))
+            runs.append(send_all(server, sent, opts.endpoint_concurrency))
     comparison = _speed(baseline.url, base_model, len(ours), spec_runs, base_runs)
     checks = []
     if greedy:

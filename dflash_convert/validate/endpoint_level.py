@@ -32,9 +32,9 @@ def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt
     nothing could be measured as this run's own."""
     deadline = Deadline(opts.endpoint_timeout)
     endpoint = Endpoint(opts.endpoint, key_variable=opts.endpoint_key_env, deadline=deadline,
-                        concurrency=opts.concurrency)
+                        concurrency=opts.endpoint_concurrency)
     baseline = (Endpoint(opts.baseline_endpoint, key_variable=opts.endpoint_key_env, deadline=deadline,
-                         concurrency=opts.concurrency, label="--baseline-endpoint")
+                         concurrency=opts.endpoint_concurrency, label="--baseline-endpoint")
                 if opts.baseline_endpoint else None)
     try:
         return _measure(opts, prompts, endpoint, baseline, say, offline)
@@ -51,9 +51,9 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
     seed = opts.seed if sampling.get("temperature", 0) > 0 else None
     sent = bodies(prompts, model=model, engine=engine, sampling=sampling, max_tokens=opts.max_new_tokens, seed=seed,
                   logprobs=False)
-    say(f"endpoint: {len(sent)} prompts to {engine} at {endpoint.url} ({model}), {opts.concurrency} in flight")
+    say(f"endpoint: {len(sent)} prompts to {engine} at {endpoint.url} ({model}), {opts.endpoint_concurrency} in flight")
     before = read_counters(endpoint)
-    replies, wall = send_all(endpoint, sent, opts.concurrency)
+    replies, wall = send_all(endpoint, sent, opts.endpoint_concurrency)
     after = read_counters(endpoint)
     counts, counted = measured(endpoint, replies, before, after)
     new_tokens = sum(r.new_tokens for r in replies)
@@ -64,7 +64,7 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
         for r in replies:
             histogram = [a + b for a, b in zip(histogram, r.spec.histogram + [0] * len(histogram))]
     stats = EndpointStats(
-        url=endpoint.url, model=model, engine=engine, counted=counted, concurrency=opts.concurrency,
+        url=endpoint.url, model=model, engine=engine, counted=counted, concurrency=opts.endpoint_concurrency,
         prompts=len(sent), new_tokens=new_tokens, counts=as_counts(counts),
         sglang_acceptance_length=round(new_tokens / counts.steps, 4) if per_request_stats and counts.steps else None,
         accepted_histogram=histogram or [],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.flags import CAUSAL_HELP, VALIDATE_ALLOW_PICKLE_HELP, Flag
@@ -196,8 +196,10 @@ class ValidateOptions(BaseModel):
     endpoint_timeout: Annotated[float, Flag("--endpoint-timeout", metavar="SECONDS")] = Field(
         ENDPOINT_TIMEOUT_S, description="Seconds the whole endpoint measurement may take; each connect and read is "
         "bounded by what is left.")
-    concurrency: Annotated[int, Flag("--concurrency")] = Field(
-        1, description="Requests in flight at once against --endpoint (and --baseline-endpoint).")
+    concurrency: Annotated[list[int], Flag("--concurrency", parse="ints", metavar="N[,N...]")] = Field(
+        default_factory=lambda: [1], description="Requests in flight at once against --endpoint (and "
+        "--baseline-endpoint; one value). End to end: the batch sizes at which the target's verify step and the "
+        "draft step are also timed, for the expected speedup and the K recommended at each (batch 1 always).")
     baseline_endpoint: Annotated[str | None, Flag("--baseline-endpoint", metavar="URL")] = Field(
         None, description="The same target served without speculation: greedy outputs must equal --endpoint's "
         "(up to near-ties), and the speedup is measured in interleaved rounds.")
@@ -268,12 +270,27 @@ class ValidateOptions(BaseModel):
             raise UsageError("--engine-timeout and --engine-kv-cache-gib must be positive")
         if self.endpoint is None and (self.endpoint_model or self.baseline_endpoint):
             raise UsageError("--endpoint-model and --baseline-endpoint go with --endpoint")
-        if not (self.concurrency >= 1 and math.isfinite(self.endpoint_timeout) and self.endpoint_timeout > 0):
-            raise UsageError("--concurrency must be at least 1 and --endpoint-timeout a positive number of seconds")
+        if not (self.concurrency and all(c >= 1 for c in self.concurrency) and len(set(self.concurrency)) == len(
+                self.concurrency) and math.isfinite(self.endpoint_timeout) and self.endpoint_timeout > 0):
+            raise UsageError("--concurrency must be distinct values of at least 1 and --endpoint-timeout a positive "
+                             "number of seconds")
+        if self.endpoint is not None and len(self.concurrency) > 1:
+            raise UsageError("--endpoint is measured at one --concurrency; give one value")
         if not self.endpoint_key_env.replace("_", "").isalnum():
             raise UsageError(f"--endpoint-key-env {self.endpoint_key_env!r}: the name of an environment variable")
         if self.engine is not None and self.causal is not None:
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _one_concurrency(cls, value: Any) -> Any:
+        """A single number (library callers, earlier reports) is the one concurrency."""
+        return [value] if isinstance(value, int) else value
+
+    @property
+    def endpoint_concurrency(self) -> int:
+        """The requests in flight against --endpoint (check() allows one value with it)."""
+        return self.concurrency[0]
 
     def blocks(self, anchor_predicts: bool) -> list[int | None]:
         """The blocks (slots) to run, one end-to-end run each: K+1 per --num-speculative-tokens value (K when the

@@ -91,26 +91,6 @@ class SyntheticAcceptance(BaseModel):
         return self.model_dump(exclude={"counted"})
 
 
-class SpeculativeTokensRun(BaseModel):
-    """One end-to-end run at one num_speculative_tokens K (the block runs K+1 slots; K when a DSpark anchor
-    proposes), with its step costs and the speedup they predict on the device measured (validate/cost.py)."""
-
-    num_speculative_tokens: int
-    block_size: int = Field(description="slots the run drafted per step")
-    acceptance_length: float = Field(description="tau at this K")
-    per_position_rates: list[float]
-    num_drafts: int
-    outputs_equal: int | None = Field(description="greedy: prompts whose output is the target's")
-    measured_speedup: float = Field(description="the runtime's tokens/s over target-only, the same timed runs")
-    draft_step_s: float = Field(description="a draft step, median over timing rounds (batch 1)")
-    verify_step_s: float = Field(description="the target's verify step of the block, median over rounds (batch 1)")
-    target_step_s: float = Field(description="a target-only step (one token), median over rounds (batch 1)")
-    expected_speedup: float = Field(description="tau * target_step_s / (draft_step_s + verify_step_s), median "
-                                    "over the timing rounds")
-    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
-    synthetic: SyntheticAcceptance | None = None
-
-
 class KRecommendation(BaseModel):
     """The K with the best expected speedup at one concurrency, on the device its costs were measured on."""
 
@@ -238,6 +218,48 @@ class EngineStats(BaseModel):
                                               "where that is not vLLM's counting (transformers)")
     steps_equal: int | None = Field(None, description="prompts whose acceptance equals the emulation's step for "
                                     "step (transformers, greedy)")
+
+
+class ConcurrencyCost(BaseModel):
+    """One K's step costs and expected speedup at a batch of `concurrency` sequences (--concurrency)."""
+
+    concurrency: int
+    draft_step_s: float = Field(description="concurrency x the batch-1 draft step (the runtime's draft runs one "
+                                "sequence per step; an engine batching the blocks does no worse): an upper bound")
+    verify_step_s: float = Field(description="the target's forward of K+1 tokens per sequence at this batch, median "
+                                 "over rounds")
+    target_step_s: float = Field(description="the target's forward of one token per sequence at this batch, median")
+    expected_speedup: float
+    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
+
+
+class SpeculativeTokensRun(BaseModel):
+    """One end-to-end run at one num_speculative_tokens K (the block runs K+1 slots; K when a DSpark anchor
+    proposes), with its step costs and the speedup they predict on the device measured (validate/cost.py)."""
+
+    num_speculative_tokens: int
+    block_size: int = Field(description="slots the run drafted per step")
+    acceptance_length: float = Field(description="tau at this K")
+    per_position_rates: list[float]
+    num_drafts: int
+    outputs_equal: int | None = Field(description="greedy: prompts whose output is the target's")
+    measured_speedup: float = Field(description="the runtime's tokens/s over target-only, the same timed runs")
+    draft_step_s: float = Field(description="a draft step, median over timing rounds (batch 1)")
+    verify_step_s: float = Field(description="the target's verify step of the block, median over rounds (batch 1)")
+    target_step_s: float = Field(description="a target-only step (one token), median over rounds (batch 1)")
+    expected_speedup: float = Field(description="tau * target_step_s / (draft_step_s + verify_step_s), median "
+                                    "over the timing rounds")
+    expected_speedup_range: list[float] = Field(description="[min, max] over the timing rounds")
+    synthetic: SyntheticAcceptance | None = None
+    vllm_counting: AcceptanceCounts | None = Field(
+        None, description="--engine vllm: this K's run counted as vLLM counts (full last blocks), what vLLM's "
+        "counters at this K are compared with")
+    engine_run: EngineStats | None = Field(
+        None, description="--engine vllm --engine-python: vLLM serving the draft at this K, in the same vLLM "
+        "process as the other K (its counters, outputs and how they were compared)")
+    per_concurrency: list[ConcurrencyCost] = Field(
+        default_factory=list, description="--concurrency: the costs and expected speedup at each batch size other "
+        "than 1, timed with the target's batched forward (validate/batch_costs.py)")
 
 
 class EndpointRequest(BaseModel):
@@ -524,14 +546,28 @@ def per_k_lines(report: ValidationReport) -> list[str]:
     rows = report.per_num_speculative_tokens
     if len(rows) < 2:  # one K: its figures are the acceptance lines above (its costs are in the JSON)
         return []
-    lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} {'draft ms':>9} {'verify ms':>9} {'target ms':>9} "
-                 f"{'expected':>14} {'measured':>8}  per-position rates"]
+    served = _served_version(rows)
+    lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} " + (f"{'as vLLM':>7} {'vLLM':>6} " if served else "")
+             + f"{'draft ms':>9} {'verify ms':>9} {'target ms':>9} {'expected':>14} {'measured':>8}  "
+             "per-position rates"]
     for r in rows:
         low, high = r.expected_speedup_range
         lines.append(f"{r.num_speculative_tokens:>3} {r.block_size:>5} {r.acceptance_length:>6.2f} "
-                     f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
+                     + (f"{_tau(r.vllm_counting):>7} {_tau(r.engine_run and r.engine_run.counts):>6} "
+                        if served else "")
+                     + f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
                      f"{r.expected_speedup:>5.2f}x [{low:.2f}-{high:.2f}] {r.measured_speedup:>7.2f}x  "
                      + _short(r.per_position_rates, 120))
+    for c in sorted({c.concurrency for r in rows for c in r.per_concurrency}):
+        at = [(r.num_speculative_tokens, _cost_at(r, c)) for r in rows if _cost_at(r, c) is not None]
+        lines.append(f"concurrency {c} (target steps timed at batch {c}; draft: {c} of its batch-1 steps, an upper "
+                     "bound): " + "; ".join(
+            f"K={k} verify {x.verify_step_s * 1e3:.3f} ms, target {x.target_step_s * 1e3:.3f} ms, expected "
+            f"{x.expected_speedup:.2f}x [{x.expected_speedup_range[0]:.2f}-{x.expected_speedup_range[1]:.2f}]"
+            for k, x in at))
+    if served:
+        lines.append(f"tau: the runtime's (last block shortened); as vLLM: the same runs counted as vLLM counts (full "
+                     f"last blocks); vLLM: the counters of {served} serving each K (one process)")
     for rec in report.recommendation:
         low, high = rec.expected_speedup_range
         other = (f"; runner-up K={rec.runner_up} at {rec.runner_up_speedup:.2f}x"
@@ -540,6 +576,27 @@ def per_k_lines(report: ValidationReport) -> list[str]:
                      f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
                      f"{rec.device}, which do not transfer to another device")
     return lines
+
+
+def _cost_at(row: SpeculativeTokensRun, concurrency: int) -> ConcurrencyCost | None:
+    return next((c for c in row.per_concurrency if c.concurrency == concurrency), None)
+
+
+def speedup_at(row: SpeculativeTokensRun, concurrency: int) -> float | None:
+    """A row's expected speedup at a concurrency: batch 1's from the decode loop, others from --concurrency."""
+    if concurrency == 1:
+        return row.expected_speedup
+    at = _cost_at(row, concurrency)
+    return None if at is None else at.expected_speedup
+
+
+def _served_version(rows: list[SpeculativeTokensRun]) -> str | None:
+    """"vLLM V" where the engine served the K of these rows, else None."""
+    return next((f"vLLM {r.engine_run.version}" for r in rows if r.engine_run is not None), None)
+
+
+def _tau(counts: AcceptanceCounts | None) -> str:
+    return "-" if counts is None else f"{counts.acceptance_length:.2f}"
 
 
 def sampling_line(u: SamplingUsed) -> str:
@@ -721,18 +778,26 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
     rows = report.per_num_speculative_tokens
     if len(rows) < 2:
         return []
-    lines = ["| num_speculative_tokens | block | tau | draft step | verify step | target step | expected speedup | "
-             "measured speedup |", "|---|---|---|---|---|---|---|---|"]
+    served = _served_version(rows)
+    lines = ["| num_speculative_tokens | block | tau | "
+             + ("tau as vLLM counts | " + served + " tau | " if served else "")
+             + "draft step | verify step | target step | expected speedup | measured speedup |",
+             "|---|---|---|" + ("---|---|" if served else "") + "---|---|---|---|---|"]
     lines += [f"| {r.num_speculative_tokens} | {r.block_size} | {r.acceptance_length:.2f} | "
-              f"{r.draft_step_s * 1e3:.3f} ms | {r.verify_step_s * 1e3:.3f} ms | {r.target_step_s * 1e3:.3f} ms | "
+              + (f"{_tau(r.vllm_counting)} | {_tau(r.engine_run and r.engine_run.counts)} | " if served else "")
+              + f"{r.draft_step_s * 1e3:.3f} ms | {r.verify_step_s * 1e3:.3f} ms | {r.target_step_s * 1e3:.3f} ms | "
               f"{r.expected_speedup:.2f}x [{r.expected_speedup_range[0]:.2f}-{r.expected_speedup_range[1]:.2f}] | "
               f"{r.measured_speedup:.2f}x |" for r in rows]
-    top = max((r.expected_speedup_range[1] for r in rows), default=0.0) or 1.0
     for rec in report.recommendation:
+        at = [(r.num_speculative_tokens, speedup_at(r, rec.concurrency)) for r in rows]
+        at = [(k, x) for k, x in at if x is not None]
+        top = max((x for _, x in at), default=0.0) or 1.0
+        batched = "" if rec.concurrency == 1 else (
+            f"; the target's steps timed at batch {rec.concurrency}, the draft's as {rec.concurrency} single-sequence "
+            "steps, an upper bound")
         lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
-                  "not transfer to another device):", "", "```text"]
-        lines += [f"K={r.num_speculative_tokens:<3} {bar(r.expected_speedup / top, 40)} {r.expected_speedup:.2f}x"
-                  for r in rows]
+                  f"not transfer to another device{batched}):", "", "```text"]
+        lines += [f"K={k:<3} {bar(x / top, 40)} {x:.2f}x" for k, x in at]
         lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **num_speculative_tokens "
                   f"{rec.num_speculative_tokens}** ({rec.expected_speedup:.2f}x, rounds "
                   f"{rec.expected_speedup_range[0]:.2f}-{rec.expected_speedup_range[1]:.2f}x"

@@ -95,7 +95,10 @@ class Run:
     blocks: list[int | None] = field(default_factory=lambda: [None])  # one end-to-end run per block (per K)
     per_k: list[AcceptanceStats] = field(default_factory=list)  # every K's run, the first is `stats`
     outputs: list[list[int]] = field(default_factory=list)  # our speculative outputs, end to end
-    engine_run: EngineStats | None = None
+    per_k_outputs: list[list[list[int]]] = field(default_factory=list)  # each K's (per_k's) speculative outputs
+    engine_run: EngineStats | None = None  # the first K's, served by the engine
+    per_k_engine: dict[int, EngineStats] = field(default_factory=dict)  # K -> vLLM's run of it (--engine-python)
+    batch_times: list[Any] = field(default_factory=list)  # batch_costs.BatchTimes per --concurrency other than 1
     incomplete: str | None = None  # why the run stopped before its levels did (Ctrl-C)
     baseline: ValidationReport | None = None  # --baseline, read before any slow work
     pending: dict[int, list] = field(default_factory=dict)  # prompt index -> chat with turns the target answers
@@ -169,8 +172,11 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
         levels_run=run.run, levels_skipped=run.skipped, checks=run.checks, acceptance=run.stats,
-        engine_run=run.engine_run, per_num_speculative_tokens=[r for r in map(sweep.k_run, run.per_k) if r],
-        recommendation=sweep.recommendations(run.per_k, sweep.device_name(run.device)) if run.per_k else [],
+        engine_run=run.engine_run,
+        per_num_speculative_tokens=[r for r in (sweep.k_run(s, run.per_k_engine.get(len(s.per_position_rates)),
+                                                            run.batch_times) for s in run.per_k) if r],
+        recommendation=sweep.recommendations(run.per_k, sweep.device_name(run.device), run.batch_times)
+        if run.per_k else [],
         environment=_environment(opts, run), options=opts.model_dump(mode="json"), incomplete=run.incomplete,
         duration_s=round(time.perf_counter() - t0, 3),
         passed=run.incomplete is None and not any(c.status == "fail" for c in run.checks))
@@ -453,8 +459,11 @@ def _end_to_end_level(run: Run) -> None:
         run.checks += checks
         run.run.append("end_to_end")
         run.per_k = [run.stats] if run.stats is not None else []
+        run.per_k_outputs = [run.outputs] if run.stats is not None else []
         for block in run.blocks[1:] if run.stats is not None else ():
             _another_k(run, placement, block)
+        if run.stats is not None and set(run.opts.concurrency) - {1}:
+            _batch_costs(run)
         if run.opts.engine_python is not None and run.stats is not None:
             _served_level(run)
         if run.opts.engine == "transformers" and run.stats is not None:
@@ -465,13 +474,44 @@ def _another_k(run: Run, placement: Placement, block: int) -> None:
     """One more end-to-end run at another K: its checks named with their K, its figures beside the first's."""
     k = block - (0 if serving.anchor_proposes(run.ckpt.spec) else 1)
     run.say(f"end to end: num_speculative_tokens {k} (block of {block})")
-    checks, stats, _ = end_to_end(
+    checks, stats, outputs = end_to_end(
         run.ckpt, run.target_dir, Prompts(run.prompt_ids, run.prompt_sets, run.prompt_format),
         run.opts.model_copy(update={"block_size": block}), sampling=run.sampling, placement=placement,
         draft=run.loaded, progress=run.say, quiet=run.quiet)
-    run.checks += [c.model_copy(update={"name": f"{c.name} (K={k})"}) for c in checks]
+    run.checks += _named_k(checks, k)
     if stats is not None:
         run.per_k.append(stats)
+        run.per_k_outputs.append(outputs)
+
+
+def _batch_costs(run: Run) -> None:
+    """--concurrency: the target's verify and target-only steps timed at each batch size other than 1 (batch
+    1 is the decode loop's), for every K run (batch_costs.py); a check says where they cannot be timed."""
+    from dflash_runtime import load_target
+
+    from dflash_convert.validate import batch_costs
+
+    opts = run.opts
+    batches = sorted(set(opts.concurrency) - {1})
+    run.say(f"end to end: step costs at batch {', '.join(map(str, batches))} ({opts.timing_rounds} round(s))")
+    target = load_target(run.target_dir, device=run.device, dtype=run.target_torch_dtype or run.torch_dtype,
+                         attn_implementation=opts.target_backend, device_map=opts.placed_by_device_map,
+                         max_memory=opts.max_memory)
+    why = batch_costs.cannot_batch(target)
+    if why is None:
+        run.batch_times = batch_costs.time_batches(target, run.prompt_ids[0], batches,
+                                                   [len(s.per_position_rates) + 1 for s in run.per_k],
+                                                   opts.timing_rounds)
+    run.checks.append(make_check(
+        "batch_costs", why is None, f"verify and target-only steps timed at batch {', '.join(map(str, batches))}"
+        if why is None else f"--concurrency {','.join(map(str, batches))}: the target's batched steps cannot be "
+        f"timed ({why}); the recommendation is batch 1's only", level="end_to_end", bad="warn"))
+    del target
+
+
+def _named_k(checks: list[Check], k: int) -> list[Check]:
+    """The checks of a K after the first, named with their K (the first K's keep their names)."""
+    return [c.model_copy(update={"name": f"{c.name} (K={k})"}) for c in checks]
 
 
 def _answer_earlier_turns(run: Run) -> None:
@@ -492,9 +532,9 @@ def _answer_earlier_turns(run: Run) -> None:
 
 
 def _served_level(run: Run) -> None:
-    """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py)."""
+    """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py): every K of the run
+    served one after another in one vLLM process, each against the emulation of that K."""
     opts, spec = run.opts, run.ckpt.spec
-    block = run.stats.block_size
     python = served.engine_python(opts.engine_python)
     refused = engine_views.vllm_cannot_serve_here(spec)
     if refused is not None and not _has_cuda():
@@ -502,27 +542,41 @@ def _served_level(run: Run) -> None:
         run.skipped["served"] = refused
         run.say(f"engine: {refused}; the emulation above is the vLLM verdict")
         return
+    mixed = len(set(spec.layer_types)) > 1
     request = served.EngineRequest(
         target=run.target_dir, prompts=run.prompt_ids, max_tokens=opts.max_new_tokens,
         stop_token_ids=list(run.sampling.stop_token_ids), engine_args=opts.engine_args,
         sampling=served.engine_sampling(run.sampling, opts.seed),
         # vLLM's num_speculative_tokens: the proposals of a block (block_size - 1; block_size when the anchor drafts)
-        drafts=[{"draft": str(run.path), "num_speculative_tokens": len(run.stats.per_position_rates),
-                 "mixed_layer_types": len(set(spec.layer_types)) > 1}])
+        drafts=[{"draft": str(run.path), "num_speculative_tokens": len(s.per_position_rates),
+                 "mixed_layer_types": mixed} for s in run.per_k])
     answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
                              kv_cache_gib=opts.engine_kv_cache_gib, say=run.say)
-    checks, run.engine_run = served.served_checks(
-        answer, run.outputs, run.stats.vllm_counting, block=block, engine_args=opts.engine_args, python=python,
-        min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates,
-        sampling=request.sampling, steps=run.stats.vllm_steps,
-        emulated_dtypes=[d for d in (run.dtype_name, run.target_dtype_name) if d])
-    equal = run.engine_run.outputs_equal
+    for i, (stats, outputs, engine_run) in enumerate(zip(run.per_k, run.per_k_outputs, answer["drafts"])):
+        checks, stats_k = _served_k(run, {**answer, "drafts": [engine_run]}, stats, outputs, request, python)
+        k = len(stats.per_position_rates)
+        run.checks += checks if i == 0 else _named_k(checks, k)
+        run.per_k_engine[k] = stats_k
+    run.engine_run = run.per_k_engine[len(run.stats.per_position_rates)]
     fidelity = next((c for c in run.checks if c.name == "engine_fidelity"), None)
     if fidelity is not None:  # the rules applied are one version's; the engine that ran may be another
         fidelity.message += f" (vLLM {run.engine_run.version} ran the pair below)"
-    run.say(f"engine: vLLM {run.engine_run.version}: tau {run.engine_run.counts.acceptance_length:.3f}, "
-            + (f"outputs equal on {equal}/{run.engine_run.prompts} prompts" if equal is not None else "sampled"))
-    run.checks += checks
+
+
+def _served_k(run: Run, answer: dict[str, Any], stats: AcceptanceStats, outputs: list[list[int]],
+              request: served.EngineRequest, python: str) -> tuple[list[Check], EngineStats]:
+    """vLLM's run of one K (`answer` holds that draft's run alone) against the emulation of that K."""
+    opts = run.opts
+    checks, engine_run = served.served_checks(
+        answer, outputs, stats.vllm_counting, block=stats.block_size, engine_args=opts.engine_args, python=python,
+        min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates,
+        sampling=request.sampling, steps=stats.vllm_steps,
+        emulated_dtypes=[d for d in (run.dtype_name, run.target_dtype_name) if d])
+    equal = engine_run.outputs_equal
+    k = "" if len(run.per_k) < 2 else f" at num_speculative_tokens {len(stats.per_position_rates)}"
+    run.say(f"engine: vLLM {engine_run.version}{k}: tau {engine_run.counts.acceptance_length:.3f}, "
+            + (f"outputs equal on {equal}/{engine_run.prompts} prompts" if equal is not None else "sampled"))
+    return checks, engine_run
 
 
 def _transformers_level(run: Run) -> None:

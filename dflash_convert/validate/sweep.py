@@ -9,7 +9,9 @@ from pathlib import Path
 from statistics import median
 
 from dflash_convert.validate import cost
-from dflash_convert.validate.report import AcceptanceStats, KRecommendation, SpeculativeTokensRun
+from dflash_convert.validate.batch_costs import BatchTimes
+from dflash_convert.validate.report import (AcceptanceStats, ConcurrencyCost, EngineStats, KRecommendation,
+                                            SpeculativeTokensRun)
 
 BATCH = 1  # the runtime decodes one sequence at a time: the costs it measures are batch 1's
 
@@ -34,8 +36,34 @@ def _times(stats: AcceptanceStats) -> list[cost.StepTimes]:
     return [cost.StepTimes(*r) for r in stats.round_step_times]
 
 
-def k_run(stats: AcceptanceStats) -> SpeculativeTokensRun | None:
-    """The report row of one K's run; None where no timing round measured a step."""
+def batched(stats: AcceptanceStats, batch: BatchTimes) -> list[cost.StepTimes]:
+    """One K's step times at `batch.batch` sequences per timing round: the target's batched verify (K+1 tokens per
+    sequence) and target-only steps as timed, the draft's as that many of its batch-1 steps (one sequence each)."""
+    k = len(stats.per_position_rates)
+    draft = batch.batch * median(t.draft_s for t in _times(stats)) if stats.round_step_times else 0.0
+    return [cost.StepTimes(draft, v, t) for v, t in zip(batch.verify_s.get(k + 1, []), batch.target_s)]
+
+
+def concurrency_costs(stats: AcceptanceStats, batches: list[BatchTimes]) -> list[ConcurrencyCost]:
+    """The report's costs and expected speedup of one K at each batch timed."""
+    k = len(stats.per_position_rates)
+    out = []
+    for batch in batches:
+        times = batched(stats, batch)
+        if not times:
+            continue
+        e = cost.estimates({k: stats.acceptance_length}, {k: times})[0]
+        out.append(ConcurrencyCost(
+            concurrency=batch.batch, draft_step_s=times[0].draft_s, verify_step_s=median(t.verify_s for t in times),
+            target_step_s=median(t.target_s for t in times), expected_speedup=round(e.speedup, 4),
+            expected_speedup_range=[round(e.low, 4), round(e.high, 4)]))
+    return out
+
+
+def k_run(stats: AcceptanceStats, engine: EngineStats | None = None,
+          batches: list[BatchTimes] | None = None) -> SpeculativeTokensRun | None:
+    """The report row of one K's run, with vLLM's run of that K where it served the draft (`engine`) and its costs
+    at the batches timed (`batches`, --concurrency); None where no timing round measured a step."""
     times = _times(stats)
     if not times:
         return None
@@ -47,13 +75,18 @@ def k_run(stats: AcceptanceStats) -> SpeculativeTokensRun | None:
         measured_speedup=round(stats.speedup, 4), draft_step_s=median(t.draft_s for t in times),
         verify_step_s=median(t.verify_s for t in times), target_step_s=median(t.target_s for t in times),
         expected_speedup=round(estimate.speedup, 4),
-        expected_speedup_range=[round(estimate.low, 4), round(estimate.high, 4)], synthetic=stats.synthetic)
+        expected_speedup_range=[round(estimate.low, 4), round(estimate.high, 4)], synthetic=stats.synthetic,
+        vllm_counting=stats.vllm_counting, engine_run=engine, per_concurrency=concurrency_costs(stats, batches or []))
 
 
-def recommendations(runs: list[AcceptanceStats], device: str) -> list[KRecommendation]:
-    """The best K at each concurrency measured (batch 1: the runtime's), with its spread and runner-up."""
+def recommendations(runs: list[AcceptanceStats], device: str,
+                    batches: list[BatchTimes] | None = None) -> list[KRecommendation]:
+    """The best K at each concurrency measured (batch 1: the runtime's decode loop; others: `batches`), with its
+    spread and runner-up."""
     taus = {len(s.per_position_rates): s.acceptance_length for s in runs}
     costs = {BATCH: {len(s.per_position_rates): _times(s) for s in runs if s.round_step_times}}
+    for batch in batches or []:
+        costs[batch.batch] = {len(s.per_position_rates): batched(s, batch) for s in runs if s.round_step_times}
     out = []
     for r in cost.recommend(taus, costs):
         up = r.runner_up
