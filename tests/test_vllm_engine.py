@@ -590,6 +590,23 @@ def test_greedy_counts_without_vllm_steps():
         "1 decision(s) sat near a tie" in agrees.message, agrees.message
 
 
+def test_totals_without_steps_move_only_as_far_as_the_ties_reach():
+    """No per-step lists (an endpoint's counters): the totals must lie where the emulation's near-ties can take
+    them. Prompt 1 (3 then 1 accepted, clear) is fixed; prompt 2 ties at its second step, after 3 + 1 tokens of
+    16: the other 12 may take 1..12 steps and 0..11 + 3 accepted."""
+    from dflash_convert.validate.served import greedy_agreement, totals_interval
+
+    steps = _decisions([(3, 128, 128), (1, 128, 128)], [(2, 128, 128), (3, 1, 1), (3, 128, 128)])
+    assert totals_interval(steps, 4 * BF16_ULP, 3, 16) == ((3 + 1, 3 + 12), (6 + 0, 6 + 11 + 3))
+    inside = _emulated([90, 80, 70]).model_copy(update={"num_drafts": 8, "accepted": 15})
+    outside = inside.model_copy(update={"num_drafts": 20})
+    ok, detail, tolerance = greedy_agreement({"steps": None}, inside, _emulated([1, 1, 1]), steps, ["bfloat16"], 16)
+    assert ok is True and "4..15 verify steps and 6..20 accepted tokens: they are" in detail, detail
+    assert tolerance["steps"] == [4, 15] and tolerance["accepted"] == [6, 20]
+    ok, detail, _ = greedy_agreement({"steps": None}, outside, _emulated([1, 1, 1]), steps, ["bfloat16"], 16)
+    assert ok is False and "20 steps and 15 accepted are not" in detail, detail
+
+
 def test_the_tie_is_judged_in_the_coarser_dtype():
     """Four ulps of the coarser of the engine's and the emulation's dtypes: a float32 emulation of a bfloat16
     engine is judged in bfloat16 ulps, and a float32 pair in float32 ulps (3 bf16 ulps are then no tie)."""

@@ -21,15 +21,17 @@ from dflash_convert.validate.endpoint_run import (as_counts, bodies, latency_fig
                                                   prompts_sha256, read_counters, sampling_report, sampling_sent,
                                                   send_all)
 from dflash_convert.validate.options import Prompt, ValidateOptions
-from dflash_convert.validate.report import AcceptanceCounts, EndpointStats
+from dflash_convert.validate.report import AcceptanceCounts, EndpointStats, StepDecisions
 
 LEVEL = "end_to_end"
 
 
 def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt]], *, say: Callable[[str], None],
-                   offline: AcceptanceCounts | None = None) -> tuple[list[Check], EndpointStats]:
+                   offline: AcceptanceCounts | None = None, offline_steps: list[StepDecisions] | None = None
+                   ) -> tuple[list[Check], EndpointStats]:
     """Measure the endpoint on `prompts` ((set name or None, prompt) each); raises EndpointError (exit 1) when
-    nothing could be measured as this run's own."""
+    nothing could be measured as this run's own. `offline`: the emulation's figures counted as vLLM counts, and
+    `offline_steps` its verify decisions (greedy), for endpoint_acceptance_agrees."""
     deadline = Deadline(opts.endpoint_timeout)
     endpoint = Endpoint(opts.endpoint, key_variable=opts.endpoint_key_env, deadline=deadline,
                         concurrency=opts.endpoint_concurrency)
@@ -37,14 +39,14 @@ def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt
                          concurrency=opts.endpoint_concurrency, label="--baseline-endpoint")
                 if opts.baseline_endpoint else None)
     try:
-        return _measure(opts, prompts, endpoint, baseline, say, offline)
+        return _measure(opts, prompts, endpoint, baseline, say, offline, offline_steps)
     finally:
         endpoint.close()
         if baseline is not None:
             baseline.close()
 
 
-def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, offline):
+def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, offline, offline_steps=None):
     model, engine = served_model(endpoint, opts.endpoint_model)
     sampling = sampling_sent(opts)
     greedy = sampling.get("temperature") == 0
@@ -75,7 +77,7 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
         prompts_sha256=prompts_sha256(sent), offline=offline)
     say(f"endpoint: tau {stats.counts.acceptance_length:.3f} over {counts.steps} verify steps ({counted}); "
         f"{stats.tokens_per_s:.1f} tokens/s")
-    checks = threshold_checks(stats, opts)
+    checks = threshold_checks(stats, opts, offline_steps=offline_steps)
     if baseline is not None:
         from dflash_convert.validate.endpoint_compare import compare_endpoints
 
@@ -86,7 +88,8 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
     return checks, stats
 
 
-def threshold_checks(stats: EndpointStats, opts: ValidateOptions) -> list[Check]:
+def threshold_checks(stats: EndpointStats, opts: ValidateOptions, *,
+                     offline_steps: list[StepDecisions] | None = None) -> list[Check]:
     """The informational figure, the thresholds asked for and, with the offline emulation, the agreement."""
     c = stats.counts
     sglang = (f"; SGLang's counting (generated tokens / steps) {stats.sglang_acceptance_length:.3f}"
@@ -109,19 +112,58 @@ def threshold_checks(stats: EndpointStats, opts: ValidateOptions) -> list[Check]
                                  "every position of the endpoint's figures meets its threshold", value=got,
                                  threshold=list(opts.min_position_rates), level=LEVEL))
     if stats.offline is not None:
-        checks.append(agreement_check(stats, sampled=(stats.sampling.get("temperature") not in (0, 0.0))))
+        checks.append(agreement_check(stats, sampled=(stats.sampling.get("temperature") not in (0, 0.0)),
+                                      steps=offline_steps, max_new_tokens=opts.max_new_tokens))
     return checks
 
 
-def agreement_check(stats: EndpointStats, *, sampled: bool) -> Check:
-    """endpoint_acceptance_agrees: the served figures against the offline emulation of the engine."""
-    from dflash_convert.validate.served import agreement
+def agreement_check(stats: EndpointStats, *, sampled: bool, steps: list[StepDecisions] | None = None,
+                    max_new_tokens: int | None = None) -> Check:
+    """endpoint_acceptance_agrees: the served figures against the offline emulation of the engine. Sampled: within
+    the interval from the counts. Greedy: the engine check's rule (served.greedy_agreement) without the server's
+    per-step lists: where no offline decision sat near a tie the totals must be equal; otherwise no verdict (a
+    warning), as other kernels may break those ties otherwise."""
+    from dflash_convert.validate.served import greedy_agreement, sampled_agreement
 
     c, e = stats.counts, stats.offline
-    agrees, detail, _ = agreement(c, e, sampled)
-    return make_check("endpoint_acceptance_agrees", agrees,
+    if sampled:
+        agrees, detail, _ = sampled_agreement(c, e)
+    elif steps is not None and len(steps) == len(stats.per_request) and \
+            all(r.steps is not None and r.accepted is not None for r in stats.per_request):
+        agrees, detail = per_prompt_agreement(stats.per_request, steps)
+    else:
+        agrees, detail, _ = greedy_agreement({"steps": None}, c, e, steps, ["bfloat16"], max_new_tokens)
+    return make_check("endpoint_acceptance_agrees", bool(agrees),
                       f"endpoint: {c.num_drafts} verify steps, tau {c.acceptance_length:.3f}; the offline emulation "
                       f"counted as vLLM counts: {e.num_drafts} steps, tau {e.acceptance_length:.3f}; {detail}"
-                      + ("" if agrees else ": the deployment does not serve the draft as it runs offline"),
-                      value=c.acceptance_length, threshold=e.acceptance_length, level=LEVEL)
+                      + (": the deployment does not serve the draft as it runs offline" if agrees is False else ""),
+                      value=c.acceptance_length, threshold=e.acceptance_length, level=LEVEL,
+                      bad="warn" if agrees is None else "fail")
+
+
+def per_prompt_agreement(served: list, steps: list[StepDecisions]) -> tuple[bool | None, str]:
+    """Greedy, with the server's per-request statistics: each prompt whose offline decisions all sat clear of a
+    tie (served.acceptance_tie, in bfloat16: the coarsest a deployment serves in) must have been served in as many
+    verify steps with as many accepted tokens; a prompt with a near-tie is not compared (other kernels may break
+    it otherwise, and every later step follows). None: no prompt could be compared."""
+    from dflash_convert.validate.served import ACCEPTANCE_TIE_ULPS, acceptance_tie
+
+    gap, dtype = acceptance_tie(["bfloat16"])
+    compared, tied = 0, []
+    for i, (request, ours) in enumerate(zip(served, steps), 1):
+        if any(m is not None and m <= gap for m in ours.margin + ours.next_margin):
+            tied.append(i)
+            continue
+        want = (len(ours.accepted), sum(ours.accepted))
+        if (request.steps, request.accepted) != want:
+            return False, (f"prompt {i}: served in {request.steps} verify steps with {request.accepted} accepted, "
+                           f"offline {want[0]} with {want[1]}, with no decision within {ACCEPTANCE_TIE_ULPS} {dtype} "
+                           "ulps of another outcome")
+        compared += 1
+    rule = (f"each prompt whose offline decisions all sat more than {ACCEPTANCE_TIE_ULPS} {dtype} ulps from another "
+            "outcome, by its steps and accepted tokens")
+    skipped = f"; {len(tied)} prompt(s) with a near-tie not compared ({', '.join(map(str, tied[:6]))})" if tied else ""
+    if not compared:
+        return None, f"no prompt could be compared: each has a near-tie{skipped} ({rule})"
+    return True, f"equal on the {compared} prompt(s) compared{skipped} ({rule})"
 

@@ -227,7 +227,9 @@ def _endpoint_level(run: Run, report: ValidationReport) -> None:
     from dflash_convert.validate.endpoint_level import endpoint_level
 
     offline = run.stats.vllm_counting if run.stats is not None else None
-    checks, report.endpoint = endpoint_level(run.opts, _endpoint_prompts(run.opts), say=run.say, offline=offline)
+    steps = run.stats.vllm_steps if run.stats is not None else None
+    checks, report.endpoint = endpoint_level(run.opts, _endpoint_prompts(run.opts), say=run.say, offline=offline,
+                                             offline_steps=steps)
     report.checks += checks
     report.passed = not any(c.status == "fail" for c in report.checks)
 

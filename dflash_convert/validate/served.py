@@ -284,21 +284,59 @@ def compare_steps(engine_steps: list[list[int] | None], emulated: list[StepDecis
     return out
 
 
+def totals_interval(steps: list[StepDecisions], gap: float, proposals: int, max_new_tokens: int
+                    ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((least, most) verify steps, (least, most) accepted tokens) another engine's totals can have, from the
+    emulation's steps: equal up to each prompt's first decision within `gap` of another outcome; after it, any
+    decoding of what is left of the prompt's `max_new_tokens` (each step commits 1 to proposals + 1 tokens, and
+    counts at most `proposals` acceptances past the end)."""
+    steps_lo = steps_hi = acc_lo = acc_hi = 0
+    for ours in steps:
+        n, stop = len(ours.accepted), len(ours.accepted)
+        for s in range(n):
+            if _near(ours.margin[s], gap):
+                stop = s
+                break
+            if _near(ours.next_margin[s], gap):
+                stop = s + 1
+                break
+        fixed_steps, fixed_acc = stop, sum(ours.accepted[:stop])
+        left = max_new_tokens - fixed_acc - fixed_steps - 1  # tokens after the fixed steps (the first came at prefill)
+        steps_lo, steps_hi = steps_lo + fixed_steps, steps_hi + fixed_steps
+        acc_lo, acc_hi = acc_lo + fixed_acc, acc_hi + fixed_acc
+        if stop < n and left > 0:
+            steps_lo, steps_hi = steps_lo + 1, steps_hi + left
+            acc_hi += left - 1 + proposals
+    return (steps_lo, steps_hi), (acc_lo, acc_hi)
+
+
 def greedy_agreement(run: dict[str, Any], counts: AcceptanceCounts, emulated: AcceptanceCounts,
-                     steps: list[StepDecisions] | None, dtypes: list[str]) -> tuple[bool | None, str, dict]:
+                     steps: list[StepDecisions] | None, dtypes: list[str], max_new_tokens: int | None = None
+                     ) -> tuple[bool | None, str, dict]:
     """Whether a greedy run's counts agree with the emulation's, step by step where they are defined
-    (compare_steps). None (a warning, no verdict) where nothing could be compared."""
+    (compare_steps); without the engine's steps, its totals within what the emulation's near-ties let them move
+    (totals_interval, given `max_new_tokens`). None (a warning, no verdict) where nothing could be compared."""
     gap, dtype = acceptance_tie(dtypes)
     rule = (f"each prompt step by step up to its first decision within {ACCEPTANCE_TIE_ULPS} {dtype} ulps of another "
             "outcome, where other kernels may decide otherwise")
     tolerance = {"mode": "greedy", "tie_ulps": ACCEPTANCE_TIE_ULPS, "dtype": dtype}
     engine_steps = run.get("steps")
     if steps is None or engine_steps is None:
-        ties = 0 if steps is None else sum(_near(m, gap) for p in steps for m in p.margin)
+        ties = 0 if steps is None else sum(_near(m, gap) or _near(n, gap) for p in steps
+                                           for m, n in zip(p.margin, p.next_margin))
         if steps is not None and not ties:  # nothing near a tie: the totals are defined and must be equal
             same = counts == emulated
             return same, ("no decision sat near a tie, so the counts must be equal: "
                           + ("they are" if same else "they differ")), {**tolerance, "compared": "totals"}
+        if steps is not None and max_new_tokens is not None:
+            (s_lo, s_hi), (a_lo, a_hi) = totals_interval(steps, gap, len(emulated.per_position_rates),
+                                                         max_new_tokens)
+            inside = s_lo <= counts.num_drafts <= s_hi and a_lo <= counts.accepted <= a_hi
+            return inside, (f"{ties} decision(s) sat near a tie, after which a prompt may decode otherwise; the "
+                            f"totals can then be {s_lo}..{s_hi} verify steps and {a_lo}..{a_hi} accepted tokens: "
+                            + ("they are" if inside else f"{counts.num_drafts} steps and {counts.accepted} accepted "
+                               "are not")), {**tolerance, "compared": "totals within the ties' reach",
+                                             "steps": [s_lo, s_hi], "accepted": [a_lo, a_hi]}
         why = ("this vLLM lists no per-request verify steps" if engine_steps is None
                else "the emulation recorded no verify decisions")
         return None, (f"cannot be compared exactly: {why}, and {ties or 'some'} decision(s) sat near a tie, where "
