@@ -146,12 +146,12 @@ def per_prompt_agreement(served: list, steps: list[StepDecisions]) -> tuple[bool
     tie (served.acceptance_tie, in bfloat16: the coarsest a deployment serves in) must have been served in as many
     verify steps with as many accepted tokens; a prompt with a near-tie is not compared (other kernels may break
     it otherwise, and every later step follows). None: no prompt could be compared."""
-    from dflash_convert.validate.served import ACCEPTANCE_TIE_ULPS, acceptance_tie
+    from dflash_convert.validate.served import ACCEPTANCE_TIE_ULPS, acceptance_tie, defined_until
 
     gap, dtype = acceptance_tie(["bfloat16"])
     compared, tied = 0, []
     for i, (request, ours) in enumerate(zip(served, steps), 1):
-        if any(m is not None and m <= gap for m in ours.margin + ours.next_margin):
+        if defined_until(ours, gap) is not None:
             tied.append(i)
             continue
         want = (len(ours.accepted), sum(ours.accepted))

@@ -247,64 +247,65 @@ def _near(margin: float | None, gap: float) -> bool:
     return margin is not None and margin <= gap
 
 
+def defined_until(ours: StepDecisions, gap: float) -> int | None:
+    """How many of a prompt's verify steps another engine must count as the emulation did: up to its first
+    decision within `gap` of another outcome (dflash_runtime.ties' units; a tie in the count: that step is not
+    defined; in a committed token: the steps after it are not). None: every step is defined."""
+    for s, (margin, committed) in enumerate(zip(ours.margin, ours.next_margin)):
+        if _near(margin, gap):
+            return s
+        if _near(committed, gap):
+            return s + 1
+    return None
+
+
 def compare_steps(engine_steps: list[list[int] | None], emulated: list[StepDecisions], gap: float,
                   dtype: str) -> StepComparison:
-    """Each prompt step by step, up to its first decision within `gap` of another outcome (dflash_runtime.ties'
-    units; a tie in the count: that step is not compared; in a committed token: the steps after it are not)."""
+    """Each prompt step by step, exactly, over the steps `defined_until` says are defined."""
     out = StepComparison()
     ulp = 2.0 ** -MANTISSA_BITS.get(dtype, MANTISSA_BITS["bfloat16"])
     for i, (vllm, ours) in enumerate(zip(engine_steps, emulated), 1):
-        n = len(ours.accepted)
-        stop, tied = n, False
-        for s in range(n):
-            if _near(ours.margin[s], gap):
-                stop, tied = s, True
-                break
-            if vllm is None or s >= len(vllm) or vllm[s] != ours.accepted[s]:
-                margin = ours.margin[s]
-                out.difference = out.difference or (
-                    f"prompt {i}, verify step {s + 1}: vLLM accepted "
-                    + ("nothing (it ran fewer steps)" if vllm is None or s >= len(vllm) else f"{vllm[s]} proposal(s)")
-                    + f", the emulation {ours.accepted[s]}, at a decision "
-                    + ("with no other token near" if margin is None else
-                       f"{margin / ulp:.0f} {dtype} ulps from another outcome"))
-                break
-            out.compared += 1
-            if _near(ours.next_margin[s], gap):
-                stop, tied = s + 1, True
-                break
-        else:
-            if vllm is not None and len(vllm) != n:
-                out.difference = out.difference or f"prompt {i}: vLLM ran {len(vllm)} verify steps, the emulation {n}"
-            else:
-                out.whole += 1
-        if tied:
+        n, stop = len(ours.accepted), defined_until(ours, gap)
+        served = vllm or []
+        differs = next((s for s in range(n if stop is None else stop)
+                        if s >= len(served) or served[s] != ours.accepted[s]), None)
+        if differs is not None:
+            margin = ours.margin[differs]
+            out.difference = out.difference or (
+                f"prompt {i}, verify step {differs + 1}: vLLM accepted "
+                + ("nothing (it ran fewer steps)" if differs >= len(served) else f"{served[differs]} proposal(s)")
+                + f", the emulation {ours.accepted[differs]}, at a decision "
+                + ("with no other token near" if margin is None else
+                   f"{margin / ulp:.0f} {dtype} ulps from another outcome"))
+            out.compared += differs
+        elif stop is not None:
+            out.compared += stop
             out.stops.append(f"prompt {i} step {stop + 1}")
             out.uncompared += n - stop
+        elif len(served) != n:
+            out.compared += n
+            out.difference = out.difference or f"prompt {i}: vLLM ran {len(served)} verify steps, the emulation {n}"
+        else:
+            out.compared += n
+            out.whole += 1
     return out
 
 
 def totals_interval(steps: list[StepDecisions], gap: float, proposals: int, max_new_tokens: int
                     ) -> tuple[tuple[int, int], tuple[int, int]]:
     """((least, most) verify steps, (least, most) accepted tokens) another engine's totals can have, from the
-    emulation's steps: equal up to each prompt's first decision within `gap` of another outcome; after it, any
-    decoding of what is left of the prompt's `max_new_tokens` (each step commits 1 to proposals + 1 tokens, and
-    counts at most `proposals` acceptances past the end)."""
+    emulation's steps: equal over the steps `defined_until` says are defined; after them, any decoding of what is
+    left of the prompt's `max_new_tokens` (each step commits 1 to proposals + 1 tokens, and counts at most
+    `proposals` acceptances past the end)."""
     steps_lo = steps_hi = acc_lo = acc_hi = 0
     for ours in steps:
-        n, stop = len(ours.accepted), len(ours.accepted)
-        for s in range(n):
-            if _near(ours.margin[s], gap):
-                stop = s
-                break
-            if _near(ours.next_margin[s], gap):
-                stop = s + 1
-                break
-        fixed_steps, fixed_acc = stop, sum(ours.accepted[:stop])
+        stop = defined_until(ours, gap)
+        fixed = ours.accepted if stop is None else ours.accepted[:stop]
+        fixed_steps, fixed_acc = len(fixed), sum(fixed)
         left = max_new_tokens - fixed_acc - fixed_steps - 1  # tokens after the fixed steps (the first came at prefill)
         steps_lo, steps_hi = steps_lo + fixed_steps, steps_hi + fixed_steps
         acc_lo, acc_hi = acc_lo + fixed_acc, acc_hi + fixed_acc
-        if stop < n and left > 0:
+        if stop is not None and stop < len(ours.accepted) and left > 0:
             steps_lo, steps_hi = steps_lo + 1, steps_hi + left
             acc_hi += left - 1 + proposals
     return (steps_lo, steps_hi), (acc_lo, acc_hi)
