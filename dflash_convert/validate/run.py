@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from dflash_convert import __version__
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, engine_views, engines, mapping, serving
+from dflash_convert.format import catalogue, engine_views, engines, kinds, mapping, serving
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
@@ -298,7 +298,7 @@ def _prepare(run: Run) -> None:
         run.ckpt, allow_pickle=opts.allow_pickle,
         # vLLM 0.33's and SGLang 0.5.23's DSpark loaders drop a mask embedding (the mask slots embed the vocab row)
         ignored=rule is not None and rule.mask_embedding == engines.MaskEmbedding.IGNORED
-        or run.ckpt.spec.variant == "dspark")
+        or kinds.of(run.ckpt.spec.variant).drops_mask_embedding)
     run.draft_options["last_layer_post_norm"] = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
     prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
