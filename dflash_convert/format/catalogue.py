@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
 
 from dflash_convert.format import kinds
 from dflash_convert.format.configs import DraftSpec
