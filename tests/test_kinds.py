@@ -19,7 +19,7 @@ from dflash_convert.format import catalogue, keys, kinds
 from dflash_convert.format.kinds.base import ConfigKey, Tensor
 from dflash_convert.format.kinds.dflash import DFlash
 from dflash_runtime import heads, load_draft, load_target, speculative_generate, target_generate
-from factories import assert_bit_identical, read_config, tensors_of
+from factories import assert_bit_identical, assert_hf_round_trip_is_bit_exact, read_config, tensors_of
 from runtime_helpers import assert_decode_alike
 
 PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
@@ -98,7 +98,8 @@ def pair_target():
 
 def test_convert_both_ways_is_bit_exact(dflashx, cli, tmp_path):
     """speculators -> HF -> speculators keeps every tensor (the kind's own included) bit for bit and the config;
-    the HF config names the kind's architecture and keeps its key in dflash_config; diff finds nothing."""
+    the HF config names the kind's architecture and keeps its key in dflash_config; diff finds nothing; and from
+    the HF checkpoint, HF -> speculators -> HF is bit-exact too."""
     src, hf, back = make_dflashx(tmp_path / "src", 0.5), tmp_path / "hf", tmp_path / "back"
     assert cli("convert", src, "-o", hf).code == 0
     r = cli("convert", hf, "-o", back)
@@ -116,6 +117,7 @@ def test_convert_both_ways_is_bit_exact(dflashx, cli, tmp_path):
     record = json.loads((back / "conversion.json").read_text())
     assert not [c for c in record["config_changes"] if "logit_bias_scale" in c["key"]]  # it only moved
     assert cli("diff", src, hf).code == 0 and cli("diff", src, back).code == 0
+    assert_hf_round_trip_is_bit_exact(cli, hf, tmp_path / "from-hf")  # HF -> speculators -> HF as well
 
 
 def test_inspect_knows_the_kind(dflashx, cli, tmp_path):

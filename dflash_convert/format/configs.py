@@ -166,7 +166,9 @@ class SpeculatorsBlock(_Open):
 
 def _kind_fields(where: str, declared: type[BaseModel]) -> dict[str, Any]:
     """The kinds' typed config keys as fields of a config model (`where` they sit: "speculators" at the top level,
-    "hf_top" at the top level of an HF config, "dflash_config" inside it), those `declared` has left out."""
+    "hf_top" at the top level of an HF config, "dflash_config" inside it), those `declared` has left out. The
+    models are built at import: a kind registered later (a plug-in, a test) has its keys carried unchecked by them
+    and judged by its own rules."""
     types = {"size": (int | None, _size(0, MAX_CONV, default=None)), "text": (Text | None, None),
              "bool": (bool | None, None)}
     chosen = {"speculators": lambda k: k.speculators is not None, "hf_top": lambda k: k.hf_top,
