@@ -12,9 +12,9 @@ Bottom layer: imports nothing from dflash_convert (configs reads the kinds, so a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
-import re
 from typing import Any, Callable
 
 DraftSpec = Any  # configs.DraftSpec, which configs builds from the kinds (so not imported here)
