@@ -14,9 +14,9 @@ Names are imported lazily so that `import dflash_runtime` alone does not import 
 from __future__ import annotations
 
 _EXPORTS = {
-    "load_draft": "model", "DFlashDraft": "model",
+    "load_draft": "draft_load", "DFlashDraft": "draft",
     "BACKENDS": "attention", "select_backend": "attention",
-    "load_target": "target", "Target": "target", "check_pair": "target", "check_target": "target",
+    "load_target": "target_load", "Target": "target", "check_pair": "target", "check_target": "target",
     "speculative_generate": "decode", "target_generate": "decode", "Generation": "decode",
     "DecodeStats": "metrics", "Penalties": "sampling", "Sampling": "sampling",
     "resolve_device": "device", "resolve_dtype": "device",

@@ -32,6 +32,7 @@ change. Every emitted token is then a sample of the target's filtered distributi
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +41,7 @@ from dflash_convert.errors import UsageError
 
 from . import DRAFT_SAMPLING
 from .metrics import DecodeStats
-from .model import DFlashDraft, warn_block_size
+from .draft import DFlashDraft
 from .sampling import GREEDY, Sampling, filtered_probs, penalize, pick
 from .target import Target, check_pair
 from .ties import Decision, decision
@@ -221,16 +222,23 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
     same; acceptances past max_new_tokens are counted). `record_decisions` (greedy): how near each verify step
     sat to a tie, in `Generation.decisions` (ties.py), for comparing counts with another engine."""
     check_pair(draft, target)
-    block_size = draft.block_size if block_size is None else block_size
+    block_size = draft.run_block(block_size)
     if block_size < 2:
         raise UsageError(f"block_size must be at least 2 (anchor + one draft slot), got {block_size}")
-    warn_block_size(draft, block_size)
+    _warn_block_size(draft, block_size)
     if draft_window is not None and draft_window < 1:
         raise UsageError(f"draft_window must be at least 1, got {draft_window}")
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
                    sampling=sampling, draft_window=draft_window, draft_sampling=draft_sampling,
                    full_last_block=full_last_block, record_decisions=record_decisions)
+
+
+def _warn_block_size(draft: DFlashDraft, block_size: int) -> None:
+    if block_size != draft.block_size:
+        warnings.warn(f"run-time block size {block_size} differs from the draft's trained block size "
+                      f"{draft.block_size}; acceptance may differ from a deployment at the trained size",
+                      stacklevel=3)
 
 
 def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, sampling: Sampling = GREEDY
