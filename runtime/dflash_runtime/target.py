@@ -42,7 +42,8 @@ def decoder_part(model, name: str) -> torch.nn.Module:
     return part
 
 
-def target_verify(target: "Target", ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def target_verify(target: "Target", ids: torch.Tensor, positions: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ids [1, n] at positions [1, n] through the model into its cache -> (float32 logits [n, V],
     features [n, A*Ht] or None). A plain function so that torch.compile captures hooks and all."""
     # Our own 4D mask over the whole static cache (query at p sees rows <= p): transformers' mask
