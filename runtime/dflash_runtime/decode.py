@@ -106,10 +106,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     """The one loop; `draft=None` (block size 1) is target-only decoding. `sampling.penalties` (vLLM's repetition,
     presence, frequency) apply to the target's logits in every role, counted as sampling.py says.
     `record_decisions` (greedy, with a draft): each verify step's Decision (ties.py) in the Generation."""
-    if max_new_tokens < 1:
-        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if draft_sampling not in DRAFT_SAMPLING:
-        raise UsageError(f"draft sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
+    _check_request(max_new_tokens, draft_sampling)
     temperature, penalties = sampling.temperature, sampling.penalties
     device = target.device
     stop = set(sampling.stop_token_ids)
@@ -127,14 +124,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     draft_time = verify_time = 0.0
 
     t0 = _now(device)
-    logits, features = target.forward(prompt, 0, last_logits_only=True)
-    generator = sampling.generator(logits.device)  # sampling happens where the logits are
-    first = penalize(logits[-1:], penalties, prompt, prompt[:0], 0)  # [1, V]: nothing generated yet
-    anchor = int(pick(first, sampling, generator)[0])
-    tokens = [anchor]
-    start = prompt.numel()
-    if draft is not None:
-        _add_context(draft, features, 0, draft_window)
+    anchor, generator = _prefill(target, draft, prompt, sampling, draft_window)
+    tokens, start = [anchor], prompt.numel()
     prefill_time = _now(device) - t0
 
     while len(tokens) < max_new_tokens and anchor not in stop:
@@ -182,6 +173,26 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
                                    verify_time_s=verify_time, total_time_s=total, drafted=drafted,
                                    survival_per_step=survival_per_step)
     return Generation(tokens=tokens, stats=stats, decisions=decisions, accepted_per_step=accepted_per_step)
+
+
+def _check_request(max_new_tokens: int, draft_sampling: str) -> None:
+    if max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise UsageError(f"draft sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
+
+
+def _prefill(target: Target, draft: DFlashDraft | None, prompt: torch.Tensor, sampling: Sampling,
+             draft_window: int | None) -> tuple[int, torch.Generator | None]:
+    """The prompt through the target (its features into the draft's context) -> (the first token, the run's
+    generator, made where the target's logits are: sampling happens there)."""
+    logits, features = target.forward(prompt, 0, last_logits_only=True)
+    generator = sampling.generator(logits.device)
+    first = penalize(logits[-1:], sampling.penalties, prompt, prompt[:0], 0)  # [1, V]: nothing generated yet
+    anchor = int(pick(first, sampling, generator)[0])
+    if draft is not None:
+        _add_context(draft, features, 0, draft_window)
+    return anchor, generator
 
 
 def _propose(draft: DFlashDraft, target: Target, anchor: int, start: int, size: int, draft_window: int | None,
