@@ -67,16 +67,7 @@ class DFlashDraft:
         self.fc = tensors[name("fc")]  # [H, A*Ht]
         self.hidden_norm = tensors[name("hidden_norm")]  # [H]
         self.norm = tensors[name("norm")]  # [H]
-        self.layers: list[DraftLayer] = []
-        for i in range(spec.num_layers):
-            sliding = spec.layer_types[i] == "sliding_attention"
-            self.layers.append(DraftLayer(  # biases are None unless the config has attention_bias
-                **{key: tensors[name(key, i)] if catalogue.BY_KEY[key].needed(spec) else None
-                   for key in catalogue.LAYER_KEYS},
-                causal=self.layer_causal[i],
-                sliding_window=spec.sliding_window if sliding else None,
-                index=i,
-            ))
+        self.layers = _layers(spec, tensors, self.layer_causal)
         # Pruned vocab: own lm_head [Vd, H] and the draft -> target id map built from d2t.
         self.lm_head = tensors.get(name("lm_head")) if spec.is_pruned_vocab else None
         self.draft_to_target = None
@@ -262,3 +253,19 @@ class DFlashDraft:
                 return tuple(t.clone() for t in outputs)
             return outputs
         return draft_step(self, ids, start, first, first, start + block_size, embed, lm_head)
+
+
+def _layers(spec: DraftSpec, tensors: dict[str, torch.Tensor], layer_causal: list[bool]) -> list[DraftLayer]:
+    """Each decoder layer's weights (by catalogue key) and attention mode."""
+    name = catalogue.name
+    layers = []
+    for i in range(spec.num_layers):
+        sliding = spec.layer_types[i] == "sliding_attention"
+        layers.append(DraftLayer(  # biases are None unless the config has attention_bias
+            **{key: tensors[name(key, i)] if catalogue.BY_KEY[key].needed(spec) else None
+               for key in catalogue.LAYER_KEYS},
+            causal=layer_causal[i],
+            sliding_window=spec.sliding_window if sliding else None,
+            index=i,
+        ))
+    return layers
