@@ -36,7 +36,7 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
     import torch
 
     from dflash_runtime.attention import BACKENDS, select_backend
-    from dflash_runtime.model import load_draft, resolve_layer_causal
+    from dflash_runtime.draft_load import load_draft, resolve_layer_causal
 
     spec = ckpt.spec
     dtype_name = str(dtype).removeprefix("torch.")
