@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
-from dflash_convert.validate.checks import Check, make_check
+from dflash_convert.validate.static import Check, make_check
 
 # Relative tolerance (max |a - b| / max |eager|) for backends vs eager, per dtype name.
 # bfloat16 keeps 8 significant bits (eps 2**-8): backends that sum in another order differ by several

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 from dflash_runtime import DRAFT_SAMPLING
 
 from dflash_convert.chart import bar, svg_chart, text_chart
-from dflash_convert.validate.checks import Check, Level, Status
+from dflash_convert.validate.static import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
 
 

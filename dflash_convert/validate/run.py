@@ -1,7 +1,7 @@
 """`validate`: static, numeric and end-to-end checks of a draft, as many levels as the inputs allow.
 
-- static: `checks.checkpoint_checks` (headers, config, small int tensors) and, with a target config,
-  `checks.target_checks` (shapes on the meta device: no weights read).
+- static: `static.checkpoint_checks` (headers, config, small int tensors) and, with a target config,
+  `static.target_checks` (shapes on the meta device: no weights read).
 - numeric (draft only): the draft runs on synthetic context features with every attention backend
   that serves it on the device (or the one asked for): outputs finite, backends agree with `eager`
   within the dtype's tolerance, each layer causal or not as declared (perturb the last block slot:
@@ -37,13 +37,13 @@ from dflash_convert.format import catalogue, engine_views, engines, mapping, ser
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
-from dflash_convert.validate.checks import (Check, make_check, checkpoint_checks, duplicate_tensors_check, scan_checks,
+from dflash_convert.validate.static import (Check, make_check, checkpoint_checks, duplicate_tensors_check, scan_checks,
                                             target_checks, verifier_against)
 from dflash_convert.validate.end_to_end import Placement, Prompts, end_to_end, machine_load, usable_cores
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
-from dflash_convert.validate import served, sweep
-from dflash_convert.validate.histogram import request_histogram
+from dflash_convert.validate import sweep
+from dflash_convert.validate.engine import served
 from dflash_convert.validate.turns import answer_turns
 from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
@@ -166,8 +166,6 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
                                      f"run ({run.skipped['end_to_end']})", level="end_to_end"))
     if run.stats is not None:
         run.stats.prompt_ids_sha256 = prompt_ids_sha256(run.prompt_ids)
-        run.stats.per_request_histogram = request_histogram([p.acceptance_length for p in run.stats.per_prompt],
-                                                            run.stats.block_size)
     report = ValidationReport(
         tool_version=__version__, checkpoint=str(checkpoint_path), checkpoint_format=ckpt.format,
         checkpoint_revision=opts.checkpoint_revision, target=_target_name(opts), target_revision=opts.target_revision,
@@ -212,7 +210,7 @@ def _endpoint_prompts(opts: ValidateOptions) -> list[tuple[str | None, Any]]:
 def _endpoint_engine(opts: ValidateOptions) -> ValidateOptions:
     """The options with --engine set to the engine the endpoint is (its /v1/models says), so that the offline
     levels emulate it and count as it counts; unchanged for a server that does not say."""
-    from dflash_convert.validate.endpoint import Deadline, Endpoint, served_model
+    from dflash_convert.validate.endpoint.client import Deadline, Endpoint, served_model
 
     endpoint = Endpoint(opts.endpoint, key_variable=opts.endpoint_key_env, deadline=Deadline(opts.endpoint_timeout))
     try:
@@ -224,7 +222,7 @@ def _endpoint_engine(opts: ValidateOptions) -> ValidateOptions:
 
 def _endpoint_level(run: Run, report: ValidationReport) -> None:
     """--endpoint with a checkpoint: the live server measured, beside the offline emulation where it ran."""
-    from dflash_convert.validate.endpoint_level import endpoint_level
+    from dflash_convert.validate.endpoint.level import endpoint_level
 
     offline = run.stats.vllm_counting if run.stats is not None else None
     steps = run.stats.vllm_steps if run.stats is not None else None
@@ -237,7 +235,7 @@ def _endpoint_level(run: Run, report: ValidationReport) -> None:
 def _endpoint_only(opts: ValidateOptions, say: Callable[[str], None], t0: float) -> ValidationReport:
     """--endpoint without a checkpoint: the served figures only, no verdict on the draft's fidelity."""
     from dflash_convert.errors import UsageError
-    from dflash_convert.validate.endpoint_level import endpoint_level
+    from dflash_convert.validate.endpoint.level import endpoint_level
 
     if opts.endpoint is None:
         raise UsageError("give a CHECKPOINT, or --endpoint URL to measure a live server")
@@ -534,7 +532,7 @@ def _answer_earlier_turns(run: Run) -> None:
 
 
 def _served_level(run: Run) -> None:
-    """The pair in real vLLM, checked against the emulation counted as vLLM counts (served.py): every K of the run
+    """The pair in real vLLM, checked against the emulation counted as vLLM counts (engine/served.py): every K of the run
     served one after another in one vLLM process, each against the emulation of that K."""
     opts, spec = run.opts, run.ckpt.spec
     python = served.engine_python(opts.engine_python)
@@ -584,7 +582,7 @@ def _served_k(run: Run, answer: dict[str, Any], stats: AcceptanceStats, outputs:
 def _transformers_level(run: Run) -> None:
     """The pair in transformers' own generate(speculation_type="dflash"), in-process, against our decode loop run
     with transformers' semantics (transformers_engine.py): greedy, step for step."""
-    from dflash_convert.validate import transformers_engine
+    from dflash_convert.validate.engine import transformers_engine
 
     from dflash_runtime import load_draft, load_target
 
