@@ -63,13 +63,14 @@ class Placement:
     last_layer_post_norm: bool = False
 
 
-def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: ValidateOptions, *,
+def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: ValidateOptions, *, block: int,
                sampling: SamplingUsed, placement: Placement, draft=None,
                progress: Callable[[str], None] | None = None, quiet: bool = False
                ) -> tuple[list[Check], AcceptanceStats | None, list[list[int]]]:
     """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompts` against the
-    target at `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft
-    when it ran. Each prompt is also decoded with full last blocks, for the figures as vLLM counts them."""
+    target at `target_dir` with `sampling` (its stop ids included), `block` slots a step (the K run: validate
+    resolves it); `draft` is the numeric level's loaded draft when it ran. Each prompt is also decoded with full
+    last blocks, for the figures as vLLM counts them."""
     say = progress or (lambda message: None)
     prompt_ids = prompts.ids
     target = _load_target(target_dir, opts, placement, say=say, quiet=quiet)
@@ -83,7 +84,6 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
         return [make_check("pair_compatible", False, str(exc), level="end_to_end")], None, []
     checks = [make_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
-    block = opts.block_size or draft.block_size
     slots = draft.proposals(block)  # proposals per block: block - 1, or block when the anchor's slot predicts (dspark)
     decode = Decode(draft, target, opts, decoding, block)
     base_n = min(BASELINE_PROMPTS, len(prompt_ids))
