@@ -45,7 +45,7 @@ from dflash_convert.validate.end_to_end import Placement, end_to_end, machine_lo
 from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
 from dflash_convert.validate import sweep
-from dflash_convert.validate.engine import served
+from dflash_convert.validate.engine.level import transformers_level, vllm_level
 from dflash_convert.validate.baseline import load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prepare import Prepared, answer_earlier_turns, prepare, target_name
@@ -62,16 +62,16 @@ class Resources:
     torch's), and the CPU threads."""
 
     device: str
-    dtype_name: str
-    torch_dtype: Any = None
+    draft_dtype_name: str
+    draft_dtype: Any = None
     target_dtype_name: str | None = None
-    target_torch_dtype: Any = None
+    target_dtype: Any = None
     threads: int | None = None
 
     @property
-    def target_dtype(self) -> Any:
-        """The target's torch dtype, else the draft's."""
-        return self.target_torch_dtype or self.torch_dtype
+    def target_load_dtype(self) -> Any:
+        """The torch dtype the target loads in: its own, else the draft's."""
+        return self.target_dtype or self.draft_dtype
 
 
 @dataclass
@@ -146,7 +146,7 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
             options=opts.model_dump(mode="json"), duration_s=round(time.perf_counter() - t0, 3), passed=False)
     ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle)
     prep = Prepared(checkpoint_path, opts, progress or (lambda message: None), progress is None, ckpt, ckpt)
-    found = Found(list(opts.levels), Resources(device=opts.device, dtype_name=opts.dtype))
+    found = Found(list(opts.levels), Resources(device=opts.device, draft_dtype_name=opts.dtype))
     try:
         _run_levels(prep, found, duplicates)
     except KeyboardInterrupt as exc:  # Ctrl-C: the report of what was measured, marked incomplete
@@ -318,13 +318,13 @@ def _resources(prep: Prepared, found: Found) -> Iterator[None]:
     opts, res = prep.opts, found.resources
     dev = resolve_device(opts.device)
     res.device = str(dev)
-    res.torch_dtype = resolve_dtype(opts.dtype if opts.dtype != "auto" else
+    res.draft_dtype = resolve_dtype(opts.dtype if opts.dtype != "auto" else
                                     _own_dtype({"dtype": prep.ckpt.spec.dtype}, prep.ckpt.tensors))
-    res.dtype_name = str(res.torch_dtype).removeprefix("torch.")
+    res.draft_dtype_name = str(res.draft_dtype).removeprefix("torch.")
     if _end_to_end_runs(prep, found):
-        res.target_torch_dtype = resolve_dtype(opts.dtype if opts.dtype != "auto" else _own_dtype(
+        res.target_dtype = resolve_dtype(opts.dtype if opts.dtype != "auto" else _own_dtype(
             read_json(prep.target.config), memory.weight_headers(prep.target.dir)))
-        res.target_dtype_name = str(res.target_torch_dtype).removeprefix("torch.")
+        res.target_dtype_name = str(res.target_dtype).removeprefix("torch.")
     plan = _memory_plan(prep, found)
     if not plan.fits:
         raise DFlashError(plan.refusal())
@@ -349,7 +349,7 @@ def _memory_plan(prep: Prepared, found: Found) -> memory.MemoryPlan:
     ids = prep.prompts.ids if prep.prompts is not None else None
     sequence = (max(map(len, ids)) if ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
     sequence += opts.max_new_tokens if prep.chats else 0  # an earlier turn's answer joins the prompt
-    return memory.plan(draft_tensors, res.dtype_name, device=res.device,
+    return memory.plan(draft_tensors, res.draft_dtype_name, device=res.device,
                        target_dir=prep.target.dir if e2e else None, target_dtype=res.target_dtype_name,
                        draft_layers=spec.num_layers, draft_kv_width=spec.num_kv_heads * spec.head_dim,
                        sequence=sequence, block=block, device_map=opts.placed_by_device_map if e2e else None,
@@ -361,7 +361,7 @@ def _numeric_level(prep: Prepared, found: Found) -> None:
     found.checks += scan_checks(prep.ckpt)
     opts, res = prep.opts, found.resources
     numeric, found.backends, found.loaded_draft = numeric_checks(
-        prep.ckpt, device=res.device, dtype=res.torch_dtype, backend=opts.backend, causal=opts.causal,
+        prep.ckpt, device=res.device, dtype=res.draft_dtype, backend=opts.backend, causal=opts.causal,
         block_size=prep.block, seed=opts.seed, progress=prep.say, draft_options=prep.draft_options)
     found.draft_backend = found.loaded_draft.backend if found.loaded_draft is not None else None
     found.checks += numeric
@@ -380,8 +380,8 @@ def _end_to_end_level(prep: Prepared, found: Found) -> None:
     else:
         res = found.resources
         if prep.chats:
-            answer_earlier_turns(prep, device=res.device, dtype=res.target_dtype)
-        placement = Placement(device=res.device, dtype=res.torch_dtype, target_dtype=res.target_torch_dtype,
+            answer_earlier_turns(prep, device=res.device, dtype=res.target_load_dtype)
+        placement = Placement(device=res.device, dtype=res.draft_dtype, target_dtype=res.target_dtype,
                               draft_options=prep.draft_options, last_layer_post_norm=prep.last_layer_post_norm)
         checks, stats, outputs = end_to_end(
             prep.ckpt, prep.target.dir, prep.prompts, prep.opts, block=prep.block, sampling=prep.sampling,
@@ -393,10 +393,8 @@ def _end_to_end_level(prep: Prepared, found: Found) -> None:
             _another_k(prep, found, placement, block)
         if found.per_k and set(prep.opts.concurrency) - {1}:
             _batch_costs(prep, found)
-        if prep.opts.engine_python is not None and found.per_k:
-            _served_level(prep, found)
-        if prep.opts.engine == "transformers" and found.per_k:
-            _transformers_level(prep, found)
+        if found.per_k and (prep.opts.engine_python is not None or prep.opts.engine == "transformers"):
+            _engine_level(prep, found)
 
 
 def _another_k(prep: Prepared, found: Found, placement: Placement, block: int) -> None:
@@ -421,7 +419,7 @@ def _batch_costs(prep: Prepared, found: Found) -> None:
     opts = prep.opts
     batches = sorted(set(opts.concurrency) - {1})
     prep.say(f"end to end: step costs at batch {', '.join(map(str, batches))} ({opts.timing_rounds} round(s))")
-    target = load_target(prep.target.dir, device=found.resources.device, dtype=found.resources.target_dtype,
+    target = load_target(prep.target.dir, device=found.resources.device, dtype=found.resources.target_load_dtype,
                          attn_implementation=opts.target_backend, device_map=opts.placed_by_device_map,
                          max_memory=opts.max_memory)
     why = batch_costs.cannot_batch(target)
@@ -441,88 +439,29 @@ def _named_k(checks: list[Check], k: int) -> list[Check]:
     return [c.model_copy(update={"name": f"{c.name} (K={k})"}) for c in checks]
 
 
-def _served_level(prep: Prepared, found: Found) -> None:
-    """The pair in real vLLM, checked against the emulation counted as vLLM counts (engine/served.py): every K of
-    the run served one after another in one vLLM process, each against the emulation of that K."""
-    opts, spec = prep.opts, prep.ckpt.spec
-    python = served.engine_python(opts.engine_python)
-    refused = engine_views.vllm_cannot_serve_here(spec)
-    if refused is not None and not _has_cuda():
-        # no GPU here, so vLLM runs its CPU build (V1 model runner only): say why, keep the emulation's verdict
-        found.skipped["served"] = refused
-        prep.say(f"engine: {refused}; the emulation above is the vLLM verdict")
-        return
-    mixed = len(set(spec.layer_types)) > 1
-    request = served.EngineRequest(
-        target=prep.target.dir, prompts=prep.prompts.ids, max_tokens=opts.max_new_tokens,
-        stop_token_ids=list(prep.sampling.stop_token_ids), engine_args=opts.engine_args,
-        sampling=served.engine_sampling(prep.sampling, opts.seed),
-        # vLLM's num_speculative_tokens: the proposals of a block (block_size - 1; block_size when the anchor drafts)
-        drafts=[{"draft": str(prep.path), "num_speculative_tokens": len(kr.stats.per_position_rates),
-                 "mixed_layer_types": mixed} for kr in found.per_k])
-    answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
-                             kv_cache_gib=opts.engine_kv_cache_gib, say=prep.say)
-    for i, (kr, engine_run) in enumerate(zip(found.per_k, answer["drafts"])):
-        checks, kr.served = _served_k(prep, found, {**answer, "drafts": [engine_run]}, kr, request, python)
-        found.checks += checks if i == 0 else _named_k(checks, len(kr.stats.per_position_rates))
-    found.engine_run = found.per_k[0].served
-    fidelity = next((c for c in found.checks if c.name == "engine_fidelity"), None)
-    if fidelity is not None:  # the rules applied are one version's; the engine that ran may be another
-        fidelity.message += f" (vLLM {found.engine_run.version} ran the pair below)"
-
-
-def _served_k(prep: Prepared, found: Found, answer: dict[str, Any], kr: KRun, request: served.EngineRequest,
-              python: str) -> tuple[list[Check], EngineStats]:
-    """vLLM's run of one K (`answer` holds that draft's run alone) against the emulation of that K."""
-    opts, stats, res = prep.opts, kr.stats, found.resources
-    checks, engine_run = served.served_checks(
-        answer, kr.outputs, stats.vllm_counting, block=stats.block_size, engine_args=opts.engine_args,
-        python=python, min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates,
-        sampling=request.sampling, steps=stats.vllm_steps,
-        emulated_dtypes=[d for d in (res.dtype_name, res.target_dtype_name) if d])
-    equal = engine_run.outputs_equal
-    k = "" if len(found.per_k) < 2 else f" at num_speculative_tokens {len(stats.per_position_rates)}"
-    prep.say(f"engine: vLLM {engine_run.version}{k}: tau {engine_run.counts.acceptance_length:.3f}, "
-             + (f"outputs equal on {equal}/{engine_run.prompts} prompts" if equal is not None else "sampled"))
-    return checks, engine_run
-
-
-def _transformers_level(prep: Prepared, found: Found) -> None:
-    """The pair in transformers' own generate(speculation_type="dflash"), in-process, against our decode loop run
-    with transformers' semantics (engine/transformers_engine.py): greedy, step for step."""
-    from dflash_convert.validate.engine import transformers_engine
-
-    from dflash_runtime import load_draft, load_target
-
-    opts, spec, res = prep.opts, prep.given.spec, found.resources
-    why = None
-    if spec.source_format != "transformers":
-        why = "transformers reads only its own layout: convert --to transformers (--non-causal), then validate that"
-    elif prep.sampling.temperature > 0:
-        why = "sampled: transformers draws from a random stream of its own; it is compared greedy only"
-    else:
-        why = transformers_engine.cannot_compare(spec, prep.prompts.ids, opts.max_new_tokens)
-    if why is not None:
-        found.skipped["served"] = why
-        prep.say(f"engine: transformers not run: {why}")
-        return
-    dtype = res.torch_dtype
-    draft = (found.loaded_draft if found.loaded_draft is not None
-             else load_draft(prep.ckpt, dtype=dtype, **prep.draft_options))
-    target = load_target(prep.target.dir, dtype=res.target_dtype)
-    checks, found.engine_run = transformers_engine.transformers_checks(
-        Path(prep.path), prep.target.dir, prep.prompts.ids, opts.max_new_tokens, our_draft=draft,
-        our_target=target, dtype=dtype, say=prep.say)
-    e = found.engine_run
-    prep.say(f"engine: transformers {e.version}: tau {e.counts.acceptance_length:.3f} (emulation "
-             f"{e.emulated.acceptance_length:.3f}), outputs equal on {e.outputs_equal}/{e.prompts}, acceptance "
-             f"equal step for step on {e.steps_equal}/{e.prompts} prompts")
-    found.checks += checks
-
-
-def _has_cuda() -> bool:
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_available())
+def _engine_level(prep: Prepared, found: Found) -> None:
+    """The pair in the real engine (engine/level.py): vLLM (--engine-python), every K against its emulation; or
+    transformers' own generate (--engine transformers). Where it cannot run here, the level is skipped, saying why."""
+    res = found.resources
+    if prep.opts.engine_python is not None:
+        checks, runs, why = vllm_level(prep, [(kr.stats, kr.outputs) for kr in found.per_k],
+                                       emulated_dtypes=[d for d in (res.draft_dtype_name, res.target_dtype_name) if d])
+        for i, (kr, k_checks, k_run) in enumerate(zip(found.per_k, checks, runs)):
+            found.checks += k_checks if i == 0 else _named_k(k_checks, len(kr.stats.per_position_rates))
+            kr.served = k_run
+        if why is not None:
+            found.skipped["served"] = why
+        else:
+            found.engine_run = found.per_k[0].served
+            fidelity = next((c for c in found.checks if c.name == "engine_fidelity"), None)
+            if fidelity is not None:  # the rules applied are one version's; the engine that ran may be another
+                fidelity.message += f" (vLLM {found.engine_run.version} ran the pair below)"
+    elif prep.opts.engine == "transformers":  # --engine-python is --engine vllm only
+        checks, found.engine_run, why = transformers_level(prep, draft=found.loaded_draft, dtype=res.draft_dtype,
+                                                           target_dtype=res.target_load_dtype)
+        found.checks += checks
+        if why is not None:
+            found.skipped["served"] = why
 
 
 # ----------------------------------------------------------------------------- the command
@@ -537,7 +476,8 @@ def _environment(opts: ValidateOptions, found: Found | None = None) -> Environme
     res = found.resources if found else None
     threads = (res.threads if res else None) or (torch.get_num_threads() if torch is not None else None)
     return Environment(versions=versions, platform=platform.platform(), device=res.device if res else opts.device,
-                       dtype=res.dtype_name if res else opts.dtype, target_dtype=res.target_dtype_name if res else None,
+                       dtype=res.draft_dtype_name if res else opts.dtype,
+                       target_dtype=res.target_dtype_name if res else None,
                        device_map=opts.placed_by_device_map, draft_sampling=opts.draft_sampling,
                        backends=found.backends if found else {}, draft_backend=found.draft_backend if found else None,
                        target_backend=opts.target_backend if found and "end_to_end" in found.levels_run else None,
