@@ -184,7 +184,7 @@ def test_hidden_size_mismatch_fails_static_convert_and_runtime_alike(tiny_target
     from safetensors.torch import load_file, save_file
 
     from dflash_convert.io.reading import read_json
-    from dflash_convert.validate.checks import target_checks
+    from dflash_convert.validate.static import target_checks
     from dflash_convert.format.mapping import target_info
     from dflash_runtime import check_pair, load_draft, load_target
     from runtime_helpers import write_hf_draft

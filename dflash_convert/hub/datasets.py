@@ -5,7 +5,7 @@ lists for it (sha256 for LFS files, the git blob id otherwise), the client's err
 
 The table is data: which repo, which file(s) of the split, which field holds the prompt and how the
 prompt is worded around it (as z-lab's DFlash benchmark words each set; MT-Bench: its first turn, or its
-second as a chat whose first answer the target gives, validate/turns.py). Each
+second as a chat whose first answer the target gives, validate/prepare.py). Each
 entry pins `main` unless a commit is given (`--dataset NAME@REVISION`): the report records the commit
 the revision resolved to, so a run can be repeated exactly.
 """

@@ -1,4 +1,5 @@
-"""Checks of a DFlash checkpoint, one per complaint users have (docs/formats.md section 9).
+"""The static level of validate: checks of a DFlash checkpoint and its target's config, no weights run, one per
+complaint users have (docs/formats.md section 9).
 
 `checkpoint_checks` reads config.json and safetensors headers (plus the bytes of the small int
 tensors `d2t` / `t2d`, through numpy); `scan=True` also reads every float tensor's bit patterns,
