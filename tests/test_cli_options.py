@@ -111,7 +111,7 @@ def test_the_renamed_flag_and_its_former_spelling(cli, speculators_drafts, spell
     assert r.code in (0, 3), r.err
     assert r.json()["options"]["engine_kv_cache_gib"] == 2.5
     bad = cli("validate", speculators_drafts["full"], "--levels", "static", spelling, "0")
-    assert bad.code == 2 and "--engine-kv-cache-gib must be positive" in bad.err, bad.err
+    assert bad.code == 2 and "--engine-kv-cache-gib must be a number > 0, got 0.0" in bad.err, bad.err
 
 
 def test_the_former_spelling_is_hidden_from_help(cli):
