@@ -12,7 +12,7 @@ from dflash_convert.cli._params import (
 )
 from dflash_convert.convert.conversion import ConvertOptions
 
-EPILOG = examples(
+EXAMPLES = examples(
     "dflash-convert convert ./draft-speculators -o ./draft-hf",
     "dflash-convert convert org/draft --revision v1 -o ./draft-hf --verifier Qwen/Qwen3-8B --validate",
     "dflash-convert convert ./draft-hf -o ./out --to speculators --dtype bfloat16 --max-shard-size 5GB",

@@ -8,7 +8,7 @@ import typer
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import AllowPickle, Json, QuietTransfer, Revision, Token, examples, flag
 
-EPILOG = examples("dflash-convert pull org/draft",
+EXAMPLES = examples("dflash-convert pull org/draft",
                   "dflash-convert pull org/draft --revision v1 -o ./draft")
 
 

@@ -11,7 +11,7 @@ from dflash_convert.cli._params import (
 )
 from dflash_convert.errors import DFlashError, UsageError
 
-EPILOG = examples("dflash-convert push ./draft-hf org/draft-hf",
+EXAMPLES = examples("dflash-convert push ./draft-hf org/draft-hf",
                   "dflash-convert push ./draft-hf org/draft-hf --revision dev --private")
 
 

@@ -13,7 +13,7 @@ from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, i
 from dflash_convert.io.staging import INTERRUPTED_EXIT
 from dflash_convert.validate.options import PromptSet, ValidateOptions
 
-EPILOG = examples(
+EXAMPLES = examples(
     "dflash-convert validate ./draft",
     "dflash-convert validate ./draft --target Qwen/Qwen3-8B --min-acceptance-length 3 --junit report.xml",
     "dflash-convert validate org/draft --target ./qwen3-8b --levels static,numeric --backend sdpa --json",
