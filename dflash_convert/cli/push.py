@@ -42,7 +42,7 @@ def push(
     out.hub()
     result = push_checkpoint(directory, repo, validate=not no_validate, report=report, revision=revision,
                              private=private, commit_message=commit_message, commit_description=commit_description,
-                             create_pr=create_pr, token=token)
+                             create_pr=create_pr, token=token, on_info=out.info)
     out.result(result.to_dict(), result.pr_url or result.commit_url)
 
 
