@@ -20,7 +20,7 @@ import types
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from dflash_convert.errors import UsageError
@@ -153,7 +153,9 @@ def usage_error(exc: ValidationError, model: type[BaseModel]) -> UsageError:
 class CommandOptions(BaseModel):
     """An options model a command's flags are generated from: any value pydantic refuses (at construction or
     assignment) is the UsageError naming its flag (exit 2). A rule between options (a model_validator)
-    raises its own UsageError, naming the flags in its sentence."""
+    raises its own UsageError, naming the flags in its sentence. An option it does not know is refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="wrap")
     @classmethod
