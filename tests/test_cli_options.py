@@ -131,7 +131,7 @@ def test_unset_text_options_leave_the_field_defaults(cli, speculators_drafts):
 
 # ----------------------------------------------------------------------------- errors said from the declaration
 
-@pytest.mark.parametrize("bad, says", [
+REFUSED = [
     (dict(max_new_tokens=0), f"--max-new-tokens must be an integer in [1, {MAX_PROMPT_TOKENS}], got 0"),
     (dict(top_p=0.0), "--top-p must be a number in (0, 1], got 0.0"),
     (dict(top_k=-2), "--top-k must be an integer >= -1 (-1 or 0: off), got -2"),
@@ -143,7 +143,10 @@ def test_unset_text_options_leave_the_field_defaults(cli, speculators_drafts):
     (dict(timing_rounds=0), "timing rounds must be an integer >= 1, got 0"),  # no flag: the field in words
     (dict(num_speculative_tokens=[3], block_size=4), "give --num-speculative-tokens or --block-size, not both "
                                                      "(the block is K+1 slots)"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, says", REFUSED, ids=["-".join(bad) for bad, _ in REFUSED])
 def test_a_refused_value_is_one_usage_error_naming_its_flag(bad, says):
     with pytest.raises(UsageError) as refused:
         ValidateOptions(**bad)
