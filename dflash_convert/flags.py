@@ -80,12 +80,16 @@ def _without_none(annotation: Any) -> Any:
     return annotation
 
 
+def _is_item(loc: tuple) -> bool:
+    return len(loc) > 1 and isinstance(loc[1], int)
+
+
 def declared(model: type[BaseModel], loc: tuple) -> tuple[Any, list]:
     """(type, metadata) declared at `loc`: a field (its constraints and markers), or an item of a list field."""
     info = model.model_fields[loc[0]]
     kind, metadata = _without_none(info.annotation), list(info.metadata)
-    for _ in (p for p in loc[1:] if isinstance(p, int)):  # an item of a list: its own declaration
-        kind, metadata = _without_none(get_args(kind)[0]) if get_args(kind) else Any, []
+    if _is_item(loc) and get_origin(kind) is list:  # an item of a list: its own declaration
+        kind, metadata = _without_none(get_args(kind)[0]), []
     while get_origin(kind) is Annotated:
         kind, *extra = get_args(kind)
         metadata += [m for e in extra for m in (e.metadata if isinstance(e, FieldInfo) else [e])]
@@ -135,7 +139,7 @@ def usage_error(exc: ValidationError, model: type[BaseModel]) -> UsageError:
     loc, given = error["loc"], error.get("input")
     if not loc or loc[0] not in model.model_fields:
         return UsageError(f"{model.__name__} has no option {loc[0]!r}" if loc else error["msg"])
-    subject = ("each " if len(loc) > 1 else "") + named(model, loc[0]) + (" value" if len(loc) > 1 else "")
+    subject = f"each {named(model, loc[0])} value" if _is_item(loc) else named(model, loc[0])
     if error["type"] == "value_error":  # a field's own rule: a predicate, e.g. "must be distinct values, got [4, 4]"
         return UsageError(f"{named(model, loc[0])} {error['ctx']['error']}")
     kind, _ = declared(model, loc)
