@@ -127,13 +127,15 @@ class ValidateOptions(CommandOptions):
         "DSpark draft with sample_from_anchor). Several values: one end-to-end run per K, reported side by side. "
         "Default: the draft's trained block.")
     block_size: Annotated[int | None, Flag("--block-size")] = Field(
-        None, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE, description="The DFlash block in slots (K+1), not vLLM's KV-cache --block-size; "
+        None, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE,
+        description="The DFlash block in slots (K+1), not vLLM's KV-cache --block-size; "
         "--num-speculative-tokens says it in vLLM's terms. Default: the draft's.")
     sampling: Annotated[SamplingMode, Flag("--sampling")] = Field(
         "auto", description="auto: temperature, top-k, top-p, min-p from the target's generation_config.json, as "
         "vLLM serves it; greedy: temperature 0. Flags below override.")
     temperature: Annotated[float | None, Flag("--temperature")] = Field(
-        None, ge=0, allow_inf_nan=False, description="0 = greedy (output must equal the target's). Default: per --sampling.")
+        None, ge=0, allow_inf_nan=False,
+        description="0 = greedy (output must equal the target's). Default: per --sampling.")
     top_k: Annotated[int | None, Flag("--top-k"), Off("-1 or 0")] = Field(
         None, ge=-1, description="Top-k of the target's distribution (0: off). Default: per --sampling.")
     top_p: Annotated[float | None, Flag("--top-p")] = Field(
@@ -141,13 +143,16 @@ class ValidateOptions(CommandOptions):
     min_p: Annotated[float | None, Flag("--min-p")] = Field(
         None, ge=0, le=1, description="Min-p (0: off). Default: per --sampling.")
     repetition_penalty: Annotated[float | None, Flag("--repetition-penalty"), Off("1")] = Field(
-        None, gt=0, allow_inf_nan=False, description="vLLM's repetition penalty (1: off; prompt and output tokens). Default: the target's "
+        None, gt=0, allow_inf_nan=False,
+        description="vLLM's repetition penalty (1: off; prompt and output tokens). Default: the target's "
         "generation_config.json, else off, in both --sampling modes.")
     presence_penalty: Annotated[float | None, Flag("--presence-penalty"), Off("0")] = Field(
-        None, ge=-2, le=2, description="vLLM's presence penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+        None, ge=-2, le=2,
+        description="vLLM's presence penalty in [-2, 2] (0: off; output tokens). Default: the target's "
         "generation_config.json, else off.")
     frequency_penalty: Annotated[float | None, Flag("--frequency-penalty"), Off("0")] = Field(
-        None, ge=-2, le=2, description="vLLM's frequency penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+        None, ge=-2, le=2,
+        description="vLLM's frequency penalty in [-2, 2] (0: off; output tokens). Default: the target's "
         "generation_config.json, else off.")
     draft_sampling: Annotated[DraftSampling, Flag("--draft-sampling")] = Field(
         "greedy", description="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at --temperature, "
@@ -196,7 +201,8 @@ class ValidateOptions(CommandOptions):
         None, description="An earlier `validate --json` report of the same prompts and settings: fail (exit 3) on a "
         "drop of tau or a position's rate beyond what the counts explain.")
     max_regression: Annotated[float, Flag("--max-regression")] = Field(
-        0.0, ge=0, lt=1, description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "
+        0.0, ge=0, lt=1,
+        description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "
         "baseline's value (0.05: 5 %).")
     endpoint: Annotated[str | None, Flag("--endpoint", metavar="URL")] = Field(
         None, description="A live OpenAI-compatible server (vLLM, SGLang, a router): send it the prompts and measure "
@@ -207,7 +213,8 @@ class ValidateOptions(CommandOptions):
         ENDPOINT_KEY_VARIABLE, description="The environment variable holding the endpoint's API key (sent only "
         "to the endpoints, never printed or written).")
     endpoint_timeout: Annotated[float, Flag("--endpoint-timeout", metavar="SECONDS")] = Field(
-        ENDPOINT_TIMEOUT_S, gt=0, allow_inf_nan=False, description="Seconds the whole endpoint measurement may take; each connect and read is "
+        ENDPOINT_TIMEOUT_S, gt=0, allow_inf_nan=False,
+        description="Seconds the whole endpoint measurement may take; each connect and read is "
         "bounded by what is left.")
     concurrency: Annotated[list[Concurrency], Flag("--concurrency", parse="ints", metavar="N[,N...]")] = Field(
         default_factory=lambda: [1], min_length=1, description="Requests in flight at once against --endpoint (and "
