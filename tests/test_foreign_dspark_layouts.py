@@ -111,6 +111,15 @@ def test_a_hostile_block_size_is_not_echoed(cli, tmp_path):
     assert len(line) < 1000 and '"num_speculative_tokens": <dspark_block_size>}' in line, line[:300]
 
 
+def test_a_deepseek_target_by_hub_id_is_refused_before_any_weight_is_downloaded(cli, hub, hub_env, tmp_path):
+    """The real ones are hundreds of GB: config.json is fetched and read first, the shards never."""
+    src = deepseek_target(tmp_path / "dsv4")
+    hub.seed_repo("deepseek-ai/tiny-v4", {p.name: p.read_bytes() for p in src.iterdir()})
+    r = cli("inspect", "deepseek-ai/tiny-v4")
+    assert r.code == 1 and "field `dspark_block_size`" in r.err and "nothing to convert" in r.err, r.err
+    assert list(hub_env.rglob("config.json")) and not list(hub_env.rglob("*.safetensors"))
+
+
 STANDALONE = {
     "Gemma4DSparkModel": ({"model_type": "gemma4_text", "attention_k_eq_v": True, "markov_rank": 8},
                           {"layers.0.self_attn.k_proj.weight": torch.randn(16, HIDDEN),
