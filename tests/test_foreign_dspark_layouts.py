@@ -105,8 +105,9 @@ def test_a_deepseek_target_without_a_draft_is_not_a_dflash_checkpoint(cli, tmp_p
     assert r.code == 1 and "not a DFlash checkpoint config" in r.err and "mtp" not in r.err, r.err
 
 
-def test_a_hostile_block_size_is_not_echoed(cli, tmp_path):
-    src = deepseek_target(tmp_path / "hostile", dspark_block_size="5" * 100_000, text_config=[1, 2])
+@pytest.mark.parametrize("value", ["5" * 100_000, 2 ** 40, True, -3], ids=["long", "large", "bool", "negative"])
+def test_a_hostile_block_size_is_not_echoed(cli, tmp_path, value):
+    src = deepseek_target(tmp_path / "hostile", dspark_block_size=value, text_config=[1, 2])
     line = refusal(cli, src, "inspect", tmp_path)
     assert len(line) < 1000 and '"num_speculative_tokens": <dspark_block_size>}' in line, line[:300]
 

@@ -1,7 +1,7 @@
 """DSpark drafts of other decoders, as data: how vLLM 0.33 and SGLang 0.5.23 find and serve each, and why
 dflash-convert has nothing to convert. `mapping.detect_format` refuses them with this one line.
 
-Two shapes exist (docs/formats.md section 15 names the engine function behind each row):
+Two shapes exist (docs/formats.md section 16 names the engine function behind each row):
 - bundled: DeepSeek V4 / V4.1 ship the draft as `mtp.*` tensors of the target checkpoint, described by the
   target's own config.json (`dspark_*` keys). Both engines load it from the target in place, under the
   target's config and quantization; a copy of those tensors is no draft either engine serves on its own.
@@ -12,7 +12,6 @@ Two shapes exist (docs/formats.md section 15 names the engine function behind ea
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +49,7 @@ _STANDALONE_SERVE = ("a standalone draft already: vLLM serves this directory as 
 _NOT_QWEN3 = "neither format here nor the runtime holds a decoder other than Qwen3's"
 STANDALONE = {
     "Gemma4DSparkModel": ForeignLayout(
-        "a Gemma 4 DSpark draft (Gemma 4 attention: K shared as V on full layers, an unweighted v_norm, "
+        "a Gemma 4 DSpark draft (Gemma 4 attention: K reused as V where attention_k_eq_v, an unweighted v_norm, "
         "per-layer head sizes; embeddings scaled by sqrt(hidden_size); its own embed_tokens and lm_head)",
         _STANDALONE_SERVE, _NOT_QWEN3),
     "K3DSparkModel": ForeignLayout(
@@ -97,8 +96,8 @@ def _deepseek_target(raw: dict[str, Any], archs: list[str]) -> tuple[str, Foreig
 
 
 def _quoted(config: dict[str, Any]) -> dict[str, str]:
-    """The keys a line quotes, as JSON (bounded: a hostile value is not echoed whole); unknown ones as <key>."""
+    """The counts a line quotes; anything but a plausible one (a hostile value is not echoed) as <key>."""
     def value(key: str) -> str:
         v = config.get(key)
-        return json.dumps(v) if isinstance(v, int) and not isinstance(v, bool) else f"<{key}>"
+        return str(v) if type(v) is int and 0 < v < 2**31 else f"<{key}>"
     return {k: value(k) for k in ("dspark_block_size", MTP_LAYERS_KEY)}
