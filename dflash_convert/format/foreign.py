@@ -4,7 +4,7 @@ dflash-convert has nothing to convert. `mapping.detect_format` refuses them with
 Two shapes exist (docs/formats.md section 16 names the engine function behind each row):
 - bundled: DeepSeek V4 / V4.1 ship the draft as `mtp.*` tensors of the target checkpoint, described by the
   target's own config.json (`dspark_*` keys). Both engines load it from the target in place, under the
-  target's config and quantization; a copy of those tensors is no draft either engine serves on its own.
+  target's config and quantization; a copy of those tensors serves only beside a target of that same config.
 - standalone: Gemma 4, Kimi K3 and Muse Spark DSpark drafts are directories of their own that vLLM loads
   as they are; their decoders (and their config keys) are not Qwen3's, which is the only decoder the two
   formats here and the bundled runtime hold.
@@ -30,7 +30,8 @@ _DEEPSEEK_SERVE = ("vLLM serves it from the target with --speculative-config '{{
                    "\"num_speculative_tokens\": {dspark_block_size}}}' (no model), SGLang with "
                    "--speculative-algorithm DSPARK (no draft path), neither on CPU")
 _DEEPSEEK_WHY = ("both read mtp.* in place under the target's config and quantization, so a copy serves only "
-                 "beside the target that holds it, and neither format here nor the runtime holds a DeepSeek decoder")
+                 "beside a target of that same config and quantization, which DeepSeek ships with those tensors "
+                 "inside, and neither format here nor the runtime holds a DeepSeek decoder")
 DEEPSEEK_DSPARK = ForeignLayout(
     "a DeepSeek V4 target whose DSpark draft is its own mtp.* tensors (MLA and MoE layers, MXFP4 or FP8 experts)",
     _DEEPSEEK_SERVE, _DEEPSEEK_WHY)
