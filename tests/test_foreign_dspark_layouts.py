@@ -55,7 +55,7 @@ def standalone_draft(path: Path, config: dict, tensors: dict) -> Path:
     return path
 
 
-def refusal(cli, src: Path, command: str, tmp_path: Path) -> str:
+def refusal(cli, src: Path, command: str, tmp_path: Path, plain: bool = False) -> str:
     """The one error line each command gives; nothing is written."""
     out = tmp_path / "out"
     args = {"inspect": ["inspect", src], "convert": ["convert", src, "-o", out],
@@ -64,7 +64,7 @@ def refusal(cli, src: Path, command: str, tmp_path: Path) -> str:
     lines = r.err.strip().splitlines()
     assert r.code == 1 and len(lines) == 1 and "Traceback" not in r.err, (r.code, r.err)
     assert f"{src / 'config.json'}:" in lines[0] and not out.exists(), lines[0]
-    assert "unexpected tensor" not in lines[0] and "not a DFlash checkpoint" not in lines[0], lines[0]
+    assert "unexpected tensor" not in lines[0] and plain == ("not a DFlash checkpoint" in lines[0]), lines[0]
     return lines[0]
 
 
@@ -119,6 +119,23 @@ def test_a_deepseek_target_by_hub_id_is_refused_before_any_weight_is_downloaded(
     r = cli("inspect", "deepseek-ai/tiny-v4")
     assert r.code == 1 and "field `dspark_block_size`" in r.err and "nothing to convert" in r.err, r.err
     assert list(hub_env.rglob("config.json")) and not list(hub_env.rglob("*.safetensors"))
+
+
+def test_a_target_shipping_its_dspark_draft_in_sglangs_subfolder_names_the_subfolder(cli, tiny_target, tmp_path):
+    """SGLang takes a target's dspark/ subfolder as the draft path when none is given: pointed at the target,
+    every command names that folder; a target without one keeps the plain line."""
+    import shutil
+
+    src = Path(shutil.copytree(tiny_target, tmp_path / "target"))
+    plain = cli("inspect", src)
+    assert plain.code == 1 and "not a DFlash checkpoint config" in plain.err and "dspark/" not in plain.err
+    (src / "dspark").mkdir()
+    (src / "dspark" / "config.json").write_text("{}")
+    for command in ("inspect", "convert", "validate"):
+        line = refusal(cli, src, command, tmp_path, plain=True)
+        assert line.endswith(f"SGLang serves the DSpark draft in its dspark/ subfolder (--speculative-algorithm "
+                             f"DSPARK with no draft path); to read that draft here, name the subfolder: "
+                             f"{src / 'dspark'}"), line
 
 
 STANDALONE = {

@@ -102,3 +102,13 @@ def _quoted(config: dict[str, Any]) -> dict[str, str]:
         v = config.get(key)
         return str(v) if type(v) is int and 0 < v < 2**31 else f"<{key}>"
     return {k: value(k) for k in ("dspark_block_size", MTP_LAYERS_KEY)}
+
+
+# SGLang's other place for a draft inside a target checkpoint (speculative_hook._target_checkpoint_dspark_subfolder):
+# a dspark/ folder with its own config.json and weights, taken as the draft path when none is given
+DRAFT_SUBFOLDER = "dspark"
+
+
+def subfolder_hint(folder: str) -> str:
+    return (f"SGLang serves the DSpark draft in its {DRAFT_SUBFOLDER}/ subfolder (--speculative-algorithm DSPARK "
+            f"with no draft path); to read that draft here, name the subfolder: {folder}")
