@@ -138,6 +138,14 @@ def test_a_target_shipping_its_dspark_draft_in_sglangs_subfolder_names_the_subfo
                              f"{src / 'dspark'}"), line
 
 
+@pytest.mark.parametrize("config", [{"model_type": ["deepseek_v4"]}, {"model_type": {"a": 1}},
+                                    {"model_type": "deepseek_v4", "num_nextn_predict_layers": True}])
+def test_a_hostile_model_type_or_layer_count_gets_the_plain_line(cli, tmp_path, config):
+    src = standalone_draft(tmp_path / "odd", config, {"w": torch.zeros(1)})
+    r = cli("inspect", src)
+    assert r.code == 1 and "not a DFlash checkpoint config" in r.err and "Traceback" not in r.err, r.err
+
+
 STANDALONE = {
     "Gemma4DSparkModel": ({"model_type": "gemma4_text", "attention_k_eq_v": True, "markov_rank": 8},
                           {"layers.0.self_attn.k_proj.weight": torch.randn(16, HIDDEN),

@@ -74,24 +74,25 @@ MTP_LAYERS_KEY = "num_nextn_predict_layers"
 def identify(raw: dict[str, Any]) -> tuple[str, ForeignLayout, dict[str, Any]] | None:
     """(the config fact that names it, the layout, the keys its line quotes) for a foreign DSpark layout."""
     archs = [a for a in raw.get("architectures") or [] if isinstance(a, str)]
-    model_type = raw.get("model_type")
+    model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
     arch = next((a for a in archs if a in STANDALONE), STANDALONE_MODEL_TYPES.get(model_type))
     if arch is None:
         deepseek = model_type in DEEPSEEK_TARGET_MODEL_TYPES or any(a in DEEPSEEK_TARGET_ARCHITECTURES for a in archs)
-        return _deepseek_target(raw, archs) if deepseek else None
+        return _deepseek_target(raw, archs, model_type) if deepseek else None
     found = f"architectures naming {arch}" if arch in archs else f"model_type {model_type!r}"
     return found, STANDALONE[arch], _quoted(raw)
 
 
-def _deepseek_target(raw: dict[str, Any], archs: list[str]) -> tuple[str, ForeignLayout, dict] | None:
+def _deepseek_target(raw: dict[str, Any], archs: list[str], model_type: str | None
+                     ) -> tuple[str, ForeignLayout, dict] | None:
     """V4.1 may nest its text keys under text_config; SGLang merges them to the top level first, and so do we."""
     text = raw.get("text_config")
     merged = {**text, **raw} if isinstance(text, dict) else raw
-    what = next((a for a in archs if a in DEEPSEEK_TARGET_ARCHITECTURES), raw.get("model_type"))
+    what = next((a for a in archs if a in DEEPSEEK_TARGET_ARCHITECTURES), model_type)
     key = next((k for k in DSPARK_BUNDLE_KEYS if merged.get(k) is not None), None)
     if key is not None:
         return f"field `{key}` of a {what} config", DEEPSEEK_DSPARK, _quoted(merged)
-    if isinstance(merged.get(MTP_LAYERS_KEY), int) and merged[MTP_LAYERS_KEY] > 0:
+    if type(merged.get(MTP_LAYERS_KEY)) is int and merged[MTP_LAYERS_KEY] > 0:
         return f"field `{MTP_LAYERS_KEY}` of a {what} config", DEEPSEEK_MTP, _quoted(merged)
     return None
 
