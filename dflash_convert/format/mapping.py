@@ -33,7 +33,7 @@ from dflash_convert.format.configs import (
     VerifierRef,
 )
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import keys, kinds
+from dflash_convert.format import foreign, keys, kinds
 
 AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
 QWEN3_MAX_WINDOW_LAYERS = 28  # transformers' Qwen3Config default: layers below it are full attention
@@ -87,9 +87,7 @@ REFUSED_ARCHITECTURES = {
     "Qwen3XPressModel": "an XPress draft (extra refiner heads)",
     "LiLiCorrDraftModel": "a LiLiCorr draft (a correlator over candidate-head features)",
     "Qwen3OmniDSparkModel": "a Qwen3-Omni DSpark draft (vLLM's standalone Omni thinker contract)",
-    "Gemma4DSparkModel": "a Gemma 4 DSpark draft",
-    "DSparkDraftModel": "a DeepSeek DSpark draft (DSparkDraftModel with a model_type other than qwen3)",
-}
+}  # DSpark drafts of other decoders (DeepSeek, Gemma 4, Kimi K3, Muse Spark): foreign.py
 
 
 def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, str]:
@@ -114,6 +112,8 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
     for kind in kinds.all_kinds():
         if any(arch in archs and raw.get("model_type") == model_type for arch, model_type in kind.hf_aliases):
             return "hf", kind.name
+    if (other := foreign.identify(raw)) is not None:
+        raise DFlashError(other[1].line(other[0], other[2]), file=file)
     refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
     if refused is not None:
         raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from dflash_convert.hub import card
-from dflash_convert.format import catalogue
+from dflash_convert.format import catalogue, mapping
 from dflash_convert.format.configs import is_hub_id
 from dflash_convert.io.checkpoint import CONFIG_NAME, is_pickle_weight_file
-from dflash_convert.io.reading import announced_by_cache_name, discard, file_digest
+from dflash_convert.io.reading import announced_by_cache_name, discard, file_digest, read_json
 from dflash_convert.io.staging import check_destination, staged_directory
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.safetensors import INDEX_NAME
@@ -274,7 +274,18 @@ def resolve_source(source: str | Path, *, revision: str | None = None, token: st
     snap = _plan(source, revision=revision, token=token, endpoint=endpoint,
                  patterns=_patterns(for_target=for_target, allow_pickle=allow_pickle, config_only=config_only),
                  need_weights=not config_only, allow_pickle=allow_pickle, say=on_info or unsaid)
+    if not (for_target or config_only):
+        _identify_draft_first(snap)
     return _fetch(snap, hash_later=() if verify_weights else HASHED_LATER)
+
+
+def _identify_draft_first(snap: _Snapshot) -> None:
+    """A draft's config.json is fetched and identified before its weights: what is no draft is refused before
+    any weight is downloaded (a DeepSeek target carrying its DSpark draft as mtp.* tensors is hundreds of GB)."""
+    if snap.files is None or CONFIG_NAME not in snap.files:
+        return  # offline: the cache holds what there is, nothing is downloaded
+    folder = _fetch(replace(snap, files={CONFIG_NAME: snap.files[CONFIG_NAME]})).path
+    mapping.detect_format(read_json(folder / CONFIG_NAME), file=str(folder / CONFIG_NAME))
 
 
 def pull(repo_id: str, out_dir: str | Path | None = None, *, revision: str | None = None, token: str | None = None,
