@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from processes import VLLM_PYTHON, needs_vllm
-from dflash_convert.format import foreign, mapping
+from dflash_convert.format import foreign, kinds, mapping
 
 HIDDEN = 32
 
@@ -198,6 +198,6 @@ def test_every_dspark_architecture_in_vllms_registry_is_read_or_refused_by_name(
                  and getattr(n.targets[0], "id", None) == "_SPECULATIVE_DECODING_MODELS")
     names = {k.value for k in table.keys if "DSpark" in k.value}
     assert {"Qwen3DSparkModel", "DSparkDraftModel", "Gemma4DSparkModel", "K3DSparkModel"} <= names
-    read = {mapping.HF_ARCHITECTURE["dspark"]}
+    read = {kinds.of("dspark").hf_architecture}
     refused = set(mapping.REFUSED_ARCHITECTURES) | set(foreign.STANDALONE)
     assert names - read - refused == set()
