@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 # What the CUDA tests are: every test these files parametrize over the cuda device (ids hold "cuda"). The
 # compiling ones last: a run stopped at its budget has done the rest.
-TEST_FILES = ["tests/test_runtime_attention.py", "tests/test_runtime_decode.py", "tests/test_runtime_target.py",
-              "tests/test_targets.py", "tests/test_runtime_dflash2.py", "tests/test_runtime_dspark.py",
-              "tests/test_validate.py", "tests/test_runtime_compile.py"]
+TEST_FILES = ["tests/runtime/test_runtime_attention.py", "tests/runtime/test_runtime_decode.py",
+              "tests/runtime/test_runtime_target.py", "tests/runtime/test_targets.py",
+              "tests/runtime/test_runtime_dflash2.py", "tests/runtime/test_runtime_dspark.py",
+              "tests/validate/test_validate.py", "tests/runtime/test_runtime_compile.py"]
 # Imported by the project and its tests; absent ones are listed before anything runs.
 NEEDED = ["torch", "transformers", "safetensors", "accelerate", "huggingface_hub", "pydantic", "typer", "rich",
           "numpy", "pytest", "jsonschema", "speculators"]

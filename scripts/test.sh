@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# the real vLLM engine (CPU build) in a venv of its own under build/: tests/test_vllm_engine.py runs the
+# the real vLLM engine (CPU build) in a venv of its own under build/: tests/validate/test_vllm_engine.py runs the
 # bundled pair in it and checks its counts against the runtime's emulation
 bash scripts/setup-vllm.sh
 export DFLASH_VLLM_PYTHON="$PWD/build/vllm-venv/bin/python"

@@ -45,7 +45,7 @@ RECORD_NAME = "conversion.json"
 
 class ConvertOptions(CommandOptions):
     """Options of `convert`, each declared once: type, default and help here, its flag in its `Flag` (the CLI's
-    options are generated from this model; tests/test_cli_options.py holds them together)."""
+    options are generated from this model; tests/cli/test_cli_options.py holds them together)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -80,7 +80,7 @@ def _sampling_value(name: str) -> TypeAdapter:
 
 class ValidateOptions(CommandOptions):
     """Options of `validate`, each declared once: type, range or choices, default and help here, its flag in its
-    `Flag` (the CLI's options are generated from this model; tests/test_cli_options.py holds them together).
+    `Flag` (the CLI's options are generated from this model; tests/cli/test_cli_options.py holds them together).
     A value out of its range, and options that contradict each other (the model validators below), are the
     usage error the CLI prints (exit 2), raised when the options are made, before anything is read."""
 

@@ -25,7 +25,7 @@ from dflash_convert.io.reading import read_json
 from factories import copy_draft
 from processes import VLLM_PYTHON, needs_vllm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
 PROMPTS = 6  # of the pair's 16 held-out prompts, for the rule cases (the CLI run takes all 16)
 TOKENS = 64

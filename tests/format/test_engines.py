@@ -16,7 +16,7 @@ from dflash_convert.format import engine_reading, engine_views, engines, mapping
 from dflash_convert.format.engine_views import engine_view
 from dflash_convert.format.engines import ENGINES_BY_KEY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = json.loads((ROOT / "tests" / "fixtures" / "speculators-0.9.0-tiny-config.json").read_text())
 
 

@@ -14,7 +14,7 @@ from dflash_runtime import dspark, load_draft, load_target, speculative_generate
 from runtime_helpers import (DEVICES, assert_decode_alike, bf16_logits_against_speculators, close, our_block_logits,
                              speculators_logits, target_context)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
 
 

@@ -22,7 +22,7 @@ from dflash_runtime import heads, load_draft, load_target, speculative_generate,
 from factories import assert_bit_identical, assert_hf_round_trip_is_bit_exact, read_config, tensors_of
 from runtime_helpers import assert_decode_alike
 
-PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 FAVOURITE = 7  # the token the bias pushes
 BIAS = "logit_bias.weight"
 

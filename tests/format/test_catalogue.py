@@ -85,7 +85,7 @@ def test_runtime_loads_exactly_the_catalogue_tensors(speculators_drafts):
 
 
 def test_benchmark_shapes_come_from_the_catalogue():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import _shapes
 
     from dflash_convert.format.mapping import spec_from_config

@@ -34,7 +34,7 @@ from processes import VLLM_PYTHON, needs_vllm
 
 pytestmark = needs_vllm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
 KEY = "sk-live-test-key-never-printed"
 START_TIMEOUT_S = 900

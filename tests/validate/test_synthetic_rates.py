@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from dflash_convert.validate.report import SyntheticAcceptance
 from processes import VLLM_PYTHON, needs_vllm
 
-PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 
 # Builds vLLM's SpeculativeConfig for the pair with each set of keys and prints the rates it resolved, or
 # its refusal on one line.

@@ -13,7 +13,7 @@ import typer
 
 from dflash_convert import cli as cli_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = sorted(typer.main.get_command(cli_module.app).commands)
 
 

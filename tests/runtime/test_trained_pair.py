@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 MAX_NEW = 48
 NUM_PROMPTS = 6  # keeps the module well under 30 s on 2 idle cores
 MIN_TAU = 3.0

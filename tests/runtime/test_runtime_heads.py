@@ -15,7 +15,7 @@ import torch
 from dflash_runtime import heads, load_draft, load_target, speculative_generate, target_generate
 from runtime_helpers import assert_decode_alike
 
-PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 FAVOURITE = 7  # the token the biased head pushes
 
 

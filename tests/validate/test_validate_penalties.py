@@ -137,7 +137,7 @@ def test_flags_override_and_what_is_not_applied_is_named(speculators_drafts, tin
     assert r.code == 1 and "generation_config.json" in r.err and "repetition_penalty" in r.err, r.err[-500:]
 
 
-VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).parent.parent / "build" / "vllm-venv" /
+VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).resolve().parents[2] / "build" / "vllm-venv" /
                                                           "bin" / "python")
 VLLM_PENALIZE = """
 import json, sys, torch

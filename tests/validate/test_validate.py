@@ -21,7 +21,7 @@ from dflash_convert.io.reading import read_json
 from factories import copy_draft
 from runtime_helpers import ON_CUDA
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR = Path(os.environ.get("DFLASH_TEST_PAIR", ROOT / "examples" / "pair"))  # another trained pair for trials
 PAIR_PROMPTS = 3  # held-out prompts used per end-to-end run (of the pair's prompts.txt)
 PAIR_TOKENS = "32"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from factories import copy_with_config, read_config
 from dflash_convert.format import keys
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR_DRAFT = ROOT / "examples" / "pair" / "draft"
 
 # a value that changes the computation, per key (the table says what is neutral)

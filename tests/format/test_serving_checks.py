@@ -10,7 +10,7 @@ import pytest
 from dflash_convert.format.serving import ServingConfig, serving_checks, slots
 from dflash_convert.io.checkpoint import open_checkpoint
 
-PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 
 
 @pytest.fixture(scope="module")

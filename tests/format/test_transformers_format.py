@@ -19,7 +19,7 @@ from dflash_convert.format import mapping
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.validate.engine import transformers_engine as te
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
 NEW_TOKENS = 24
 

@@ -338,7 +338,7 @@ def test_model_card_shows_the_served_figures(server, tmp_path, cli):
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--json")
     summary = ValidationReport.model_validate(r.json()).summary().model_dump(mode="json")
     assert summary["endpoint"]["per_request"] == []
-    pair = Path(__file__).resolve().parents[1] / "examples" / "pair" / "draft"
+    pair = Path(__file__).resolve().parents[2] / "examples" / "pair" / "draft"
     card = model_card(open_checkpoint(pair).spec, repo_id="org/d", validation=summary)
     assert "Served by vllm (model `m`, measured over HTTP): tau 2.75 in vLLM's counting over 8 verify steps" in card
 

@@ -11,7 +11,7 @@ from dflash_convert.errors import UsageError
 from dflash_convert.validate.cost import StepTimes, expected_speedup, recommend
 from dflash_convert.validate.options import ValidateOptions
 
-PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 KS = [3, 7, 15]
 
 

@@ -129,7 +129,7 @@ def test_a_refusal_names_the_line_the_message_and_the_field(tmp_path, turn, need
     assert "line 2" in str(err.value) and needle in str(err.value) and str(p) in str(err.value)
 
 
-VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).parent.parent / "build" / "vllm-venv" /
+VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).resolve().parents[2] / "build" / "vllm-venv" /
                                                           "bin" / "python")
 VLLM_RENDER = """
 import json, sys

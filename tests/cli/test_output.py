@@ -18,7 +18,7 @@ import pytest
 
 from processes import stop_signals_at_default
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
 
 

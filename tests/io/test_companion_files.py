@@ -119,7 +119,7 @@ def test_hostile_mask_embedding_is_one_error_and_nothing_written(cli, speculator
 
 # ----------------------------------------------------------------------------- validate runs it as vLLM and SGLang do
 
-PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 
 
 @pytest.fixture(scope="module")
