@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dflash_convert.format import catalogue, mapping
+from dflash_convert.format import catalogue, mapping, quantization
 from dflash_convert.format.configs import DraftSpec
 from dflash_convert.format.dtypes import DTYPES, code_for_torch, torch_dtype
 from dflash_convert.errors import DFlashError
@@ -58,12 +59,42 @@ class Checkpoint:
         """Every tensor the spec implies is present with its shape, and nothing unknown is (raises the first
         problem catalogue.tensor_problems finds)."""
         spec = spec or self.spec
-        problems = catalogue.tensor_problems(spec, {n: i.shape for n, i in self.tensors.items()})
+        problems = catalogue.tensor_problems(spec, self.logical_shapes())
         if problems:
             p = problems[0]
             info = self.tensors.get(p.tensor)
             where = info.file if info else (self.weight_files[0] if self.weight_files else self.path)
             raise DFlashError(p.message, file=where)
+
+    @cached_property
+    def quantization(self) -> quantization.Quantization | None:
+        return quantization.read(self.raw_config, self.config_file)
+
+    def quantized_modules(self) -> list[quantization.QuantizedModule]:
+        """The modules the config quantizes, their stored tensors checked against it (format/quantization.py)."""
+        q = self.quantization
+        if q is None:
+            return []
+        have = {n: (i.shape, i.dtype) for n, i in self.tensors.items()}
+        try:
+            return quantization.quantized_modules(q, have, lambda n: self.int_values(n).tolist())
+        except DFlashError as exc:
+            raise DFlashError(str(exc), file=self.weight_files[0] if self.weight_files else self.path) from None
+
+    @cached_property
+    def quantized_names(self) -> frozenset[str]:
+        """Every stored tensor of a quantized module (its quantized weight and companions) and kv-cache scales."""
+        names = {n for m in self.quantized_modules() for n in m.tensors.values()}
+        return frozenset(names | set(quantization.kv_scale_tensors(self.quantization, self.tensors)))
+
+    def logical_shapes(self) -> dict[str, tuple]:
+        """Name -> shape of the unquantized tensors the stored ones stand for (format/quantization.py): what the
+        tensor catalogue checks. A quantization tensor that disagrees with the config raises, naming it."""
+        have = {n: (i.shape, i.dtype) for n, i in self.tensors.items()}
+        try:
+            return quantization.logical_shapes(self.quantization, have, lambda n: self.int_values(n).tolist())
+        except DFlashError as exc:
+            raise DFlashError(str(exc), file=self.weight_files[0] if self.weight_files else self.path) from None
 
     def int_values(self, name: str):
         """A small integer / bool tensor (the vocab maps) as a numpy array, read without torch."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from dflash_convert.format import catalogue, engine_views, mapping
+from dflash_convert.format import catalogue, engine_views, mapping, quantization
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.validate.checks import Check, make_check
 from dflash_convert.format.configs import Format, LayerType, Variant
@@ -166,7 +166,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         rule = catalogue.rule_for(name, spec.variant)
         tensors.append(TensorRow(name=catalogue.layout_name(name, spec.source_format), dtype=info.dtype,
                                  shape=list(info.shape), file=info.file.name,
-                                 role=rule.role if rule else "unknown"))
+                                 role=rule.role if rule else quantization.role(name) or "unknown"))
         if rule and catalogue.loaded_by_engines(rule, spec):
             params += math.prod(info.shape)
     float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
