@@ -487,3 +487,38 @@ if __name__ == "__main__":
         write_readme()
     else:
         sys.stdout.write(render_markdown())
+
+
+# ----------------------------------------------------------------------------- quantized drafts
+# What each engine does with a draft whose config.json carries `quantization_config` (format/quantization.py),
+# read from the engines' loaders: vLLM 0.32.0 (the CPU build) and 0.33.0 `model_executor/models/qwen3_dflash.py`
+# and `transformers_utils/config.py` (the key is copied from config.json onto the draft's config in either
+# format); SGLang 0.5.23 `srt/models/dflash.py` and `srt/speculative/dflash_utils.py`; transformers 5.19
+# `quantizers/auto.py` (z-lab's remote code loads through it).
+
+@dataclass(frozen=True)
+class QuantizedServing:
+    key: str  # the ENGINES row (or engine) it describes
+    title: str
+    version: str
+    methods: tuple[str, ...]  # quant_method values its loader applies; others are skipped (weights load unscaled)
+    fc_quantized: bool  # whether `fc` runs through the quantization method (False: a plain nn.Linear)
+    context_kv: str  # what its context K/V projection does with a quantized qkv_proj
+    cpu_kernels: str = ""  # the schemes its CPU build lists kernels for ("" where it has no CPU build here)
+
+
+QUANTIZED_SERVING: tuple[QuantizedServing, ...] = (
+    QuantizedServing(
+        "vllm", "vLLM", "0.32.0 / 0.33.0", ("compressed-tensors", "modelopt"), True,
+        "the fused context-KV GEMM (one F.linear over qkv_proj.weight slices) is built only when every qkv_proj "
+        "is unquantized (UnquantizedLinearMethod); a quantized one runs per layer through its quant method",
+        "compressed-tensors INT8 W8A8 (CPUInt8ScaledMM), FP8 W8A8 (CPUFP8W8A8ScaledMM), WNA16 (CPUWNA16)"),
+    QuantizedServing(
+        "sglang", "SGLang", "0.5.23", ("compressed-tensors", "modelopt"), False,
+        "kv_proj_only slices qkv_proj.weight only when it is unquantized (can_dflash_slice_qkv_weight), else runs "
+        "the full qkv_proj through its quant method"),
+    QuantizedServing(
+        "zlab", "z-lab dflash (transformers)", "5.19.0", ("compressed-tensors",), True,
+        "transformers' compressed-tensors quantizer dequantizes on load (the compressed-tensors package must be "
+        "installed)"),
+)

@@ -403,3 +403,19 @@ def summary(q: Quantization, modules: list[QuantizedModule]) -> list[str]:
 def _short(modules: list[str]) -> str:
     kinds = sorted({re.sub(r"layers\.\d+\.", "layers.*.", m) for m in modules})
     return ", ".join(kinds)
+
+
+def memory_plan_tensors(modules: list[QuantizedModule], tensors: dict, names) -> list:
+    """The memory plan's view of the draft tensors `names` (infos from `tensors`): a quantized module's weight
+    counted as the float tensor of its unquantized shape that the runtime holds once dequantized (the stored
+    bytes are read and freed module by module)."""
+    from dataclasses import replace
+
+    by_weight = {f"{m.module}.weight": m for m in modules}
+    out = [tensors[n] for n in names if n in tensors and n not in by_weight]
+    for name in names:
+        if name in by_weight:
+            m = by_weight[name]
+            stored = tensors[next(iter(m.tensors.values()))]
+            out.append(replace(stored, name=name, dtype="F32", shape=tuple(m.shape)))
+    return out

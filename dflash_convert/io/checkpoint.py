@@ -297,7 +297,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
             source_names[canon] = name
             tensors[canon] = TensorInfo(canon, code_for_torch(tensor.dtype, tensor=name, file=f),
                                         tuple(tensor.shape), f, 0, tensor.numel() * tensor.element_size())
-    _check_config_against_tensors(spec, tensors, path / CONFIG_NAME)
+    _check_config_against_tensors(spec, tensors, path / CONFIG_NAME, quantization.CONFIG_KEY in raw)
     return Checkpoint(path=path, raw_config=raw, spec=spec, tensors=tensors, source_names=source_names,
                       weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled,
                       companion_files=find_companion_files(path))
@@ -329,7 +329,8 @@ def find_companion_files(path: Path) -> list[Path]:
     return found
 
 
-def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo], config_file: Path) -> None:
+def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo], config_file: Path,
+                                  quantized: bool = False) -> None:
     """What the config says against what the files hold, for every command: no tensor of a layer the
     config does not have, and every tensor in a dtype kind its catalogue entry allows (an int
     `fc.weight` is not a draft any engine can run; only the vocab maps hold integers)."""
@@ -338,7 +339,7 @@ def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo
         if rule is None:
             continue  # unknown tensors: the tensor-set checks name them
         kind = DTYPES[info.dtype].kind if info.dtype in DTYPES else None
-        if kind not in rule.kinds:
+        if kind not in rule.kinds and not (quantized and kind == "int"):  # int weights: the scheme checks them
             allowed = sorted(c for c, d in DTYPES.items() if d.kind in rule.kinds)
             raise DFlashError(f"tensor `{name}` is {info.dtype}; it must be {' or '.join(rule.kinds)} "
                               f"({', '.join(allowed)}): only the vocab maps hold integers", file=info.file)

@@ -13,6 +13,7 @@ from dflash_convert.format.catalogue import TensorProblem
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.format.compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
 from dflash_convert.format.compat import make_check
+from dflash_convert.validate.quantized_checks import quantized_checks
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftSpec
 from dflash_convert.format.dtypes import DTYPES
 
@@ -46,6 +47,7 @@ def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
         *_family(spec, problems),
         *_vocab_map(ckpt),
         _dtypes(ckpt),
+        *quantized_checks(ckpt),
         _causality(spec),
         _verifier(spec),
     ]

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from dflash_convert import __version__
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, engine_views, engines, mapping, serving
+from dflash_convert.format import catalogue, engine_views, engines, mapping, quantization, serving
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
@@ -49,6 +49,7 @@ from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings,
 from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prompts import (BUILTIN_TEXT_PROMPTS, chat_template, load_tokenizer, pending_turn,
                                              read_prompts, tokenize_prompts)
+from dflash_convert.validate.compare import compare_to_source
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
 from dflash_convert.validate.sampling import (generation_config, resolve_sampling, runtime_sampling,
                                               stop_token_ids)
@@ -184,6 +185,8 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
         _endpoint_level(run, report)
     if run.baseline is not None:
         _baseline_gate(run, report)
+    if opts.compare_to is not None:
+        compare_to_source(report, opts, validate, progress)
     return report
 
 
@@ -413,7 +416,8 @@ def _resources(run: Run) -> Iterator[None]:
 
 def _memory_plan(run: Run) -> memory.MemoryPlan:
     opts, spec, e2e = run.opts, run.ckpt.spec, run.end_to_end_runs
-    draft_tensors = [run.ckpt.tensors[n] for n in catalogue.expected_shapes(spec) if n in run.ckpt.tensors]
+    draft_tensors = quantization.memory_plan_tensors(run.ckpt.quantized_modules(), run.ckpt.tensors,
+                                                     catalogue.expected_shapes(spec))  # quantized: as dequantized
     block = max(b or opts.block_size or spec.block_size for b in run.blocks)
     sequence = (max(map(len, run.prompt_ids)) if run.prompt_ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
     sequence += opts.max_new_tokens if run.pending else 0  # an earlier turn's answer joins the prompt

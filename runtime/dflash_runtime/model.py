@@ -24,6 +24,7 @@ from dflash_convert.errors import DFlashError, NotRunnable
 
 from . import dflash2, heads
 from .attention import BACKENDS, select_backend
+from .quantized import dequantized_weights
 
 # scaled RoPE types (transformers' names): static ones fix their frequencies; "dynamic" (NTK) and
 # "longrope" choose them by the sequence length a step reaches (LengthRope)
@@ -603,8 +604,9 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     name = select_backend(backend, layer_causal, sliding, device, dtype)
     ckpt.check_tensors(spec)
     tensors: dict[str, torch.Tensor] = {}
+    dequantized = dequantized_weights(ckpt, str(device))  # a quantized draft: compressed-tensors decompresses
     for tensor in catalogue.expected_shapes(spec):
-        t = ckpt.load_tensor(tensor, str(device))
+        t = dequantized.pop(tensor) if tensor in dequantized else ckpt.load_tensor(tensor, str(device))
         tensors[tensor] = t.to(dtype) if t.is_floating_point() else t  # d2t stays integer
     if spec.is_pruned_vocab:
         ckpt.d2t_target_ids()  # raises on ids outside the target vocab or repeated
