@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 from dflash_convert.format import quantization
-from dflash_convert.format.compat import make_check
+from dflash_convert.format.compat import Check, make_check
 from dflash_convert.format.engines import QUANTIZED_SERVING, QuantizedServing
 from dflash_convert.io.checkpoint import Checkpoint
-from dflash_convert.validate.report import Check
 
 
 def _engine_check(row: QuantizedServing, q: quantization.Quantization, modules) -> Check:
