@@ -339,7 +339,9 @@ def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo
         if rule is None:
             continue  # unknown tensors: the tensor-set checks name them
         kind = DTYPES[info.dtype].kind if info.dtype in DTYPES else None
-        if kind not in rule.kinds and not (quantized and kind == "int"):  # int weights: the scheme checks them
+        int_quantized = quantized and kind == "int" and name.endswith(".weight") and \
+            f"{name.removesuffix('.weight')}.weight_scale" in tensors  # the scheme checks its dtype
+        if kind not in rule.kinds and not int_quantized:
             allowed = sorted(c for c, d in DTYPES.items() if d.kind in rule.kinds)
             raise DFlashError(f"tensor `{name}` is {info.dtype}; it must be {' or '.join(rule.kinds)} "
                               f"({', '.join(allowed)}): only the vocab maps hold integers", file=info.file)
