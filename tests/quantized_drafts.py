@@ -29,6 +29,9 @@ SCHEMES = {
     "w8a16_int8": ("W8A16", 32),
 }
 IGNORE = ["lm_head"]
+# a dflash2 or DSpark draft: only the decoder layers and fc quantized (the family heads stay in float)
+FAMILY_IGNORE = [*IGNORE, "re:.*_conv\\..*", "re:candidate_selector\\..*", "re:markov_head\\..*",
+                 "re:confidence_head\\..*"]
 
 
 def _observe(weight: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,13 +54,14 @@ def scheme_for(name: str):
     return scheme
 
 
-def quantize_draft(src: Path, dest: Path, name: str) -> Path:
-    """A copy of the draft at `src` quantized with scheme `name` (a key of SCHEMES), written to `dest`."""
+def quantize_draft(src: Path, dest: Path, name: str, ignore: list[str] = IGNORE) -> Path:
+    """A copy of the draft at `src` quantized with scheme `name` (a key of SCHEMES), written to `dest`, the modules
+    `ignore` names left in float."""
     scheme = scheme_for(name)
     compressor = BaseCompressor.get_value_from_registry(scheme.format)
     tensors = load_file(src / "model.safetensors")
     out: dict[str, torch.Tensor] = {}
-    for module, tensor in match_quantizable_tensors(tensors, ignore=IGNORE, targets=scheme.targets):
+    for module, tensor in match_quantizable_tensors(tensors, ignore=ignore, targets=scheme.targets):
         weight = tensors.pop(tensor)
         if weight.ndim != 2:
             tensors[tensor] = weight
@@ -69,7 +73,7 @@ def quantize_draft(src: Path, dest: Path, name: str) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     save_file(out, dest / "model.safetensors")
     shutil.copy(src / "config.json", dest / "config.json")
-    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=IGNORE, format=scheme.format,
+    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=list(ignore), format=scheme.format,
                                 quantization_status=QuantizationStatus.COMPRESSED)
     ModelCompressor(quantization_config=config).update_config(str(dest))
     return dest

@@ -184,3 +184,29 @@ def test_an_integer_tensor_outside_a_quantized_module_is_still_refused(drafts, t
                      lambda t: t.__setitem__("norm.weight", t["norm.weight"].to(torch.int8)))
     with pytest.raises(DFlashError, match=r"tensor `norm\.weight` is I8; it must be float"):
         open_checkpoint(bad)
+
+
+@pytest.mark.parametrize("kind", ["dflash2_k3", "dspark"])
+def test_speculators_saved_family_drafts_quantize_convert_and_dequantize(family_drafts, tmp_path, kind):
+    """dflash2 and DSpark drafts saved by speculators, their decoder layers and fc quantized (FP8), the family
+    heads left in float: read without problems, carried both ways byte for byte, dequantized as the library does."""
+    from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
+
+    from dflash_runtime.model import load_draft
+    from quantized_drafts import FAMILY_IGNORE
+
+    q = quantize_draft(family_drafts[kind], tmp_path / "q", "fp8_dynamic", FAMILY_IGNORE)
+    report = inspect_checkpoint(q)
+    assert not {"unexpected_tensors", "missing_tensors", "family_shapes"} & {c.name for c in report.problems}
+    modules = {m.module for m in open_checkpoint(q).quantized_modules()}
+    assert "fc" in modules and not any("conv" in m or "head" in m or "selector" in m for m in modules)
+    convert(q, tmp_path / "hf", ConvertOptions(to="hf"))
+    convert(tmp_path / "hf", tmp_path / "back", ConvertOptions(to="speculators", verifier=str(PAIR / "target")))
+    with safe_open(q / "model.safetensors", "pt") as a, safe_open(tmp_path / "back" / "model.safetensors", "pt") as b:
+        assert set(a.keys()) == set(b.keys())
+        assert all(a.get_tensor(k).reshape(-1).view(torch.uint8).equal(b.get_tensor(k).reshape(-1).view(torch.uint8))
+                   for k in a.keys())
+    draft = load_draft(q, dtype=torch.float32)
+    want = CompressedTensorsDequantizer(str(q), dtype=torch.float32).process(load_file(q / "model.safetensors"))
+    for tensor in catalogue.expected_shapes(draft.spec):
+        assert torch.equal(draft.tensors[tensor].float(), want[tensor].float()), tensor
