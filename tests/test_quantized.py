@@ -17,6 +17,7 @@ from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.format import catalogue, quantization
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.validate.inspect import inspect_checkpoint
+from processes import VLLM_PYTHON, needs_vllm
 from quantized_drafts import SCHEMES, make_modelopt_fp8, quantize_draft
 
 PAIR = Path(__file__).resolve().parents[1] / "examples" / "pair"
@@ -210,3 +211,37 @@ def test_speculators_saved_family_drafts_quantize_convert_and_dequantize(family_
     want = CompressedTensorsDequantizer(str(q), dtype=torch.float32).process(load_file(q / "model.safetensors"))
     for tensor in catalogue.expected_shapes(draft.spec):
         assert torch.equal(draft.tensors[tensor].float(), want[tensor].float()), tensor
+
+
+def test_an_engine_that_quantizes_activations_is_no_acceptance_verdict(drafts):
+    """W8A8: vLLM quantizes the activations, the runtime does not, so a step where their acceptance differs warns
+    instead of failing; weight-only schemes keep the comparison's verdict."""
+    from dflash_convert.format.compat import make_check
+    from dflash_convert.validate.quantized_checks import activation_caveat
+
+    checks = [make_check("engine_acceptance_agrees", False, "vLLM: 65 drafts"),
+              make_check("engine_outputs_equal", False, "outputs differ")]
+    w8a8 = {c.name: c for c in activation_caveat(open_checkpoint(drafts["w8a8_int8"]), checks)}
+    assert w8a8["engine_acceptance_agrees"].status == "warn"
+    assert "quantizes its activations" in w8a8["engine_acceptance_agrees"].message
+    assert w8a8["engine_outputs_equal"].status == "fail"  # the target's outputs must still be equal
+    w4a16 = activation_caveat(open_checkpoint(drafts["w4a16"]), checks)
+    assert [c.status for c in w4a16] == ["fail", "fail"]
+
+
+@needs_vllm
+def test_vllm_cpu_serves_an_int8_w8a8_draft(drafts):
+    """vLLM 0.32's CPU build serves the INT8 W8A8 copy (its CPUInt8ScaledMM kernels): the outputs are the
+    target's, and the acceptance comparison is run (a step the activation quantization moves only warns)."""
+    from dflash_convert.validate.options import ValidateOptions
+    from dflash_convert.validate.run import validate
+
+    opts = ValidateOptions(target=PAIR / "target", prompts=PAIR / "prompts.txt", levels=["static", "end_to_end"],
+                           sampling="greedy", max_new_tokens=48, engine="vllm", engine_python=VLLM_PYTHON,
+                           engine_args={"enforce_eager": True}, timing_rounds=1)
+    report = validate(drafts["w8a8_int8"], opts)
+    status = {c.name: c for c in report.checks}
+    assert status["engine_outputs_equal"].status == "pass", status["engine_outputs_equal"].message
+    agrees = status["engine_acceptance_agrees"]
+    assert agrees.status == "pass" or (agrees.status == "warn" and "quantizes its activations" in agrees.message)
+    assert report.engine_run.counts.num_drafts > 0

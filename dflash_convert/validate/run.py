@@ -50,6 +50,7 @@ from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prompts import (BUILTIN_TEXT_PROMPTS, chat_template, load_tokenizer, pending_turn,
                                              read_prompts, tokenize_prompts)
 from dflash_convert.validate.compare import compare_to_source
+from dflash_convert.validate.quantized_checks import activation_caveat
 from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, SamplingUsed, ValidationReport
 from dflash_convert.validate.sampling import (generation_config, resolve_sampling, runtime_sampling,
                                               stop_token_ids)
@@ -560,6 +561,7 @@ def _served_level(run: Run) -> None:
                              kv_cache_gib=opts.engine_kv_cache_gib, say=run.say)
     for i, (stats, outputs, engine_run) in enumerate(zip(run.per_k, run.per_k_outputs, answer["drafts"])):
         checks, stats_k = _served_k(run, {**answer, "drafts": [engine_run]}, stats, outputs, request, python)
+        checks = activation_caveat(run.ckpt, checks)  # a W8A8 draft: the runtime's activations are float
         k = len(stats.per_position_rates)
         run.checks += checks if i == 0 else _named_k(checks, k)
         run.per_k_engine[k] = stats_k
