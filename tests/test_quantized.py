@@ -69,6 +69,7 @@ def test_inspect_names_the_scheme_and_each_engines_handling(drafts):
     # SGLang 0.5.23 builds fc as a plain nn.Linear: a quantized fc is misloaded there
     assert checks["quantized_serving.sglang"].status == "warn"
     assert "fc" in checks["quantized_serving.sglang"].message
+    assert report.parameters == inspect_checkpoint(SOURCE).parameters  # packed weights by their unquantized shape
     roles = {t.name: t.role for t in report.tensors}
     assert roles["fc.weight_packed"] == "weight_packed (quantization)"
     modelopt = {c.name: c for c in inspect_checkpoint(drafts["modelopt"]).checks}

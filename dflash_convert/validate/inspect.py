@@ -170,8 +170,10 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         tensors.append(TensorRow(name=catalogue.layout_name(name, spec.source_format), dtype=info.dtype,
                                  shape=list(info.shape), file=info.file.name,
                                  role=rule.role if rule else quantization.role(name) or "unknown"))
+    for name, shape in ckpt.logical_shapes().items():  # a quantized weight counts by its unquantized shape
+        rule = catalogue.rule_for(name, spec.variant)
         if rule and catalogue.loaded_by_engines(rule, spec):
-            params += math.prod(info.shape)
+            params += math.prod(shape)
     float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
     views = engine_views.checkpoint_views(ckpt, engine)
     checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views, asked=engine is not None)
