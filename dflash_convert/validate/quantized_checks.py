@@ -19,7 +19,7 @@ def _engine_check(row: QuantizedServing, q: quantization.Quantization, modules) 
         return make_check(name, False, f"{who} builds `fc` as a plain nn.Linear: the quantized fc's scales are "
                           "ignored (pack-quantized: fc.weight is never loaded), so the drafts are wrong; keep fc "
                           "unquantized (add `fc` to the ignore list)", value="fc", bad="warn")
-    cpu = f"; CPU build kernels: {row.cpu_kernels}" if row.cpu_kernels else ""
+    cpu = f"; CPU build: {row.cpu_kernels}" if row.cpu_kernels else ""
     return make_check(name, True, f"{who}: linear layers run through the {q.method} method; context K/V: "
                       f"{row.context_kv}{cpu}", value=q.method)
 
