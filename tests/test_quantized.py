@@ -246,3 +246,14 @@ def test_vllm_cpu_serves_an_int8_w8a8_draft(drafts):
     agrees = status["engine_acceptance_agrees"]
     assert agrees.status == "pass" or (agrees.status == "warn" and "quantizes its activations" in agrees.message)
     assert report.engine_run.counts.num_drafts > 0
+
+
+def test_diff_names_the_quantization_a_copy_adds(drafts, tmp_path):
+    from dflash_convert.convert.diff import diff_checkpoints
+
+    against_source = diff_checkpoints(drafts["w4a16"], SOURCE)
+    assert against_source.config_differences["quantization_config"].a == [
+        "W4A16 (weights INT4 group 32; pack-quantized)"]
+    assert not any(c.key.startswith("quantization_config") for c in against_source.informational)  # engines read it
+    convert(drafts["w4a16"], tmp_path / "hf", ConvertOptions(to="hf"))
+    assert not diff_checkpoints(drafts["w4a16"], tmp_path / "hf").config_differences

@@ -398,6 +398,7 @@ TOP_LEVEL_READ = frozenset({
     "target_layer_ids", "mask_token_id", "mask_token", "aux_hidden_state_layer_ids", "sliding_window_non_causal",
     "sample_from_anchor", "speculators_model_type", "dtype", "torch_dtype", "eagle_aux_hidden_state_layer_ids",
     *mapping.DFLASH2_FIELDS, *(k.name for k in keys.CONFIG_KEYS if k.hf_top), "dspark_bonus_anchor",
+    "quantization_config",  # vLLM and SGLang (format/quantization.py)
 })
 DECODER_READ = frozenset({
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
