@@ -76,6 +76,20 @@ def test_inspect_names_the_scheme_and_each_engines_handling(drafts):
     assert modelopt["quantized_serving.zlab"].status == "warn"  # transformers skips quant_method modelopt
 
 
+def test_an_fp8_weight_without_its_scale_is_named_and_a_float_one_is_not_a_linear_module(drafts, tmp_path):
+    bad = _copy_with(drafts["fp8_dynamic"], tmp_path / "bad", lambda t: t.pop("fc.weight_scale"))
+    with pytest.raises(DFlashError, match=r"tensor `fc\.weight_scale` is missing"):
+        open_checkpoint(bad).check_tensors()
+    # a module the `Linear` class target matches but that is stored in float, without companions, was not an
+    # nn.Linear where the draft was quantized (an embedding, say): it is left as it is
+    source = load_file(SOURCE / "model.safetensors")
+    kept = _copy_with(drafts["fp8_dynamic"], tmp_path / "kept", lambda t: (
+        t.pop("fc.weight_scale"), t.__setitem__("fc.weight", source["fc.weight"])))
+    ckpt = open_checkpoint(kept)
+    assert "fc" not in {m.module for m in ckpt.quantized_modules()}
+    ckpt.check_tensors()
+
+
 @pytest.mark.parametrize("edit, named", [
     (lambda t: t.__setitem__("fc.weight_scale", t["fc.weight_scale"][:32]), "fc.weight_scale"),
     (lambda t: t.pop("layers.1.mlp.up_proj.weight_scale"), "layers.1.mlp.up_proj.weight_scale"),

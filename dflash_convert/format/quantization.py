@@ -201,17 +201,6 @@ def split_name(tensor: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
-def is_companion(tensor: str) -> bool:
-    parts = split_name(tensor)
-    return (parts is not None and parts[1] != "weight") or tensor.rsplit(".", 1)[-1] in KV_SCALE_SUFFIXES
-
-
-def logical_name(tensor: str) -> str:
-    """The unquantized tensor a stored one stands for (`M.weight_packed` -> `M.weight`; others unchanged)."""
-    parts = split_name(tensor)
-    return f"{parts[0]}.weight" if parts and parts[1] == "weight_packed" else tensor
-
-
 def role(tensor: str) -> str | None:
     """What a quantization tensor is, for inspect's tensor table (None: not one)."""
     parts = split_name(tensor)
@@ -322,8 +311,10 @@ def quantized_modules(q: Quantization, have: dict[str, tuple[tuple, str]],
     """Every module the config quantizes, its stored tensors checked (shapes and dtypes) against the scheme.
 
     `have`: stored tensor name -> (shape, dtype code). A module counts as targeted when it is linear (a 2-D
-    weight or a packed one, not a norm or an embedding), matched by a scheme and not ignored. Raises the first
-    problem, one line naming the tensor: a companion nothing targets, a missing or mis-shaped one.
+    weight or a packed one, not a norm or an embedding), matched by a scheme and not ignored; one the `Linear`
+    class target alone matches and that is stored in float with no companion is taken for a module of another
+    class (names do not say which modules were nn.Linear). Raises the first problem, one line naming the
+    tensor: a companion nothing targets, a missing or mis-shaped one.
     """
     modules: dict[str, None] = {}
     for name, (shape, _dtype) in have.items():
@@ -341,6 +332,10 @@ def quantized_modules(q: Quantization, have: dict[str, tuple[tuple, str]],
                 raise DFlashError(f"tensor `{stored[extra[0]]}` is a quantization tensor, but `{CONFIG_KEY}` "
                                   f"quantizes no module `{module}` (ignored or matched by no config group)")
             continue
+        unquantized = DTYPES[have[stored["weight"]][1]] if set(stored) == {"weight"} else None
+        if unquantized is not None and unquantized.is_float and unquantized.itemsize >= 2 and \
+                not any(t != "Linear" and _matches(module, t) for t in scheme.targets):
+            continue  # matched by class only, stored in float: not an nn.Linear where it was quantized
         out, inp = _logical_shape(module, have, read_ints)
         want = expected_companions(q, scheme, out, inp)
         for suffix, (shape, dtype) in want.items():
