@@ -271,3 +271,13 @@ def test_diff_names_the_quantization_a_copy_adds(drafts, tmp_path):
     assert not any(c.key.startswith("quantization_config") for c in against_source.informational)  # engines read it
     convert(drafts["w4a16"], tmp_path / "hf", ConvertOptions(to="hf"))
     assert not diff_checkpoints(drafts["w4a16"], tmp_path / "hf").config_differences
+
+
+def test_inspect_fails_a_companion_that_disagrees_with_the_config(drafts, tmp_path, cli):
+    bad = _copy_with(drafts["fp8_dynamic"], tmp_path / "bad",
+                     lambda t: t.__setitem__("fc.weight_scale", t["fc.weight_scale"][:32]))
+    checks = {c.name: c for c in inspect_checkpoint(bad).problems}
+    assert checks["quantization"].status == "fail" and "`fc.weight_scale` has shape [32, 1]" in \
+        checks["quantization"].message
+    assert "unexpected_tensors" not in checks  # the one defect, reported once
+    assert cli("inspect", bad).code == 3

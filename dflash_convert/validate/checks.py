@@ -13,7 +13,7 @@ from dflash_convert.format.catalogue import TensorProblem
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.format.compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
 from dflash_convert.format.compat import make_check
-from dflash_convert.validate.quantized_checks import quantized_checks
+from dflash_convert.validate.quantized_checks import catalogue_shapes, quantized_checks, quantized_tensor_names
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftSpec
 from dflash_convert.format.dtypes import DTYPES
 
@@ -35,7 +35,7 @@ FC, LM_HEAD, D2T, T2D = (catalogue.name(k) for k in ("fc", "lm_head", "d2t", "t2
 def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
     """Every problem docs/formats.md section 9 lists that a checkpoint alone can show."""
     spec = ckpt.spec
-    problems = catalogue.tensor_problems(spec, ckpt.logical_shapes())
+    problems = catalogue.tensor_problems(spec, catalogue_shapes(ckpt))
     checks = [
         _block_size(spec),
         *_legacy_speculative_tokens(spec),
@@ -109,7 +109,7 @@ def _layer_ids(spec: DraftSpec) -> list[Check]:
 
 
 def _fc_width(ckpt: Checkpoint) -> Check:
-    spec, fc = ckpt.spec, ckpt.logical_shapes().get(FC)  # a quantized fc by its unquantized shape
+    spec, fc = ckpt.spec, catalogue_shapes(ckpt).get(FC)  # a quantized fc by its unquantized shape
     if fc is None:
         return make_check("fc_width", False, f"tensor `{FC}` is missing", threshold=spec.context_width)
     if spec.context_width is None:
@@ -263,7 +263,7 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
 def _shipped_float(ckpt: Checkpoint, name: str) -> bool:
     """A float tensor engines load (not a training-only copy conversion drops anyway)."""
     rule = catalogue.rule_for(name)
-    quantized = ckpt.quantization is not None and name in ckpt.quantized_names  # their dtypes: the scheme's
+    quantized = name in quantized_tensor_names(ckpt)  # their dtypes: the scheme's
     return DTYPES[ckpt.tensors[name].dtype].is_float and not (rule and rule.never_shipped) and not quantized
 
 

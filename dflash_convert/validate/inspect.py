@@ -159,6 +159,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine; `serving`
     adds the checks of a launch's settings against that engine's rules (format/serving.py)."""
     from dflash_convert.validate.checks import checkpoint_checks
+    from dflash_convert.validate.quantized_checks import catalogue_shapes
 
     ckpt = open_checkpoint(path, allow_pickle=allow_pickle)
     spec = ckpt.spec
@@ -170,7 +171,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         tensors.append(TensorRow(name=catalogue.layout_name(name, spec.source_format), dtype=info.dtype,
                                  shape=list(info.shape), file=info.file.name,
                                  role=rule.role if rule else quantization.role(name) or "unknown"))
-    for name, shape in ckpt.logical_shapes().items():  # a quantized weight counts by its unquantized shape
+    for name, shape in catalogue_shapes(ckpt).items():  # a quantized weight counts by its unquantized shape
         rule = catalogue.rule_for(name, spec.variant)
         if rule and catalogue.loaded_by_engines(rule, spec):
             params += math.prod(shape)

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dflash_convert.format import quantization
+from dflash_convert.errors import DFlashError
+from dflash_convert.format import catalogue, quantization
 from dflash_convert.format.compat import Check, make_check
 from dflash_convert.format.engines import QUANTIZED_SERVING, QuantizedServing
 from dflash_convert.io.checkpoint import Checkpoint
@@ -24,12 +25,34 @@ def _engine_check(row: QuantizedServing, q: quantization.Quantization, modules) 
                       f"{row.context_kv}{cpu}", value=q.method)
 
 
+def catalogue_shapes(ckpt: Checkpoint) -> dict[str, tuple]:
+    """What the checks hold against the tensor catalogue: the unquantized shapes the stored tensors stand for;
+    where the quantization tensors disagree with the config (the `quantization` check fails, naming the tensor),
+    the stored tensors the catalogue knows, so that one defect is not reported again as unknown tensors."""
+    try:
+        return ckpt.logical_shapes()
+    except DFlashError:
+        return {n: i.shape for n, i in ckpt.tensors.items() if catalogue.rule_for(n) is not None}
+
+
+def quantized_tensor_names(ckpt: Checkpoint) -> frozenset[str]:
+    """The stored tensors of the quantized modules (none where they disagree with the config)."""
+    try:
+        return ckpt.quantized_names
+    except DFlashError:
+        return frozenset()
+
+
 def quantized_checks(ckpt: Checkpoint) -> list[Check]:
-    """`quantization` (the scheme of each config group, what it quantizes) and one check per engine row."""
-    q = ckpt.quantization
-    if q is None:
-        return []
-    modules = ckpt.quantized_modules()
+    """`quantization` (the scheme of each config group, what it quantizes) and one check per engine row; a
+    quantization tensor that disagrees with the config fails `quantization`, naming it."""
+    try:
+        q = ckpt.quantization
+        if q is None:
+            return []
+        modules = ckpt.quantized_modules()
+    except DFlashError as exc:
+        return [make_check("quantization", False, str(exc))]
     checks = [make_check("quantization", True, "; ".join(quantization.summary(q, modules)),
                          value=[s.label for s in q.schemes])]
     return checks + [_engine_check(row, q, modules) for row in QUANTIZED_SERVING]
