@@ -281,3 +281,17 @@ def test_inspect_fails_a_companion_that_disagrees_with_the_config(drafts, tmp_pa
         checks["quantization"].message
     assert "unexpected_tensors" not in checks  # the one defect, reported once
     assert cli("inspect", bad).code == 3
+
+
+def test_sglang_matches_the_config_against_bare_projection_names(drafts, tmp_path):
+    """SGLang 0.5.23 builds a DFlash draft's layers without their `layers.N.` names: an ignore entry that names one
+    layer selects no module there (it quantizes the layer the checkpoint left in float)."""
+    ignore = ["lm_head", "fc", r"re:layers\.0\.mlp\..*"]  # fc kept in float, as SGLang needs
+    q = quantize_draft(SOURCE, tmp_path / "q", "fp8_dynamic", ignore)
+    checks = {c.name: c for c in inspect_checkpoint(q).checks}
+    assert checks["quantized_serving.sglang"].status == "warn"
+    assert r"re:layers\.0\.mlp\..*" in checks["quantized_serving.sglang"].message
+    assert checks["quantized_serving.vllm"].status == "pass"
+    # an entry naming the projection in every layer means the same with or without the layer names
+    assert "bare projection" not in {c.name: c for c in inspect_checkpoint(drafts["fp8_dynamic"]).checks}[
+        "quantized_serving.sglang"].message

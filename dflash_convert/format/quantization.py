@@ -99,15 +99,16 @@ class Quantization:
         """The scheme a linear module is quantized with (None: left in its float dtype), as compressed-tensors
         matches names: `re:` patterns by regex match, other names exactly or as the last dotted parts, `Linear` any
         linear module."""
-        if any(_matches(module, pattern) for pattern in self.ignore):
+        if any(matches(module, pattern) for pattern in self.ignore):
             return None
         for scheme in self.schemes:
-            if "Linear" in scheme.targets or any(_matches(module, t) for t in scheme.targets):
+            if "Linear" in scheme.targets or any(matches(module, t) for t in scheme.targets):
                 return scheme
         return None
 
 
-def _matches(module: str, pattern: str) -> bool:
+def matches(module: str, pattern: str) -> bool:
+    """Whether a config target / ignore entry names this module, as compressed-tensors (and ModelOpt) match."""
     if pattern.startswith("re:"):
         return re.match(pattern[3:], module) is not None
     if "*" in pattern:  # ModelOpt's exclude_modules are wildcards
@@ -334,7 +335,7 @@ def quantized_modules(q: Quantization, have: dict[str, tuple[tuple, str]],
             continue
         unquantized = DTYPES[have[stored["weight"]][1]] if set(stored) == {"weight"} else None
         if unquantized is not None and unquantized.is_float and unquantized.itemsize >= 2 and \
-                not any(t != "Linear" and _matches(module, t) for t in scheme.targets):
+                not any(t != "Linear" and matches(module, t) for t in scheme.targets):
             continue  # matched by class only, stored in float: not an nn.Linear where it was quantized
         out, inp = _logical_shape(module, have, read_ints)
         want = expected_companions(q, scheme, out, inp)

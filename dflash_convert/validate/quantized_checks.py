@@ -10,7 +10,17 @@ from dflash_convert.format.engines import QUANTIZED_SERVING, QuantizedServing
 from dflash_convert.io.checkpoint import Checkpoint
 
 
-def _engine_check(row: QuantizedServing, q: quantization.Quantization, modules) -> Check:
+def _layer_specific(q: quantization.Quantization, layer_modules: list[str]) -> str | None:
+    """An ignore entry or target that matches a decoder layer's module by its `layers.N.` name but not by its bare
+    projection name, or the reverse: what an engine that drops the layer names decides differently."""
+    for entry in [*q.ignore, *(t for s in q.schemes for t in s.targets if t != "Linear")]:
+        if any(quantization.matches(m, entry) != quantization.matches(m.rsplit(".", 1)[-1], entry)
+               for m in layer_modules):
+            return entry
+    return None
+
+
+def _engine_check(row: QuantizedServing, q: quantization.Quantization, modules, layer_modules) -> Check:
     name, who = f"quantized_serving.{row.key}", f"{row.title} {row.version}"
     if q.method not in row.methods:
         return make_check(name, False, f"{who} does not apply quant_method {q.method!r}: it loads the stored "
@@ -20,6 +30,11 @@ def _engine_check(row: QuantizedServing, q: quantization.Quantization, modules) 
         return make_check(name, False, f"{who} builds `fc` as a plain nn.Linear: the quantized fc's scales are "
                           "ignored (pack-quantized: fc.weight is never loaded), so the drafts are wrong; keep fc "
                           "unquantized (add `fc` to the ignore list)", value="fc", bad="warn")
+    entry = None if row.layer_names else _layer_specific(q, layer_modules)
+    if entry is not None:
+        return make_check(name, False, f"{who} matches the quantization config against its decoder layers' bare "
+                          f"projection names (no `layers.N.`): `{entry}` selects other modules there than in "
+                          "the checkpoint, which it then loads with the wrong method", value=entry, bad="warn")
     cpu = f"; CPU build: {row.cpu_kernels}" if row.cpu_kernels else ""
     return make_check(name, True, f"{who}: linear layers run through the {q.method} method; context K/V: "
                       f"{row.context_kv}{cpu}", value=q.method)
@@ -55,7 +70,9 @@ def quantized_checks(ckpt: Checkpoint) -> list[Check]:
         return [make_check("quantization", False, str(exc))]
     checks = [make_check("quantization", True, "; ".join(quantization.summary(q, modules)),
                          value=[s.label for s in q.schemes])]
-    return checks + [_engine_check(row, q, modules) for row in QUANTIZED_SERVING]
+    layer_modules = [n.removesuffix(".weight") for n in catalogue_shapes(ckpt) if n.startswith("layers.")
+                     and n.endswith("_proj.weight")]
+    return checks + [_engine_check(row, q, modules, layer_modules) for row in QUANTIZED_SERVING]
 
 
 def activation_caveat(ckpt: Checkpoint, checks: list[Check]) -> list[Check]:
