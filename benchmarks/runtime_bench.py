@@ -56,7 +56,7 @@ import _shapes  # noqa: E402
 
 from dflash_convert.format.catalogue import expected_shapes  # noqa: E402
 from dflash_convert.format.mapping import spec_from_config  # noqa: E402
-from dflash_runtime.model import DFlashDraft  # noqa: E402
+from dflash_runtime.draft import DFlashDraft  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK, CONTEXT, NEW_PER_STEP = 16, 512, 4

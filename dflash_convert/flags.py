@@ -8,12 +8,22 @@ model (dflash_convert.cli._options), so adding an option is one field plus its c
     max_new_tokens: Annotated[int, Flag("--max-new-tokens")] = Field(64, description="Tokens per prompt.")
 
 A field the caller fills in itself (a resolved path, a commit sha) says so: `Flag(None, why="...")`.
+
+A value's range is the field's own pydantic constraint (`Field(64, ge=1, le=8192)`), a choice its `Literal`;
+a `CommandOptions` model turns whatever pydantic refuses into one UsageError naming the flag, its words
+generated from that declaration (`usage_error`): "--max-new-tokens must be an integer in [1, 8192], got 0".
 """
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+
+from dflash_convert.errors import UsageError
 
 # the help of a flag two commands' options models share
 ALLOW_PICKLE_HELP = "Accept pickle weight files (.bin/.pt)."
@@ -49,3 +59,112 @@ class Flag:
 def flag_of(metadata: list) -> Flag | None:
     """The Flag among a pydantic field's metadata, if any."""
     return next((m for m in metadata if isinstance(m, Flag)), None)
+
+
+@dataclass(frozen=True)
+class Off:
+    """The value(s) that turn a setting off ("-1 or 0"), said with its range when a value is out of it."""
+
+    values: str
+
+
+# ----------------------------------------------------------------------------- errors that name the flag
+
+BOUNDS = ("ge", "gt", "le", "lt", "allow_inf_nan")  # the pydantic constraints a range is said from
+
+
+def _without_none(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def _is_item(loc: tuple) -> bool:
+    return len(loc) > 1 and isinstance(loc[1], int)
+
+
+def declared(model: type[BaseModel], loc: tuple) -> tuple[Any, list]:
+    """(type, metadata) declared at `loc`: a field (its constraints and markers), or an item of a list field."""
+    info = model.model_fields[loc[0]]
+    kind, metadata = _without_none(info.annotation), list(info.metadata)
+    if _is_item(loc) and get_origin(kind) is list:  # an item of a list: its own declaration
+        kind, metadata = _without_none(get_args(kind)[0]), []
+    while get_origin(kind) is Annotated:
+        kind, *extra = get_args(kind)
+        metadata += [m for e in extra for m in (e.metadata if isinstance(e, FieldInfo) else [e])]
+    return kind, metadata
+
+
+def _number(bound: Any) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+def wanted(model: type[BaseModel], loc: tuple) -> str | None:
+    """What the value at `loc` must be, said from its declaration: "an integer in [1, 8192]", "a finite number
+    >= 0", "a number in (0, 1]", "an integer >= -1 (-1 or 0: off)"; None for what is not a number."""
+    kind, metadata = declared(model, loc)
+    if kind not in (int, float):
+        return None
+    c = {name: getattr(m, name) for m in metadata for name in BOUNDS if getattr(m, name, None) is not None}
+    low, high = c.get("ge", c.get("gt")), c.get("le", c.get("lt"))
+    finite = kind is float and c.get("allow_inf_nan") is False and (low is None or high is None)
+    text = "an integer" if kind is int else "a finite number" if finite else "a number"
+    if low is not None and high is not None:
+        text += f" in {'[' if 'ge' in c else '('}{_number(low)}, {_number(high)}{']' if 'le' in c else ')'}"
+    elif low is not None or high is not None:
+        text += f" {next(s for s, k in (('>=', 'ge'), ('>', 'gt'), ('<=', 'le'), ('<', 'lt')) if k in c)} " \
+                f"{_number(low if low is not None else high)}"
+    off = next((m for m in metadata if isinstance(m, Off)), None)
+    return text + (f" ({off.values}: off)" if off else "")
+
+
+def either(choices: list[str]) -> str:
+    """"a, b or c"."""
+    return " or ".join([", ".join(choices[:-1]), choices[-1]] if len(choices) > 1 else choices)
+
+
+def named(model: type[BaseModel], name: str) -> str:
+    """How an error names a field: its flag (`--max-new-tokens`), or for a field the caller fills in, its
+    name in words (`timing rounds`)."""
+    spelling = flag_of(model.model_fields[name].metadata)
+    return spelling.field_flag if spelling is not None and spelling.name else name.replace("_", " ")
+
+
+def usage_error(exc: ValidationError, model: type[BaseModel]) -> UsageError:
+    """The first of pydantic's errors as the one line a user reads, naming the flag: a value out of its
+    range (`--max-new-tokens must be an integer in [1, 8192], got 0`), not one of the choices, or failing a
+    field's own rule (its validator's words after the flag)."""
+    error = exc.errors()[0]
+    loc, given = error["loc"], error.get("input")
+    if not loc or loc[0] not in model.model_fields:
+        return UsageError(f"{model.__name__} has no option {loc[0]!r}" if loc else error["msg"])
+    subject = f"each {named(model, loc[0])} value" if _is_item(loc) else named(model, loc[0])
+    if error["type"] == "value_error":  # a field's own rule: a predicate, e.g. "must be distinct values, got [4, 4]"
+        return UsageError(f"{named(model, loc[0])} {error['ctx']['error']}")
+    kind, _ = declared(model, loc)
+    if get_origin(kind) is Literal:
+        allowed = [str(a) for a in get_args(kind)]
+        return UsageError(f"{named(model, loc[0])} {given!r}: choose {either(allowed)}")
+    if error["type"] == "too_short":
+        return UsageError(f"{subject} must have at least {error['ctx']['min_length']} value(s), got {given!r}")
+    phrase = wanted(model, loc)
+    if phrase is not None:
+        return UsageError(f"{subject} must be {phrase}, got {given!r}")
+    return UsageError(f"{subject}: {error['msg']}, got {given!r}")
+
+
+class CommandOptions(BaseModel):
+    """An options model a command's flags are generated from: any value pydantic refuses (at construction or
+    assignment) is the UsageError naming its flag (exit 2). A rule between options (a model_validator)
+    raises its own UsageError, naming the flags in its sentence. An option it does not know is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _errors_name_the_flag(cls, values: Any, handler: Any) -> Any:
+        try:
+            return handler(values)
+        except ValidationError as exc:
+            raise usage_error(exc, cls) from None

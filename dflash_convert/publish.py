@@ -52,7 +52,7 @@ def convert_and_publish(src: str | Path, dest: str | Path, opts: ConvertOptions 
     push) runs static + numeric validation on the staged output before it is renamed into place (a
     failing check raises ValidationFailed and nothing is written); push=REPO then uploads `dest`
     (push_options go to hub.client.push: revision, private, commit_message, commit_description,
-    create_pr, token). on_status gets the validation's progress lines.
+    create_pr, token, on_info). on_status gets the validation's progress lines.
     """
     if push:  # a push that cannot be made is refused before the conversion, not after it
         from dflash_convert.hub.client import check_push_options

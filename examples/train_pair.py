@@ -392,8 +392,8 @@ def measure_runtime(draft_dir: Path, target_dir: Path, prompts, max_new, log, la
     (its context fed from those target layers instead of its own)."""
     try:
         from dflash_runtime.decode import speculative_generate, target_generate
-        from dflash_runtime.model import load_draft
-        from dflash_runtime.target import load_target
+        from dflash_runtime.draft_load import load_draft
+        from dflash_runtime.target_load import load_target
     except ImportError as e:
         log(f"dflash_runtime not available ({e}); only the reference loop measured tau")
         return None

@@ -49,7 +49,7 @@ def test_per_layer_names_and_keys():
     assert catalogue.rule_for("layers.0.mlp_conv.base_kernel", "dflash2").variants == ("dflash2",)
     assert catalogue.canonical_name("model.layers.0.input_layernorm.weight") == "layers.0.input_layernorm.weight"
     assert catalogue.canonical_name("model.unknown") == "model.unknown"
-    assert len({t.key for t in catalogue.CATALOGUE}) == len(catalogue.CATALOGUE)
+    assert len({t.key for t in catalogue.entries()}) == len(catalogue.entries())
 
 
 def test_tensor_set_validator_names_each_problem(speculators_drafts):
@@ -184,7 +184,7 @@ def test_hidden_size_mismatch_fails_static_convert_and_runtime_alike(tiny_target
     from safetensors.torch import load_file, save_file
 
     from dflash_convert.io.reading import read_json
-    from dflash_convert.validate.checks import target_checks
+    from dflash_convert.validate.static import target_checks
     from dflash_convert.format.mapping import target_info
     from dflash_runtime import check_pair, load_draft, load_target
     from runtime_helpers import write_hf_draft

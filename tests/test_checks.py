@@ -12,7 +12,7 @@ import pytest
 from dflash_convert.format import mapping
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.io.reading import read_json
-from dflash_convert.validate.checks import checkpoint_checks, target_checks
+from dflash_convert.validate.static import checkpoint_checks, target_checks
 from factories import copy_draft
 
 
@@ -171,7 +171,7 @@ def test_checks_without_scan_do_not_import_torch(speculators_drafts):
     import subprocess
 
     code = ("import sys; from dflash_convert.io.checkpoint import open_checkpoint; "
-            "from dflash_convert.validate.checks import checkpoint_checks; "
+            "from dflash_convert.validate.static import checkpoint_checks; "
             f"checkpoint_checks(open_checkpoint({str(speculators_drafts['legacy_pruned'])!r})); "
             "assert 'torch' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -181,7 +181,7 @@ def test_checks_without_scan_do_not_import_torch(speculators_drafts):
 def test_tensor_stored_in_two_shards(speculators_drafts, tmp_path, cli):
     from safetensors.torch import load_file, save_file
 
-    from dflash_convert.validate.checks import duplicate_tensors_check
+    from dflash_convert.validate.static import duplicate_tensors_check
 
     d = tmp_path / "sharded"
     shutil.copytree(speculators_drafts["full"], d)
@@ -207,7 +207,7 @@ def test_verifier_warns_when_the_draft_names_another_target(cli, tmp_path):
     a folder of the same name, or the Hub cache's folder of a Hub id, it passes."""
     from types import SimpleNamespace
 
-    from dflash_convert.validate.checks import verifier_against
+    from dflash_convert.validate.static import verifier_against
 
     lookalike = tmp_path / "lookalike-target"
     lookalike.mkdir()

@@ -13,8 +13,9 @@ from pydantic import BaseModel, Field
 from dflash_convert.cli import app
 from dflash_convert.cli._options import ALIAS, flagged_fields, with_options
 from dflash_convert.convert.conversion import ConvertOptions
-from dflash_convert.flags import Flag, flag_of
-from dflash_convert.validate.options import ValidateOptions
+from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.flags import CommandOptions, Flag, Off, flag_of
+from dflash_convert.validate.options import MAX_PROMPT_TOKENS, ValidateOptions, check_value
 
 COMMANDS = {"validate": ValidateOptions, "convert": ConvertOptions}
 
@@ -111,7 +112,7 @@ def test_the_renamed_flag_and_its_former_spelling(cli, speculators_drafts, spell
     assert r.code in (0, 3), r.err
     assert r.json()["options"]["engine_kv_cache_gib"] == 2.5
     bad = cli("validate", speculators_drafts["full"], "--levels", "static", spelling, "0")
-    assert bad.code == 2 and "--engine-kv-cache-gib must be positive" in bad.err, bad.err
+    assert bad.code == 2 and "--engine-kv-cache-gib must be a number > 0, got 0.0" in bad.err, bad.err
 
 
 def test_the_former_spelling_is_hidden_from_help(cli):
@@ -126,3 +127,59 @@ def test_unset_text_options_leave_the_field_defaults(cli, speculators_drafts):
     for name in ("engine_args", "chat_template_kwargs", "max_memory", "min_position_rates", "dtype", "backend",
                  "draft_sampling", "sampling", "engine_timeout", "engine_kv_cache_gib", "max_new_tokens"):
         assert options[name] == defaults[name], name
+
+
+# ----------------------------------------------------------------------------- errors said from the declaration
+
+REFUSED = [
+    (dict(max_new_tokens=0), f"--max-new-tokens must be an integer in [1, {MAX_PROMPT_TOKENS}], got 0"),
+    (dict(top_p=0.0), "--top-p must be a number in (0, 1], got 0.0"),
+    (dict(top_k=-2), "--top-k must be an integer >= -1 (-1 or 0: off), got -2"),
+    (dict(temperature=float("inf")), "--temperature must be a finite number >= 0, got inf"),
+    (dict(max_regression=1.0), "--max-regression must be a number in [0, 1), got 1.0"),
+    (dict(min_position_rates=[0.9, 1.5]), "each --min-position-rates value must be a number in [0, 1], got 1.5"),
+    (dict(draft_sampling="top"), "--draft-sampling 'top': choose greedy or probabilistic"),
+    (dict(concurrency=[4, 4]), "--concurrency must be distinct values, got [4, 4]"),
+    (dict(timing_rounds=0), "timing rounds must be an integer >= 1, got 0"),  # no flag: the field in words
+    (dict(num_speculative_tokens=[3], block_size=4), "give --num-speculative-tokens or --block-size, not both "
+                                                     "(the block is K+1 slots)"),
+]
+
+
+@pytest.mark.parametrize("bad, says", REFUSED, ids=["-".join(bad) for bad, _ in REFUSED])
+def test_a_refused_value_is_one_usage_error_naming_its_flag(bad, says):
+    with pytest.raises(UsageError) as refused:
+        ValidateOptions(**bad)
+    assert str(refused.value) == says
+
+
+def test_assignment_and_copies_are_held_to_the_same_declaration():
+    options = ValidateOptions()
+    with pytest.raises(UsageError, match=r"^--threads must be an integer >= 1, got 0$"):
+        options.threads = 0
+    with pytest.raises(UsageError, match="--max-new-tokens"):  # model_copy skips pydantic; check() does not
+        options.model_copy(update={"max_new_tokens": 0}).check()
+
+
+def test_a_generation_config_value_is_held_to_its_flags_range():
+    """generation_config.json's values and the flags are checked against one declaration, said the same way."""
+    with pytest.raises(DFlashError) as from_file:
+        check_value("top_p", 0, file="g.json")
+    with pytest.raises(UsageError) as from_flag:
+        ValidateOptions(top_p=0)
+    assert str(from_file.value) == "g.json: field `top_p` must be a number in (0, 1], got 0"
+    assert str(from_flag.value) == "--top-p must be a number in (0, 1], got 0"
+    with pytest.raises(DFlashError, match="got '0.5'"):  # a JSON string is no number, as before
+        check_value("temperature", "0.5", file="g.json")
+    assert check_value("top_k", -1) == 0 and check_value("temperature", 1) == 1.0
+
+
+class Sized(CommandOptions):
+    size: Annotated[int, Flag("--size"), Off("0")] = Field(3, ge=0, le=9, description="The size.")
+
+
+def test_the_translator_works_for_any_options_model():
+    with pytest.raises(UsageError, match=r"^--size must be an integer in \[0, 9\] \(0: off\), got 10$"):
+        Sized(size=10)
+    with pytest.raises(UsageError, match="^Sized has no option 'colour'$"):
+        Sized(colour=1)

@@ -67,7 +67,7 @@ def test_draft_with_per_query_window(tiny_target, tmp_path):
     last slot sees fewer context positions than training gives it, so its output moves."""
     from factories import make_speculators_draft
 
-    from dflash_runtime.model import load_draft
+    from dflash_runtime.draft_load import load_draft
 
     W, T, B = 5, 12, 4
     path = make_speculators_draft(tmp_path / "w5", tiny_target, sliding_window=W, block_size=B)

@@ -52,8 +52,8 @@ def hf_dflash(tmp_path_factory) -> Path:
 
 
 def test_every_key_an_engine_reads_has_a_value_here():
-    assert set(SET) == {k.name for k in keys.CONFIG_KEYS if not k.required and "dflash" in k.kinds}
-    assert all(not keys.BY_NAME[k].is_neutral(v) for k, v in SET.items())
+    assert set(SET) == {k.name for k in keys.config_keys() if not k.required and "dflash" in k.kinds}
+    assert all(not keys.by_name()[k].is_neutral(v) for k, v in SET.items())
 
 
 def test_zlab_dflash2_logit_maps_survive_or_stop_the_conversion(cli, hf_dflash2, tmp_path):
@@ -86,7 +86,7 @@ def test_each_key_is_carried_or_refused_by_name(cli, hf_dflash, tmp_path, name):
     assert cli("diff", hf_dflash, src).code == 3
     r = cli("convert", src, "-o", tmp_path / "spec")
     if r.code == 0:  # carried: the speculators format has a field for it, and it comes back
-        assert keys.BY_NAME[name].speculators and read_config(tmp_path / "spec")[name] == SET[name]
+        assert keys.by_name()[name].speculators and read_config(tmp_path / "spec")[name] == SET[name]
         assert cli("convert", tmp_path / "spec", "-o", tmp_path / "back").code == 0
         assert read_config(tmp_path / "back")["dflash_config"][name] == SET[name]
     else:

@@ -134,7 +134,7 @@ def test_what_a_quantized_draft_cannot_become_is_refused_by_name(drafts, tmp_pat
 
 @pytest.mark.parametrize("name", ALL)
 def test_the_runtime_dequantizes_as_the_library_does(drafts, name):
-    from dflash_runtime.model import load_draft
+    from dflash_runtime import load_draft
 
     draft = load_draft(drafts[name], dtype=torch.float32)
     source = load_file(SOURCE / "model.safetensors")
@@ -164,7 +164,7 @@ def test_the_memory_plan_counts_the_weights_the_runtime_holds(drafts):
 
 
 def test_a_quantized_kv_cache_is_not_run_as_if_it_were_float(drafts, tmp_path):
-    from dflash_runtime.model import load_draft
+    from dflash_runtime import load_draft
 
     dest = tmp_path / "kv"
     dest.mkdir()
@@ -208,7 +208,7 @@ def test_speculators_saved_family_drafts_quantize_convert_and_dequantize(family_
     heads left in float: read without problems, carried both ways byte for byte, dequantized as the library does."""
     from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
 
-    from dflash_runtime.model import load_draft
+    from dflash_runtime import load_draft
     from quantized_drafts import FAMILY_IGNORE
 
     q = quantize_draft(family_drafts[kind], tmp_path / "q", "fp8_dynamic", FAMILY_IGNORE)

@@ -11,7 +11,7 @@ import torch
 
 from dflash_convert.errors import NotRunnable
 from dflash_runtime import load_draft
-from dflash_runtime.model import apply_rope, rope_tables
+from dflash_runtime.rope import apply_rope, rope_tables
 from runtime_helpers import one_torch_thread, write_hf_draft  # noqa: F401 (autouse fixture)
 
 HEAD_DIM = 16

@@ -12,7 +12,7 @@ import torch
 
 from dflash_convert.errors import UsageError
 from dflash_runtime import Penalties, Sampling, load_draft, load_target, speculative_generate, target_generate
-from dflash_runtime.model import DFlashDraft
+from dflash_runtime.draft import DFlashDraft
 from runtime_helpers import DEVICES, one_torch_thread, record_calls  # noqa: F401 (autouse fixture)
 
 PROMPTS = ([3, 17, 250, 9], [100] * 7, list(range(40, 61)))

@@ -10,7 +10,7 @@ import torch
 
 from dflash_convert.errors import DFlashError
 from dflash_runtime import load_draft
-from dflash_runtime.model import apply_rope, rope_tables
+from dflash_runtime.rope import apply_rope, rope_tables
 from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 from runtime_helpers import (our_block_logits, speculators_draft, speculators_logits, target_context, write_hf_draft,
                              zlab_reference_logits)
@@ -101,7 +101,7 @@ def test_bf16_draft_close_to_fp32(hf_drafts, runtime_target):
 # ----------------------------------------------------------------------------- refusals
 
 def test_dspark_is_refused_clearly(runtime_drafts):
-    from dflash_runtime.model import _check_runnable
+    from dflash_runtime.draft_load import _check_runnable
 
     spec = load_draft(runtime_drafts["dflash2"]).spec.model_copy(update={"variant": "xpress"})
     with pytest.raises(DFlashError, match="xpress drafts are not supported by the runtime"):
@@ -178,7 +178,7 @@ def test_non_qwen3_scalings_are_refused(speculators_drafts, tmp_path):
     import shutil
 
     from dflash_convert.errors import DFlashError
-    from dflash_runtime.model import load_draft
+    from dflash_runtime.draft_load import load_draft
 
     src = tmp_path / "d"
     shutil.copytree(speculators_drafts["full"], src)

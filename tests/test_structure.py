@@ -109,6 +109,37 @@ def test_the_layer_check_sees_an_import_up_or_across(folder, line):
         probe.unlink()
 
 
+# dflash_runtime ships in this distribution under its own import name, as a layer of it: it reads checkpoints
+# through these and imports nothing else of dflash_convert (no flags, no chart, nothing of a layer above)
+RUNTIME_READS = ("dflash_convert.format", "dflash_convert.io", "dflash_convert.errors")
+
+
+def runtime_imports_outside_its_reads() -> list[str]:
+    return sorted(f"{path.relative_to(ROOT)} imports {imported}" for path in modules(RUNTIME)
+                  for imported in imports_of(path)
+                  if imported.startswith("dflash_convert") and unit_of(imported) not in RUNTIME_READS)
+
+
+def test_the_runtime_imports_only_format_io_and_errors():
+    assert runtime_imports_outside_its_reads() == []
+
+
+@pytest.mark.parametrize("line, refused", [
+    ("from dflash_convert.validate.report import ValidationReport", True),  # a layer above
+    ("from dflash_convert.flags import Flag", True),  # the bottom layer, but not what the runtime reads
+    ("from dflash_convert import __version__", True),
+    ("from dflash_convert.io.checkpoint import open_checkpoint", False),
+])
+def test_the_runtime_import_check_sees_an_import_outside_its_reads(line, refused):
+    probe = RUNTIME / "_probe_import.py"
+    try:
+        probe.write_text(line + "\n")
+        found = runtime_imports_outside_its_reads()
+        assert bool(found) == refused and all("_probe_import.py imports" in f for f in found), found
+    finally:
+        probe.unlink()
+
+
 def test_the_cli_does_not_import_the_process_entry():
     """`__main__` imports the cli (after its early Ctrl-C handler); the cli never imports `__main__` back."""
     for path in [*(PKG / "cli").rglob("*.py")]:

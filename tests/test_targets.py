@@ -101,9 +101,9 @@ def test_rollback_leaves_the_state_of_the_accepted_prefix(kind, compile, mixers)
     cache starts from zero state). Replaying the linear-attention mixers, and (a model whose mixers are
     not found) re-running the whole decoder."""
     target = load_target(zoo(kind), compile=compile)
-    assert set(target._mixers) == {0, 2}  # the Gated DeltaNet layers
+    assert set(target.rollback.mixers) == {0, 2}  # the Gated DeltaNet layers
     if not mixers:
-        target._mixers = {}
+        target.rollback.mixers = {}
     g = torch.Generator().manual_seed(0)
     for _ in range(2):
         for got, want in rolled_back_and_fresh(target, g):
@@ -115,7 +115,7 @@ def test_rollback_in_bf16_within_the_stated_tolerance(device):
     """The hybrid rollback with the target in bf16 on each device present (on a GPU, transformers' fast
     Gated DeltaNet kernels where flash-linear-attention is installed): REL_TOL[bf16] of one fresh forward."""
     target = load_target(zoo("qwen3_5"), device=device, dtype=torch.bfloat16)
-    assert set(target._mixers) == {0, 2}
+    assert set(target.rollback.mixers) == {0, 2}
     g = torch.Generator().manual_seed(0)
     for _ in range(2):
         for got, want in rolled_back_and_fresh(target, g):
@@ -206,9 +206,9 @@ def test_validate_refuses_a_target_path_that_differs_from_transformers(cli, tmp_
     """A runtime bug on the target side (here: linear-attention state not zeroed between prompts of a
     reused static cache, as it once was) ends the run "cannot run this target" (exit 1), not with the
     draft failing greedy_output_equal (exit 3)."""
-    from dflash_runtime import target as target_mod
+    from dflash_runtime import rollback
 
-    monkeypatch.setattr(target_mod, "_reset_state", lambda layer: None)
+    monkeypatch.setattr(rollback, "_reset_state", lambda layer: None)
     r = cli("validate", _draft_dir(tmp_path), "--target", zoo("qwen3_5"), "--prompts", _prompts(tmp_path),
             "--levels", "end_to_end", "--max-new-tokens", "12", "--device", "cpu", "--compile", "--sampling", "greedy",
             "--json")

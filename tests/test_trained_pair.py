@@ -29,8 +29,8 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def pair():
-    from dflash_runtime.model import load_draft
-    from dflash_runtime.target import load_target
+    from dflash_runtime.draft_load import load_draft
+    from dflash_runtime.target_load import load_target
 
     return load_draft(PAIR / "draft"), load_target(PAIR / "target")
 
@@ -99,7 +99,7 @@ def test_miswired_draft_loses_most_of_its_acceptance(pair, prompts, baselines, w
     """The pair's draft reads its continuation from the target's features of the context, so the common wiring
     bugs (a lost +1 between the formats' layer ids either way, a reordered list, the final layer's states
     instead of the right one) show as a collapse in acceptance, which is what validate's threshold catches."""
-    from dflash_runtime.model import load_draft
+    from dflash_runtime.draft_load import load_draft
 
     draft, target = pair
     good = greedy_tau(draft, target, prompts, baselines)

@@ -17,7 +17,7 @@ from runtime_helpers import close, speculators_draft, write_hf_draft
 
 from dflash_convert.format import mapping
 from dflash_convert.io.checkpoint import open_checkpoint
-from dflash_convert.validate import transformers_engine as te
+from dflash_convert.validate.engine import transformers_engine as te
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "examples" / "pair"

@@ -146,7 +146,7 @@ def test_options_out_of_range_are_usage_errors_before_anything_is_read(tmp_path)
     from dflash_convert.errors import UsageError
     from dflash_convert.validate import ValidateOptions, validate
 
-    for bad, flag in [(dict(block_size=1), "--block-size"), (dict(levels=["nope"]), "unknown validation level"),
+    for bad, flag in [(dict(block_size=1), "--block-size"), (dict(levels=["nope"]), "--levels 'nope': choose"),
                       (dict(draft_sampling="top"), "--draft-sampling"), (dict(temperature=float("nan")), "--temperature"),
                       (dict(engine="vllm", causal=True), "--engine or --causal")]:
         with pytest.raises(UsageError, match=flag):

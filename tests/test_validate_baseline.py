@@ -103,7 +103,7 @@ def test_the_bound_from_the_counts():
 def test_per_request_histograms(first_run, cli, tmp_path):
     """Per prompt: its verify steps by drafts accepted (vLLM's per-request summary), summing to its steps;
     over the prompts: how many fell in each tau band. Both in the JSON and the Markdown report."""
-    from dflash_convert.validate.histogram import request_histogram, step_histogram
+    from dflash_convert.validate.end_to_end import request_histogram, step_histogram
 
     steps = [0, 3, 1, 0, 2, 2, 5]  # drafts accepted per step, block 6
     rates = [sum(a > k for a in steps) / len(steps) for k in range(5)]

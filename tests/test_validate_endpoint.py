@@ -189,7 +189,7 @@ def test_bad_answers_one_line(server, tmp_path, cli, canned, said):
 
 def test_retry_after_capped(server, tmp_path, cli, monkeypatch):
     """429 then 503 with Retry-After: waited (an hour capped to the cap), then answered."""
-    from dflash_convert.validate import endpoint
+    from dflash_convert.validate.endpoint import client as endpoint
 
     waits = []
     monkeypatch.setattr(endpoint.time, "sleep", waits.append)

@@ -120,7 +120,7 @@ def servers(tmp_path_factory):
 
 
 def _counters(text: str) -> tuple[int, int, list[int]]:
-    from dflash_convert.validate.endpoint_counts import parse_metrics
+    from dflash_convert.validate.endpoint.counts import parse_metrics
 
     spec = parse_metrics(text).spec
     return spec.steps, spec.accepted, spec.per_position
@@ -231,6 +231,6 @@ def test_other_traffic_refused_on_the_counter_path(servers, cli):
 
 def _running(text: str) -> float:
     """Requests running or waiting on the server, by its /metrics."""
-    from dflash_convert.validate.endpoint_counts import parse_metrics
+    from dflash_convert.validate.endpoint.counts import parse_metrics
 
     return parse_metrics(text).in_flight

@@ -58,8 +58,8 @@ def _header_only_target(path: Path, source: Path, total_bytes: int) -> Path:
 @pytest.fixture
 def no_loading(monkeypatch):
     """Record any attempt to load a draft or a target."""
-    import dflash_runtime.model
-    import dflash_runtime.target
+    import dflash_runtime.draft_load
+    import dflash_runtime.target_load
 
     calls = []
 
@@ -69,8 +69,8 @@ def no_loading(monkeypatch):
             raise AssertionError(f"{what} was loaded")
         return load
 
-    monkeypatch.setattr(dflash_runtime.target, "load_target", refuse("target"))
-    monkeypatch.setattr(dflash_runtime.model, "load_draft", refuse("draft"))
+    monkeypatch.setattr(dflash_runtime.target_load, "load_target", refuse("target"))
+    monkeypatch.setattr(dflash_runtime.draft_load, "load_draft", refuse("draft"))
     return calls
 
 

@@ -147,7 +147,7 @@ def served(tmp_path_factory):
     import torch
 
     from dflash_convert.io.checkpoint import open_checkpoint
-    from dflash_convert.validate import served as engine
+    from dflash_convert.validate.engine import served as engine
     from dflash_runtime import Sampling, load_target, target_generate
 
     if not os.access(VLLM_PYTHON, os.X_OK):
@@ -175,7 +175,7 @@ def served(tmp_path_factory):
 
 def _agreement(report, run, target_only, greedy):
     """engine_acceptance_agrees and the comparison's figures, of vLLM's `run` against the emulation `report`."""
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     checks, stats = served_checks({"vllm_version": "0.32.0", "drafts": [run], "target_only": {"outputs": target_only}},
                                   greedy, report.acceptance.vllm_counting, block=report.acceptance.block_size,
@@ -190,7 +190,7 @@ def test_vllm_counts_equal_the_emulation_counted_as_vllm_counts(served, name):
     """vLLM's accepted count equals the emulation's at every verify step up to each prompt's first near-tie,
     and where no decision sat near a tie (a confident draft) its counters equal the emulation's exactly; the
     rule the case exercises is then verified, not claimed."""
-    from dflash_convert.validate.served import engine_counts
+    from dflash_convert.validate.engine.served import engine_counts
 
     cases, target_only, greedy = served
     report, run = cases[name]
@@ -338,8 +338,8 @@ def test_hybrid_target_served_in_vllm(tmp_path):
 
     import target_zoo
     from dflash_convert.validate import ValidateOptions, validate
-    from dflash_convert.validate import served as engine
-    from dflash_convert.validate.served import engine_counts
+    from dflash_convert.validate.engine import served as engine
+    from dflash_convert.validate.engine.served import engine_counts
     from dflash_runtime import Sampling, load_target, target_generate
     from runtime_helpers import write_hf_draft
 
@@ -385,7 +385,7 @@ def test_hybrid_target_with_prefix_caching_cannot_run_on_cpu_vllm(tmp_path):
     """Prefix caching forced on for a hybrid target: no verdict, a "cannot run here" naming Triton and the
     way out (exit 1 through served_checks), answered before vLLM is imported."""
     from dflash_convert.errors import DFlashError
-    from dflash_convert.validate import served as engine
+    from dflash_convert.validate.engine import served as engine
 
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text(json.dumps(
@@ -495,7 +495,7 @@ def test_sampled_agreement_needs_both_tau_and_every_position(engine, emulated, a
     """A sampled run agrees with the emulation only when tau AND each per-position rate are within their
     tolerances: a draft whose acceptance moved between positions (same tau) is a disagreement. (Counted over
     10^6 drafts, the interval from the counts is down to its least width.)"""
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     scaled = [a * 10 ** 4 for a in engine], [a * 10 ** 4 for a in emulated]  # per 100 drafts -> per 10^6
     checks, _ = served_checks(_engine_answer(scaled[0], num=10 ** 6), [[1, 2, 3], [4, 5]], _emulated(scaled[1], 10 ** 6),
@@ -507,7 +507,7 @@ def test_sampled_agreement_needs_both_tau_and_every_position(engine, emulated, a
 
 def test_emulated_tau_off_alone_is_a_disagreement():
     """Rates equal, tau not (an emulation counted another way): the tau half of the rule alone fails it."""
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     per_pos = [900_000, 800_000, 700_000]
     emulated = _emulated(per_pos, 10 ** 6).model_copy(update={"acceptance_length": 3.6})
@@ -533,7 +533,7 @@ def _decisions(*prompts):
 
 
 def _greedy_agreement(engine_steps, decisions):
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     answer = _engine_answer([90, 80, 70])
     answer["drafts"][0]["steps"] = engine_steps
@@ -594,7 +594,7 @@ def test_totals_without_steps_move_only_as_far_as_the_ties_reach():
     """No per-step lists (an endpoint's counters): the totals must lie where the emulation's near-ties can take
     them. Prompt 1 (3 then 1 accepted, clear) is fixed; prompt 2 ties at its second step, after 3 + 1 tokens of
     16: the other 12 may take 1..12 steps and 0..11 + 3 accepted."""
-    from dflash_convert.validate.served import greedy_agreement, totals_interval
+    from dflash_convert.validate.engine.served import greedy_agreement, totals_interval
 
     steps = _decisions([(3, 128, 128), (1, 128, 128)], [(2, 128, 128), (3, 1, 1), (3, 128, 128)])
     assert totals_interval(steps, 4 * BF16_ULP, 3, 16) == ((3 + 1, 3 + 12), (6 + 0, 6 + 11 + 3))
@@ -610,7 +610,7 @@ def test_totals_without_steps_move_only_as_far_as_the_ties_reach():
 def test_the_tie_is_judged_in_the_coarser_dtype():
     """Four ulps of the coarser of the engine's and the emulation's dtypes: a float32 emulation of a bfloat16
     engine is judged in bfloat16 ulps, and a float32 pair in float32 ulps (3 bf16 ulps are then no tie)."""
-    from dflash_convert.validate.served import acceptance_tie
+    from dflash_convert.validate.engine.served import acceptance_tie
 
     assert acceptance_tie(["bfloat16", "float32"]) == (4 * 2.0 ** -7, "bfloat16")
     assert acceptance_tie(["float32", "float32"]) == (4 * 2.0 ** -23, "float32")
@@ -623,7 +623,7 @@ def test_the_tie_is_judged_in_the_coarser_dtype():
     (None, None, [[1, 2, 3], [4, 7]], "prompt 2: vLLM's target-only output is not our target's greedy output"),
 ])
 def test_engine_outputs_that_differ_fail_naming_the_prompt(spec, base, ours, says):
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     checks, stats = served_checks(_engine_answer([90, 80, 70], spec=spec, base=base), ours,
                                   _emulated([90, 80, 70]), block=4, engine_args={}, python="py",
@@ -655,7 +655,7 @@ def _top(second: dict[str, float]) -> list:
 def test_greedy_outputs_may_part_only_at_a_near_tie(spec, ours, second, passes, says):
     """Outputs that part where the token not taken is within 2 ulps (of the served dtype) of vLLM's pick, by
     vLLM's processed logits, are numerics: the check passes, naming where; anything further apart fails."""
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     checks, stats = served_checks(_engine_answer([90, 80, 70], spec=spec, top=_top(second)),
                                   ours or [[1, 2, 3], [4, 5]], _emulated([90, 80, 70]), block=4, engine_args={},
@@ -668,7 +668,7 @@ def test_greedy_outputs_may_part_only_at_a_near_tie(spec, ours, second, passes, 
 def test_a_float32_served_answer_is_judged_in_float32():
     """The near-tie is judged in the dtype vLLM served (engine_config.dtype), not bf16 always: 24.23 and 24.125
     are within 2 bf16 ulps (0.25) but 2 float32 ulps at 24 are 4e-6, so parting there is a real difference."""
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     answer = _engine_answer([90, 80, 70], top=_top({"5": 24.23, "7": 24.125}))
     answer["drafts"][0]["engine_config"]["dtype"] = "float32"
@@ -679,7 +679,7 @@ def test_a_float32_served_answer_is_judged_in_float32():
 
 
 def test_tie_tolerance_is_two_ulps_of_the_served_dtype():
-    from dflash_convert.validate.served import tie_tolerance
+    from dflash_convert.validate.engine.served import tie_tolerance
 
     assert tie_tolerance(24.23, "bfloat16") == 0.25 and tie_tolerance(-24.23, "bfloat16") == 0.25
     assert tie_tolerance(1.5, "float16") == 2 * 2.0 ** -10 and tie_tolerance(100.0, "float32") == 2 * 2.0 ** -17
@@ -709,7 +709,7 @@ def test_cli_compares_penalized_runs_with_vllm(cli):
 
 def _driver():
     """vllm_driver.py as a module (it imports only the standard library at the top)."""
-    from dflash_convert.validate import vllm_driver
+    from dflash_convert.validate.engine import vllm_driver
 
     return vllm_driver
 
@@ -723,7 +723,7 @@ def _one_prompt(tmp_path: Path) -> Path:
 def test_tensor_parallel_two_workers_count_as_one(served):
     """Two tensor-parallel workers on the CPU build (the driver binds one core per worker: without a binding
     vLLM stops on 'Not enough allowed NUMA nodes'): the bundled pair's counters and outputs equal one worker's."""
-    from dflash_convert.validate import served as engine
+    from dflash_convert.validate.engine import served as engine
 
     cases, _, greedy = served
     one = cases["speculators"][1]
@@ -785,7 +785,7 @@ def test_sampler_probe_judges_behaviour_not_version(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent(f"""\
         import sys, torch
-        sys.path.insert(0, {str(ROOT / "dflash_convert" / "validate")!r})
+        sys.path.insert(0, {str(ROOT / "dflash_convert" / "validate" / "engine")!r})
         import vllm_driver
         print("installed:", vllm_driver.broken_sampler({{"temperature": 1.0}}))
         from vllm.utils import cpu_triton_utils
@@ -857,7 +857,7 @@ SAMPLED = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0
 def test_sampled_agreement_is_an_interval_from_the_counts(engine, emulated, num, agrees):
     """Sampled, vLLM's random stream is not ours: agreement is an interval derived from the numbers of drafts
     (stated in the message and the report), tau AND every position; outputs are not compared."""
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     answer = _engine_answer(engine, num=num, spec=[[9], [9]])
     del answer["target_only"]
@@ -874,7 +874,7 @@ def test_sampled_agreement_is_an_interval_from_the_counts(engine, emulated, num,
 
 
 def test_sampled_tolerance_narrows_with_the_counts():
-    from dflash_convert.validate.served import sampled_tolerance
+    from dflash_convert.validate.engine.served import sampled_tolerance
 
     small = sampled_tolerance(_emulated([63, 56, 49], 70), _emulated([63, 56, 49], 70))
     large = sampled_tolerance(_emulated([630, 560, 490], 700), _emulated([630, 560, 490], 700))
@@ -893,7 +893,7 @@ def test_greedy_comparison_is_recorded_with_its_rule_and_figures():
 
 def test_broken_sampler_answer_is_a_one_line_error_not_a_verdict():
     from dflash_convert.errors import DFlashError
-    from dflash_convert.validate.served import served_checks
+    from dflash_convert.validate.engine.served import served_checks
 
     line = "vLLM 0.32.0: its rejection sampler is broken: expand_batch_to_tokens: ... cannot be compared here"
     with pytest.raises(DFlashError, match="^vLLM 0.32.0: its rejection sampler"):

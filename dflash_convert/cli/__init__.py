@@ -7,20 +7,20 @@ stdout, errors included (`{"error": {"message", "file", "exit_code"}}`); `-q` ke
 line, failures, warnings and errors. Plain text when not a terminal (rich's own rule) or with
 NO_COLOR. Exit codes and `--debug`: _entry and _errors.
 
-Layout (as huggingface_hub's cli/): this module makes the app and registers the commands; _output
-(stdout/stderr, live step lines, --json), _errors (exception -> exit code and message, a table),
-_entry (the process: signals, redaction, errors), _params (choices, parsers, shared options),
-_options (flags generated from an options model), and one module per command.
+Layout (as huggingface_hub's cli/): this module makes the app and registers each command by name
+(COMMANDS, as `hf.py` lists its own); _output (stdout/stderr, live step lines, --json), _errors
+(exception -> exit code and message, a table), _entry (the process: signals, redaction, errors), _help
+(how -h reads), _params (choices, parsers, shared options), _options (flags generated from an options
+model), and one module per command.
 """
 
-import re
 from typing import Annotated, Optional
 
 import typer
-from typer.core import TyperCommand
 
 from dflash_convert.cli import convert, diff, inspect, pull, push, schema, validate
 from dflash_convert.cli._entry import run
+from dflash_convert.cli._help import Command
 from dflash_convert.cli._params import flag
 
 app = typer.Typer(
@@ -53,35 +53,19 @@ def _root(
     """Convert, inspect, validate and ship DFlash speculative-decoding drafts."""
 
 
-PANEL_ORDER = ("Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Thresholds", "Reports", "Options")
-
-
-class _Command(TyperCommand):
-    """Usage lines as click and man pages write them: a required argument plain (`SRC`), not typer's `{SRC}`."""
-
-    def collect_usage_pieces(self, ctx) -> list[str]:
-        return [re.sub(r"\{([^{}]+)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
-
-    def format_options(self, ctx, formatter) -> None:
-        """Arguments, then the options under their panel's heading (an options model's HELP_PANELS) in
-        PANEL_ORDER, the rest under Options: click's plain layout, one section per group."""
-        sections: dict[str, list] = {}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is not None:
-                heading = "Arguments" if param.param_type_name == "argument" else \
-                    getattr(param, "rich_help_panel", None) or "Options"
-                sections.setdefault(heading, []).append(record)
-        order = {name: i for i, name in enumerate(PANEL_ORDER)}
-        for heading in sorted(sections, key=lambda h: order.get(h, len(order))):
-            with formatter.section(heading):
-                formatter.write_dl(sections[heading])
-
-
-# in the order --help lists them
-for _module in (convert, inspect, diff, schema, pull, push, validate):
-    _name = _module.__name__.rpartition(".")[2]
-    app.command(cls=_Command, epilog=_module.EPILOG)(getattr(_module, _name))
+# Every command, in the order --help lists them: its name, its function (one thin module each, over a library
+# call) and the examples -h ends with. A new command is its module, imported above, and a line here.
+COMMANDS = (
+    ("convert", convert.convert, convert.EXAMPLES),
+    ("inspect", inspect.inspect, inspect.EXAMPLES),
+    ("diff", diff.diff, diff.EXAMPLES),
+    ("schema", schema.schema, schema.EXAMPLES),
+    ("pull", pull.pull, pull.EXAMPLES),
+    ("push", push.push, push.EXAMPLES),
+    ("validate", validate.validate, validate.EXAMPLES),
+)
+for _name, _command, _examples in COMMANDS:
+    app.command(_name, cls=Command, epilog=_examples)(_command)  # typer: the function's signature is its flags
 
 
 def main(argv: Optional[list[str]] = None) -> None:

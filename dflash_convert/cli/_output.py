@@ -24,13 +24,13 @@ class Output:
         self.json, self.quiet = as_json, quiet
 
     def hub(self):
-        """The hub module, the Hub client's own tqdm bars off under --json / -q / not a terminal (its switch).
+        """The hub module, the Hub client's own tqdm bars off under --json / -q / not a terminal (the client's
+        switch); its info lines come to `info` where the command passes it (on_info).
 
         Asked for only where the Hub is used: local work never imports huggingface_hub.
         """
-        from dflash_convert.hub import client as hub, transport
+        from dflash_convert.hub import client as hub
 
-        transport.say_info = not self.quiet
         if self.json or self.quiet or not err.is_terminal:  # as `hf`: bars only where someone watches
             from huggingface_hub.utils import disable_progress_bars
 
@@ -47,7 +47,7 @@ class Output:
         try:
             resolved = hub.resolve_source(source, revision=revision, token=token, allow_pickle=allow_pickle,
                                           for_target=for_target, config_only=config_only,
-                                          verify_weights=verify_weights)
+                                          verify_weights=verify_weights, on_info=self.info)
         except DFlashError as exc:
             if revision is None and is_hub_id(source):  # say both readings of an ambiguous argument
                 raise type(exc)(f"{source} is not a local directory, and as a Hub repo id: {exc}") from None

@@ -12,7 +12,7 @@ from dflash_convert.cli._params import (
 )
 from dflash_convert.convert.conversion import ConvertOptions
 
-EPILOG = examples(
+EXAMPLES = examples(
     "dflash-convert convert ./draft-speculators -o ./draft-hf",
     "dflash-convert convert org/draft --revision v1 -o ./draft-hf --verifier Qwen/Qwen3-8B --validate",
     "dflash-convert convert ./draft-hf -o ./out --to speculators --dtype bfloat16 --max-shard-size 5GB",
@@ -57,7 +57,7 @@ def convert(
     if push:
         out.hub()
     push_options = dict(revision=push_revision, private=private, commit_message=commit_message,
-                        commit_description=commit_description, create_pr=create_pr, token=token)
+                        commit_description=commit_description, create_pr=create_pr, token=token, on_info=out.info)
     with out.progress("converting", then="checking the inputs: sha256 of each file, NaN/Inf") as update:
         done = convert_and_publish(src_path, output, opts, validate=validate, push=push, push_options=push_options,
                                    on_progress=update, on_warning=out.warn, on_status=out.status, strict=strict)

@@ -7,7 +7,7 @@ import typer
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples
 
-EPILOG = examples(
+EXAMPLES = examples(
     "dflash-convert diff ./draft-speculators ./draft-hf",
     "dflash-convert diff org/draft org/draft --revision-a v1 --revision-b main --json",
     "dflash-convert diff ./draft ./draft-bf16 --tolerance 0.01")

@@ -9,7 +9,7 @@ from dflash_convert.cli._params import (
     AllowPickle, EngineOpt, Json, Quiet, Revision, Source, Token, examples, flag, value
 )
 
-EPILOG = examples(
+EXAMPLES = examples(
     "dflash-convert inspect ./draft",
     "dflash-convert inspect org/draft --revision v1 --json",
     "dflash-convert inspect ./draft --scan --engine sglang",

@@ -8,7 +8,7 @@ import typer
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import AllowPickle, Json, QuietTransfer, Revision, Token, examples, flag
 
-EPILOG = examples("dflash-convert pull org/draft",
+EXAMPLES = examples("dflash-convert pull org/draft",
                   "dflash-convert pull org/draft --revision v1 -o ./draft")
 
 
@@ -27,6 +27,6 @@ def pull(
     """Download a DFlash checkpoint from the Hub (config, safetensors, index, README); prints its local path."""
     out = Output(as_json, quiet)
     resolved = out.hub().pull(repo, output, revision=revision, token=token, allow_pickle=allow_pickle,
-                              overwrite=overwrite)
+                              overwrite=overwrite, on_info=out.info)
     out.info(f"pulled {repo}@{resolved.revision} (commit {resolved.commit_sha})")
     out.result(resolved.to_dict(), str(resolved.path))

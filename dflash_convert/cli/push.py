@@ -11,7 +11,7 @@ from dflash_convert.cli._params import (
 )
 from dflash_convert.errors import DFlashError, UsageError
 
-EPILOG = examples("dflash-convert push ./draft-hf org/draft-hf",
+EXAMPLES = examples("dflash-convert push ./draft-hf org/draft-hf",
                   "dflash-convert push ./draft-hf org/draft-hf --revision dev --private")
 
 
@@ -42,7 +42,7 @@ def push(
     out.hub()
     result = push_checkpoint(directory, repo, validate=not no_validate, report=report, revision=revision,
                              private=private, commit_message=commit_message, commit_description=commit_description,
-                             create_pr=create_pr, token=token)
+                             create_pr=create_pr, token=token, on_info=out.info)
     out.result(result.to_dict(), result.pr_url or result.commit_url)
 
 

@@ -9,7 +9,7 @@ from dflash_convert.cli._output import emit_json, err
 from dflash_convert.cli._params import examples, flag, one_of
 from dflash_convert import schemas
 
-EPILOG = examples("dflash-convert schema",
+EXAMPLES = examples("dflash-convert schema",
                   "dflash-convert schema validation-report > validation-report.schema.json",
                   "dflash-convert schema --all > schemas.json")
 

@@ -13,7 +13,7 @@ from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, i
 from dflash_convert.io.staging import INTERRUPTED_EXIT
 from dflash_convert.validate.options import PromptSet, ValidateOptions
 
-EPILOG = examples(
+EXAMPLES = examples(
     "dflash-convert validate ./draft",
     "dflash-convert validate ./draft --target Qwen/Qwen3-8B --min-acceptance-length 3 --junit report.xml",
     "dflash-convert validate org/draft --target ./qwen3-8b --levels static,numeric --backend sdpa --json",
@@ -82,12 +82,12 @@ def _prompt_sets(specs: list[str], num_prompts: Optional[int], seed: int, token:
     """Each --dataset, pulled from the Hub here: validate reads local prompts, never the Hub."""
     if not specs:
         return []
-    out.hub()  # its info lines and progress bars follow -q / --json
+    out.hub()  # its progress bars follow -q / --json
     from dflash_convert.hub.datasets import dataset_prompts
 
     sets = []
     for spec in specs:
-        pulled = dataset_prompts(spec, num_prompts=num_prompts, seed=seed, token=token)
+        pulled = dataset_prompts(spec, num_prompts=num_prompts, seed=seed, token=token, on_info=out.info)
         sets.append(PromptSet(name=pulled.name, source=pulled.source, prompts=pulled.prompts))
     return sets
 

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from dflash_convert import __version__
 from dflash_convert.format import catalogue, compat, mapping, quantization
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint, read_companion
 from dflash_convert.io.staging import check_destination, staged_directory
 from dflash_convert.io.reading import announced_by_cache_name, discard, hasher, read_json
-from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, Flag
+from dflash_convert.flags import ALLOW_PICKLE_HELP, CAUSAL_HELP, CommandOptions, Flag
 from dflash_convert.format.configs import (
     MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConversionRecord, DraftSpec, Format, VerifierRef
 )
@@ -43,7 +43,7 @@ from dflash_convert.io.safetensors import (
 RECORD_NAME = "conversion.json"
 
 
-class ConvertOptions(BaseModel):
+class ConvertOptions(CommandOptions):
     """Options of `convert`, each declared once: type, default and help here, its flag in its `Flag` (the CLI's
     options are generated from this model; tests/test_cli_options.py holds them together)."""
 

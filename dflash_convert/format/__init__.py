@@ -2,5 +2,6 @@
 
 configs (the pydantic config models), mapping (speculators <-> HF key and layer-id table), catalogue
 (the tensor catalogue), dtypes (the dtype table), compat (draft/target compatibility rules), engines
-(how vLLM, SGLang and z-lab read a config). Imports nothing of dflash_convert but `errors`; no torch.
+(how vLLM, SGLang and z-lab read a config), kinds/ (a draft kind as one unit: its names, keys, tensors, hooks and
+engine support, one module per kind and one registry). Imports nothing of dflash_convert but `errors`; no torch.
 """

@@ -12,23 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
 
-from dflash_convert.format import keys
+from dflash_convert.format import kinds
 from dflash_convert.format.configs import DraftSpec
-
-KEEP, DROP, KEEP_IF_PRUNED, DERIVE_IF_PRUNED = "keep", "drop", "keep-if-pruned", "derive-if-pruned"
-BOTH = ("dflash", "dflash2", "dspark")  # every kind: the DFlash backbone
-
-Shape = tuple[int, ...]
-
-
-def _always(spec: DraftSpec) -> bool:  # noqa: ARG001
-    return True
-
-
-def _never(spec: DraftSpec) -> bool:  # noqa: ARG001
-    return False
+from dflash_convert.format.kinds.base import (  # noqa: F401  (the entry type and its actions, used by callers)
+    DERIVE_IF_PRUNED, DROP, KEEP, KEEP_IF_PRUNED, Shape, Tensor, never,
+)
 
 
 def _pruned(spec: DraftSpec) -> bool:
@@ -39,119 +28,14 @@ def _bias(spec: DraftSpec) -> bool:
     return spec.attention_bias
 
 
-
-def _size(spec: DraftSpec, what) -> int | None:
-    """One dimension of a family tensor: a number, a config key, or a derived size (None: unknown)."""
-    if isinstance(what, int):
-        return what
-    f = spec.variant_fields
-    if what == "hidden":
-        return spec.hidden_size
-    if what == "vocab":
-        return spec.vocab_size
-    if what == "draft_vocab":
-        return spec.draft_vocab
-    if isinstance(what, tuple):  # a sum of sizes
-        parts = [_size(spec, w) for w in what]
-        return None if None in parts else sum(parts)
-    if isinstance(what, str) and what.startswith("3*"):
-        inner = _size(spec, what[2:])
-        return None if inner is None else 3 * inner
-    if what == "2*conv_kernel_size*groups":
-        k, g = f.get("conv_kernel_size"), f.get("conv_group_size")
-        ok = isinstance(k, int) and isinstance(g, int) and g > 0 and spec.hidden_size % g == 0
-        return 2 * k * (spec.hidden_size // g) if ok else None
-    value = f.get(what)
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _sized(spec: DraftSpec, *dims) -> Shape | None:
-    sizes = tuple(_size(spec, d) for d in dims)
-    return None if None in sizes else sizes
-
-
-def _conv_hint(spec: DraftSpec) -> str:
-    f = spec.variant_fields
-    return (f"conv_kernel_size={f.get('conv_kernel_size')}, conv_group_size={f.get('conv_group_size')}, "
-            f"hidden_size={spec.hidden_size}")
-
-
-def _markov(spec: DraftSpec, head_type: str | None = None) -> bool:
-    """A DSpark Markov head (of this type) is built: speculators builds one when markov_rank > 0."""
-    f = spec.variant_fields
-    rank = f.get("markov_rank")
-    return isinstance(rank, int) and rank > 0 and (head_type is None or f.get("markov_head_type") == head_type)
-
-
-def _confidence(spec: DraftSpec) -> bool:
-    return spec.variant_fields.get("enable_confidence_head") is True
-
-
-def _confidence_width(spec: DraftSpec) -> Shape | None:
-    """[1, H (+ r when it reads the Markov embedding too)]; unsized while the keys are contradictory. An absent
-    confidence_head_with_markov is the value the draft was trained with (keys.trained_value: speculators' fill-in),
-    the one the runtime builds the head with."""
-    f = spec.variant_fields
-    with_markov = keys.trained_value("dspark", f, "confidence_head_with_markov")
-    if not isinstance(with_markov, bool):
-        return None
-    if not with_markov:
-        return (1, spec.hidden_size)
-    return (1, spec.hidden_size + f["markov_rank"]) if _markov(spec) else None
-
-
-def _markov_hint(spec: DraftSpec) -> str:
-    f = spec.variant_fields
-    return (f"markov_rank={f.get('markov_rank')}, markov_head_type={f.get('markov_head_type')}, "
-            f"hidden_size={spec.hidden_size}, vocab_size={spec.vocab_size}, draft vocab={spec.draft_vocab}")
-
-
-def _confidence_hint(spec: DraftSpec) -> str:
-    f = spec.variant_fields
-    return (f"enable_confidence_head={f.get('enable_confidence_head')}, confidence_head_with_markov="
-            f"{f.get('confidence_head_with_markov')}, markov_rank={f.get('markov_rank')}, "
-            f"hidden_size={spec.hidden_size}")
-
-
-def _selector_hint(spec: DraftSpec) -> str:
-    return f"selector_rank={spec.variant_fields.get('selector_rank')}, vocab_size={spec.vocab_size}"
-
-@dataclass(frozen=True)
-class Tensor:
-    key: str  # short identifier (the runtime's field name)
-    name: str  # name template in both formats; "{i}" = draft layer index
-    role: str
-    shape: Callable[[DraftSpec], Shape | None]  # None: not sized (unknown without target ids, or unspecified)
-    needed: Callable[[DraftSpec], bool] = _always  # a draft of this spec must have it
-    to_hf: str = KEEP
-    to_speculators: str = KEEP
-    drop_reason: str = ""
-    variants: tuple[str, ...] = BOTH
-    check: str = "tensor_shapes"  # the static check that reports a wrong shape
-    hint: Callable[[DraftSpec], str] | None = None  # why the shape is what it is, added to errors
-    dtype: str | None = None  # the dtype code conversion writes when it derives the tensor
-    kinds: tuple[str, ...] = ("float",)  # dtype kinds (dtypes.DType.kind) it may be stored in
-    only_if_needed: bool = False  # present while `needed` is false: the keys say the draft has no such module
-
-    @property
-    def never_shipped(self) -> bool:
-        """Dropped by conversion to either format: training-only or a copy of the target's weights."""
-        return self.to_hf == DROP and self.to_speculators == DROP
-
-    @property
-    def per_layer(self) -> bool:
-        return "{i}" in self.name
-
-    def names(self, spec: DraftSpec) -> list[str]:
-        return [self.name.format(i=i) for i in range(spec.num_layers)] if self.per_layer else [self.name]
-
-
 def _fc_hint(s: DraftSpec) -> str:
     return (f"fc input width must be len(target_layer_ids)={len(s.target_layer_ids or [])} x "
             f"target hidden {s.target_hidden}")
 
 
-CATALOGUE: tuple[Tensor, ...] = (
+# The backbone every kind has (variants ()), then what a pruned vocabulary and training add; each kind's own
+# entries live with the kind (format/kinds/) and sit between the two in `entries()`.
+BACKBONE: tuple[Tensor, ...] = (
     Tensor("fc", "fc.weight", "context fusion fc [H, A*Ht]",
            lambda s: None if s.context_width is None else (s.hidden_size, s.context_width),
            check="fc_width", hint=_fc_hint),
@@ -183,50 +67,8 @@ CATALOGUE: tuple[Tensor, ...] = (
            lambda s: (s.num_kv_heads * s.head_dim,), needed=_bias, check="attention_shapes"),
     Tensor("o_bias", "layers.{i}.self_attn.o_proj.bias", "attention projection bias",
            lambda s: (s.hidden_size,), needed=_bias, check="attention_shapes"),
-    # dflash2 (speculators 0.9.0's GroupedDynamicCausalConv and CandidateSelector): K taps, groups of G
-    # channels, a rank-R selector over the target vocab; unsized while a size is missing or does not divide
-    *(Tensor(f"{part}_conv_base_kernel", f"layers.{{i}}.{part}_conv.base_kernel", "dflash2 static conv taps", lambda s: _sized(s, 2, "conv_kernel_size", "hidden"),
-             variants=("dflash2",), check="family_shapes", hint=_conv_hint)
-      for part in ("attention", "mlp")),
-    *(Tensor(f"{part}_conv_kernel_projection", f"layers.{{i}}.{part}_conv.kernel_projection.weight",
-             "dflash2 dynamic conv taps",
-             lambda s: _sized(s, "2*conv_kernel_size*groups", "hidden"), variants=("dflash2",),
-             check="family_shapes", hint=_conv_hint)
-      for part in ("attention", "mlp")),
-    *(Tensor(f"selector_{leaf}", f"candidate_selector.{leaf}", "dflash2 selector codebook",
-             lambda s: _sized(s, "vocab", "selector_rank"), variants=("dflash2",), check="family_shapes",
-             hint=_selector_hint)
-      for leaf in ("predecessor_codebook", "successor_codebook")),
-    Tensor("selector_hidden_projection", "candidate_selector.hidden_projection.weight",
-           "dflash2 selector projection", lambda s: _sized(s, "selector_rank", "hidden"),
-           variants=("dflash2",), check="family_shapes", hint=_selector_hint),
-    # dspark (speculators 0.9.0's MarkovHead and ConfidenceHead; vLLM qwen3_dspark.py and SGLang models/dspark.py
-    # load the same names): W1 over the target vocab, W2 onto the draft vocab, rank r
-    Tensor("markov_w1", "markov_head.markov_w1.weight", "dspark Markov embedding of the previous token [V, r]",
-           lambda s: _sized(s, "vocab", "markov_rank"), needed=_markov, variants=("dspark",),
-           check="family_shapes", hint=_markov_hint, only_if_needed=True),
-    Tensor("markov_w2", "markov_head.markov_w2.weight", "dspark Markov bias projection [draft_vocab, r]",
-           lambda s: _sized(s, "draft_vocab", "markov_rank"), needed=_markov, variants=("dspark",),
-           check="family_shapes", hint=_markov_hint, only_if_needed=True),
-    Tensor("markov_gate", "markov_head.gate_proj.weight", "dspark gated Markov head gate [r, H + r]",
-           lambda s: _sized(s, "markov_rank", ("hidden", "markov_rank")), needed=lambda s: _markov(s, "gated"),
-           variants=("dspark",), check="family_shapes", hint=_markov_hint, only_if_needed=True),
-    Tensor("markov_gate_bias", "markov_head.gate_proj.bias", "dspark gated Markov head gate bias [r]",
-           lambda s: _sized(s, "markov_rank"), needed=lambda s: _markov(s, "gated"),
-           variants=("dspark",), check="family_shapes", hint=_markov_hint, only_if_needed=True),
-    Tensor("markov_joint", "markov_head.joint_proj.weight", "dspark rnn Markov head [3r, 2r + H]",
-           lambda s: _sized(s, "3*markov_rank", ("markov_rank", "markov_rank", "hidden")),
-           needed=lambda s: _markov(s, "rnn"), variants=("dspark",), check="family_shapes", hint=_markov_hint,
-           only_if_needed=True),
-    Tensor("markov_joint_bias", "markov_head.joint_proj.bias", "dspark rnn Markov head bias [3r]",
-           lambda s: _sized(s, "3*markov_rank"), needed=lambda s: _markov(s, "rnn"), variants=("dspark",),
-           check="family_shapes", hint=_markov_hint, only_if_needed=True),
-    Tensor("confidence_proj", "confidence_head.proj.weight", "dspark confidence head [1, H (+ r)]",
-           _confidence_width, needed=_confidence, variants=("dspark",), check="family_shapes",
-           hint=_confidence_hint, only_if_needed=True),
-    Tensor("confidence_bias", "confidence_head.proj.bias", "dspark confidence head bias [1]",
-           lambda s: (1,), needed=_confidence, variants=("dspark",), check="family_shapes",
-           hint=_confidence_hint, only_if_needed=True),
+)
+VOCAB_AND_COPIES: tuple[Tensor, ...] = (
     Tensor("lm_head", "lm_head.weight", "draft lm_head [draft_vocab, H]",
            lambda s: (s.draft_vocab, s.hidden_size), needed=_pruned, to_hf=KEEP_IF_PRUNED,
            to_speculators=KEEP_IF_PRUNED, drop_reason="full-vocab copy of the verifier lm_head; engines use the target's",
@@ -237,20 +79,35 @@ CATALOGUE: tuple[Tensor, ...] = (
            hint=lambda s: f"the pruned lm_head [{s.draft_vocab}, {s.hidden_size}] names target ids only through "
                           "d2t (without it acceptance collapses)",
            kinds=("int",)),
-    Tensor("t2d", "t2d", "target->draft membership (bool [vocab])", lambda s: (s.vocab_size,), needed=_never,
+    Tensor("t2d", "t2d", "target->draft membership (bool [vocab])", lambda s: (s.vocab_size,), needed=never,
            to_hf=DROP, to_speculators=DERIVE_IF_PRUNED,
            drop_reason="derivable from d2t; HF-format consumers (vLLM) skip it", check="t2d_consistency",
            dtype="BOOL", kinds=("bool", "int")),
     Tensor("embed_tokens", "embed_tokens.weight", "copy of the verifier embedding (speculators <= 0.8 saves)",
-           lambda s: (s.vocab_size, s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
+           lambda s: (s.vocab_size, s.hidden_size), needed=never, to_hf=DROP, to_speculators=DROP,
            drop_reason="copy of the verifier embedding; engines use the target's"),
     Tensor("verifier_lm_head", "verifier_lm_head.weight", "training-only verifier copy",
-           lambda s: (s.draft_vocab, s.hidden_size), needed=_never, to_hf=DROP, to_speculators=DROP,
+           lambda s: (s.draft_vocab, s.hidden_size), needed=never, to_hf=DROP, to_speculators=DROP,
            drop_reason="training-only verifier copy, never shipped"),
     Tensor("verifier_norm", "verifier_norm.weight", "training-only verifier copy", lambda s: (s.hidden_size,),
-           needed=_never, to_hf=DROP, to_speculators=DROP, drop_reason="training-only verifier copy, never shipped"),
+           needed=never, to_hf=DROP, to_speculators=DROP, drop_reason="training-only verifier copy, never shipped"),
 )
-BY_KEY = {t.key: t for t in CATALOGUE}
+BY_KEY = {t.key: t for t in (*BACKBONE, *VOCAB_AND_COPIES)}  # the backbone's entries, every kind's
+
+
+def entries(variant: str | None = None) -> tuple[Tensor, ...]:
+    """The catalogue: every registered kind's entries (None), or those a draft of kind `variant` may have."""
+    if variant is not None:
+        kind = kinds.get(variant)
+        return (*BACKBONE, *(kind.tensors if kind else ()), *VOCAB_AND_COPIES)
+    own = dict.fromkeys(t for k in kinds.all_kinds() for t in k.tensors)
+    return (*BACKBONE, *own, *VOCAB_AND_COPIES)
+
+
+def entry(key: str) -> Tensor:
+    """The catalogue entry of `key` (the backbone's or a registered kind's)."""
+    return BY_KEY.get(key) or next(t for t in entries() if t.key == key)
+
 
 # Files beside the weights that engines read, carried by conversion byte for byte (never opened here:
 # mask_embedding.pt is a pickle). name -> what it is.
@@ -260,25 +117,22 @@ COMPANION_FILES: dict[str, str] = {
                          "in place of the target's embedding of mask_token_id, z-lab ignores it",
 }
 MAX_COMPANION_BYTES = 16 << 20  # a mask embedding is hidden x 4 bytes (x block size when per position): KB to a few MB
-LAYER_KEYS = tuple(t.key for t in CATALOGUE if t.per_layer and t.variants == BOTH)
-# a layer index of at most 6 digits (MAX_LAYERS is 1024): a longer one is an unknown tensor, never an int() of
-# thousands of digits
-_PATTERNS = [(re.compile(re.escape(t.name).replace(r"\{i\}", r"(\d{1,6})")), t) for t in CATALOGUE]
+LAYER_KEYS = tuple(t.key for t in BACKBONE if t.per_layer)
 # Exports that wrap the body in a module prefix; names are normalised before the catalogue applies.
 RENAMES: tuple[tuple[str, str], ...] = ((r"model\.(.+)", r"\1"),)
 
 
 def name(key: str, layer: int | None = None) -> str:
     """The tensor name of catalogue entry `key` (of draft layer `layer` for per-layer entries)."""
-    t = BY_KEY[key]
+    t = entry(key)
     return t.name.format(i=layer) if t.per_layer else t.name
 
 
 def match(tensor: str, variant: str | None) -> tuple[Tensor | None, int | None]:
     """(catalogue entry, draft layer index or None) of a tensor name."""
-    for pattern, t in _PATTERNS:
-        m = pattern.fullmatch(tensor)
-        if m and (variant is None or variant in t.variants):
+    for t in entries(variant):
+        m = t.pattern.fullmatch(tensor)
+        if m:
             return t, (int(m.group(1)) if t.per_layer else None)
     return None, None
 
@@ -332,8 +186,8 @@ def tensor_action(rule: Tensor, dest_format: str, pruned: bool) -> str:
 def expected_shapes(spec: DraftSpec) -> dict[str, Shape]:
     """Name -> shape of every tensor a draft of this spec must have (unsized ones left out)."""
     shapes: dict[str, Shape] = {}
-    for t in CATALOGUE:
-        if spec.variant in t.variants and t.needed(spec):
+    for t in entries(spec.variant):
+        if t.needed(spec):
             shape = t.shape(spec)
             if shape is not None:
                 shapes.update((n, shape) for n in t.names(spec))

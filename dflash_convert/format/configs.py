@@ -18,7 +18,9 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
+
+from dflash_convert.format import kinds
 
 LayerType = Literal["full_attention", "sliding_attention"]
 
@@ -162,8 +164,21 @@ class SpeculatorsBlock(_Open):
     verifier: VerifierRef = Field(default_factory=VerifierRef)
 
 
-class SpeculatorsDFlashConfig(_Open):
-    """config.json of a speculators checkpoint (`speculators_model_type: dflash` or `dflash2`)."""
+def _kind_fields(where: str, declared: type[BaseModel]) -> dict[str, Any]:
+    """The kinds' typed config keys as fields of a config model (`where` they sit: "speculators" at the top level,
+    "hf_top" at the top level of an HF config, "dflash_config" inside it), those `declared` has left out. The
+    models are built at import: a kind registered later (a plug-in, a test) has its keys carried unchecked by them
+    and judged by its own rules."""
+    types = {"size": (int | None, _size(0, MAX_CONV, default=None)), "text": (Text | None, None),
+             "bool": (bool | None, None)}
+    chosen = {"speculators": lambda k: k.speculators is not None, "hf_top": lambda k: k.hf_top,
+              "dflash_config": lambda k: not k.hf_top or k.hf_nested}[where]
+    return {k.name: types[k.typed] for kind in kinds.KINDS.values() for k in kind.keys
+            if k.typed and chosen(k) and k.name not in declared.model_fields}
+
+
+class _SpeculatorsConfig(_Open):
+    """SpeculatorsDFlashConfig without its kinds' keys (added below from the registry)."""
 
     speculators_model_type: Text
     architectures: list[Text] | None = None
@@ -183,23 +198,14 @@ class SpeculatorsDFlashConfig(_Open):
     speculators_version: Text | None = None
     dtype: Text | None = None
     torch_dtype: Text | None = None
-    # dflash2 only
-    conv_kernel_size: int | None = _size(0, MAX_CONV, default=None)
-    conv_group_size: int | None = _size(0, MAX_CONV, default=None)
-    selector_rank: int | None = _size(0, MAX_CONV, default=None)
-    selector_top_k: int | None = _size(0, MAX_CONV, default=None)
-    # dspark only
-    markov_rank: int | None = _size(0, MAX_CONV, default=None)
-    markov_head_type: Text | None = None
-    enable_confidence_head: bool | None = None
-    confidence_head_with_markov: bool | None = None
 
     @property
     def anchor_predicts(self) -> bool:
         """sample_from_anchor as speculators reads it (absent: its class default, true only for dspark)."""
         if self.sample_from_anchor is not None:
             return self.sample_from_anchor
-        return self.speculators_model_type == "dspark"
+        kind = kinds.get(self.speculators_model_type)
+        return kind is not None and kind.anchor_predicts({})
 
     @property
     def legacy_speculative_tokens(self) -> bool:
@@ -209,7 +215,8 @@ class SpeculatorsDFlashConfig(_Open):
         block. Only that writer's shape counts: dflash, block_size written, no sample_from_anchor key (that
         key came later, PR #760, with writers that store block_size - 1)."""
         methods = self.speculators_config.proposal_methods if self.speculators_config else []
-        return (self.speculators_model_type == "dflash" and "sample_from_anchor" not in self.model_fields_set
+        kind = kinds.get(self.speculators_model_type)
+        return (kind is not None and kind.legacy_block_writer and "sample_from_anchor" not in self.model_fields_set
                 and "block_size" in self.model_fields_set and bool(methods)
                 and methods[0].speculative_tokens == self.block_size)
 
@@ -237,11 +244,18 @@ class SpeculatorsDFlashConfig(_Open):
                              f".speculative_tokens is {methods[0].speculative_tokens}; a block is the anchor plus "
                              "the speculative tokens, so they must satisfy block_size = speculative_tokens + 1"
                              + (" (sample_from_anchor is false: the anchor is the bonus token)"
-                                if self.speculators_model_type == "dspark" else ""))
+                                if getattr(kinds.get(self.speculators_model_type), "anchor_may_propose", False)
+                                else ""))
         return self
 
 
-class DFlashBlock(_Open):
+SpeculatorsDFlashConfig = create_model(
+    "SpeculatorsDFlashConfig", __base__=_SpeculatorsConfig, __module__=__name__,
+    __doc__="config.json of a speculators checkpoint (`speculators_model_type: dflash` or `dflash2`).",
+    **_kind_fields("speculators", _SpeculatorsConfig))
+
+
+class _DFlashBlock(_Open):
     mask_token_id: int | None = None
     target_layer_ids: list[int] | None = Field(
         None, description="0-based target layers whose OUTPUT is used (output_hidden_states[id+1])"
@@ -249,17 +263,15 @@ class DFlashBlock(_Open):
     block_size: int | None = _size(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, default=None)
     causal: bool | None = Field(None, description="vLLM: overrides the causality of every layer")
     verifier: VerifierRef | None = Field(None, description="dflash-convert: the target model, kept for round trips")
-    # dflash2 only
-    conv_kernel_size: int | None = _size(0, MAX_CONV, default=None)
-    conv_group_size: int | None = _size(0, MAX_CONV, default=None)
-    selector_rank: int | None = _size(0, MAX_CONV, default=None)
-    selector_top_k: int | None = _size(0, MAX_CONV, default=None)
-    # dspark: published drafts may nest these here (SGLang reads here first; vLLM reads only the top level)
-    markov_rank: int | None = _size(0, MAX_CONV, default=None)
-    markov_head_type: Text | None = None
 
 
-class HFDFlashConfig(DecoderConfig):
+# the kinds' keys HF configs keep here (published DSpark drafts may nest theirs: SGLang reads here first, vLLM only
+# the top level)
+DFlashBlock = create_model("DFlashBlock", __base__=_DFlashBlock, __module__=__name__,
+                           **_kind_fields("dflash_config", _DFlashBlock))
+
+
+class _HFConfig(DecoderConfig):
     """config.json of a Hugging Face / z-lab checkpoint: a flat Qwen3 config of the draft plus DFlash keys."""
 
     architectures: list[Text]
@@ -272,14 +284,8 @@ class HFDFlashConfig(DecoderConfig):
     dtype: Text | None = None
     torch_dtype: Text | None = None
     dflash_config: DFlashBlock = Field(default_factory=DFlashBlock)
-    # DSpark (architectures Qwen3DSparkModel): its keys sit at the top level, where vLLM reads them
-    sample_from_anchor: bool | None = None
     dspark_bonus_anchor: bool | None = Field(None, description="vLLM's speculators reader writes it: not "
                                              "sample_from_anchor")
-    markov_rank: int | None = _size(0, MAX_CONV, default=None)
-    markov_head_type: Text | None = None
-    enable_confidence_head: bool | None = None
-    confidence_head_with_markov: bool | None = None
 
     @model_validator(mode="after")
     def _dflash_consistent(self):
@@ -293,6 +299,13 @@ class HFDFlashConfig(DecoderConfig):
             raise FieldError("draft_vocab_size", f"{self.draft_vocab_size} exceeds the target vocab_size "
                              f"{self.vocab_size}")
         return self
+
+
+# the kinds' keys an HF config keeps at the top level (DSpark's, where vLLM reads them)
+HFDFlashConfig = create_model(
+    "HFDFlashConfig", __base__=_HFConfig, __module__=__name__,
+    __doc__="config.json of a Hugging Face / z-lab checkpoint: a flat Qwen3 config of the draft plus DFlash keys.",
+    **_kind_fields("hf_top", _HFConfig))
 
 
 class TransformersDFlashConfig(DecoderConfig):
@@ -350,7 +363,15 @@ class ConversionRecord(_Open):
     warnings: list[str] = Field(default_factory=list)
 
 
-Variant = Literal["dflash", "dflash2", "dspark"]
+def _registered(variant: str) -> str:
+    if variant not in kinds.KINDS:
+        raise ValueError(f"{variant!r} is not a draft kind ({kinds.said()})")
+    return variant
+
+
+# a kind's name: one the registry holds (kinds/); the schemas list the built-in kinds
+Variant = Annotated[str, AfterValidator(_registered),
+                    WithJsonSchema({"enum": list(kinds.BUILT_IN), "type": "string"})]
 Format = Literal["speculators", "hf", "transformers"]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dflash_convert.format import mapping
+from dflash_convert.format import kinds, mapping
 from dflash_convert.format.engines import (
     BlockSize, Causality, EngineRules, FcWidth, IdsOrder, LayerIds, LayerTypes, Verifier, Window, kinds_of,
 )
@@ -88,7 +88,8 @@ def _causal_hf(raw: dict, types: list[str], dc_causal: bool | None) -> tuple[lis
 def _block_speculative_tokens(raw: dict, dc: dict) -> tuple[int | None, str]:
     try:
         tokens = raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-        if raw.get("speculators_model_type") == "dspark" and raw.get("sample_from_anchor") is True:
+        kind = kinds.get(raw.get("speculators_model_type"))
+        if kind is not None and kind.anchor_may_propose and raw.get("sample_from_anchor") is True:
             return int(tokens), "speculative_tokens (the anchor slot drafts too)"
         return int(tokens) + 1, "speculative_tokens + 1"
     except (KeyError, IndexError, TypeError, ValueError):

@@ -19,11 +19,11 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, Field, computed_field
 
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, keys, mapping
+from dflash_convert.format import catalogue, keys, kinds, mapping
 from dflash_convert.format.configs import DraftSpec, Format, is_hub_id
 from dflash_convert.format.engine_reading import ORDER_IDS, ConfigReading, read_config
 from dflash_convert.format.engines import (
-    ENGINES_BY_KEY, MASK_EMBEDDING_FILE, RULE_TEXT, TRAINED_WINDOW, BlockSize, Causality, DSpark, EngineRules,
+    ENGINES_BY_KEY, MASK_EMBEDDING_FILE, RULE_TEXT, TRAINED_WINDOW, BlockSize, Causality, EngineRules,
     FcWidth, IdsMissing, LastLayer, Mask, MaskEmbedding, Mixed, Verifier, Vocab, WindowMissing, WindowSemantics,
     rules_for,
 )
@@ -112,11 +112,6 @@ def trained_view(spec: DraftSpec) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- one engine's view of a draft
 
-# what vLLM's V1 model runner (the only one without Triton, so the CPU build's) says when it refuses a draft kind
-VLLM_V1_DSPARK = "Model Runner V1 does not support: dspark speculative decoding"
-VLLM_V1_CANDIDATE = "Model Runner V1 does not support: DFlash candidate-head drafts"
-
-
 def _v2_runner_only(trained: str, refusal: str) -> Divergence:
     """vLLM serves this kind of draft with its V2 model runner only."""
     return Divergence(field="architectures", severity="warning", trained=trained, applied="V2 model runner only",
@@ -162,8 +157,7 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
     _view_mask_token(view, rules, spec, r)
     _view_mask_embedding(view, rules, spec, r, set(files))
     _view_verifier(view, rules, spec, r)
-    if spec.variant == "dspark":
-        _view_dspark(view, rules, spec, raw)
+    kinds.of(spec.variant).engine_view(view, rules, spec, raw, divergence=Divergence, v2_runner_only=_v2_runner_only)
     if view.via_conversion:
         div.insert(0, Divergence(field="format", severity="warning", trained=spec.source_format, applied=rules.reads,
                                  consequence=f"{rules.title} reads only the {rules.reads} format; shown: what it "
@@ -289,15 +283,16 @@ def _view_v2_runner(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
                               applied="V2 model runner only",
                               consequence="vLLM's V1 model runner refuses drafts mixing sliding and full layers",
                               fix="run vLLM with VLLM_USE_V2_MODEL_RUNNER=1 (the default where Triton is present)"))
-    if spec.variant == "dflash2" and rules.engine == "vllm":
-        div.append(_v2_runner_only("DFlash2 candidate head", VLLM_V1_CANDIDATE))
+    kind = kinds.of(spec.variant)
+    if kind.vllm_v1_refusal and not kind.support and rules.engine == "vllm":  # a kind with a sub-table says it there
+        div.append(_v2_runner_only(kind.vllm_v1_label, kind.vllm_v1_refusal))
 
 
 def _view_block_size(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading) -> None:
     """The block size and where it comes from."""
     div = view.divergences
     view.block_size, view.block_size_source = r.block, r.block_source
-    if r.block is None and rules.block_size == BlockSize.SERVING_FLAG and spec.variant == "dspark":
+    if r.block is None and rules.block_size == BlockSize.SERVING_FLAG and kinds.of(spec.variant).anchor_may_propose:
         # vLLM's DSpark takes num_speculative_tokens from the top-level block_size when the flag is absent
         view.block_size, view.block_size_source = spec.block_size, "block_size (num_speculative_tokens default)"
     elif r.block is None and rules.block_size == BlockSize.SERVING_FLAG:
@@ -385,83 +380,14 @@ def _view_verifier(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Con
                                       "--speculative-config)"))
 
 
-def _view_anchor(view: EngineView, rules: EngineRules, trained: bool | None, raw: dict[str, Any]) -> None:
-    """sample_from_anchor as the engine reads it. Absent, vLLM's speculators reader takes false (the anchor is the
-    bonus token: 1 + N slots), its HF reader and SGLang true; speculators trained with its fill-in, true."""
-    absent = raw.get("sample_from_anchor") is None
-    # vLLM's speculators reader copies the DSpark keys to the top level; both engines read them there
-    view.anchor_predicts = raw.get("sample_from_anchor", rules.reads != "speculators")
-    if view.anchor_predicts != trained:
-        said = (f"sample_from_anchor is absent and {rules.title} takes {view.anchor_predicts} (speculators trained "
-                f"with its default, {trained}): " if absent else "")
-        view.divergences.append(Divergence(
-            field="sample_from_anchor", severity="error", trained=trained, applied=view.anchor_predicts,
-            consequence=said + "the engine lays the block out the other way (anchor drafting vs bonus anchor): "
-                               "every slot predicts another position than trained",
-            fix="write sample_from_anchor explicitly (convert does)"))
-
-
-def _view_dspark(view: EngineView, rules: EngineRules, spec: DraftSpec, raw: dict[str, Any]) -> None:
-    """What the engine serves of a DSpark draft: its runner, Markov head, confidence head and anchor slot."""
-    div, f = view.divergences, spec.variant_fields
-    head, anchor = f.get("markov_head_type"), f.get("sample_from_anchor")
-    if rules.dspark == DSpark.NOT_SERVED:
-        view.loads = False
-        div.append(Divergence(field="architectures", severity="error", trained="dspark", applied=None,
-                              consequence=f"{rules.title} has no DSpark model", fix="serve it with vLLM or SGLang"))
-        return
-    _view_anchor(view, rules, anchor, raw)
-    if rules.dspark == DSpark.V2_RUNNER_VANILLA:
-        div.append(_v2_runner_only("DSpark", VLLM_V1_DSPARK))
-        if rules.reads == "hf" and raw.get("markov_rank") is None:
-            view.loads = False
-            div.append(Divergence(field="markov_rank", severity="error", trained=f.get("markov_rank"), applied=None,
-                                  consequence="vLLM reads markov_rank only at the top level of config.json (this one "
-                                              "has it in dflash_config): Qwen3DSparkModel fails to build",
-                                  fix="convert --to hf (writes the DSpark keys at the top level)"))
-        if head != "vanilla":
-            view.loads = False
-            div.append(Divergence(field="markov_head_type", severity="error", trained=head, applied="vanilla",
-                                  consequence=f"vLLM 0.33's Qwen3DSparkModel builds the vanilla Markov head only: the "
-                                              f"{head} head's tensors have no parameter there and the load fails",
-                                  fix="serve it with SGLang"))
-        if rules.reads == "hf" and anchor is False:
-            div.append(Divergence(field="block_size", severity="warning", trained=spec.block_size,
-                                  applied=(spec.block_size or 0) + 1,
-                                  consequence="vLLM's DSpark drafts num_speculative_tokens (default: block_size) "
-                                              "slots after the bonus anchor, a block one longer than trained",
-                                  fix=f"serve with num_speculative_tokens={(spec.block_size or 1) - 1}"))
-    elif rules.dspark == DSpark.ALL_HEADS_TARGET_LM_HEAD and f.get("enable_confidence_head") is False:
-        view.loads = False
-        div.append(Divergence(field="enable_confidence_head", severity="error", trained=False, applied=True,
-                              consequence="SGLang 0.5.23 builds the confidence head whatever enable_confidence_head "
-                                          "says and refuses a checkpoint without confidence_head.proj (unless its "
-                                          "ragged verify mode is static)",
-                              fix="serve it with vLLM, or SGLang with the static ragged verify mode"))
-    if rules.dspark == DSpark.ALL_HEADS_TARGET_LM_HEAD and head == "rnn" and view.anchor_predicts is False:
-        div.append(_rnn_start_differs())
-
-
-def _rnn_start_differs() -> Divergence:
-    """An rnn Markov head with a bonus anchor: SGLang starts its state where speculators' training does not."""
-    return Divergence(field="markov_head_type", severity="warning", trained="rnn from slot 0",
-                      applied="rnn from slot 1",
-                      consequence="with the anchor as bonus token, SGLang 0.5.23 runs the rnn head over the drafting "
-                                  "slots 1..B-1 from a zero state, while speculators 0.9.0 trained the recurrence from "
-                                  "the anchor's slot 0 (its state carries into slot 1): the Markov bias differs from "
-                                  "training at every slot and acceptance may be lower than trained (the runtime "
-                                  "runs SGLang's rule)",
-                      fix="train the rnn head with sample_from_anchor true, or measure with validate")
-
-
 # ----------------------------------------------------------------------------- checkpoint views; applied drafts
 
 def vllm_cannot_serve_here(spec: DraftSpec) -> str | None:
     """One line saying why the vLLM CPU build (V1 model runner only: no Triton) cannot serve this draft, or None."""
-    if spec.variant == "dspark":
-        return f"vLLM's CPU build runs the V1 model runner only, which refuses DSpark drafts: '{VLLM_V1_DSPARK}'"
-    if spec.variant == "dflash2":
-        return f"vLLM's CPU build runs the V1 model runner only, which refuses DFlash2 drafts: '{VLLM_V1_CANDIDATE}'"
+    kind = kinds.of(spec.variant)
+    if kind.vllm_v1_refusal:
+        return (f"vLLM's CPU build runs the V1 model runner only, which refuses {kind.title} drafts: "
+                f"'{kind.vllm_v1_refusal}'")
     return None
 
 

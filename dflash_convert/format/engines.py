@@ -23,7 +23,7 @@ from enum import Enum, auto
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from dflash_convert.errors import UsageError
-from dflash_convert.format import catalogue, keys, mapping
+from dflash_convert.format import catalogue, keys, kinds, mapping
 from dflash_convert.format.configs import Format
 
 ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab", "transformers")
@@ -135,12 +135,6 @@ class MaskEmbedding(RuleKind):
     IGNORED = auto()
 
 
-class DSpark(RuleKind):
-    V2_RUNNER_VANILLA = auto()
-    ALL_HEADS_TARGET_LM_HEAD = auto()
-    NOT_SERVED = auto()
-
-
 class NativeLayout(RuleKind):
     """What an engine makes of a checkpoint in transformers' own layout (MuseGlimmerAssistantConfig)."""
 
@@ -184,7 +178,6 @@ class EngineRules:
     mask: Mask  # mask_token_id
     mask_embedding: MaskEmbedding  # a trained mask embedding shipped as mask_embedding.pt
     verifier: Verifier  # how the target model is found
-    dspark: DSpark  # what it serves of a DSpark draft
     native_layout: NativeLayout  # a checkpoint in transformers' own layout
 
     def __post_init__(self) -> None:
@@ -217,7 +210,7 @@ _VLLM: dict[str, Any] = dict(
     engine="vllm", version="0.33.0", ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM,
     window_semantics=WindowSemantics.PER_QUERY, window_missing=WindowMissing.REFUSE, vocab=Vocab.OWN_LM_HEAD_D2T,
     fc_width=FcWidth.TARGET_HIDDEN_SIZE, mask=Mask.REQUIRED, mask_embedding=MaskEmbedding.USED,
-    dspark=DSpark.V2_RUNNER_VANILLA, native_layout=NativeLayout.READ)
+    native_layout=NativeLayout.READ)
 
 ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
@@ -238,8 +231,7 @@ ENGINES: tuple[EngineRules, ...] = (
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.REFUSE, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
         vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.TOKEN_FALLBACK,
-        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG, dspark=DSpark.ALL_HEADS_TARGET_LM_HEAD,
-        native_layout=NativeLayout.ALIAS),
+        mask_embedding=MaskEmbedding.USED, verifier=Verifier.SERVING_FLAG, native_layout=NativeLayout.ALIAS),
     EngineRules(
         key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
         reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.REFUSE,
@@ -247,8 +239,7 @@ ENGINES: tuple[EngineRules, ...] = (
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.FULL_CONTEXT, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
         vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE, mixed=Mixed.SUPPORTED, mask=Mask.REQUIRED,
-        mask_embedding=MaskEmbedding.IGNORED, verifier=Verifier.CALLER, dspark=DSpark.NOT_SERVED,
-        native_layout=NativeLayout.NOT_READ),
+        mask_embedding=MaskEmbedding.IGNORED, verifier=Verifier.CALLER, native_layout=NativeLayout.NOT_READ),
     # transformers' own DFlash (models/muse_glimmer_assistant, generation/candidate_generator.py's
     # DFlashTokenCandidateGenerator, cache_utils.py's DFlashCache; the same rules in 5.19.0 and 5.24.0)
     EngineRules(
@@ -259,7 +250,7 @@ ENGINES: tuple[EngineRules, ...] = (
         window_semantics=WindowSemantics.SYMMETRIC, window_missing=WindowMissing.CLASS_DEFAULT,
         block_size=BlockSize.TOP_DEFAULT_16, vocab=Vocab.TARGET_LM_HEAD, fc_width=FcWidth.HIDDEN_SIZE,
         mixed=Mixed.SUPPORTED, mask=Mask.CLASS_DEFAULT, mask_embedding=MaskEmbedding.IGNORED,
-        verifier=Verifier.CALLER, dspark=DSpark.NOT_SERVED, native_layout=NativeLayout.OWN),
+        verifier=Verifier.CALLER, native_layout=NativeLayout.OWN),
 )
 ENGINES_BY_KEY = {e.key: e for e in ENGINES}
 
@@ -355,13 +346,6 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
         MaskEmbedding.IGNORED: "`mask_embedding.pt` ignored: the mask slots get the target's embedding of "
                                "`mask_token_id`",
     },
-    "dspark": {
-        DSpark.V2_RUNNER_VANILLA: "V2 model runner only (V1: 'Model Runner V1 does not support: dspark speculative "
-                                  "decoding'); vanilla Markov head only; DSpark keys read at the top level",
-        DSpark.ALL_HEADS_TARGET_LM_HEAD: "vanilla, gated and rnn Markov heads; the target's lm_head; the confidence "
-                                         "head built whatever `enable_confidence_head` says",
-        DSpark.NOT_SERVED: "not served",
-    },
     "native_layout": {
         NativeLayout.READ: "read: `MuseGlimmerAssistantModel` is served by its DFlash model, `encoder.fc` / "
                            "`encoder.output_norm_enc` renamed on load; the V1 model runner takes the ids from "
@@ -386,18 +370,18 @@ FIELD_TITLES = {
     "window_missing": "sliding layers without a window size",
     "block_size": "block size", "vocab": "pruned vocab", "fc_width": "fc input width",
     "mixed": "mixed sliding + full layers", "mask": "mask token", "mask_embedding": "trained mask embedding",
-    "verifier": "target model", "dspark": "DSpark drafts", "native_layout": "transformers' own layout",
+    "verifier": "target model", "native_layout": "transformers' own layout",
 }
 MASK_EMBEDDING_FILE = catalogue.MASK_EMBEDDING_FILE  # vLLM and SGLang read it from the draft's directory
 TRAINED_WINDOW = WindowSemantics.ANCHOR  # what speculators trains and the runtime implements
 
 # Config keys at least one engine reads (paths in either layout). Anything else in a config changes
 # nothing an engine does: `diff` reports such keys as informational only.
+# (with the kinds' keys: the top-level ones of either layout, the HF dflash_config's, and each kind's own keys)
 TOP_LEVEL_READ = frozenset({
     "architectures", "block_size", "is_causal", "target_hidden_size", "draft_vocab_size", "num_target_layers",
     "target_layer_ids", "mask_token_id", "mask_token", "aux_hidden_state_layer_ids", "sliding_window_non_causal",
     "sample_from_anchor", "speculators_model_type", "dtype", "torch_dtype", "eagle_aux_hidden_state_layer_ids",
-    *mapping.DFLASH2_FIELDS, *(k.name for k in keys.CONFIG_KEYS if k.hf_top), "dspark_bonus_anchor",
     "quantization_config",  # vLLM and SGLang (format/quantization.py)
 })
 DECODER_READ = frozenset({
@@ -410,7 +394,7 @@ DECODER_READ = frozenset({
 DFLASH_CONFIG_READ = frozenset({
     "target_layer_ids", "mask_token_id", "mask_token", "block_size", "causal", "use_swa", "swa_window_size",
     "num_target_layers", "sample_from_anchor", "attention_value_scale", "attention_sink_bias",
-    *keys.BY_NAME, *mapping.NEUTRAL_DECODER_KEYS,
+    *mapping.NEUTRAL_DECODER_KEYS,
 })
 SPECULATORS_CONFIG_READ = ("speculators_config.proposal_methods", "speculators_config.verifier.name_or_path")
 
@@ -421,10 +405,12 @@ def engine_reads(path: str) -> bool:
     if head == "transformer_layer_config":
         return rest.partition(".")[0] in DECODER_READ
     if head == "dflash_config":
-        return rest.partition(".")[0] in DFLASH_CONFIG_READ
+        return rest.partition(".")[0] in DFLASH_CONFIG_READ or rest.partition(".")[0] in keys.by_name()
     if head == "speculators_config":
         return path.startswith(SPECULATORS_CONFIG_READ)
-    return head in TOP_LEVEL_READ or head in DECODER_READ
+    top = {*mapping.speculators_family_keys(), *(k.name for k in keys.config_keys() if k.hf_top),
+           *(own for k in kinds.all_kinds() for own in k.hf_own_keys())}
+    return head in TOP_LEVEL_READ or head in DECODER_READ or head in top
 
 
 
@@ -449,7 +435,18 @@ def _check_tables(rule_text: dict[str, dict[str, str]] = RULE_TEXT) -> None:
                              f"{sorted(str(k) for k in set(rule_text.get(name, ())) ^ kinds)}")
 
 
+def _check_kinds() -> None:
+    """Each kind's engine sub-table has a row per engine and a text per kind of support: a kind registered without
+    them fails when checked (at import for the built-in kinds), not in a user's run."""
+    for kind in kinds.all_kinds():
+        if kind.support and (set(kind.support) != set(ENGINES_BY_KEY) or not set(kind.support.values())
+                             <= set(kind.support_text) or not kind.support_title):
+            raise ValueError(f"kind {kind.name}: its engine support must name each of {', '.join(ENGINES_BY_KEY)} "
+                             "with a kind of support its support_text says, under a support_title")
+
+
 _check_tables()
+_check_kinds()
 
 
 # ----------------------------------------------------------------------------- docs: the table of docs/engines.md
@@ -463,7 +460,13 @@ def render_markdown() -> str:
             continue
         cells = [RULE_TEXT[f.name][getattr(e, f.name)] for e in ENGINES]
         lines.append(f"| {FIELD_TITLES[f.name]} | " + " | ".join(cells) + " |")
+        if f.name == KIND_ROWS_AFTER:
+            lines += [f"| {k.support_title} | " + " | ".join(k.support_text[k.support[e.key]] for e in ENGINES) + " |"
+                      for k in kinds.all_kinds() if k.support]
     return "\n".join(lines) + "\n"
+
+
+KIND_ROWS_AFTER = "verifier"  # the table's rows of the kinds' own engine support follow this field's
 
 
 README_START, README_END = "<!-- engines-table:start -->\n", "<!-- engines-table:end -->"

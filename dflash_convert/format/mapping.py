@@ -33,20 +33,20 @@ from dflash_convert.format.configs import (
     VerifierRef,
 )
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import keys
+from dflash_convert.format import foreign, keys, kinds
 
 AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
 QWEN3_MAX_WINDOW_LAYERS = 28  # transformers' Qwen3Config default: layers below it are full attention
 SPECULATORS_VERSION = "0.9.0"  # the speculators config layout we write
 
-# vLLM 0.33 and SGLang 0.5.23 load an HF-layout DSpark draft as Qwen3DSparkModel (both registries); speculators
-# names its own class DSparkDraftModel (vLLM maps that name to Qwen3DSparkModel for a qwen3 decoder).
-HF_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}
-SPECULATORS_ARCHITECTURE = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "DSparkDraftModel"}
-DSPARK_QWEN3_ALIAS = "DSparkDraftModel"  # an HF DSpark config with this name and model_type qwen3 is Qwen3DSparkModel
-DFLASH2_FIELDS = tuple(k.name for k in keys.CONFIG_KEYS if k.required and "dflash2" in k.kinds)
-# the family keys the speculators format keeps at its top level (vLLM's speculators reader copies them)
-SPECULATORS_FAMILY_KEYS = tuple(dict.fromkeys(k.speculators for k in keys.CONFIG_KEYS if k.speculators))
+# Each kind's architecture names (HF / z-lab and speculators) are the kind's (format/kinds/).
+
+
+def speculators_family_keys() -> tuple[str, ...]:
+    """The family keys the speculators format keeps at its top level (vLLM's speculators reader copies them)."""
+    return tuple(dict.fromkeys(k.speculators for k in keys.config_keys() if k.speculators))
+
+
 # dflash_config keys that are not family keys of the table (DraftSpec fields of their own)
 HF_DFLASH_CONFIG_OWN = ("mask_token_id", "target_layer_ids", "block_size", "causal", "verifier")
 REFUSED_ALGORITHMS = {
@@ -60,14 +60,17 @@ REFUSED_ALGORITHMS = {
 # Keys of an HF config that are DFlash's, not the draft decoder's (everything else is decoder).
 HF_DFLASH_KEYS = ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers",
                   "target_hidden_size", "draft_vocab_size", "is_causal", "dtype", "torch_dtype")
-# Keys of a speculators config we read into DraftSpec fields or regenerate on write.
-SPECULATORS_KNOWN_KEYS = ("speculators_model_type", "architectures", "transformer_layer_config",
-                          "aux_hidden_state_layer_ids", "mask_token_id", "block_size", "draft_vocab_size",
-                          "target_hidden_size", "sliding_window_non_causal", "sample_from_anchor",
-                          "speculators_config", "speculators_version", "transformers_version", "auto_map",
-                          "dtype", "torch_dtype", "tie_word_embeddings", "num_target_layers", *SPECULATORS_FAMILY_KEYS)
-# speculators' own default for `sliding_window_non_causal` per algorithm.
-SPECULATORS_NON_CAUSAL_DEFAULT = {"dflash": False, "dflash2": True, "dspark": False}
+# Keys of a speculators config we read into DraftSpec fields or regenerate on write (with the kinds' keys:
+# `speculators_known_keys`).
+SPECULATORS_OWN_KEYS = ("speculators_model_type", "architectures", "transformer_layer_config",
+                        "aux_hidden_state_layer_ids", "mask_token_id", "block_size", "draft_vocab_size",
+                        "target_hidden_size", "sliding_window_non_causal", "sample_from_anchor",
+                        "speculators_config", "speculators_version", "transformers_version", "auto_map",
+                        "dtype", "torch_dtype", "tie_word_embeddings", "num_target_layers")
+
+
+def speculators_known_keys() -> tuple[str, ...]:
+    return (*SPECULATORS_OWN_KEYS, *speculators_family_keys())
 
 
 # ----------------------------------------------------------------------------- detection
@@ -84,10 +87,7 @@ REFUSED_ARCHITECTURES = {
     "Qwen3XPressModel": "an XPress draft (extra refiner heads)",
     "LiLiCorrDraftModel": "a LiLiCorr draft (a correlator over candidate-head features)",
     "Qwen3OmniDSparkModel": "a Qwen3-Omni DSpark draft (vLLM's standalone Omni thinker contract)",
-    "Gemma4DSparkModel": "a Gemma 4 DSpark draft",
-    "DSparkDraftModel": "a DeepSeek DSpark draft (DSparkDraftModel with a model_type other than qwen3)",
-}
-KINDS_SAID = "dflash, dflash2 and dspark"
+}  # DSpark drafts of other decoders (DeepSeek, Gemma 4, Kimi K3, Muse Spark): foreign.py
 
 
 def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, str]:
@@ -96,28 +96,31 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
     if algo is not None:
         if not isinstance(algo, str):
             raise DFlashError(f"field `speculators_model_type`: expected a string, got {_short(algo)}", file=file)
-        if algo in HF_ARCHITECTURE:
+        if kinds.get(algo) is not None:
             return "speculators", algo
         what = REFUSED_ALGORITHMS.get(algo, "an algorithm dflash-convert does not know")
-        raise DFlashError(f"speculators_model_type is {algo!r}: {what}; only {KINDS_SAID} drafts are supported",
+        raise DFlashError(f"speculators_model_type is {algo!r}: {what}; only {kinds.said()} drafts are supported",
                           file=file)
     archs = raw.get("architectures") or []
     if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise DFlashError(f"field `architectures`: expected a list of strings, got {_short(archs)}", file=file)
     if raw.get("model_type") == TRANSFORMERS_MODEL_TYPE or TRANSFORMERS_ARCHITECTURE in archs:
-        return "transformers", "dflash"
-    for variant, arch in HF_ARCHITECTURE.items():
-        if arch in archs:
-            return "hf", variant
-    if DSPARK_QWEN3_ALIAS in archs and raw.get("model_type") == "qwen3":
-        return "hf", "dspark"
+        return "transformers", TRANSFORMERS_KIND
+    for kind in kinds.all_kinds():
+        if kind.hf_architecture in archs:
+            return "hf", kind.name
+    for kind in kinds.all_kinds():
+        if any(arch in archs and raw.get("model_type") == model_type for arch, model_type in kind.hf_aliases):
+            return "hf", kind.name
+    if (other := foreign.identify(raw)) is not None:
+        raise DFlashError(other[1].line(other[0], other[2]), file=file)
     refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
     if refused is not None:
         raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "
                           "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts",
                           file=file)
     if "dflash_config" in raw:
-        return "hf", "dflash"
+        return "hf", DEFAULT_KIND
     found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"
     raise DFlashError(f"not a DFlash checkpoint config ({found}; expected "
                       f"speculators_model_type 'dflash' or architectures ['DFlashDraftModel'])", file=file)
@@ -212,14 +215,14 @@ def spec_from_config(raw: dict[str, Any], file: str = "config.json") -> DraftSpe
 
 def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
     cfg = _parse(SpeculatorsDFlashConfig, raw, file)
-    if cfg.anchor_predicts and variant != "dspark":
+    if cfg.anchor_predicts and not kinds.of(variant).anchor_may_propose:
         raise DFlashError("field `sample_from_anchor` is true: the anchor slot predicts a token (DSpark style), "
                           "which DFlash engines do not run", file=file)
     decoder = dict(raw["transformer_layer_config"])
     layer_types = resolve_layer_types(decoder)
     non_causal = cfg.sliding_window_non_causal
     if non_causal is None:
-        non_causal = SPECULATORS_NON_CAUSAL_DEFAULT[variant]
+        non_causal = kinds.of(variant).speculators_non_causal_default
     verifier = cfg.speculators_config.verifier if cfg.speculators_config else None
     vocab = cfg.transformer_layer_config.vocab_size
     target_layer_ids = None if cfg.aux_hidden_state_layer_ids is None else target_ids_from_aux(
@@ -247,7 +250,7 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         target_hidden_size=cfg.target_hidden_size,
         verifier=VerifierRef.model_validate(verifier.model_dump()) if verifier and verifier.name_or_path else None,
         variant_fields=_speculators_fields(raw, variant),
-        extra={k: v for k, v in raw.items() if k not in SPECULATORS_KNOWN_KEYS},
+        extra={k: v for k, v in raw.items() if k not in speculators_known_keys()},
         dtype=raw.get("dtype") or raw.get("torch_dtype"),
         legacy_speculative_tokens=cfg.block_size if cfg.legacy_speculative_tokens else None,
     )
@@ -291,11 +294,8 @@ def _hf_fields(raw: dict, raw_dc: dict, variant: str, file: str) -> dict[str, An
             value = k.hf_filled[0]
         if value is not None:
             out[k.name] = value
-    if variant == "dspark" and raw.get("dspark_bonus_anchor") is not None \
-            and raw["dspark_bonus_anchor"] == out.get("sample_from_anchor"):
-        raise DFlashError(f"field `dspark_bonus_anchor` is {_short(raw['dspark_bonus_anchor'])} while "
-                          f"sample_from_anchor is {_short(out.get('sample_from_anchor'))}: one says the anchor is the "
-                          "bonus token, the other that it drafts; they must be opposite", file=file)
+    if contradiction := kinds.of(variant).check_hf_fields(raw, out):
+        raise DFlashError(contradiction, file=file)
     return out
 
 
@@ -303,7 +303,7 @@ def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
     cfg = _parse(HFDFlashConfig, raw, file)
     dc = cfg.dflash_config
     top, nested = cfg.block_size, dc.block_size  # equal when both are set (HFDFlashConfig checks)
-    own = HF_DFLASH_KEYS + (keys.hf_top_names(variant) + ("dspark_bonus_anchor",) if variant == "dspark" else ())
+    own = HF_DFLASH_KEYS + kinds.of(variant).hf_own_keys()
     decoder = {k: v for k, v in raw.items() if k not in own}
     layer_types = resolve_layer_types(decoder)
     raw_dc = raw.get("dflash_config") or {}
@@ -324,7 +324,7 @@ def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
         variant_fields=_hf_fields(raw, raw_dc, variant, file),
         # dflash_config keys no engine in the key table reads: carried to HF, said when written elsewhere
         extra={"dflash_config": unknown} if (unknown := {k: v for k, v in raw_dc.items() if k not in
-                                                         HF_DFLASH_CONFIG_OWN and k not in keys.BY_NAME}) else {},
+                                                         HF_DFLASH_CONFIG_OWN and k not in keys.by_name()}) else {},
         dtype=raw.get("dtype") or raw.get("torch_dtype"),
     )
 
@@ -360,7 +360,7 @@ def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     check_complete(spec)
     warnings: list[str] = []
     decoder = {k: v for k, v in spec.decoder.items() if k not in HF_DFLASH_KEYS}
-    out: dict[str, Any] = {"architectures": [HF_ARCHITECTURE[spec.variant]]}
+    out: dict[str, Any] = {"architectures": [kinds.of(spec.variant).hf_architecture]}
     out.update(decoder)
     out.setdefault("model_type", "qwen3")
     out["layer_types"] = list(spec.layer_types)
@@ -399,7 +399,7 @@ def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
             raise DFlashError(f"field `{name}` = {_short(value)} sits at the top level of a speculators config, "
                               f"where neither speculators nor vLLM's speculators reader applies it (the draft was "
                               f"trained without it), but HF readers apply `dflash_config.{name}` "
-                              f"({keys.BY_NAME[name].readers}: {keys.BY_NAME[name].effect}); remove it first")
+                              f"({keys.by_name()[name].readers}: {keys.by_name()[name].effect}); remove it first")
     dc.update(spec.extra.get("dflash_config") or {})
     for name, value in spec.variant_fields.items():
         key = keys.key_for(spec.variant, name)
@@ -425,15 +425,12 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
     if not verifier.name_or_path:
         warnings.append("speculators_config.verifier.name_or_path is unknown (vLLM requires it): pass --verifier")
     draft_vocab = spec.draft_vocab
-    anchor = bool(spec.variant_fields.get("sample_from_anchor")) if spec.variant == "dspark" else False
-    if spec.variant == "dspark":
-        for k in keys.keys_for("dspark"):
-            if k.required and spec.variant_fields.get(k.name) is None:
-                raise DFlashError(f"field `{k.hf_path}` is absent: the HF readers disagree on what it means (vLLM, "
-                                  "SGLang and speculators default it differently), so the speculators config, which "
-                                  f"states it, cannot be written; set {k.name} in the source config first")
+    kind = kinds.of(spec.variant)
+    if refusal := kind.speculators_refusal(spec.variant_fields):
+        raise DFlashError(refusal)
+    anchor = kind.anchor_predicts(spec.variant_fields)
     out: dict[str, Any] = {
-        "architectures": [SPECULATORS_ARCHITECTURE[spec.variant]],
+        "architectures": [kind.speculators_architecture],
         "speculators_model_type": spec.variant,
         "transformer_layer_config": decoder,
         "aux_hidden_state_layer_ids": aux_ids_from_target(spec.target_layer_ids),
@@ -445,7 +442,8 @@ def spec_to_speculators(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
         "sample_from_anchor": anchor,
         "speculators_config": {
             "algorithm": spec.variant,
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": spec.block_size - 1 + anchor,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": kind.proposals(spec.block_size,
+                                                                                                spec.variant_fields),
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier.name_or_path, "architectures": list(verifier.architectures)},
@@ -513,6 +511,8 @@ def spec_to_config(spec: DraftSpec, fmt: str) -> tuple[dict[str, Any], list[str]
 # Qwen3's (QK-norm, SwiGLU, no biases), bidirectional only, sliding per layer_types; it has no lm_head (candidates
 # come from the target's output embeddings) and no module beyond fc + norm + layers.
 TRANSFORMERS_MODEL_TYPE = "muse_glimmer_assistant"
+TRANSFORMERS_KIND = "dflash"  # the one kind its layout holds
+DEFAULT_KIND = "dflash"  # an HF config with a dflash_config and no architecture of a kind
 TRANSFORMERS_ARCHITECTURE = "MuseGlimmerAssistantModel"
 # MuseGlimmerAssistantConfig's class defaults: what transformers acts on for an absent key (layer_types: all
 # sliding). vocab_size is no field of that class: vLLM 0.33's reader fills 202048 (Muse Glimmer's vocabulary).
@@ -564,7 +564,7 @@ def _spec_from_transformers(raw: dict, file: str) -> DraftSpec:
     if cfg.attention_bias:
         raise DFlashError("field `attention_bias` is true: transformers' MuseGlimmerAssistantModel has no "
                           "attention biases", file=file)
-    for k in keys.keys_for("dflash"):
+    for k in keys.keys_for(TRANSFORMERS_KIND):
         if not k.is_neutral(raw.get(k.name)):
             raise DFlashError(f"field `{k.name}` = {_short(raw[k.name])} ({k.readers}: {k.effect}) has no place in "
                               "transformers' MuseGlimmerAssistantModel, which would ignore it", file=file)
@@ -572,7 +572,7 @@ def _spec_from_transformers(raw: dict, file: str) -> DraftSpec:
     layer_types = resolve_layer_types(decoder)
     decoder.update(model_type="qwen3", use_sliding_window="sliding_attention" in layer_types)
     verifier = cfg.verifier if cfg.verifier and cfg.verifier.name_or_path else None
-    return DraftSpec(source_format="transformers", variant="dflash", decoder=decoder, block_size=cfg.block_size,
+    return DraftSpec(source_format="transformers", variant=TRANSFORMERS_KIND, decoder=decoder, block_size=cfg.block_size,
                      mask_token_id=cfg.mask_token_id, target_layer_ids=list(cfg.target_layer_ids),
                      layer_types=layer_types, layer_causal=[False] * len(layer_types),
                      num_target_layers=cfg.num_target_layers, verifier=verifier,
@@ -582,7 +582,7 @@ def _spec_from_transformers(raw: dict, file: str) -> DraftSpec:
 def transformers_refusals(spec: DraftSpec) -> list[str]:
     """Why transformers' own layout cannot state this draft (empty: it can)."""
     out = []
-    if spec.variant != "dflash":
+    if spec.variant != TRANSFORMERS_KIND:
         out.append(f"a {spec.variant} draft: transformers' MuseGlimmerAssistantModel has none of its modules "
                    "(dflash2's convolutions and candidate selector, DSpark's Markov and confidence heads)")
     if spec.is_pruned_vocab:
@@ -647,13 +647,17 @@ def spec_to_transformers(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
 
 # ----------------------------------------------------------------------------- what a conversion did to the config
 
-# The same fact at a different place in each layout: canonical name -> (speculators path, HF path).
+# The same fact at a different place in each layout: canonical name -> (speculators path, HF path); with the
+# kinds' keys: `config_aliases`.
 CONFIG_ALIASES = {
     "target_layer_ids": ("aux_hidden_state_layer_ids", "dflash_config.target_layer_ids"),
     "mask_token_id": ("mask_token_id", "dflash_config.mask_token_id"),
     "verifier": ("speculators_config.verifier", "dflash_config.verifier"),
-    **{k.name: (k.speculators or k.name, k.hf_path) for k in keys.BY_NAME.values()},
 }
+
+
+def config_aliases() -> dict[str, tuple[str, str]]:
+    return {**CONFIG_ALIASES, **{k.name: (k.speculators or k.name, k.hf_path) for k in keys.by_name().values()}}
 # Why a key appears or disappears by design (canonical name or prefix -> reason).
 CONFIG_CHANGE_REASONS = {
     "is_causal": "SGLang and z-lab read only this top-level flag (vLLM reads it first)",
@@ -703,7 +707,7 @@ def _canonical_config(raw: dict[str, Any], fmt: str) -> dict[str, tuple[str, Any
     """canonical key -> (path in this layout, value); the decoder's keys are flat in both layouts."""
     side = 0 if fmt == "speculators" else 1
     # transformers' own layout keeps every DFlash key at the top level under its canonical name
-    by_path = {} if fmt == "transformers" else {paths[side]: name for name, paths in CONFIG_ALIASES.items()}
+    by_path = {} if fmt == "transformers" else {paths[side]: name for name, paths in config_aliases().items()}
     out: dict[str, tuple[str, Any]] = {}
     if fmt == "speculators":
         for path, value in _flatten(raw.get("transformer_layer_config") or {}).items():

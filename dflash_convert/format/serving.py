@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_convert.format.compat import Check, make_check
+from dflash_convert.format import kinds
 from dflash_convert.format.configs import DraftSpec
 
 QWEN3_OMNI_DSPARK = "Qwen3OmniDSparkModel"  # vLLM 0.33 holds it to K == block_size
@@ -32,8 +33,8 @@ class ServingConfig:
 
 
 def anchor_proposes(spec: DraftSpec) -> bool:
-    """A DSpark draft whose anchor slot proposes (sample_from_anchor): K proposals take K slots, not K+1."""
-    return spec.variant == "dspark" and bool(spec.variant_fields.get("sample_from_anchor"))
+    """A draft whose anchor slot proposes (DSpark's sample_from_anchor): K proposals take K slots, not K+1."""
+    return kinds.of(spec.variant).anchor_predicts(spec.variant_fields)
 
 
 def slots(spec: DraftSpec, k: int) -> int:

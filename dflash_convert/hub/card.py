@@ -16,7 +16,8 @@ from dflash_convert.chart import bar, svg_chart, text_chart
 from dflash_convert.io.checkpoint import open_checkpoint
 
 from dflash_convert.io.reading import read_json
-from dflash_convert.format import keys
+from dflash_convert.format import kinds
+from dflash_convert.format.kinds.base import CardServing
 from dflash_convert.format.configs import ConversionRecord, DraftSpec
 from dflash_convert.errors import DFlashError
 
@@ -44,11 +45,6 @@ def _causality(spec: DraftSpec) -> str:
 
 
 CHART_NAME = "acceptance.svg"  # written beside README.md when the validation has end-to-end figures
-
-
-def _anchor_drafts(spec: DraftSpec) -> bool:
-    """A DSpark draft whose anchor slot drafts too (sample_from_anchor): block_size tokens per block, not one fewer."""
-    return spec.variant == "dspark" and bool(keys.trained_value("dspark", spec.variant_fields, "sample_from_anchor"))
 
 
 def _render_validation(validation: dict[str, Any]) -> list[str]:
@@ -111,7 +107,7 @@ def _endpoint_lines(e: Any, thresholds: dict[str, Any]) -> list[str]:
             *text_chart(c["per_position_rates"], thresholds.get("min_position_rates")), "```", ""]
 
 
-def _render_k(validation: dict[str, Any], target: str, repo_id: str, method: str) -> list[str]:
+def _render_k(validation: dict[str, Any], target: str, repo_id: str, serving: CardServing) -> list[str]:
     """The validation's runs per num_speculative_tokens (when it ran several): tau, step costs and expected
     speedup per K, a chart per concurrency, and the launch lines at the recommended K, naming the device the
     costs are from."""
@@ -135,9 +131,9 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, method: str
         lines += [f"K={n:<3} {bar(x / top, 40)} {x:.2f}x" for n, x in at]
         lines += ["```", "", f"Recommended at concurrency {rec['concurrency']}: `num_speculative_tokens` {k}.", "",
                   "```bash", f"vllm serve {target} \\",
-                  f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{repo_id}\", "
+                  f"  --speculative-config '{{\"method\": \"{serving.vllm_method}\", \"model\": \"{repo_id}\", "
                   f"\"num_speculative_tokens\": {k}}}'", "```", ""]
-        if method == "dflash":
+        if serving.sglang_block_of_k:
             lines += [f"SGLang: `--speculative-num-draft-tokens {k + 1}` (the block of K+1).", ""]
     return lines
 
@@ -153,7 +149,7 @@ def _speedup_at(row: dict[str, Any], concurrency: int) -> float | None:
 def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any] | None,
                        record: ConversionRecord | None) -> str:
     target = _verifier_id(spec) or "<TARGET_MODEL>"
-    block = spec.block_size
+    block, kind = spec.block_size, kinds.of(spec.variant)
     fmt = {"speculators": "speculators (vLLM speculators library layout)",
            "hf": "Hugging Face / z-lab (flat Qwen3 config with DFlash keys)",
            "transformers": "transformers' own (`MuseGlimmerAssistantConfig`: `AutoModel` loads it, "
@@ -164,7 +160,7 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
         ("format", fmt),
         ("variant", spec.variant),
         ("target model", f"`{target}`" if _verifier_id(spec) else "not recorded in config.json"),
-        ("block size", f"{block} (up to {block - 1 + _anchor_drafts(spec)} speculative tokens per step)"
+        ("block size", f"{block} (up to {kind.proposals(block, spec.variant_fields)} speculative tokens per step)"
          if block else "not recorded"),
         ("target layer ids", f"{spec.target_layer_ids} (0-based target layers whose outputs feed the draft)"
          if spec.target_layer_ids is not None else "not recorded"),
@@ -181,19 +177,17 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
              "and the target verifies them.", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines.append("")
-    if spec.variant == "dflash2":
-        lines += [f"This is a `{spec.variant}` draft: the commands below are those for DFlash drafts; check that "
-                  f"your engine version supports `{spec.variant}`.", ""]
-    # DSpark: vLLM's method "dspark", SGLang's DSPARK; with sample_from_anchor every slot drafts (block tokens),
-    # and SGLang's draft tokens are its gamma + 1
-    dspark = spec.variant == "dspark"
-    anchor = _anchor_drafts(spec)
-    method = "dspark" if dspark else "dflash"
-    num_spec = (f"{block - 1 + anchor}" if block else "<BLOCK_SIZE>" if anchor else "<BLOCK_SIZE - 1>")
-    draft_tokens = f"{block + dspark}" if block else "<BLOCK_SIZE>"  # SGLang's DSpark: gamma (block_size) + 1
+    lines += kind.card_note()
+    # the kind's serving line: vLLM's method, SGLang's algorithm and block (DSpark: every slot drafts with
+    # sample_from_anchor, and SGLang's draft tokens are its gamma + 1)
+    anchor = kind.anchor_predicts(spec.variant_fields)
+    num_spec = (f"{kind.proposals(block, spec.variant_fields)}" if block else "<BLOCK_SIZE>" if anchor
+                else "<BLOCK_SIZE - 1>")
+    draft_tokens = kind.sglang_draft_tokens(block)
+    serving = kind.card_serving(block, num_spec, anchor)
     non_causal = not all(spec.layer_causal)
     lines += ["### Serve with vLLM", "", "```bash", f"vllm serve {target} \\",
-              f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{repo_id}\", "
+              f"  --speculative-config '{{\"method\": \"{serving.vllm_method}\", \"model\": \"{repo_id}\", "
               f"\"num_speculative_tokens\": {num_spec}}}'" + (" \\" if non_causal else ""),
               *(["  --attention-backend FLASH_ATTN"] if non_causal else []), "```", ""]
     if non_causal:
@@ -201,19 +195,12 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
                   "support, e.g. `FLASH_ATTN` or `FLEX_ATTENTION` (`--attention-backend`); backends without it are "
                   "refused or give wrong drafts.", ""]
     lines += ["### Serve with SGLang", "", "```bash", "python -m sglang.launch_server \\",
-              f"  --model-path {target} \\", f"  --speculative-algorithm {'DSPARK' if dspark else 'DFLASH'} \\",
+              f"  --model-path {target} \\", f"  --speculative-algorithm {serving.sglang_algorithm} \\",
               f"  --speculative-draft-model-path {repo_id} \\", f"  --speculative-num-draft-tokens {draft_tokens}",
-              "```", "",
-              (f"`--speculative-num-draft-tokens` is DSpark's gamma plus one in SGLang ({draft_tokens}: gamma is the "
-               f"config's block_size, as SGLang reads it); vLLM's `num_speculative_tokens` is the tokens drafted "
-               f"per block ({num_spec}: "
-               + ("every slot drafts, the anchor's included)." if anchor else "the anchor is the bonus token).")
-               if dspark else
-               f"`--speculative-num-draft-tokens` is the block size ({draft_tokens}) for DFlash in SGLang; "
-               f"vLLM's `num_speculative_tokens` is the block size minus one ({num_spec})."), ""]
+              "```", "", serving.sglang_note, ""]
     if validation:
         lines += _render_validation(validation)
-        lines += _render_k(validation, target, repo_id, method)
+        lines += _render_k(validation, target, repo_id, serving)
     if record is not None:
         rev = f" at `{record.source_revision}`" if record.source_revision else ""
         lines += ["### Provenance", "",

@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from dflash_convert.hub import card
-from dflash_convert.format import catalogue
+from dflash_convert.format import catalogue, mapping
 from dflash_convert.format.configs import is_hub_id
 from dflash_convert.io.checkpoint import CONFIG_NAME, is_pickle_weight_file
-from dflash_convert.io.reading import announced_by_cache_name, discard, file_digest
+from dflash_convert.io.reading import announced_by_cache_name, discard, file_digest, read_json
 from dflash_convert.io.staging import check_destination, staged_directory
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.safetensors import INDEX_NAME
 from dflash_convert.hub.tokens import hub_token
-from dflash_convert.hub.transport import hub_api, hub_call, one_line, say, warn
+from dflash_convert.hub.transport import Say, hub_api, hub_call, one_line, unsaid, warn
 
 # companion files (mask_embedding.pt) are fetched as bytes for convert to carry: nothing here unpickles them
 DRAFT_PATTERNS = [CONFIG_NAME, "*.safetensors", INDEX_NAME, card.README_NAME, card.RECORD_NAME,
@@ -175,7 +175,7 @@ class _Snapshot:
 
 
 def _plan(repo_id: str, *, revision: str | None, token: str | None, endpoint: str | None, patterns: list[str],
-          need_weights: bool, allow_pickle: bool) -> _Snapshot:
+          need_weights: bool, allow_pickle: bool, say: Say) -> _Snapshot:
     """The revision pinned, and the files matching patterns at that commit checked."""
     from huggingface_hub.utils import filter_repo_objects
 
@@ -254,14 +254,14 @@ def _fetch(snap: _Snapshot, local_dir: Path | None = None, *, hash_later: tuple[
 
 def resolve_source(source: str | Path, *, revision: str | None = None, token: str | None = None,
                    allow_pickle: bool = False, endpoint: str | None = None, for_target: bool = False,
-                   config_only: bool = False, verify_weights: bool = True) -> Resolved:
+                   config_only: bool = False, verify_weights: bool = True, on_info: Say | None = None) -> Resolved:
     """A local checkpoint directory (or its config.json) as is; a Hub id `org/name` downloaded into the cache.
 
     for_target also fetches generation_config.json and the tokenizer files; config_only fetches
     config.json alone (enough for --verifier). The resolved commit sha is in `.commit_sha`. Every
     file is checked against the hash the Hub announced for it; verify_weights=False leaves the
     *.safetensors files to the caller, which must hash them against their cache names before using
-    them (a conversion does, in the read it makes anyway).
+    them (a conversion does, in the read it makes anyway). on_info gets the line saying what is fetched.
     """
     source = str(source)
     path = Path(source).expanduser()
@@ -273,13 +273,26 @@ def resolve_source(source: str | Path, *, revision: str | None = None, token: st
         raise DFlashError("does not exist locally and is not a Hub repo id (org/name)", file=source)
     snap = _plan(source, revision=revision, token=token, endpoint=endpoint,
                  patterns=_patterns(for_target=for_target, allow_pickle=allow_pickle, config_only=config_only),
-                 need_weights=not config_only, allow_pickle=allow_pickle)
+                 need_weights=not config_only, allow_pickle=allow_pickle, say=on_info or unsaid)
+    if not (for_target or config_only):
+        _identify_draft_first(snap)
     return _fetch(snap, hash_later=() if verify_weights else HASHED_LATER)
 
 
+def _identify_draft_first(snap: _Snapshot) -> None:
+    """A draft's config.json is fetched and identified before its weights: what is no draft is refused before
+    any weight is downloaded (a DeepSeek target carrying its DSpark draft as mtp.* tensors is hundreds of GB)."""
+    if snap.files is None or CONFIG_NAME not in snap.files:
+        return  # offline: the cache holds what there is, nothing is downloaded
+    folder = _fetch(replace(snap, files={CONFIG_NAME: snap.files[CONFIG_NAME]})).path
+    mapping.detect_format(read_json(folder / CONFIG_NAME), file=str(folder / CONFIG_NAME))
+
+
 def pull(repo_id: str, out_dir: str | Path | None = None, *, revision: str | None = None, token: str | None = None,
-         allow_pickle: bool = False, endpoint: str | None = None, overwrite: bool = False) -> Resolved:
-    """Download a draft checkpoint into the cache, or materialize it as plain files in out_dir.
+         allow_pickle: bool = False, endpoint: str | None = None, overwrite: bool = False,
+         on_info: Say | None = None) -> Resolved:
+    """Download a draft checkpoint into the cache, or materialize it as plain files in out_dir (on_info gets
+    the line saying what is fetched).
 
     out_dir is assembled beside it and renamed into place when complete and checked: a pull that
     fails or is interrupted leaves out_dir as it was (absent, or with its old content).
@@ -292,7 +305,7 @@ def pull(repo_id: str, out_dir: str | Path | None = None, *, revision: str | Non
         check_destination(dest, overwrite)
     snap = _plan(repo_id, revision=revision, token=token, endpoint=endpoint,
                  patterns=_patterns(for_target=False, allow_pickle=allow_pickle, config_only=False),
-                 need_weights=True, allow_pickle=allow_pickle)
+                 need_weights=True, allow_pickle=allow_pickle, say=on_info or unsaid)
     if dest is None:
         return _fetch(snap)
     with staged_directory(dest, overwrite=overwrite) as tmp:
@@ -319,13 +332,14 @@ def check_push_options(revision: str | None, create_pr: bool, option: str = "--r
 def push(directory: str | Path, repo_id: str, *, revision: str | None = None, private: bool = False,
          commit_message: str | None = None, commit_description: str | None = None, create_pr: bool = False,
          token: str | None = None, endpoint: str | None = None, model_card: bool = True,
-         validation: dict[str, Any] | None = None) -> PushResult:
+         validation: dict[str, Any] | None = None, on_info: Say | None = None) -> PushResult:
     """Upload a checkpoint directory to `repo_id` in ONE commit (creating the repo and branch if needed).
 
     Writes/updates directory/README.md first (model_card=True, when the directory opens as a
     draft). Remote weight files absent locally are deleted in the same commit, so no stale shard
     or index survives beside the new weights. The commit is pinned to the branch head it was
-    prepared against: if another commit lands meanwhile, nothing is committed.
+    prepared against: if another commit lands meanwhile, nothing is committed. on_info gets a line per step
+    (branch created, card written, pushing, nothing to commit).
     """
     from huggingface_hub import is_offline_mode
 
@@ -342,7 +356,7 @@ def push(directory: str | Path, repo_id: str, *, revision: str | None = None, pr
     if not any(p.is_file() for p in directory.rglob("*")):
         raise DFlashError("nothing to push: the directory is empty", file=directory)
 
-    api = hub_api(hub_token(token), endpoint)
+    api, say = hub_api(hub_token(token), endpoint), on_info or unsaid
     branch = revision or "main"
     call = dict(where=f"{repo_id}@{branch}", endpoint=api.endpoint, action="push to")
     repo_url = hub_call(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), **call)

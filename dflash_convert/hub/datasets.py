@@ -5,7 +5,7 @@ lists for it (sha256 for LFS files, the git blob id otherwise), the client's err
 
 The table is data: which repo, which file(s) of the split, which field holds the prompt and how the
 prompt is worded around it (as z-lab's DFlash benchmark words each set; MT-Bench: its first turn, or its
-second as a chat whose first answer the target gives, validate/turns.py). Each
+second as a chat whose first answer the target gives, validate/prepare.py). Each
 entry pins `main` unless a commit is given (`--dataset NAME@REVISION`): the report records the commit
 the revision resolved to, so a run can be repeated exactly.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.hub.client import pin_revision
-from dflash_convert.hub.transport import hub_call, say
+from dflash_convert.hub.transport import Say, hub_call
 from dflash_convert.io.reading import read_bounded
 
 MAX_DATASET_FILE_BYTES = 256 << 20  # benchmark splits are a few MB
@@ -81,9 +81,10 @@ def parse_dataset(spec: str) -> tuple[str, str | None]:
 
 
 def dataset_prompts(spec: str, *, num_prompts: int | None = None, seed: int = 0, token: str | None = None,
-                    endpoint: str | None = None) -> DatasetPrompts:
+                    endpoint: str | None = None, on_info: Say | None = None) -> DatasetPrompts:
     """The prompts of one table entry: downloaded (or read from the cache), verified, worded, and, with
-    num_prompts, a sample of that many drawn with `seed` (the same rows every run)."""
+    num_prompts, a sample of that many drawn with `seed` (the same rows every run); on_info gets the line
+    saying what is fetched."""
     from huggingface_hub import snapshot_download
 
     name, revision = parse_dataset(spec)
@@ -97,7 +98,8 @@ def dataset_prompts(spec: str, *, num_prompts: int | None = None, seed: int = 0,
         repo.refuse_unsafe(listed)
         if not listed:
             raise DFlashError(f"{repo.label} has no file matching {entry.files!r}")
-        say(f"fetching {len(listed)} file(s) of dataset {where} ({sha[:12]}) from {repo.api.endpoint}")
+        if on_info is not None:
+            on_info(f"fetching {len(listed)} file(s) of dataset {where} ({sha[:12]}) from {repo.api.endpoint}")
     folder = Path(hub_call(lambda: snapshot_download(entry.repo_id, repo_type="dataset", revision=sha,
                                                       allow_patterns=[entry.files], token=repo.token,
                                                       endpoint=repo.api.endpoint, local_files_only=repo.tree is None,

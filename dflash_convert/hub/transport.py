@@ -16,20 +16,18 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.hub.tokens import end_open_line, redact
 
+# Where a Hub call's info lines ("fetching ...", "pushing ...") go: the caller's `on_info` (the CLI's stderr,
+# quiet under -q), nowhere when it passes none. Warnings always print.
+Say = Callable[[str], None]
 
 
-# Info lines ("fetching ...", "pushing ...") on stderr; the CLI's -q turns them off. Warnings always print.
-say_info = True
-
-
-def say(message: str) -> None:
-    if say_info:
-        print(message, file=sys.stderr, flush=True)
+def unsaid(message: str) -> None:
+    """The info lines of a caller that asked for none."""
 
 
 def warn(message: str) -> None:

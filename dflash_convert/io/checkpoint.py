@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dflash_convert.format import catalogue, mapping, quantization
+from dflash_convert.format import catalogue, foreign, mapping, quantization
 from dflash_convert.format.configs import DraftSpec
 from dflash_convert.format.dtypes import DTYPES, code_for_torch, torch_dtype
 from dflash_convert.errors import DFlashError
@@ -244,6 +244,18 @@ def weight_headers(model_dir: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
+def _draft_spec(path: Path, raw: dict[str, Any]) -> DraftSpec:
+    """The draft's spec; a target checkpoint that ships its DSpark draft in SGLang's subfolder is told so."""
+    file, draft = str(path / CONFIG_NAME), path / foreign.DRAFT_SUBFOLDER
+    if (draft / CONFIG_NAME).is_file() and foreign.identify(raw) is None:
+        try:
+            mapping.detect_format(raw, file)
+        except DFlashError as exc:
+            said = str(exc).removeprefix(f"{file}: ")
+            raise DFlashError(f"{said}; {foreign.subfolder_hint(str(draft))}", file=file) from None
+    return mapping.spec_from_config(raw, file=file)
+
+
 def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoint:
     """Read config and tensor headers of a checkpoint directory (no tensor data, no torch)."""
     path = Path(path)
@@ -252,7 +264,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
     if not path.is_dir():
         raise DFlashError("not a checkpoint directory (does not exist or is a file)", file=path)
     raw = read_json(path / CONFIG_NAME)
-    spec = mapping.spec_from_config(raw, file=str(path / CONFIG_NAME))
+    spec = _draft_spec(path, raw)
     found_files = find_weight_files(path, allow_pickle)
     files, index, pickles = found_files.files, found_files.index, found_files.pickles
     tensors: dict[str, TensorInfo] = {}

@@ -1,5 +1,6 @@
-"""Layer 3, validation: static checks, the numeric and end-to-end levels over the bundled runtime,
-the memory plan, prompts and the report. Imports the format and I/O layers and dflash_runtime.
+"""Layer 3, validation, as its levels: static (static.py), numeric, end to end, the real engine (engine/) and a
+live endpoint (endpoint/); prepare.py reads what a run needs before any slow work, run.py runs the levels in
+order, report.py is what they found. Imports the format and I/O layers and dflash_runtime.
 
 `from dflash_convert.validate import validate, ValidateOptions` is the library entry point; names load
 on first use so that `inspect` (static checks only) never imports torch.

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_json
-from dflash_convert.validate.checks import Check, make_check
+from dflash_convert.validate.static import Check, make_check
 from dflash_convert.validate.report import BaselineComparison, ValidationReport
 
 ALPHA = 0.01  # the chance that a run equal to its baseline fails the gate by noise alone

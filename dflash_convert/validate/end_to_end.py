@@ -16,14 +16,13 @@ from typing import Any, Callable
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
-from dflash_convert.validate.checks import Check, first_difference, make_check
+from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
                                             PromptSetAcceptance, PromptStats, SamplingUsed, StepDecisions,
                                             SyntheticAcceptance)
-from dflash_convert.validate.histogram import step_histogram
 from dflash_convert.validate.sampling import runtime_sampling
-from dflash_convert.validate.served import TIE_ULPS, Parting
+from dflash_convert.validate.engine.served import TIE_ULPS, Parting
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -64,13 +63,14 @@ class Placement:
     last_layer_post_norm: bool = False
 
 
-def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: ValidateOptions, *,
+def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: ValidateOptions, *, block: int,
                sampling: SamplingUsed, placement: Placement, draft=None,
                progress: Callable[[str], None] | None = None, quiet: bool = False
                ) -> tuple[list[Check], AcceptanceStats | None, list[list[int]]]:
     """(checks, acceptance statistics, speculative outputs) of speculative decoding of `prompts` against the
-    target at `target_dir` with `sampling` (its stop ids included); `draft` is the numeric level's loaded draft
-    when it ran. Each prompt is also decoded with full last blocks, for the figures as vLLM counts them."""
+    target at `target_dir` with `sampling` (its stop ids included), `block` slots a step (the K run: validate
+    resolves it); `draft` is the numeric level's loaded draft when it ran. Each prompt is also decoded with full
+    last blocks, for the figures as vLLM counts them."""
     say = progress or (lambda message: None)
     prompt_ids = prompts.ids
     target = _load_target(target_dir, opts, placement, say=say, quiet=quiet)
@@ -84,7 +84,6 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
         return [make_check("pair_compatible", False, str(exc), level="end_to_end")], None, []
     checks = [make_check("pair_compatible", True, f"draft and target {target_dir} run together "
                      f"({target.num_layers} target layers, hidden {target.hidden_size})", level="end_to_end")]
-    block = opts.block_size or draft.block_size
     slots = draft.proposals(block)  # proposals per block: block - 1, or block when the anchor's slot predicts (dspark)
     decode = Decode(draft, target, opts, decoding, block)
     base_n = min(BASELINE_PROMPTS, len(prompt_ids))
@@ -136,7 +135,25 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
                     for i, (p, r) in enumerate(zip(prompt_ids, runs))])
     stats.synthetic = synthetic_acceptance(stats)
     stats.round_step_times = _round_step_times(rounds)
+    stats.per_request_histogram = request_histogram([p.acceptance_length for p in stats.per_prompt], block)
     return checks, stats, [r.tokens for r in runs]
+
+
+def step_histogram(rates: list[float], num_drafts: int) -> list[int]:
+    """One prompt's verify steps by drafts accepted, as vLLM's --per-request-spec-decode-metrics summary reports
+    them: entry a = steps that accepted exactly a drafts, a = 0 .. len(rates). From the per-position rates
+    (rates[k] = share of steps that accepted more than k drafts, so exactly a: rates[a - 1] - rates[a])."""
+    at_least = [1.0, *rates, 0.0]
+    return [round(num_drafts * (at_least[a] - at_least[a + 1])) for a in range(len(rates) + 1)]
+
+
+def request_histogram(taus: list[float], block: int) -> list[int]:
+    """Over the prompts, how many reached each tau band [1, 2), [2, 3), ..., [block - 1, block] (tau = block
+    falls in the last)."""
+    bands = [0] * max(block - 1, 1)
+    for tau in taus:
+        bands[min(max(int(tau) - 1, 0), len(bands) - 1)] += 1
+    return bands
 
 
 def synthetic_acceptance(stats: AcceptanceStats) -> SyntheticAcceptance | None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from dflash_convert.format import catalogue, engine_views, mapping, quantization
 from dflash_convert.io.checkpoint import open_checkpoint
-from dflash_convert.validate.checks import Check, make_check
+from dflash_convert.validate.static import Check, make_check
 from dflash_convert.format.configs import Format, LayerType, Variant
 from dflash_convert.format.dtypes import DTYPES
 from dflash_convert.format.engine_views import EngineView
@@ -158,8 +158,8 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
                        engine: str | None = None, serving: ServingConfig | None = None) -> InspectReport:
     """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine; `serving`
     adds the checks of a launch's settings against that engine's rules (format/serving.py)."""
-    from dflash_convert.validate.checks import checkpoint_checks
     from dflash_convert.validate.quantized_checks import catalogue_shapes
+    from dflash_convert.validate.static import checkpoint_checks
 
     ckpt = open_checkpoint(path, allow_pickle=allow_pickle)
     spec = ckpt.spec

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
-from dflash_convert.validate.checks import Check, make_check
+from dflash_convert.validate.static import Check, make_check
 
 # Relative tolerance (max |a - b| / max |eager|) for backends vs eager, per dtype name.
 # bfloat16 keeps 8 significant bits (eps 2**-8): backends that sum in another order differ by several
@@ -29,14 +29,15 @@ def _earlier_slots_change(a, b) -> float:
 
 
 def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal: bool | None,
-                   block_size: int | None = None, seed: int = 0, progress: Callable[[str], None] | None = None,
+                   block_size: int, seed: int = 0, progress: Callable[[str], None] | None = None,
                    draft_options: dict[str, Any] | None = None) -> tuple[list[Check], dict[str, bool], Any]:
     """(checks, backend -> serves this draft here, the loaded draft set to the decoding backend or None).
+    `block_size`: the run's block (resolved once by validate: --block-size or the first K's, else the draft's).
     `draft_options`: what load_draft is given to run the draft as served (per-query window, mask embedding)."""
     import torch
 
     from dflash_runtime.attention import BACKENDS, select_backend
-    from dflash_runtime.model import load_draft, resolve_layer_causal
+    from dflash_runtime.draft_load import load_draft, resolve_layer_causal
 
     spec = ckpt.spec
     dtype_name = str(dtype).removeprefix("torch.")
@@ -61,7 +62,7 @@ def numeric_checks(ckpt: Checkpoint, *, device: str, dtype, backend: str, causal
                          f"{chosen}", value=chosen, level="numeric"))
     names = ["eager"] + ([n for n in BACKENDS if n != "eager" and capable[n]] if backend == "auto"
                          else [chosen] if chosen != "eager" else [])
-    inputs = _synthetic_inputs(spec.context_width, spec.hidden_size, block_size or spec.block_size, seed, device)
+    inputs = _synthetic_inputs(spec.context_width, spec.hidden_size, block_size, seed, device)
     outputs, probes = _run_backends(draft, names, layer_causal, inputs, say, checks)
     checks += _agreement_checks(outputs, dtype_name)
     checks += _causality_checks(probes, layer_causal, CAUSAL_PROBE_TOLERANCE[dtype_name])

@@ -3,13 +3,16 @@ carried through the levels and recorded in the JSON report (`options`)."""
 
 from __future__ import annotations
 
-import math
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from dflash_convert.errors import DFlashError, UsageError
-from dflash_convert.flags import CAUSAL_HELP, VALIDATE_ALLOW_PICKLE_HELP, Flag
+from dflash_convert.flags import (
+    CAUSAL_HELP, VALIDATE_ALLOW_PICKLE_HELP, CommandOptions, Flag, Off, declared, named, wanted
+)
 from dflash_convert.format.compat import Level
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from dflash_convert.format.dtypes import DTYPE_CHOICES
@@ -25,6 +28,16 @@ ENGINE_TIMEOUT_S = 1800.0  # the real engine's run: its start (imports, compilat
 ENGINE_ARGS_OWNED = ("model", "speculative_config", "skip_tokenizer_init", "disable_log_stats")  # set by the driver
 SamplingMode = Literal["auto", "greedy"]
 SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
+# the choices of a flag, as the libraries name them
+DraftSampling = Literal[DRAFT_SAMPLING]
+DeviceMap = Literal[DEVICE_MAPS]
+Engine = Literal[ENGINE_NAMES]
+Backend = Literal[("auto", *BACKEND_NAMES)]
+Dtype = Literal[DTYPE_CHOICES]
+# an item of a list flag, in its range
+SpeculativeTokens = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
+Concurrency = Annotated[int, Field(ge=1)]
+Rate = Annotated[float, Field(ge=0, le=1)]
 # a prompt: text, token ids, or OpenAI-style chat messages ({"role", "content"} turns)
 Prompt = str | list[int] | list[dict[str, Any]]
 
@@ -39,37 +52,37 @@ class PromptSet(BaseModel):
     prompts: list[Prompt]
 
 
-# the sampling fields (vLLM's names) and their ranges; a generation_config.json value is checked the same way
+# the sampling fields (vLLM's names); each one's range is its field's, a generation_config.json value is held to it
 FIELDS = ("temperature", "top_k", "top_p", "min_p")
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+# what the run sets in a chat template's variables itself, as vLLM's chat endpoint does
+TEMPLATE_OWNED = ("chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "conversation")
 
 
 def check_value(name: str, value: Any, *, file: str | None = None) -> float | int:
-    """A sampling value in vLLM's range (top_k -1 or 0: off, normalised to 0), else one error naming it:
-    a usage error for a flag, a DFlashError naming the file for generation_config.json."""
-    where = f"field `{name}`" if file else f"--{name.replace('_', '-')}"
-    ok = {"temperature": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
-          "top_k": lambda v: isinstance(v, int) and v >= -1,
-          "top_p": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
-          "min_p": lambda v: isinstance(v, (int, float)) and 0 <= v <= 1,
-          "repetition_penalty": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0,
-          "presence_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2,
-          "frequency_penalty": lambda v: isinstance(v, (int, float)) and -2 <= v <= 2}[name]
-    wanted = {"temperature": "a finite number >= 0", "top_k": "an integer >= -1 (-1 or 0: off)",
-              "top_p": "a number in (0, 1]", "min_p": "a number in [0, 1]",
-              "repetition_penalty": "a finite number > 0 (1: off)", "presence_penalty": "a number in [-2, 2] (0: off)",
-              "frequency_penalty": "a number in [-2, 2] (0: off)"}[name]
-    if isinstance(value, bool) or not ok(value):
-        message = f"{where} must be {wanted}, got {value!r}"
-        raise DFlashError(message, file=file) if file else UsageError(message)
-    return max(int(value), 0) if name == "top_k" else float(value)
+    """A sampling value in its field's range, as vLLM takes it (top_k -1 or 0: off, normalised to 0), else one
+    error naming it: a usage error for a flag, a DFlashError naming the file for generation_config.json."""
+    try:
+        checked = _sampling_value(name).validate_python(value, strict=True)  # strict: 0.5 only, never "0.5"
+    except ValidationError:
+        where = f"field `{name}`" if file else named(ValidateOptions, name)
+        message = f"{where} must be {wanted(ValidateOptions, (name,))}, got {value!r}"
+        raise DFlashError(message, file=file) if file else UsageError(message) from None
+    return max(checked, 0) if name == "top_k" else float(checked)
 
 
-class ValidateOptions(BaseModel):
-    """Options of `validate`, each declared once: type, default and help here, its flag in its `Flag`
-    (the CLI's options are generated from this model; tests/test_cli_options.py holds them together).
-    `check()` turns an out-of-range value into the
-    usage error the CLI prints (exit 2), before anything is read."""
+@cache
+def _sampling_value(name: str) -> TypeAdapter:
+    """The field's declaration (type and range) without its None."""
+    kind, metadata = declared(ValidateOptions, (name,))
+    return TypeAdapter(Annotated[(kind, *(m for m in metadata if not isinstance(m, (Flag, Off))))])
+
+
+class ValidateOptions(CommandOptions):
+    """Options of `validate`, each declared once: type, range or choices, default and help here, its flag in its
+    `Flag` (the CLI's options are generated from this model; tests/test_cli_options.py holds them together).
+    A value out of its range, and options that contradict each other (the model validators below), are the
+    usage error the CLI prints (exit 2), raised when the options are made, before anything is read."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     # how `validate -h` groups the flags, the way users look for them (a field in none: "Options")
@@ -103,53 +116,58 @@ class ValidateOptions(BaseModel):
         "it has one), none, or a Jinja FILE; as vLLM's chat endpoint.")
     chat_template_kwargs: Annotated[dict[str, Any] | None, Flag("--chat-template-kwargs", parse="json")] = Field(
         None, description='Template variables, as vLLM\'s chat_template_kwargs, e.g. \'{"enable_thinking": false}\'.')
-    levels: Annotated[list[str], Flag("--levels", parse="levels")] = Field(
+    levels: Annotated[list[Level], Flag("--levels", parse="levels")] = Field(
         default_factory=lambda: list(LEVELS),
         description=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")
     max_new_tokens: Annotated[int, Flag("--max-new-tokens")] = Field(
-        64, description="Tokens generated per prompt (end to end).")
-    num_speculative_tokens: Annotated[list[int] | None, Flag("--num-speculative-tokens", parse="ints",
+        64, ge=1, le=MAX_PROMPT_TOKENS, description="Tokens generated per prompt (end to end).")
+    num_speculative_tokens: Annotated[list[SpeculativeTokens] | None, Flag("--num-speculative-tokens", parse="ints",
                                                              metavar="K[,K...]")] = Field(
         None, description="vLLM's num_speculative_tokens: tokens drafted per step (a block of K+1 slots; K for a "
         "DSpark draft with sample_from_anchor). Several values: one end-to-end run per K, reported side by side. "
         "Default: the draft's trained block.")
     block_size: Annotated[int | None, Flag("--block-size")] = Field(
-        None, description="The DFlash block in slots (K+1), not vLLM's KV-cache --block-size; "
+        None, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE,
+        description="The DFlash block in slots (K+1), not vLLM's KV-cache --block-size; "
         "--num-speculative-tokens says it in vLLM's terms. Default: the draft's.")
     sampling: Annotated[SamplingMode, Flag("--sampling")] = Field(
         "auto", description="auto: temperature, top-k, top-p, min-p from the target's generation_config.json, as "
         "vLLM serves it; greedy: temperature 0. Flags below override.")
     temperature: Annotated[float | None, Flag("--temperature")] = Field(
-        None, description="0 = greedy (output must equal the target's). Default: per --sampling.")
-    top_k: Annotated[int | None, Flag("--top-k")] = Field(
-        None, description="Top-k of the target's distribution (0: off). Default: per --sampling.")
+        None, ge=0, allow_inf_nan=False,
+        description="0 = greedy (output must equal the target's). Default: per --sampling.")
+    top_k: Annotated[int | None, Flag("--top-k"), Off("-1 or 0")] = Field(
+        None, ge=-1, description="Top-k of the target's distribution (0: off). Default: per --sampling.")
     top_p: Annotated[float | None, Flag("--top-p")] = Field(
-        None, description="Top-p (1: off). Default: per --sampling.")
+        None, gt=0, le=1, description="Top-p (1: off). Default: per --sampling.")
     min_p: Annotated[float | None, Flag("--min-p")] = Field(
-        None, description="Min-p (0: off). Default: per --sampling.")
-    repetition_penalty: Annotated[float | None, Flag("--repetition-penalty")] = Field(
-        None, description="vLLM's repetition penalty (1: off; prompt and output tokens). Default: the target's "
+        None, ge=0, le=1, description="Min-p (0: off). Default: per --sampling.")
+    repetition_penalty: Annotated[float | None, Flag("--repetition-penalty"), Off("1")] = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="vLLM's repetition penalty (1: off; prompt and output tokens). Default: the target's "
         "generation_config.json, else off, in both --sampling modes.")
-    presence_penalty: Annotated[float | None, Flag("--presence-penalty")] = Field(
-        None, description="vLLM's presence penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+    presence_penalty: Annotated[float | None, Flag("--presence-penalty"), Off("0")] = Field(
+        None, ge=-2, le=2,
+        description="vLLM's presence penalty in [-2, 2] (0: off; output tokens). Default: the target's "
         "generation_config.json, else off.")
-    frequency_penalty: Annotated[float | None, Flag("--frequency-penalty")] = Field(
-        None, description="vLLM's frequency penalty in [-2, 2] (0: off; output tokens). Default: the target's "
+    frequency_penalty: Annotated[float | None, Flag("--frequency-penalty"), Off("0")] = Field(
+        None, ge=-2, le=2,
+        description="vLLM's frequency penalty in [-2, 2] (0: off; output tokens). Default: the target's "
         "generation_config.json, else off.")
-    draft_sampling: Annotated[str, Flag("--draft-sampling", choices=DRAFT_SAMPLING)] = Field(
+    draft_sampling: Annotated[DraftSampling, Flag("--draft-sampling")] = Field(
         "greedy", description="greedy: the draft's argmax (vLLM's default); probabilistic: sampled at --temperature, "
         "accepted by rejection sampling.")
     seed: Annotated[int, Flag("--seed")] = Field(0, description="Seed of the synthetic inputs and of sampling.")
     device: Annotated[str, Flag("--device")] = Field("auto", description="auto, cpu, cuda or cuda:N.")
-    dtype: Annotated[str, Flag("--dtype", choices=DTYPE_CHOICES)] = Field(
+    dtype: Annotated[Dtype, Flag("--dtype")] = Field(
         "auto", description="Compute dtype (auto: each checkpoint's own, from its config or weights).")
-    backend: Annotated[str, Flag("--backend", choices=("auto", *BACKEND_NAMES))] = Field(
+    backend: Annotated[Backend, Flag("--backend")] = Field(
         "auto", description="Draft attention backend (auto: the numeric level tries every available one).")
     target_backend: Annotated[str | None, Flag("--target-backend")] = Field(
         None, description="The target's attn_implementation (eager, sdpa, flex_attention, ...); default: sdpa where "
         "its model supports it, else eager.")
     causal: Annotated[bool | None, Flag("--causal/--non-causal")] = Field(None, description=CAUSAL_HELP)
-    engine: Annotated[str | None, Flag("--engine", choices=ENGINE_NAMES)] = Field(
+    engine: Annotated[Engine | None, Flag("--engine")] = Field(
         None, description="A serving engine: run the draft as it would.")
     engine_python: Annotated[str | None, Flag("--engine-python", metavar="PATH")] = Field(
         None, description="With --engine vllm: also serve the pair in real vLLM, run by the Python interpreter at "
@@ -158,27 +176,27 @@ class ValidateOptions(BaseModel):
         default_factory=dict, description="Arguments for vLLM's LLM(...), e.g. "
         "'{\"dtype\": \"float32\", \"tensor_parallel_size\": 2}'.")
     engine_timeout: Annotated[float, Flag("--engine-timeout")] = Field(
-        ENGINE_TIMEOUT_S, description="Seconds the engine run may take; then it is killed (exit 1).")
+        ENGINE_TIMEOUT_S, gt=0, description="Seconds the engine run may take; then it is killed (exit 1).")
     engine_kv_cache_gib: Annotated[float, Flag("--engine-kv-cache-gib", aliases=("--engine-kv-cache",),
                                                metavar="GIB")] = Field(
-        1.0, description="vLLM's CPU KV cache in GiB (VLLM_CPU_KVCACHE_SPACE).")
+        1.0, gt=0, description="vLLM's CPU KV cache in GiB (VLLM_CPU_KVCACHE_SPACE).")
     compile: Annotated[bool, Flag("--compile")] = Field(
         False, description="End to end with static caches and torch.compile'd draft and verify steps (CUDA graphs "
         "on a GPU); compiling takes a while.")
-    device_map: Annotated[str | None, Flag("--device-map", choices=DEVICE_MAPS)] = Field(
+    device_map: Annotated[DeviceMap | None, Flag("--device-map")] = Field(
         None, description="Place the target with transformers + accelerate (GPUs, then CPU, then disk).")
     max_memory: Annotated[dict[str, int] | None, Flag("--max-memory", parse="memory")] = Field(
         None, description="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto).")
     threads: Annotated[int | None, Flag("--threads")] = Field(
-        None, description="CPU threads for torch (default: 1 for tiny pairs, else torch's; shown in the report).")
+        None, ge=1, description="CPU threads for torch (default: 1 for tiny pairs, else torch's; shown in the report).")
     min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length")] = Field(
-        None, description="Fail when tau (mean tokens per step) is lower.")
-    min_position_rates: Annotated[list[float] | None, Flag("--min-position-rates", parse="floats")] = Field(
+        None, ge=0, allow_inf_nan=False, description="Fail when tau (mean tokens per step) is lower.")
+    min_position_rates: Annotated[list[Rate] | None, Flag("--min-position-rates", parse="floats")] = Field(
         None, description="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7.")
     min_speedup: Annotated[float | None, Flag("--min-speedup")] = Field(
         None, description="Fail when the measured speedup is lower (otherwise it is informational).")
-    timing_rounds: Annotated[int, Flag(None, why="library callers: rounds of the speedup measurement")] = \
-        TIMING_ROUNDS
+    timing_rounds: Annotated[int, Flag(None, why="library callers: rounds of the speedup measurement")] = Field(
+        TIMING_ROUNDS, ge=1)
     baseline: Annotated[str | Path | None, Flag("--baseline", type=Path)] = Field(
         None, description="An earlier `validate --json` report of the same prompts and settings: fail (exit 3) on a "
         "drop of tau or a position's rate beyond what the counts explain.")
@@ -186,7 +204,8 @@ class ValidateOptions(BaseModel):
         None, description="Another draft (the unquantized source of a quantized one): run it on the same prompts "
         "and settings and report the tau and per-position rates this draft loses against it.")
     max_regression: Annotated[float, Flag("--max-regression")] = Field(
-        0.0, description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "
+        0.0, ge=0, lt=1,
+        description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "
         "baseline's value (0.05: 5 %).")
     endpoint: Annotated[str | None, Flag("--endpoint", metavar="URL")] = Field(
         None, description="A live OpenAI-compatible server (vLLM, SGLang, a router): send it the prompts and measure "
@@ -197,10 +216,11 @@ class ValidateOptions(BaseModel):
         ENDPOINT_KEY_VARIABLE, description="The environment variable holding the endpoint's API key (sent only "
         "to the endpoints, never printed or written).")
     endpoint_timeout: Annotated[float, Flag("--endpoint-timeout", metavar="SECONDS")] = Field(
-        ENDPOINT_TIMEOUT_S, description="Seconds the whole endpoint measurement may take; each connect and read is "
+        ENDPOINT_TIMEOUT_S, gt=0, allow_inf_nan=False,
+        description="Seconds the whole endpoint measurement may take; each connect and read is "
         "bounded by what is left.")
-    concurrency: Annotated[list[int], Flag("--concurrency", parse="ints", metavar="N[,N...]")] = Field(
-        default_factory=lambda: [1], description="Requests in flight at once against --endpoint (and "
+    concurrency: Annotated[list[Concurrency], Flag("--concurrency", parse="ints", metavar="N[,N...]")] = Field(
+        default_factory=lambda: [1], min_length=1, description="Requests in flight at once against --endpoint (and "
         "--baseline-endpoint; one value). End to end: the batch sizes at which the target's verify step and the "
         "draft step are also timed, for the expected speedup and the K recommended at each (batch 1 always).")
     baseline_endpoint: Annotated[str | None, Flag("--baseline-endpoint", metavar="URL")] = Field(
@@ -214,75 +234,84 @@ class ValidateOptions(BaseModel):
     allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=VALIDATE_ALLOW_PICKLE_HELP)
 
     def check(self) -> None:
-        """Raise UsageError naming the flag of the first value out of its range."""
-        unknown = [lv for lv in self.levels if lv not in LEVELS]
-        if unknown:
-            raise UsageError(f"unknown validation level(s) {unknown}; choose from {', '.join(LEVELS)}")
-        if self.block_size is not None and not MIN_BLOCK_SIZE <= self.block_size <= MAX_BLOCK_SIZE:
-            raise UsageError(f"--block-size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {self.block_size}")
-        ks = self.num_speculative_tokens
-        if ks is not None and self.block_size is not None:
+        """Check the options again as they stand: `model_copy(update=...)` and `model_construct` skip pydantic's
+        validation, so validate() checks what it was handed before anything is read."""
+        type(self).model_validate(dict(self))
+
+    @field_validator("num_speculative_tokens", "concurrency")
+    @classmethod
+    def _distinct(cls, values: list[int] | None) -> list[int] | None:
+        if values and len(set(values)) != len(values):
+            raise ValueError(f"must be distinct values, got {values}")
+        return values
+
+    @field_validator("prompt_sets")
+    @classmethod
+    def _distinct_names(cls, sets: list[PromptSet]) -> list[PromptSet]:
+        names = [s.name for s in sets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"must have distinct names (a --dataset given twice?), got {names}")
+        return sets
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, variables: dict[str, Any] | None) -> dict[str, Any] | None:
+        owned = sorted(set(TEMPLATE_OWNED) & set(variables or {}))
+        if owned:
+            raise ValueError(f"may not set {owned}: the run sets them as vLLM's chat endpoint does")
+        return variables
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        owned = [k for k in args if k in ENGINE_ARGS_OWNED]
+        if owned:
+            raise ValueError(f"may not set {', '.join(owned)}: they are set by validate itself")
+        return args
+
+    @field_validator("endpoint_key_env")
+    @classmethod
+    def _variable_name(cls, name: str) -> str:
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"must be the name of an environment variable, got {name!r}")
+        return name
+
+    # rules between options: each raises its own UsageError, its sentence naming the flags
+    @model_validator(mode="after")
+    def _decoding(self) -> ValidateOptions:
+        if self.num_speculative_tokens is not None and self.block_size is not None:
             raise UsageError("give --num-speculative-tokens or --block-size, not both (the block is K+1 slots)")
-        if ks is not None and not all(1 <= k <= MAX_BLOCK_SIZE for k in ks) or ks and len(set(ks)) != len(ks):
-            raise UsageError(f"--num-speculative-tokens must be distinct values in [1, {MAX_BLOCK_SIZE}], got {ks}")
-        if not 1 <= self.max_new_tokens <= MAX_PROMPT_TOKENS:
-            raise UsageError(f"--max-new-tokens must be in [1, {MAX_PROMPT_TOKENS}], got {self.max_new_tokens}")
-        for name in FIELDS + PENALTY_FIELDS:
-            if getattr(self, name) is not None:
-                check_value(name, getattr(self, name))
         if self.sampling == "greedy" and self.temperature not in (None, 0):
             raise UsageError(f"--sampling greedy decodes at temperature 0; drop --temperature {self.temperature} "
                              "or use --sampling auto")
-        reserved = {"chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "conversation"}
-        if self.chat_template_kwargs and reserved & set(self.chat_template_kwargs):
-            raise UsageError(f"--chat-template-kwargs may not set {sorted(reserved & set(self.chat_template_kwargs))}"
-                             ": the run sets them as vLLM's chat endpoint does")
-        names = [s.name for s in self.prompt_sets]
-        if len(set(names)) != len(names):
-            raise UsageError(f"prompt set names must be distinct (a --dataset given twice?), got {names}")
-        tau = self.min_acceptance_length
-        if tau is not None and not (math.isfinite(tau) and tau >= 0):
-            raise UsageError(f"--min-acceptance-length must be a finite number >= 0, got {tau}")
-        rates = self.min_position_rates
-        if rates and not all(math.isfinite(r) and 0 <= r <= 1 for r in rates):
-            raise UsageError(f"--min-position-rates must be rates in [0, 1], got {list(rates)}")
-        if self.draft_sampling not in DRAFT_SAMPLING:
-            raise UsageError(f"--draft-sampling {self.draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
-        if self.device_map is not None and self.device_map not in DEVICE_MAPS:
-            raise UsageError(f"--device-map {self.device_map!r}: choose {', '.join(DEVICE_MAPS)}")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {self.threads}")
-        if not (math.isfinite(self.max_regression) and 0 <= self.max_regression < 1):
-            raise UsageError(f"--max-regression must be a fraction in [0, 1), got {self.max_regression}")
+        return self
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> ValidateOptions:
         if self.max_regression and self.baseline is None:
             raise UsageError("--max-regression is the tolerance of --baseline: give --baseline with it")
-        if self.timing_rounds < 1:
-            raise UsageError(f"timing rounds must be at least 1, got {self.timing_rounds}")
-        if self.engine_python is not None:
-            if self.engine != "vllm":
-                raise UsageError("--engine-python runs the pair in real vLLM: give --engine vllm with it")
-            if self.draft_sampling != "greedy":
-                raise UsageError("--engine-python compares with vLLM, whose DFlash drafter proposes greedily "
-                                 "(no draft probabilities): drop --draft-sampling")
+        return self
+
+    @model_validator(mode="after")
+    def _engine(self) -> ValidateOptions:
+        if self.engine_python is not None and self.engine != "vllm":
+            raise UsageError("--engine-python runs the pair in real vLLM: give --engine vllm with it")
+        if self.engine_python is not None and self.draft_sampling != "greedy":
+            raise UsageError("--engine-python compares with vLLM, whose DFlash drafter proposes greedily "
+                             "(no draft probabilities): drop --draft-sampling")
         if self.engine_args and self.engine_python is None:
             raise UsageError("--engine-args are for the real engine: give --engine-python with them")
-        owned = [k for k in self.engine_args if k in ENGINE_ARGS_OWNED]
-        if owned:
-            raise UsageError(f"--engine-args: {', '.join(owned)} are set by validate itself")
-        if not (self.engine_timeout > 0 and self.engine_kv_cache_gib > 0):
-            raise UsageError("--engine-timeout and --engine-kv-cache-gib must be positive")
-        if self.endpoint is None and (self.endpoint_model or self.baseline_endpoint):
-            raise UsageError("--endpoint-model and --baseline-endpoint go with --endpoint")
-        if not (self.concurrency and all(c >= 1 for c in self.concurrency) and len(set(self.concurrency)) == len(
-                self.concurrency) and math.isfinite(self.endpoint_timeout) and self.endpoint_timeout > 0):
-            raise UsageError("--concurrency must be distinct values of at least 1 and --endpoint-timeout a positive "
-                             "number of seconds")
-        if self.endpoint is not None and len(self.concurrency) > 1:
-            raise UsageError("--endpoint is measured at one --concurrency; give one value")
-        if not self.endpoint_key_env.replace("_", "").isalnum():
-            raise UsageError(f"--endpoint-key-env {self.endpoint_key_env!r}: the name of an environment variable")
         if self.engine is not None and self.causal is not None:
             raise UsageError("give --engine or --causal/--non-causal, not both (the engine decides causality)")
+        return self
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> ValidateOptions:
+        if self.endpoint is None and (self.endpoint_model or self.baseline_endpoint):
+            raise UsageError("--endpoint-model and --baseline-endpoint go with --endpoint")
+        if self.endpoint is not None and len(self.concurrency) > 1:
+            raise UsageError("--endpoint is measured at one --concurrency; give one value")
+        return self
 
     @field_validator("concurrency", mode="before")
     @classmethod
@@ -292,7 +321,7 @@ class ValidateOptions(BaseModel):
 
     @property
     def endpoint_concurrency(self) -> int:
-        """The requests in flight against --endpoint (check() allows one value with it)."""
+        """The requests in flight against --endpoint (one value with it, `_endpoint`)."""
         return self.concurrency[0]
 
     def blocks(self, anchor_predicts: bool) -> list[int | None]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 from dflash_runtime import DRAFT_SAMPLING
 
 from dflash_convert.chart import bar, svg_chart, text_chart
-from dflash_convert.validate.checks import Check, Level, Status
+from dflash_convert.validate.static import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
 
 
@@ -42,27 +42,33 @@ class SamplingUsed(BaseModel):
         default_factory=dict, description="config.json / generation_config.json / tokenizer -> its eos ids")
 
 
-class PromptSetAcceptance(BaseModel):
+class Acceptance(BaseModel):
+    """The counts every acceptance figure of the report carries, declared once: over `num_drafts` draft+verify
+    steps, `accepted` proposals accepted; tau and the per-position rates follow from them. A run's figures, a
+    prompt set's and the same decoding counted another way each add what is theirs."""
+
+    num_drafts: int
+    accepted: int
+    acceptance_length: float = Field(description="tau: mean tokens committed per draft+verify step (max block_size; "
+                                     "block_size + 1 for a dspark draft whose anchor slot proposes)")
+    per_position_rates: list[float] = Field(
+        description="fraction of steps whose k+1-th proposal was accepted (block_size - 1 positions; block_size when "
+        "the anchor's slot proposes)")
+
+
+class PromptSetAcceptance(Acceptance):
     """Acceptance on one named prompt set (a --dataset), as the papers' per-dataset tables report it."""
 
     source: str = Field(description="where the prompts came from (Hub dataset repo, commit, file)")
     prompts: int
     new_tokens: int
-    num_drafts: int
-    accepted: int
-    acceptance_length: float = Field(description="tau over this set's draft steps")
-    per_position_rates: list[float]
 
 
-class AcceptanceCounts(BaseModel):
+class AcceptanceCounts(Acceptance):
     """Acceptance counted one way: tau = 1 + accepted / num_drafts, rates[k] = share of draft steps whose
     draft k+1 was accepted."""
 
-    num_drafts: int
     drafted: int = Field(description="draft tokens proposed")
-    accepted: int
-    acceptance_length: float
-    per_position_rates: list[float]
 
 
 class SyntheticAcceptance(BaseModel):
@@ -133,7 +139,7 @@ class StepDecisions(BaseModel):
     next_margin: list[float | None]
 
 
-class AcceptanceStats(BaseModel):
+class AcceptanceStats(Acceptance):
     """End-to-end speculative decoding on the prompts (greedy unless temperature > 0)."""
 
     prompts: int
@@ -144,17 +150,10 @@ class AcceptanceStats(BaseModel):
     draft_sampling: Literal[DRAFT_SAMPLING] = Field(
         "greedy", description="greedy: the draft's argmax, accepted when equal to the target's token; "
         "probabilistic: sampled at the temperature, accepted by speculative rejection sampling")
-    acceptance_length: float = Field(description="tau: mean tokens committed per draft+verify step (max block_size; "
-                                     "block_size + 1 for a dspark draft whose anchor slot proposes)")
-    per_position_rates: list[float] = Field(
-        description="fraction of steps whose k+1-th proposal was accepted (block_size - 1 positions; block_size when "
-        "the anchor's slot proposes)")
     predicted_position_rates: list[float] | None = Field(
         None, description="dspark: the confidence head's estimate of each per-position rate (mean over steps of the "
         "product of its confidences up to that proposal, what vLLM's adaptive verification ranks proposals by); "
         "None without a confidence head")
-    num_drafts: int
-    accepted: int
     vllm_counting: AcceptanceCounts | None = Field(
         None, description="the same decoding counted as vLLM counts: the last block drafted and verified whole "
         "(block_size - 1 drafts) and acceptances past max_new_tokens counted; the figures above shorten the last "

@@ -1,5 +1,15 @@
 """The bundled DFlash runtime: draft model, attention backends, transformers target, decode loop.
 
+A layer of dflash-convert, not a library of its own: it ships in the same distribution under its own import
+name, reads checkpoints and their rules through dflash_convert.format, dflash_convert.io and
+dflash_convert.errors only, and is imported by validate (and nothing below it). tests/test_structure.py
+holds it to that. One concept per module:
+    draft: DFlashDraft (weights, context cache, compiled step)    draft_load: load_draft (refusals, tensors)
+    step: the step's math as plain functions (compiled whole)     rope, context_cache, attention (backends)
+    heads: a kind's head and the registry (dflash, dflash2, dspark: one module each)
+    target: Target (forward, feature capture, crop)               rollback: linear-attention state rollback
+    target_load: load_target (weights check, placement)           decode: the loop; sampling, ties, metrics
+
     from dflash_runtime import Penalties, Sampling, load_draft, load_target, speculative_generate, target_generate
     draft = load_draft("path/to/draft", backend="auto")
     target = load_target("path/to/target")
@@ -14,9 +24,9 @@ Names are imported lazily so that `import dflash_runtime` alone does not import 
 from __future__ import annotations
 
 _EXPORTS = {
-    "load_draft": "model", "DFlashDraft": "model",
+    "load_draft": "draft_load", "DFlashDraft": "draft",
     "BACKENDS": "attention", "select_backend": "attention",
-    "load_target": "target", "Target": "target", "check_pair": "target", "check_target": "target",
+    "load_target": "target_load", "Target": "target", "check_pair": "target", "check_target": "target",
     "speculative_generate": "decode", "target_generate": "decode", "Generation": "decode",
     "DecodeStats": "metrics", "Penalties": "sampling", "Sampling": "sampling",
     "resolve_device": "device", "resolve_dtype": "device",

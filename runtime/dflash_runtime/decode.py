@@ -32,6 +32,7 @@ change. Every emitted token is then a sample of the target's filtered distributi
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +41,7 @@ from dflash_convert.errors import UsageError
 
 from . import DRAFT_SAMPLING
 from .metrics import DecodeStats
-from .model import DFlashDraft, warn_block_size
+from .draft import DFlashDraft
 from .sampling import GREEDY, Sampling, filtered_probs, penalize, pick
 from .target import Target, check_pair
 from .ties import Decision, decision
@@ -105,10 +106,7 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     """The one loop; `draft=None` (block size 1) is target-only decoding. `sampling.penalties` (vLLM's repetition,
     presence, frequency) apply to the target's logits in every role, counted as sampling.py says.
     `record_decisions` (greedy, with a draft): each verify step's Decision (ties.py) in the Generation."""
-    if max_new_tokens < 1:
-        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if draft_sampling not in DRAFT_SAMPLING:
-        raise UsageError(f"draft sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
+    _check_request(max_new_tokens, draft_sampling)
     temperature, penalties = sampling.temperature, sampling.penalties
     device = target.device
     stop = set(sampling.stop_token_ids)
@@ -126,14 +124,8 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     draft_time = verify_time = 0.0
 
     t0 = _now(device)
-    logits, features = target.forward(prompt, 0, last_logits_only=True)
-    generator = sampling.generator(logits.device)  # sampling happens where the logits are
-    first = penalize(logits[-1:], penalties, prompt, prompt[:0], 0)  # [1, V]: nothing generated yet
-    anchor = int(pick(first, sampling, generator)[0])
-    tokens = [anchor]
-    start = prompt.numel()
-    if draft is not None:
-        _add_context(draft, features, 0, draft_window)
+    anchor, generator = _prefill(target, draft, prompt, sampling, draft_window)
+    tokens, start = [anchor], prompt.numel()
     prefill_time = _now(device) - t0
 
     while len(tokens) < max_new_tokens and anchor not in stop:
@@ -183,6 +175,26 @@ def _decode(target: Target, prompt: torch.Tensor, *, draft: DFlashDraft | None, 
     return Generation(tokens=tokens, stats=stats, decisions=decisions, accepted_per_step=accepted_per_step)
 
 
+def _check_request(max_new_tokens: int, draft_sampling: str) -> None:
+    if max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise UsageError(f"draft sampling {draft_sampling!r}: choose {' or '.join(DRAFT_SAMPLING)}")
+
+
+def _prefill(target: Target, draft: DFlashDraft | None, prompt: torch.Tensor, sampling: Sampling,
+             draft_window: int | None) -> tuple[int, torch.Generator | None]:
+    """The prompt through the target (its features into the draft's context) -> (the first token, the run's
+    generator, made where the target's logits are: sampling happens there)."""
+    logits, features = target.forward(prompt, 0, last_logits_only=True)
+    generator = sampling.generator(logits.device)
+    first = penalize(logits[-1:], sampling.penalties, prompt, prompt[:0], 0)  # [1, V]: nothing generated yet
+    anchor = int(pick(first, sampling, generator)[0])
+    if draft is not None:
+        _add_context(draft, features, 0, draft_window)
+    return anchor, generator
+
+
 def _propose(draft: DFlashDraft, target: Target, anchor: int, start: int, size: int, draft_window: int | None,
              temperature: float, generator: torch.Generator | None
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -221,16 +233,23 @@ def speculative_generate(draft: DFlashDraft, target: Target, prompt_ids, *, max_
     same; acceptances past max_new_tokens are counted). `record_decisions` (greedy): how near each verify step
     sat to a tie, in `Generation.decisions` (ties.py), for comparing counts with another engine."""
     check_pair(draft, target)
-    block_size = draft.block_size if block_size is None else block_size
+    block_size = draft.run_block(block_size)
     if block_size < 2:
         raise UsageError(f"block_size must be at least 2 (anchor + one draft slot), got {block_size}")
-    warn_block_size(draft, block_size)
+    _warn_block_size(draft, block_size)
     if draft_window is not None and draft_window < 1:
         raise UsageError(f"draft_window must be at least 1, got {draft_window}")
     prompt = _prompt_tensor(prompt_ids, target.device)
     return _decode(target, prompt, draft=draft, block_size=block_size, max_new_tokens=max_new_tokens,
                    sampling=sampling, draft_window=draft_window, draft_sampling=draft_sampling,
                    full_last_block=full_last_block, record_decisions=record_decisions)
+
+
+def _warn_block_size(draft: DFlashDraft, block_size: int) -> None:
+    if block_size != draft.block_size:
+        warnings.warn(f"run-time block size {block_size} differs from the draft's trained block size "
+                      f"{draft.block_size}; acceptance may differ from a deployment at the trained size",
+                      stacklevel=3)
 
 
 def target_generate(target: Target, prompt_ids, *, max_new_tokens: int = 64, sampling: Sampling = GREEDY

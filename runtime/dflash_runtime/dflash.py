@@ -25,5 +25,5 @@ class Head:
         return ids, logits, None
 
 
-def load(draft) -> Head:  # draft: the model.DFlashDraft being built
+def load(draft) -> Head:  # draft: the draft.DFlashDraft being built
     return Head()

@@ -163,7 +163,7 @@ class Head:
         return picked, logits, None
 
 
-def load(draft) -> Head:  # draft: the model.DFlashDraft being built
+def load(draft) -> Head:  # draft: the draft.DFlashDraft being built
     """The selector and its logit maps; each layer gets its two convolutions."""
     spec, tensors, name = draft.spec, draft.tensors, catalogue.name
     f = spec.variant_fields

@@ -149,7 +149,7 @@ class Head:
         return out, logits, probs
 
 
-def load(draft) -> Head:  # draft: the model.DFlashDraft being built
+def load(draft) -> Head:  # draft: the draft.DFlashDraft being built
     """The Markov and confidence heads the config and tensors describe (speculators' fill-ins for absent keys)."""
     tensors, name = draft.tensors, catalogue.name
     value = functools.partial(keys.trained_value, "dspark", draft.spec.variant_fields)

@@ -1,6 +1,6 @@
 """What a draft kind adds to the DFlash backbone: its head, one module per kind, and the registry of kinds.
 
-The backbone (model.py) runs every kind the same way: block [anchor, MASK * (B-1)] -> final-normed hidden
+The backbone (draft.py, step.py) runs every kind the same way: block [anchor, MASK * (B-1)] -> final-normed hidden
 [B, H] -> the proposing slots' rows [P, H] (P = B with anchor_predicts, else slots 1..B-1) -> logits [P, V].
 A head takes it from there, in two halves:
     outputs(rows, logits) -> tensors      inside the (compiled) step: fixed shapes, no host syncs
@@ -37,7 +37,7 @@ class Head(Protocol):
 
 @dataclass(frozen=True)
 class Kind:
-    load: Callable[[Any], Head]  # (the model.DFlashDraft being built) -> its head
+    load: Callable[[Any], Head]  # (the draft.DFlashDraft being built) -> its head
     applies: tuple[str, ...] = ()  # family keys (dflash_config.*) the head applies; other non-neutral ones refused
 
 

@@ -67,6 +67,23 @@ def test_quiet_silences_hub_info_lines(cli, hub, draft, tmp_path):
     assert (tmp_path / "b" / "config.json").read_bytes() == (draft / "config.json").read_bytes()
 
 
+def test_hub_info_lines_go_to_the_callers_callback_only(hub, draft, tmp_path, capsys):
+    """The library says what it fetches and pushes to the on_info its caller passes (the CLI's stderr, quiet
+    under -q), and without one says nothing: no module-level switch decides it."""
+    from dflash_convert.hub.client import pull, push
+
+    hub.seed_repo("org/d", local_files(draft))
+    said: list[str] = []
+    pull("org/d", tmp_path / "a", on_info=said.append)
+    assert len(said) == 1 and said[0].startswith("fetching ") and "org/d@main" in said[0], said
+    pull("org/d", tmp_path / "b")
+    push(tmp_path / "b", "org/e", on_info=said.append)
+    assert said[-1] == "pushing " + str(tmp_path / "b") + " to org/e@main", said
+    push(tmp_path / "b", "org/e")
+    err = capsys.readouterr().err  # the client's own tqdm bars aside
+    assert "fetching" not in err and "pushing" not in err and "nothing to commit" not in err, err
+
+
 def _report_file(cli, draft, path, *, passed: bool = True):
     """A `validate --json` report of `draft` with end-to-end figures (as a GPU job would hand over)."""
     from dflash_convert.validate.report import AcceptanceStats

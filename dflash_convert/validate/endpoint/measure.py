@@ -7,7 +7,7 @@ output token ids (`return_token_ids`) and for per-request speculative statistics
 Sampling is what the flags set, each field sent only when set; the server's defaults otherwise, and the report
 says which, value by value. `concurrency` requests are in flight at once.
 
-Acceptance (endpoint_counts.py): per-request statistics when every answer has them; else the deltas of the
+Acceptance (counts.py): per-request statistics when every answer has them; else the deltas of the
 server's Prometheus counters around the run, ours only when no other request moved them (else "cannot
 measure", exit 1); neither moved: "the endpoint does not speculate" (exit 1).
 """
@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_convert.validate.endpoint import Endpoint, EndpointError, field_of
-from dflash_convert.validate.endpoint_counts import (SpecCounts, counter_delta, foreign_traffic, parse_metrics,
+from dflash_convert.validate.endpoint.client import Endpoint, EndpointError, field_of
+from dflash_convert.validate.endpoint.counts import (SpecCounts, counter_delta, foreign_traffic, parse_metrics,
                                                      sglang_request_counts, vllm_request_counts)
 from dflash_convert.validate.options import FIELDS, PENALTY_FIELDS, Prompt
 from dflash_convert.validate.report import AcceptanceCounts, EndpointRequest, PromptSetAcceptance

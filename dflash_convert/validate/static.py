@@ -1,4 +1,5 @@
-"""Checks of a DFlash checkpoint, one per complaint users have (docs/formats.md section 9).
+"""The static level of validate: checks of a DFlash checkpoint and its target's config, no weights run, one per
+complaint users have (docs/formats.md section 9).
 
 `checkpoint_checks` reads config.json and safetensors headers (plus the bytes of the small int
 tensors `d2t` / `t2d`, through numpy); `scan=True` also reads every float tensor's bit patterns,
@@ -8,7 +9,7 @@ Qwen3-8B-sized pair is checked in milliseconds. Every check names the tensor or 
 
 from __future__ import annotations
 
-from dflash_convert.format import catalogue, compat, keys, mapping
+from dflash_convert.format import catalogue, compat, keys, kinds, mapping
 from dflash_convert.format.catalogue import TensorProblem
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.format.compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
@@ -160,12 +161,9 @@ def _tensor_set(ckpt: Checkpoint, problems: list[TensorProblem]) -> list[Check]:
 
 
 
-FAMILY_MODULES = {"dflash2": "convolution and selector", "dspark": "Markov and confidence head"}
-
-
 def _family(spec: DraftSpec, problems: list[TensorProblem]) -> list[Check]:
     """A family draft's own keys against their rules, and its convolution / selector tensors against the keys."""
-    if spec.variant == "dflash":
+    if not kinds.of(spec.variant).modules:  # the plain backbone: no keys or modules of its own
         return []
     broken = keys.family_problems(spec.variant, spec.variant_fields, hidden=spec.hidden_size, vocab=spec.vocab_size,
                                   block=spec.block_size, pruned=spec.is_pruned_vocab)
@@ -176,7 +174,7 @@ def _family(spec: DraftSpec, problems: list[TensorProblem]) -> list[Check]:
                f"{spec.variant} keys: " + ", ".join(f"{k}={v!r}" for k, v in sorted(spec.variant_fields.items())),
                value=spec.variant_fields or None),
         make_check("family_shapes", not wrong, ("tensor " + _first(wrong)) if wrong else
-               f"{spec.variant} {FAMILY_MODULES[spec.variant]} tensors match their keys", value=wrong[:5] or None),
+               f"{spec.variant} {kinds.of(spec.variant).modules} tensors match their keys", value=wrong[:5] or None),
     ]
 
 def _vocab_map(ckpt: Checkpoint) -> list[Check]:

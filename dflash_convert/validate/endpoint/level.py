@@ -1,5 +1,5 @@
 """The endpoint level of `validate --endpoint URL [--baseline-endpoint URL]`: the measurement of a live server
-(endpoint_run.py) turned into checks and the report's `endpoint` section.
+(measure.py) turned into checks and the report's `endpoint` section.
 
 Checks (level end_to_end: they judge decoding):
 - endpoint_acceptance: what was counted, and how (informational: passes once something was measured);
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from dflash_convert.validate.checks import Check, make_check
-from dflash_convert.validate.endpoint import Deadline, Endpoint, served_model
-from dflash_convert.validate.endpoint_run import (as_counts, bodies, latency_figures, measured, per_request, per_set,
+from dflash_convert.validate.static import Check, make_check
+from dflash_convert.validate.endpoint.client import Deadline, Endpoint, served_model
+from dflash_convert.validate.endpoint.measure import (as_counts, bodies, latency_figures, measured, per_request, per_set,
                                                   prompts_sha256, read_counters, sampling_report, sampling_sent,
                                                   send_all)
 from dflash_convert.validate.options import Prompt, ValidateOptions
@@ -79,7 +79,7 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
         f"{stats.tokens_per_s:.1f} tokens/s")
     checks = threshold_checks(stats, opts, offline_steps=offline_steps)
     if baseline is not None:
-        from dflash_convert.validate.endpoint_compare import compare_endpoints
+        from dflash_convert.validate.endpoint.compare import compare_endpoints
 
         comparison_checks, stats.baseline_endpoint = compare_endpoints(
             opts, prompts, endpoint, baseline, model=model, engine=engine, sampling=sampling, seed=seed,
@@ -123,7 +123,7 @@ def agreement_check(stats: EndpointStats, *, sampled: bool, steps: list[StepDeci
     the interval from the counts. Greedy: the engine check's rule (served.greedy_agreement) without the server's
     per-step lists: where no offline decision sat near a tie the totals must be equal; otherwise no verdict (a
     warning), as other kernels may break those ties otherwise."""
-    from dflash_convert.validate.served import greedy_agreement, sampled_agreement
+    from dflash_convert.validate.engine.served import greedy_agreement, sampled_agreement
 
     c, e = stats.counts, stats.offline
     if sampled:
@@ -146,7 +146,7 @@ def per_prompt_agreement(served: list, steps: list[StepDecisions]) -> tuple[bool
     tie (served.acceptance_tie, in bfloat16: the coarsest a deployment serves in) must have been served in as many
     verify steps with as many accepted tokens; a prompt with a near-tie is not compared (other kernels may break
     it otherwise, and every later step follows). None: no prompt could be compared."""
-    from dflash_convert.validate.served import ACCEPTANCE_TIE_ULPS, acceptance_tie, defined_until
+    from dflash_convert.validate.engine.served import ACCEPTANCE_TIE_ULPS, acceptance_tie, defined_until
 
     gap, dtype = acceptance_tie(["bfloat16"])
     compared, tied = 0, []

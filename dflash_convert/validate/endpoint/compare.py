@@ -17,10 +17,10 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
-from dflash_convert.validate.checks import Check, make_check
+from dflash_convert.validate.static import Check, make_check
 from dflash_convert.errors import UsageError
-from dflash_convert.validate.endpoint import Endpoint, served_model
-from dflash_convert.validate.endpoint_run import Reply, bodies, send_all
+from dflash_convert.validate.endpoint.client import Endpoint, served_model
+from dflash_convert.validate.endpoint.measure import Reply, bodies, send_all
 from dflash_convert.validate.report import EndpointComparison
 
 LOGITS_HINT = "start both servers with --logprobs-mode processed_logits to judge near-ties from logits"
@@ -80,7 +80,7 @@ def _speed(url: str, model: str, prompts: int, spec_runs, base_runs) -> Endpoint
 
 def outputs_check(spec: list[Reply], base: list[Reply]) -> tuple[Check, int, list[str]]:
     """endpoint_outputs_equal: each prompt's greedy output from both servers, equal or parting at a near-tie."""
-    from dflash_convert.validate.served import parting
+    from dflash_convert.validate.engine.served import parting
 
     equal, ties, bad = 0, [], None
     for s, b in zip(spec, base):

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
-from dflash_convert.validate.checks import Check, first_difference, make_check
+from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.report import AcceptanceCounts, EngineStats, StepDecisions
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
