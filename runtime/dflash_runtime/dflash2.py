@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dflash_convert.format import catalogue, keys
+from dflash_convert.format import catalogue, kinds
 
 # family keys (dflash_config.*) the head applies: the embedding scale, and the candidates' logit maps
 APPLIES = ("dflash_config.input_embedding_scale", "dflash_config.output_multiplier",
@@ -175,7 +175,7 @@ def load(draft) -> Head:  # draft: the draft.DFlashDraft being built
                 group_size=f["conv_group_size"], block_size=spec.block_size))
     selector = Selector(*(tensors[name(f"selector_{leaf}")] for leaf in (
         "predecessor_codebook", "successor_codebook", "hidden_projection")), top_k=f["selector_top_k"])
-    value = functools.partial(keys.trained_value, "dflash2", f)
+    value = functools.partial(kinds.of(spec.variant).trained_value, f)
     return Head(selector, spec.vocab_size, embed_scale=float(value("input_embedding_scale")),
                 multiplier=float(value("output_multiplier")),
                 softcap=float(value("final_logit_softcapping")) or None)  # 0: no cap

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_convert.errors import NotRunnable
-from dflash_convert.format import catalogue, keys
+from dflash_convert.format import catalogue, kinds
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
@@ -152,17 +152,18 @@ class Head:
 def load(draft) -> Head:  # draft: the draft.DFlashDraft being built
     """The Markov and confidence heads the config and tensors describe (speculators' fill-ins for absent keys)."""
     tensors, name = draft.tensors, catalogue.name
-    value = functools.partial(keys.trained_value, "dspark", draft.spec.variant_fields)
-    kind = value("markov_head_type")
-    if kind not in MARKOV_HEAD_TYPES:
-        raise NotRunnable(f"markov_head_type {kind!r} is not one the runtime runs "
+    kind, fields = kinds.of(draft.spec.variant), draft.spec.variant_fields
+    value = functools.partial(kind.trained_value, fields)
+    head_type = value("markov_head_type")
+    if head_type not in MARKOV_HEAD_TYPES:
+        raise NotRunnable(f"markov_head_type {head_type!r} is not one the runtime runs "
                           f"({', '.join(MARKOV_HEAD_TYPES)}: speculators 0.9.0's)")
     markov = conf = None
     if value("markov_rank") > 0:
-        extra = {"gated": ("markov_gate", "markov_gate_bias"), "rnn": ("markov_joint", "markov_joint_bias")}.get(kind)
-        markov = Markov(tensors[name("markov_w1")], tensors[name("markov_w2")], kind,
+        extra = {"gated": ("markov_gate", "markov_gate_bias"), "rnn": ("markov_joint", "markov_joint_bias")}.get(head_type)
+        markov = Markov(tensors[name("markov_w1")], tensors[name("markov_w2")], head_type,
                         *(tensors[name(k)] for k in extra or ()))
     if value("enable_confidence_head") and name("confidence_proj") in tensors:
         conf = Confidence(tensors[name("confidence_proj")], tensors.get(name("confidence_bias")),
                           with_markov=bool(value("confidence_head_with_markov")))
-    return Head(markov, conf, bool(value("sample_from_anchor")), draft.draft_to_target)
+    return Head(markov, conf, kind.anchor_predicts(fields), draft.draft_to_target)
