@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from dflash_convert import __version__
-from dflash_convert.format import catalogue, compat, mapping
+from dflash_convert.format import catalogue, compat, mapping, quantization
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint, read_companion
 from dflash_convert.io.staging import check_destination, staged_directory
 from dflash_convert.io.reading import announced_by_cache_name, discard, hasher, read_json
@@ -198,6 +198,7 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
                           "config.json or Hub id), or --no-verifier to write it anyway", file=ckpt.config_file)
     mapping.check_complete(spec, file=ckpt.config_file)
     config, config_warnings = mapping.spec_to_config(spec, dest)
+    config = quantization.carry_config(ckpt.raw_config, config, dest, ckpt.config_file)
     warnings += config_warnings
     ckpt.check_tensors(spec)
     out_dtype = CAST_TARGETS.get(opts.dtype) if opts.dtype != "auto" else None
@@ -207,7 +208,7 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
     derived: dict[str, bytes] = {}
     for name in sorted(ckpt.tensors):
         info = ckpt.tensors[name]
-        rule = catalogue.rule_for(name, spec.variant)
+        rule = catalogue.rule_for(quantization.governing_tensor(name), spec.variant)  # companions: their weight's
         action = catalogue.tensor_action(rule, dest, spec.is_pruned_vocab)
         if action == "drop":
             steps.append(TensorStep(name, None, "drop", rule.drop_reason, info.dtype, info.shape))
@@ -216,6 +217,9 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
         else:
             # --dtype casts the float weights among the cast targets; float8 and integer tensors keep theirs
             dtype = out_dtype if (out_dtype and info.dtype in CAST_TARGETS.values()) else info.dtype
+            if dtype != info.dtype and name in ckpt.quantized_names:
+                raise DFlashError(f"--dtype {opts.dtype} would cast tensor `{name}`, stored by the draft's "
+                                  "quantization scheme: a quantized draft converts with --dtype auto", file=info.file)
             steps.append(TensorStep(name, catalogue.layout_name(name, dest), "keep", "", dtype, info.shape))
     if spec.is_pruned_vocab:
         t2d_name, t2d_rule = catalogue.name("t2d"), catalogue.BY_KEY["t2d"]

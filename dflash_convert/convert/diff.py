@@ -165,6 +165,9 @@ def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, al
         x, y = va.get(key), vb.get(key)
         if x != y and not (key in OPTIONAL_FIELDS and (x is None or y is None)):
             result.config_differences[key] = ConfigDifference(a=x, b=y)
+    schemes_a, schemes_b = ([s.label for s in c.quantization.schemes] if c.quantization else None for c in (ca, cb))
+    if schemes_a != schemes_b:  # a quantized copy against its source (format/quantization.py)
+        result.config_differences["quantization_config"] = ConfigDifference(a=schemes_a, b=schemes_b)
     result.informational = [ConfigChange(**c) for c in mapping.config_changes(ca.raw_config, ca.format,
                                                                              cb.raw_config, cb.format)
                             if not engines.engine_reads(c["key"])]

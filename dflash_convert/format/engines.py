@@ -382,6 +382,7 @@ TOP_LEVEL_READ = frozenset({
     "architectures", "block_size", "is_causal", "target_hidden_size", "draft_vocab_size", "num_target_layers",
     "target_layer_ids", "mask_token_id", "mask_token", "aux_hidden_state_layer_ids", "sliding_window_non_causal",
     "sample_from_anchor", "speculators_model_type", "dtype", "torch_dtype", "eagle_aux_hidden_state_layer_ids",
+    "quantization_config",  # vLLM and SGLang (format/quantization.py)
 })
 DECODER_READ = frozenset({
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -490,3 +491,42 @@ if __name__ == "__main__":
         write_readme()
     else:
         sys.stdout.write(render_markdown())
+
+
+# ----------------------------------------------------------------------------- quantized drafts
+# What each engine does with a draft whose config.json carries `quantization_config` (format/quantization.py),
+# read from the engines' loaders: vLLM 0.32.0 (the CPU build) and 0.33.0 `model_executor/models/qwen3_dflash.py`
+# and `transformers_utils/config.py` (the key is copied from config.json onto the draft's config in either
+# format); SGLang 0.5.23 `srt/models/dflash.py` and `srt/speculative/dflash_utils.py`; transformers 5.19
+# `quantizers/auto.py` (z-lab's remote code loads through it).
+
+@dataclass(frozen=True)
+class QuantizedServing:
+    key: str  # the ENGINES row (or engine) it describes
+    title: str
+    version: str
+    methods: tuple[str, ...]  # quant_method values its loader applies; others are skipped (weights load unscaled)
+    fc_quantized: bool  # whether `fc` runs through the quantization method (False: a plain nn.Linear)
+    layer_names: bool  # whether its decoder layers' modules carry their `layers.N.` names when the quant config
+    #                    matches them (False: the bare projection name, e.g. `q_proj`)
+    context_kv: str  # what its context K/V projection does with a quantized qkv_proj
+    cpu_kernels: str = ""  # what its CPU build serves, measured and from its kernels ("" where none was run here)
+
+
+QUANTIZED_SERVING: tuple[QuantizedServing, ...] = (
+    QuantizedServing(
+        "vllm", "vLLM", "0.32.0 / 0.33.0", ("compressed-tensors", "modelopt"), True, True,
+        "the fused context-KV GEMM (one F.linear over qkv_proj.weight slices) is built only when every qkv_proj "
+        "is unquantized (UnquantizedLinearMethod); a quantized one runs per layer through its quant method",
+        "0.32.0 served FP8 W8A8 dynamic, INT8 W8A8 and INT4 W4A16 copies of the bundled draft; its WNA16 kernel "
+        "(CPUWNA16) takes 4-bit weights only, so INT8 W8A16 is refused, and ModelOpt FP8's static input scales "
+        "need static_scaled_fp8_quant, which the CPU build lacks"),
+    QuantizedServing(
+        "sglang", "SGLang", "0.5.23", ("compressed-tensors", "modelopt"), False, False,
+        "kv_proj_only slices qkv_proj.weight only when it is unquantized (can_dflash_slice_qkv_weight), else runs "
+        "the full qkv_proj through its quant method"),
+    QuantizedServing(
+        "zlab", "z-lab dflash (transformers)", "5.19.0", ("compressed-tensors",), True, True,
+        "transformers' compressed-tensors quantizer dequantizes on load (the compressed-tensors package must be "
+        "installed)"),
+)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dflash_convert.format import catalogue, foreign, mapping
+from dflash_convert.format import catalogue, foreign, mapping, quantization
 from dflash_convert.format.configs import DraftSpec
 from dflash_convert.format.dtypes import DTYPES, code_for_torch, torch_dtype
 from dflash_convert.errors import DFlashError
@@ -58,12 +59,42 @@ class Checkpoint:
         """Every tensor the spec implies is present with its shape, and nothing unknown is (raises the first
         problem catalogue.tensor_problems finds)."""
         spec = spec or self.spec
-        problems = catalogue.tensor_problems(spec, {n: i.shape for n, i in self.tensors.items()})
+        problems = catalogue.tensor_problems(spec, self.logical_shapes())
         if problems:
             p = problems[0]
             info = self.tensors.get(p.tensor)
             where = info.file if info else (self.weight_files[0] if self.weight_files else self.path)
             raise DFlashError(p.message, file=where)
+
+    @cached_property
+    def quantization(self) -> quantization.Quantization | None:
+        return quantization.read(self.raw_config, self.config_file)
+
+    def quantized_modules(self) -> list[quantization.QuantizedModule]:
+        """The modules the config quantizes, their stored tensors checked against it (format/quantization.py)."""
+        q = self.quantization
+        if q is None:
+            return []
+        have = {n: (i.shape, i.dtype) for n, i in self.tensors.items()}
+        try:
+            return quantization.quantized_modules(q, have, lambda n: self.int_values(n).tolist())
+        except DFlashError as exc:
+            raise DFlashError(str(exc), file=self.weight_files[0] if self.weight_files else self.path) from None
+
+    @cached_property
+    def quantized_names(self) -> frozenset[str]:
+        """Every stored tensor of a quantized module (its quantized weight and companions) and kv-cache scales."""
+        names = {n for m in self.quantized_modules() for n in m.tensors.values()}
+        return frozenset(names | set(quantization.kv_scale_tensors(self.quantization, self.tensors)))
+
+    def logical_shapes(self) -> dict[str, tuple]:
+        """Name -> shape of the unquantized tensors the stored ones stand for (format/quantization.py): what the
+        tensor catalogue checks. A quantization tensor that disagrees with the config raises, naming it."""
+        have = {n: (i.shape, i.dtype) for n, i in self.tensors.items()}
+        try:
+            return quantization.logical_shapes(self.quantization, have, lambda n: self.int_values(n).tolist())
+        except DFlashError as exc:
+            raise DFlashError(str(exc), file=self.weight_files[0] if self.weight_files else self.path) from None
 
     def int_values(self, name: str):
         """A small integer / bool tensor (the vocab maps) as a numpy array, read without torch."""
@@ -278,7 +309,7 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoi
             source_names[canon] = name
             tensors[canon] = TensorInfo(canon, code_for_torch(tensor.dtype, tensor=name, file=f),
                                         tuple(tensor.shape), f, 0, tensor.numel() * tensor.element_size())
-    _check_config_against_tensors(spec, tensors, path / CONFIG_NAME)
+    _check_config_against_tensors(spec, tensors, path / CONFIG_NAME, quantization.CONFIG_KEY in raw)
     return Checkpoint(path=path, raw_config=raw, spec=spec, tensors=tensors, source_names=source_names,
                       weight_files=files or pickles, index_file=index, metadata=metadata, pickled=pickled,
                       companion_files=find_companion_files(path))
@@ -310,7 +341,8 @@ def find_companion_files(path: Path) -> list[Path]:
     return found
 
 
-def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo], config_file: Path) -> None:
+def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo], config_file: Path,
+                                  quantized: bool = False) -> None:
     """What the config says against what the files hold, for every command: no tensor of a layer the
     config does not have, and every tensor in a dtype kind its catalogue entry allows (an int
     `fc.weight` is not a draft any engine can run; only the vocab maps hold integers)."""
@@ -319,7 +351,9 @@ def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo
         if rule is None:
             continue  # unknown tensors: the tensor-set checks name them
         kind = DTYPES[info.dtype].kind if info.dtype in DTYPES else None
-        if kind not in rule.kinds:
+        int_quantized = quantized and kind == "int" and name.endswith(".weight") and \
+            f"{name.removesuffix('.weight')}.weight_scale" in tensors  # the scheme checks its dtype
+        if kind not in rule.kinds and not int_quantized:
             allowed = sorted(c for c, d in DTYPES.items() if d.kind in rule.kinds)
             raise DFlashError(f"tensor `{name}` is {info.dtype}; it must be {' or '.join(rule.kinds)} "
                               f"({', '.join(allowed)}): only the vocab maps hold integers", file=info.file)

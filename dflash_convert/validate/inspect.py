@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from dflash_convert.format import catalogue, engine_views, mapping
+from dflash_convert.format import catalogue, engine_views, mapping, quantization
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.validate.static import Check, make_check
 from dflash_convert.format.configs import Format, LayerType, Variant
@@ -97,6 +97,9 @@ class InspectReport(BaseModel):
             for t in self.tensors:
                 tensors.add_row(escape(t.name), t.dtype, "[" + ", ".join(map(str, t.shape)) + "]", escape(t.role))
             console.print(tensors)
+            for c in self.checks:  # a quantized draft: its schemes and what each engine does with it, passed or not
+                if c.name == "quantization" or (c.name.startswith("quantized_serving.") and c.status == "pass"):
+                    console.print(f"{escape(c.name)}: {escape(c.message)}")
         for c in self.problems:
             colour = "red" if c.status == "fail" else "yellow"
             console.print(f"[{colour}]{c.status.upper()}[/{colour}] {escape(c.name)}: {escape(c.message)}")
@@ -155,6 +158,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
                        engine: str | None = None, serving: ServingConfig | None = None) -> InspectReport:
     """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine; `serving`
     adds the checks of a launch's settings against that engine's rules (format/serving.py)."""
+    from dflash_convert.validate.quantized_checks import catalogue_shapes
     from dflash_convert.validate.static import checkpoint_checks
 
     ckpt = open_checkpoint(path, allow_pickle=allow_pickle)
@@ -166,9 +170,11 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         rule = catalogue.rule_for(name, spec.variant)
         tensors.append(TensorRow(name=catalogue.layout_name(name, spec.source_format), dtype=info.dtype,
                                  shape=list(info.shape), file=info.file.name,
-                                 role=rule.role if rule else "unknown"))
+                                 role=rule.role if rule else quantization.role(name) or "unknown"))
+    for name, shape in catalogue_shapes(ckpt).items():  # a quantized weight counts by its unquantized shape
+        rule = catalogue.rule_for(name, spec.variant)
         if rule and catalogue.loaded_by_engines(rule, spec):
-            params += math.prod(info.shape)
+            params += math.prod(shape)
     float_dtypes = sorted({t.dtype for t in tensors if DTYPES[t.dtype].is_float})
     views = engine_views.checkpoint_views(ckpt, engine)
     checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views, asked=engine is not None)

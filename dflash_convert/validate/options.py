@@ -96,7 +96,7 @@ class ValidateOptions(CommandOptions):
         "Live deployment": ("endpoint", "endpoint_model", "endpoint_key_env", "endpoint_timeout", "concurrency",
                             "baseline_endpoint"),
         "Thresholds": ("min_acceptance_length", "min_position_rates", "min_speedup", "baseline", "max_regression",
-                       "require_end_to_end"),
+                       "require_end_to_end", "compare_to"),
     }
 
     target: Annotated[str | Path | None, Flag("--target", type=str)] = Field(
@@ -200,6 +200,9 @@ class ValidateOptions(CommandOptions):
     baseline: Annotated[str | Path | None, Flag("--baseline", type=Path)] = Field(
         None, description="An earlier `validate --json` report of the same prompts and settings: fail (exit 3) on a "
         "drop of tau or a position's rate beyond what the counts explain.")
+    compare_to: Annotated[str | Path | None, Flag("--compare-to", type=Path)] = Field(
+        None, description="Another draft (the unquantized source of a quantized one): run it on the same prompts "
+        "and settings and report the tau and per-position rates this draft loses against it.")
     max_regression: Annotated[float, Flag("--max-regression")] = Field(
         0.0, ge=0, lt=1,
         description="With --baseline: a drop tolerated beyond the statistical bound, as a fraction of the "

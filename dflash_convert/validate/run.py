@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 
 from dflash_convert import __version__
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, engine_views, engines, serving
+from dflash_convert.format import catalogue, engine_views, engines, quantization, serving
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
@@ -46,6 +46,8 @@ from dflash_convert.validate.numeric import CONTEXT_TOKENS, numeric_checks
 from dflash_convert.validate.options import LEVELS, ValidateOptions
 from dflash_convert.validate import sweep
 from dflash_convert.validate.engine.level import transformers_level, vllm_level
+from dflash_convert.validate.compare import compare_to_source
+from dflash_convert.validate.quantized_checks import activation_caveat
 from dflash_convert.validate.baseline import load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prepare import Prepared, answer_earlier_turns, prepare, target_name
@@ -162,6 +164,8 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
         _endpoint_level(prep, found, report)
     if prep.baseline is not None:
         _baseline_gate(prep, report)
+    if opts.compare_to is not None:
+        compare_to_source(report, opts, validate, progress)
     return report
 
 
@@ -344,7 +348,8 @@ def _resources(prep: Prepared, found: Found) -> Iterator[None]:
 
 def _memory_plan(prep: Prepared, found: Found) -> memory.MemoryPlan:
     opts, spec, e2e, res = prep.opts, prep.ckpt.spec, _end_to_end_runs(prep, found), found.resources
-    draft_tensors = [prep.ckpt.tensors[n] for n in catalogue.expected_shapes(spec) if n in prep.ckpt.tensors]
+    draft_tensors = quantization.memory_plan_tensors(prep.ckpt.quantized_modules(), prep.ckpt.tensors,
+                                                     catalogue.expected_shapes(spec))  # quantized: as dequantized
     block = max(prep.blocks)
     ids = prep.prompts.ids if prep.prompts is not None else None
     sequence = (max(map(len, ids)) if ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
@@ -447,6 +452,7 @@ def _engine_level(prep: Prepared, found: Found) -> None:
         checks, runs, why = vllm_level(prep, [(kr.stats, kr.outputs) for kr in found.per_k],
                                        emulated_dtypes=[d for d in (res.draft_dtype_name, res.target_dtype_name) if d])
         for i, (kr, k_checks, k_run) in enumerate(zip(found.per_k, checks, runs)):
+            k_checks = activation_caveat(prep.ckpt, k_checks)  # a W8A8 draft: the runtime's activations are float
             found.checks += k_checks if i == 0 else _named_k(k_checks, len(kr.stats.per_position_rates))
             kr.served = k_run
         if why is not None:

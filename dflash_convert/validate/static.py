@@ -14,6 +14,7 @@ from dflash_convert.format.catalogue import TensorProblem
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.format.compat import Check, Level, Status  # noqa: F401 - the report rows, re-exported
 from dflash_convert.format.compat import make_check
+from dflash_convert.validate.quantized_checks import catalogue_shapes, quantized_checks, quantized_tensor_names
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, DraftSpec
 from dflash_convert.format.dtypes import DTYPES
 
@@ -35,7 +36,7 @@ FC, LM_HEAD, D2T, T2D = (catalogue.name(k) for k in ("fc", "lm_head", "d2t", "t2
 def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
     """Every problem docs/formats.md section 9 lists that a checkpoint alone can show."""
     spec = ckpt.spec
-    problems = catalogue.tensor_problems(spec, {n: i.shape for n, i in ckpt.tensors.items()})
+    problems = catalogue.tensor_problems(spec, catalogue_shapes(ckpt))
     checks = [
         _block_size(spec),
         *_legacy_speculative_tokens(spec),
@@ -47,6 +48,7 @@ def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
         *_family(spec, problems),
         *_vocab_map(ckpt),
         _dtypes(ckpt),
+        *quantized_checks(ckpt),
         _causality(spec),
         _verifier(spec),
     ]
@@ -108,20 +110,20 @@ def _layer_ids(spec: DraftSpec) -> list[Check]:
 
 
 def _fc_width(ckpt: Checkpoint) -> Check:
-    spec, fc = ckpt.spec, ckpt.tensors.get(FC)
+    spec, fc = ckpt.spec, catalogue_shapes(ckpt).get(FC)  # a quantized fc by its unquantized shape
     if fc is None:
         return make_check("fc_width", False, f"tensor `{FC}` is missing", threshold=spec.context_width)
     if spec.context_width is None:
         return make_check("fc_width", None, f"no target layer ids: the width of `{FC}` cannot be checked",
-                      value=list(fc.shape))
+                      value=list(fc))
     target_h = spec.target_hidden
     want = (spec.hidden_size, spec.context_width)
     n_ids = len(spec.target_layer_ids)
-    ok = tuple(fc.shape) == want
-    msg = f"tensor `{FC}` is {list(fc.shape)}; {n_ids} target ids x target hidden {target_h} -> {list(want)}"
-    if not ok and len(fc.shape) == 2 and fc.shape[1] % target_h == 0 and fc.shape[1] != spec.context_width:
-        msg += f" (the weight was made for {fc.shape[1] // target_h} ids)"
-    return make_check("fc_width", ok, msg, value=list(fc.shape), threshold=list(want))
+    ok = tuple(fc) == want
+    msg = f"tensor `{FC}` is {list(fc)}; {n_ids} target ids x target hidden {target_h} -> {list(want)}"
+    if not ok and len(fc) == 2 and fc[1] % target_h == 0 and fc[1] != spec.context_width:
+        msg += f" (the weight was made for {fc[1] // target_h} ids)"
+    return make_check("fc_width", ok, msg, value=list(fc), threshold=list(want))
 
 
 def _attention_shapes(spec: DraftSpec, problems: list[TensorProblem]) -> Check:
@@ -259,7 +261,8 @@ def _d2t_values(ckpt: Checkpoint, vocab: int) -> list[Check]:
 def _shipped_float(ckpt: Checkpoint, name: str) -> bool:
     """A float tensor engines load (not a training-only copy conversion drops anyway)."""
     rule = catalogue.rule_for(name)
-    return DTYPES[ckpt.tensors[name].dtype].is_float and not (rule and rule.never_shipped)
+    quantized = name in quantized_tensor_names(ckpt)  # their dtypes: the scheme's
+    return DTYPES[ckpt.tensors[name].dtype].is_float and not (rule and rule.never_shipped) and not quantized
 
 
 def _dtypes(ckpt: Checkpoint) -> Check:
