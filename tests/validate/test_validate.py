@@ -412,6 +412,38 @@ def test_numeric_level_catches_a_backend_that_ignores_causality(speculators_draf
     assert status["causality_behaviour.eager"] == "pass" and not report.passed
 
 
+@pytest.mark.parametrize("planted", ["rounding", "kernel"])
+def test_a_low_precision_disagreement_is_judged_again_in_float32(speculators_drafts, monkeypatch, planted):
+    """bf16 rounding spread over the layers (as a quantized draft's dequantized weights spread it) can pass
+    the fixed tolerance; the float32 re-run tells it from a wrong kernel, which fails there too."""
+    import dataclasses
+
+    import torch
+    from dflash_runtime import attention
+
+    from dflash_convert.validate import ValidateOptions, validate
+
+    sdpa = attention.BACKENDS["sdpa"]
+
+    def noisy_in_bf16(q, k, v, **kw):  # rounding-sized noise, only where the dtype rounds
+        out = sdpa.fn(q, k, v, **kw)
+        return out + 0.2 * out.abs().amax() * (q.dtype == torch.bfloat16)
+
+    def no_block_mask(q, k, v, **kw):  # a wrong kernel: the block's causal mask dropped
+        return sdpa.fn(q, k, v, **dict(kw, causal=False))
+
+    fn = noisy_in_bf16 if planted == "rounding" else no_block_mask
+    monkeypatch.setitem(attention.BACKENDS, "sdpa", dataclasses.replace(sdpa, fn=fn))
+    report = validate(speculators_drafts["full"], ValidateOptions(levels=["numeric"], backend="sdpa",
+                                                                  dtype="bfloat16"))
+    check = next(c for c in report.checks if c.name == "backend_agreement.sdpa")
+    assert check.value > check.threshold, check.message  # over bf16's tolerance either way
+    if planted == "rounding":
+        assert check.status == "pass" and "rounding, not the kernel" in check.message
+    else:
+        assert check.status == "fail" and "in float32 still" in check.message and not report.passed
+
+
 def test_text_prompts_go_through_the_target_tokenizer(speculators_drafts, tiny_target, tmp_path, cli):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
