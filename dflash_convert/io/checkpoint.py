@@ -91,8 +91,9 @@ class Checkpoint:
         """Name -> shape of the unquantized tensors the stored ones stand for (format/quantization.py): what the
         tensor catalogue checks. A quantization tensor that disagrees with the config raises, naming it."""
         have = {n: (i.shape, i.dtype) for n, i in self.tensors.items()}
+        q = self.quantization  # a bad quantization_config names config.json, not the weights
         try:
-            return quantization.logical_shapes(self.quantization, have, lambda n: self.int_values(n).tolist())
+            return quantization.logical_shapes(q, have, lambda n: self.int_values(n).tolist())
         except DFlashError as exc:
             raise DFlashError(str(exc), file=self.weight_files[0] if self.weight_files else self.path) from None
 

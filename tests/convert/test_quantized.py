@@ -308,3 +308,18 @@ def test_sglang_matches_the_config_against_bare_projection_names(drafts, tmp_pat
     # an entry naming the projection in every layer means the same with or without the layer names
     assert "bare projection" not in {c.name: c for c in inspect_checkpoint(drafts["fp8_dynamic"]).checks}[
         "quantized_serving.sglang"].message
+
+
+@pytest.mark.parametrize("config", [[1, 2], {}, {"quant_method": "compressed-tensors", "config_groups": {"g": {
+    "targets": "Linear", "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}],
+    ids=["list", "empty", "targets_str"])
+def test_a_malformed_quantization_config_is_one_line_naming_config_json(drafts, tmp_path, cli, config):
+    """Not the weights file: the field is in config.json (a wrap that named model.safetensors first did)."""
+    bad = _copy_with(drafts["fp8_dynamic"], tmp_path / "bad", lambda t: None)
+    raw = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps(dict(raw, quantization_config=config)))
+    result = cli("convert", str(bad), "-o", str(tmp_path / "out"))
+    assert result.code == 1 and not (tmp_path / "out").exists()
+    line = result.err.strip().splitlines()[-1]
+    assert line.startswith(f"Error: {bad / 'config.json'}: field `quantization_config`"), line
+    assert "model.safetensors" not in line
