@@ -190,6 +190,18 @@ def _restore(previous: dict) -> None:
         signal.signal(sig, handler)
 
 
+def _stop(signum: int) -> None:
+    """The process is ending on `signum`: further stop signals are ignored by the OS (SIG_IGN), not by a
+    Python handler, because the interpreter puts its handlers back to the default while it shuts down, and
+    a second SIGTERM then would still kill the process by the signal after its one line was said."""
+    _stopping.append(signum)
+    for sig in STOP_SIGNALS:
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread
+            break
+
+
 def stopping() -> bool:
     """A stop signal has been taken: the process is ending on it (later ones are to be ignored)."""
     return bool(_stopping)
@@ -204,7 +216,7 @@ def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
     def on_signal(signum, frame):  # noqa: ARG001
         if _stopping:
             return
-        _stopping.append(signum)
+        _stop(signum)
         raise Interrupted(interrupted_message(signum), signum=signum)
 
     previous = _install(on_signal, signals)
@@ -240,7 +252,7 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
         if state["hold"]:
             held.append(signum)
             return
-        _stopping.append(signum)
+        _stop(signum)
         raise Interrupted(f"interrupted by {_signal_name(signum)}", signum=signum)
 
     base = _staging_base(dest)
@@ -287,6 +299,6 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
             shutil.rmtree(tmp, ignore_errors=True)
         _restore(previous)
     if held:  # a signal that came during the commit ends the run now that DST is complete
-        _stopping.append(held[0])
+        _stop(held[0])
         raise Interrupted(f"interrupted by {_signal_name(held[0])} just after the output was written "
                           "(it is complete)", file=dest, signum=held[0])

@@ -79,6 +79,14 @@ if mode == "twice":  # a second signal while the first one's error line is being
 
     entry._fail = fail_signalled_again
 
+if mode == "teardown":  # a second signal once the interpreter has put its signal handlers back to the default
+    class SignalAtTeardown:  # __main__'s globals are cleared after that, while the process ends
+        def __del__(self, kill=os.kill, pid=os.getpid(), sleep=time.sleep, sig=sig):  # globals may be gone
+            kill(pid, sig)
+            sleep(0.1)
+
+    teardown = SignalAtTeardown()
+
 sys.argv = ["dflash-convert", "convert", src, "-o", out, *sys.argv[5:]]
 main()
 '''
@@ -121,6 +129,20 @@ def test_signal_mid_write_leaves_nothing(tmp_path, src, sig):
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "interrupted" in lines[0], err
     assert not out.exists()
     assert leftovers(out) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_while_the_process_ends_cannot_kill_it(tmp_path, src, sig):
+    """The interpreter puts its signal handlers back to the default as it shuts down: a second signal
+    then (a few ms after the first, on a loaded machine) killed the process by the signal after its line."""
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    p = start_child(tmp_path, src, out, sig, "teardown")
+    wait_writing(p)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig, (p.returncode, err)
+    assert f"interrupted by {signal.Signals(sig).name}" in err and not out.exists() and leftovers(out) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
