@@ -10,6 +10,7 @@ import json
 import shutil
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,32 @@ def assert_decode_alike(draft_a, draft_b, target) -> None:
         assert (a.stats.accepted, a.stats.num_drafts, a.stats.per_position_rates) == \
             (b.stats.accepted, b.stats.num_drafts, b.stats.per_position_rates)
         assert a.stats.tau > 2
+
+
+@dataclass
+class BiasedHead:
+    """A test-only runtime head: the plain head with `bias` [V] added to every proposing slot's logits (inside
+    the compiled step); greedy picks, so the decode loop samples each slot from the biased logits."""
+
+    bias: torch.Tensor
+    anchor_predicts = False
+    embed_scale = 1.0
+    walks = False
+
+    def outputs(self, rows: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = logits + self.bias
+        return logits.argmax(dim=-1), logits
+
+    def pick(self, anchor, outputs, *, temperature=0.0, generator=None):
+        ids, logits = outputs
+        return ids, logits, None
+
+
+def first_proposals(draft, target, prompt: list[int], *, room: int = 32):
+    """-> (ids [P], logits [P, V]) the draft proposes for its first block after `prompt` (anchor: token 9)."""
+    target.set_capture(draft.target_layer_ids)
+    target.reset(room, draft.block_size)
+    _, features = target.forward(torch.tensor(prompt), 0)
+    draft.reset(room, draft.block_size)
+    draft.add_context(features, 0)
+    return draft.propose(9, len(prompt), embed=target.embed, lm_head=target.lm_head)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from dflash_convert.format.kinds.base import ConfigKey, Tensor
 from dflash_convert.format.kinds.dflash import DFlash
 from dflash_runtime import heads, load_draft, load_target, speculative_generate, target_generate
 from factories import assert_bit_identical, assert_hf_round_trip_is_bit_exact, read_config, tensors_of
-from runtime_helpers import assert_decode_alike
+from runtime_helpers import BiasedHead, assert_decode_alike, first_proposals
 
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 FAVOURITE = 7  # the token the bias pushes
@@ -42,27 +41,9 @@ class DFlashX(DFlash):
     legacy_block_writer = False
 
 
-@dataclass
-class BiasHead:
-    """The runtime side: the plain head with scale x logit_bias added to the proposing slots' logits."""
-
-    bias: torch.Tensor  # [V]
-    anchor_predicts = False
-    embed_scale = 1.0
-    walks = False
-
-    def outputs(self, rows: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = logits + self.bias
-        return logits.argmax(dim=-1), logits
-
-    def pick(self, anchor, outputs, *, temperature=0.0, generator=None):
-        ids, logits = outputs
-        return ids, logits, None
-
-
-def load_bias_head(draft) -> BiasHead:
+def load_bias_head(draft) -> BiasedHead:
     scale = float(draft.spec.variant_fields["logit_bias_scale"])
-    return BiasHead(scale * draft.tensors[catalogue.name("logit_bias")].float())
+    return BiasedHead(scale * draft.tensors[catalogue.name("logit_bias")].float())
 
 
 @pytest.fixture
@@ -147,14 +128,9 @@ def test_the_runtime_runs_the_kind(dflashx, pair_target, tmp_path):
     scale its head decides every proposal, and greedy output is still the target's own."""
     assert_decode_alike(load_draft(PAIR / "draft"), load_draft(make_dflashx(tmp_path / "zero", 0.0)), pair_target)
     draft = load_draft(make_dflashx(tmp_path / "big", 1e4))
-    assert isinstance(draft.head, BiasHead)
+    assert isinstance(draft.head, BiasedHead)
     prompt = [5, 6, 7, 8]
-    pair_target.set_capture(draft.target_layer_ids)
-    pair_target.reset(32, draft.block_size)
-    _, features = pair_target.forward(torch.tensor(prompt), 0)
-    draft.reset(32, draft.block_size)
-    draft.add_context(features, 0)
-    ids, _ = draft.propose(9, len(prompt), embed=pair_target.embed, lm_head=pair_target.lm_head)
+    ids, _ = first_proposals(draft, pair_target, prompt)
     assert ids.tolist() == [FAVOURITE] * draft.proposals()
     out = speculative_generate(draft, pair_target, prompt, max_new_tokens=24)
     assert out.tokens == target_generate(pair_target, prompt, max_new_tokens=24).tokens

@@ -6,35 +6,16 @@ decode loop runs it, with no other runtime module knowing of it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from dflash_runtime import heads, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import assert_decode_alike
+from runtime_helpers import BiasedHead, assert_decode_alike, first_proposals
 
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 FAVOURITE = 7  # the token the biased head pushes
-
-
-@dataclass
-class BiasedHead:
-    """The plain head with `bias` [V] added to every proposing slot's logits (inside the compiled step)."""
-
-    bias: torch.Tensor
-    anchor_predicts = False
-    embed_scale = 1.0
-    walks = False  # greedy picks: the decode loop samples each slot from the biased logits
-
-    def outputs(self, rows: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = logits + self.bias
-        return logits.argmax(dim=-1), logits
-
-    def pick(self, anchor, outputs, *, temperature=0.0, generator=None):
-        ids, logits = outputs
-        return ids, logits, None
 
 
 def biased_kind(strength: float) -> heads.Kind:
@@ -66,12 +47,7 @@ def test_the_registered_kind_decides_the_proposals(pair_target, monkeypatch):
     monkeypatch.setitem(heads.KINDS, "dflash", biased_kind(1e4))
     draft = load_draft(PAIR / "draft")
     prompt = [5, 6, 7, 8]
-    pair_target.set_capture(draft.target_layer_ids)
-    pair_target.reset(32, draft.block_size)
-    _, features = pair_target.forward(torch.tensor(prompt), 0)
-    draft.reset(32, draft.block_size)
-    draft.add_context(features, 0)
-    ids, logits = draft.propose(9, len(prompt), embed=pair_target.embed, lm_head=pair_target.lm_head)
+    ids, logits = first_proposals(draft, pair_target, prompt)
     assert ids.tolist() == [FAVOURITE] * draft.proposals() and (logits.argmax(-1) == FAVOURITE).all()
     out = speculative_generate(draft, pair_target, prompt, max_new_tokens=24)
     assert out.tokens == target_generate(pair_target, prompt, max_new_tokens=24).tokens
