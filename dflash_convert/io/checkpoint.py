@@ -72,14 +72,7 @@ class Checkpoint:
 
     def quantized_modules(self) -> list[quantization.QuantizedModule]:
         """The modules the config quantizes, their stored tensors checked against it (format/quantization.py)."""
-        q = self.quantization
-        if q is None:
-            return []
-        have = {n: (i.shape, i.dtype) for n, i in self.tensors.items()}
-        try:
-            return quantization.quantized_modules(q, have, lambda n: self.int_values(n).tolist())
-        except DFlashError as exc:
-            raise DFlashError(str(exc), file=self.weight_files[0] if self.weight_files else self.path) from None
+        return [] if self.quantization is None else self._against_config(quantization.quantized_modules)
 
     @cached_property
     def quantized_names(self) -> frozenset[str]:
@@ -90,10 +83,15 @@ class Checkpoint:
     def logical_shapes(self) -> dict[str, tuple]:
         """Name -> shape of the unquantized tensors the stored ones stand for (format/quantization.py): what the
         tensor catalogue checks. A quantization tensor that disagrees with the config raises, naming it."""
+        return self._against_config(quantization.logical_shapes)
+
+    def _against_config(self, read):
+        """`read(quantization, stored name -> (shape, dtype), int values of a tensor)`, where a stored tensor that
+        disagrees with the config is an error of the weights file (a bad quantization_config is config.json's)."""
+        q = self.quantization
         have = {n: (i.shape, i.dtype) for n, i in self.tensors.items()}
-        q = self.quantization  # a bad quantization_config names config.json, not the weights
         try:
-            return quantization.logical_shapes(q, have, lambda n: self.int_values(n).tolist())
+            return read(q, have, lambda n: self.int_values(n).tolist())
         except DFlashError as exc:
             raise DFlashError(str(exc), file=self.weight_files[0] if self.weight_files else self.path) from None
 
