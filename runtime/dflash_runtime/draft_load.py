@@ -17,7 +17,7 @@ from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from . import heads
 from .attention import select_backend
 from .draft import DFlashDraft
-from .quantized import dequantized_weights
+from .quantized import dequantizers
 from .rope import SUPPORTED_ROPE, rope_kind
 
 
@@ -69,9 +69,9 @@ def load_draft(source: str | Path | Checkpoint, *, device="cpu", dtype: torch.dt
     name = select_backend(backend, layer_causal, sliding, device, dtype)
     ckpt.check_tensors(spec)
     tensors: dict[str, torch.Tensor] = {}
-    dequantized = dequantized_weights(ckpt, str(device))  # a quantized draft: compressed-tensors decompresses
+    dequantized = dequantizers(ckpt, str(device))  # a quantized draft: compressed-tensors decompresses
     for tensor in catalogue.expected_shapes(spec):
-        t = dequantized.pop(tensor) if tensor in dequantized else ckpt.load_tensor(tensor, str(device))
+        t = dequantized[tensor]() if tensor in dequantized else ckpt.load_tensor(tensor, str(device))
         tensors[tensor] = t.to(dtype) if t.is_floating_point() else t  # d2t stays integer
     if spec.is_pruned_vocab:
         ckpt.d2t_target_ids()  # raises on ids outside the target vocab or repeated

@@ -10,6 +10,9 @@ the equivalent compressed-tensors scheme.
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 
 from dflash_convert.errors import NotRunnable
@@ -30,10 +33,9 @@ def library_scheme(q: quantization.Quantization, group: str):
     return scheme
 
 
-def dequantized_weights(ckpt: Checkpoint, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """`M.weight` -> the dequantized weight of every quantized module (in its scale's dtype), via the library."""
-    from compressed_tensors.compressors import BaseCompressor
-
+def dequantizers(ckpt: Checkpoint, device: str = "cpu") -> dict[str, Callable[[], torch.Tensor]]:
+    """`M.weight` -> a function giving the dequantized weight of quantized module M (in its scale's dtype), via the
+    library: called one module at a time as the draft loads, so only one float copy is transient at once."""
     q = ckpt.quantization
     if q is None:
         return {}
@@ -41,10 +43,12 @@ def dequantized_weights(ckpt: Checkpoint, device: str = "cpu") -> dict[str, torc
         raise NotRunnable(f"field `{quantization.CONFIG_KEY}.kv_cache_scheme`: the runtime computes the draft's "
                           "kv cache unquantized, so it cannot run this draft as served", file=ckpt.config_file)
     schemes = {s.group: library_scheme(q, s.group) for s in q.schemes}
-    weights = {}
-    for module in ckpt.quantized_modules():
+
+    def dequantize(module: quantization.QuantizedModule) -> torch.Tensor:
+        from compressed_tensors.compressors import BaseCompressor
+
         scheme = schemes[module.scheme.group]
         state = {suffix: ckpt.load_tensor(name, device) for suffix, name in module.tensors.items()}
-        compressor = BaseCompressor.get_value_from_registry(scheme.format)
-        weights[f"{module.module}.weight"] = compressor.decompress(state, scheme)["weight"]
-    return weights
+        return BaseCompressor.get_value_from_registry(scheme.format).decompress(state, scheme)["weight"]
+
+    return {f"{m.module}.weight": functools.partial(dequantize, m) for m in ckpt.quantized_modules()}
