@@ -21,7 +21,8 @@ from typing import Any
 
 from dflash_convert.io.reading import read_json
 
-from dflash_convert.io.checkpoint import weight_headers
+from dflash_convert.format import catalogue, quantization
+from dflash_convert.io.checkpoint import Checkpoint, weight_headers
 from dflash_convert.format.dtypes import DTYPES, code_for_name, compute_name
 from dflash_convert.format.mapping import TargetInfo, target_info
 from dflash_convert.io.safetensors import TensorInfo
@@ -59,6 +60,12 @@ def stored_dtype(tensors: dict[str, TensorInfo]) -> str | None:
         if t.dtype in DTYPES and DTYPES[t.dtype].is_float:
             by[t.dtype] = by.get(t.dtype, 0) + t.nbytes
     return compute_name(max(by, key=by.get)) if by else None
+
+
+def draft_tensors(ckpt: Checkpoint) -> list[TensorInfo]:
+    """The draft's tensors as the runtime holds them: a quantized module's weight as its dequantized float."""
+    return quantization.memory_plan_tensors(ckpt.quantized_modules(), ckpt.tensors,
+                                            catalogue.expected_shapes(ckpt.spec))
 
 
 def bytes_at(tensors, dtype: str) -> int:

@@ -9,7 +9,6 @@ import warnings
 from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, NotRunnable
-from dflash_convert.format import catalogue, quantization
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.validate import memory
 from dflash_convert.validate.static import Check, make_check
@@ -147,9 +146,7 @@ def _recheck_in_float32(ckpt: Checkpoint, agreement: list[Check], names: list[st
 
     from dflash_runtime.draft_load import load_draft
 
-    infos = quantization.memory_plan_tensors(ckpt.quantized_modules(), ckpt.tensors,
-                                             catalogue.expected_shapes(ckpt.spec))
-    needed, free = memory.bytes_at(infos, "float32"), memory.device_available(device)
+    needed, free = memory.bytes_at(memory.draft_tensors(ckpt), "float32"), memory.device_available(device)
     if free is not None and needed > free:  # a verdict either way would be a guess
         raise DFlashError(f"{_names(agreement)}: over the low-precision tolerance, and the float32 re-check "
                           f"that tells rounding from a wrong kernel needs {needed / 2**30:.1f} GiB on {device}, "

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 
 from dflash_convert import __version__
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import catalogue, engine_views, engines, quantization, serving
+from dflash_convert.format import engine_views, engines, serving
 from dflash_convert.io.checkpoint import Checkpoint, open_checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate import memory
@@ -348,8 +348,7 @@ def _resources(prep: Prepared, found: Found) -> Iterator[None]:
 
 def _memory_plan(prep: Prepared, found: Found) -> memory.MemoryPlan:
     opts, spec, e2e, res = prep.opts, prep.ckpt.spec, _end_to_end_runs(prep, found), found.resources
-    draft_tensors = quantization.memory_plan_tensors(prep.ckpt.quantized_modules(), prep.ckpt.tensors,
-                                                     catalogue.expected_shapes(spec))  # quantized: as dequantized
+    draft_tensors = memory.draft_tensors(prep.ckpt)  # quantized: as dequantized
     block = max(prep.blocks)
     ids = prep.prompts.ids if prep.prompts is not None else None
     sequence = (max(map(len, ids)) if ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
