@@ -25,7 +25,7 @@ def _engine_check(row: QuantizedServing, q: quantization.Quantization, modules, 
     if q.method not in row.methods:
         return make_check(name, False, f"{who} does not apply quant_method {q.method!r}: it loads the stored "
                           "values without their scales (wrong drafts)", value=q.method, bad="warn")
-    fc = next((m for m in modules if m.module == "fc"), None)
+    fc = next((m for m in modules if f"{m.module}.weight" == catalogue.name("fc")), None)
     if fc is not None and not row.fc_quantized:
         return make_check(name, False, f"{who} builds `fc` as a plain nn.Linear: the quantized fc's scales are "
                           "ignored (pack-quantized: fc.weight is never loaded), so the drafts are wrong; keep fc "
@@ -70,8 +70,9 @@ def quantized_checks(ckpt: Checkpoint) -> list[Check]:
         return [make_check("quantization", False, str(exc))]
     checks = [make_check("quantization", True, "; ".join(quantization.summary(q, modules)),
                          value=[s.label for s in q.schemes])]
-    layer_modules = [n.removesuffix(".weight") for n in catalogue_shapes(ckpt) if n.startswith("layers.")
-                     and n.endswith("_proj.weight")]
+    # the decoder layers' linear modules: the catalogue's per-layer matrices
+    layer_modules = [n.removesuffix(".weight") for n, shape in catalogue_shapes(ckpt).items()
+                     if len(shape) == 2 and (rule := catalogue.rule_for(n)) is not None and rule.per_layer]
     return checks + [_engine_check(row, q, modules, layer_modules) for row in QUANTIZED_SERVING]
 
 
