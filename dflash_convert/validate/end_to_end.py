@@ -22,7 +22,7 @@ from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts,
                                             PromptSetAcceptance, PromptStats, SamplingUsed, StepDecisions,
                                             SyntheticAcceptance)
 from dflash_convert.validate.sampling import runtime_sampling
-from dflash_convert.validate.engine.served import TIE_ULPS, Parting
+from dflash_convert.validate.partings import PathParting
 from dflash_runtime.metrics import DecodeStats
 
 BASELINE_PROMPTS = 4  # prompts also decoded target-only (speedup, direct comparison)
@@ -94,10 +94,12 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
         raise MeasuredSoFar(checks + [_partial_check(finished, len(prompt_ids), block, slots)]) from None
     whole = DecodeStats.merge([r.stats for r in runs])
     if sampling.temperature == 0:
-        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], penalties=decoding.penalties)
+        same = _greedy_check(checks, target, prompt_ids, runs, rounds[0][0], penalties=decoding.penalties,
+                             proposals=slots, max_new_tokens=opts.max_new_tokens)
     else:  # samples cannot be compared token by token: the decode loop's exactness is checked greedily
         same = None
         _greedy_check(checks, target, prompt_ids[:base_n], *_greedy_pass(decode, prompt_ids[:base_n], say),
+                      proposals=slots, max_new_tokens=opts.max_new_tokens,
                       sampled_at=sampling.temperature, penalties=decoding.penalties)
     _acceptance_checks(checks, whole, block, opts, slots)
     spec = DecodeStats.merge([g.stats for _, sr in rounds for g in sr])
@@ -368,18 +370,26 @@ def _greedy_pass(decode: Decode, prompts: list[list[int]], say) -> tuple[list, l
         return ([decode.speculative(p, **greedy) for p in prompts], [decode.target_only(p, **greedy) for p in prompts])
 
 
-def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, sampled_at: float | None = None,
-                  penalties=None) -> list[bool]:
+def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, proposals: int, max_new_tokens: int,
+                  sampled_at: float | None = None, penalties=None) -> list[bool]:
     """Appends greedy_output_equal; returns, per prompt, whether its output is the target's greedy output.
     `sampled_at`: the run samples at this temperature and `runs` are a greedy pass made for this check.
-    A token that is not the target's argmax passes as a near-tie when its logit is within served.Parting's
-    few units in the last place of the target's dtype (the batched verify and sequential decoding round
-    differently, and either token is then the target's choice); any other one fails."""
+    A token that is not the target's greedy choice passes as a near-tie when the target's own verify block puts
+    it there (validate.partings: the gap within the noise measured between the target's two paths); any other one
+    fails. Where the two paths disagree beyond rounding, no verdict: DFlashError (exit 1)."""
     dtype = str(target.dtype).removeprefix("torch.")
-    partings = [_partings(target, p, r.tokens, baselines[i].tokens if i < len(baselines) else None, dtype, penalties)
+    partings = [_partings(target, p, r, baselines[i].tokens if i < len(baselines) else None, dtype, penalties,
+                          proposals=proposals, max_new_tokens=max_new_tokens)
                 for i, (p, r) in enumerate(zip(prompt_ids, runs))]
     real = [(i, x) for i, found in enumerate(partings) for x in found if not x.near_tie]
     ties = [(i, x) for i, found in enumerate(partings) for x in found if x.near_tie]
+    beyond = next(((i, x) for i, x in real if x.beyond_rounding), None)
+    if beyond is not None:
+        i, x = beyond
+        raise DFlashError(f"cannot judge greedy_output_equal: at prompt {i + 1}, token {x.at + 1}, {x.describe()}: "
+                          "the target's verify block and its one-token decode disagree by more than rounding, so "
+                          "this runtime does not run this target exactly on this device and dtype (try --dtype "
+                          "float32 or another --device)")
     equal = sum(not found for found in partings)
     n = len(runs)
     if not real and not ties:
@@ -389,12 +399,12 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, s
     elif not real:
         msg = (f"speculative output is the target's greedy output on {equal}/{n} prompts; the other {n - equal} "
                "part from it only at near-ties: " + " | ".join(
-                   f"prompt {i + 1}, token {x.at + 1}: {_describe(x)}" for i, x in ties[:3])
+                   f"prompt {i + 1}, token {x.at + 1}: {x.describe()}" for i, x in ties[:3])
                + (f" (+{len(ties) - 3} more)" if len(ties) > 3 else ""))
     else:
         i, x = real[0]
         msg = (f"prompt {i + 1}: token {x.at + 1} of the speculative output is not the target's greedy choice "
-               f"({_describe(x)}; {equal}/{n} prompts equal)")
+               f"({x.describe()}; {equal}/{n} prompts equal)")
     if sampled_at is not None:
         msg += (f" (a greedy pass made for this check: the run itself samples at temperature {sampled_at}, whose "
                 "outputs cannot be compared token by token)")
@@ -403,42 +413,49 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, s
     return [not found for found in partings]
 
 
-def _describe(x: Parting) -> str:
-    if x.taken_logit is None or x.other_logit is None:
-        return f"the target's greedy output has {x.taken}, the speculative one {x.other}"
-    verdict = (f"a near-tie, within {TIE_ULPS} {x.dtype} ulps = {x.tolerance:.3g}: numerics, not the draft"
-               if x.near_tie else "not a near-tie")
-    return (f"the target's choice {x.taken}, the speculative output's {x.other}; logits "
-            f"{x.taken_logit:.4g} and {x.other_logit:.4g}, {verdict}")
-
-
-def _partings(target, prompt: list[int], tokens: list[int], baseline: list[int] | None, dtype: str,
-              penalties=None) -> list[Parting]:
-    """Where the speculative `tokens` are not the target's greedy output, each with the target's logits of the
-    two tokens: every token that is not the target's argmax given everything before it (one
-    teacher-forced target pass; the run's penalties applied to each row as vLLM counts them), else the first
-    token where target-only decoding (`baseline`) took another."""
+def _partings(target, prompt: list[int], run, baseline: list[int] | None, dtype: str, penalties=None, *,
+              proposals: int, max_new_tokens: int) -> list[PathParting]:
+    """Where the speculative generation `run` is not the target's greedy output, each with the two tokens' logits
+    in the target's one-token decode and in its verify blocks (dflash_runtime.paths, the run's penalties applied as
+    vLLM counts them). One teacher-forced target pass finds the suspects cheaply; a prompt with any (or whose
+    target-only decoding `baseline` took another token) is recomputed both ways, and the one-token decode is the
+    reference."""
     import torch
+    from dflash_runtime.paths import one_token_logits, verify_logits
     from dflash_runtime.sampling import penalize
 
+    tokens = run.tokens
     target.set_capture([])
     target.reset()
     ids = torch.tensor(prompt + tokens, dtype=torch.long)
     logits, _ = target.forward(ids, 0)  # [P+N, V]
     rows = penalize(logits[len(prompt) - 1:-1], penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
     target.reset()
-    greedy = rows.argmax(dim=-1).tolist()  # the target's choice for each new token
+    suspects = any(t != g for t, g in zip(tokens, rows.argmax(dim=-1).tolist()))
+    if not suspects and (baseline is None or baseline == tokens):
+        return []
+    one = one_token_logits(target, prompt, tokens, max_new_tokens=max_new_tokens, penalties=penalties)  # [N, V]
+    greedy = one.argmax(dim=-1).tolist()
+    found = [k for k, (t, g) in enumerate(zip(tokens, greedy)) if t != g]
+    if not found:
+        if baseline is None or baseline == tokens:
+            return []
+        k = first_difference(tokens, baseline)  # the one-token decode agrees, target-only decoding did not
+        return [PathParting(k, baseline[k] if k < len(baseline) else None, tokens[k] if k < len(tokens) else None,
+                            dtype)]
+    try:
+        verify = verify_logits(target, prompt, tokens, run.accepted_per_step, proposals=proposals,
+                               max_new_tokens=max_new_tokens, penalties=penalties)  # [N, V]
+    except ValueError:  # steps not recorded as the tokens need (a truncated run): judged without the verify path
+        verify = None
 
-    def at(k: int, taken: int | None) -> Parting:
-        if taken is None or k >= len(tokens):
-            return Parting(k, taken, tokens[k] if k < len(tokens) else None, dtype)
-        return Parting(k, taken, tokens[k], dtype, float(rows[k, taken]), float(rows[k, tokens[k]]))
+    def at(k: int) -> PathParting:
+        taken, other = greedy[k], tokens[k]
+        both = {} if verify is None else dict(verify_taken=float(verify[k, taken]),
+                                              verify_other=float(verify[k, other]))
+        return PathParting(k, taken, other, dtype, float(one[k, taken]), float(one[k, other]), **both)
 
-    found = [at(k, g) for k, (t, g) in enumerate(zip(tokens, greedy)) if t != g]
-    if not found and baseline is not None and baseline != tokens:
-        k = first_difference(tokens, baseline)
-        found = [at(k, baseline[k] if k < len(baseline) else None)]
-    return found
+    return [at(k) for k in found]
 
 
 def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions,

@@ -100,39 +100,90 @@ def test_memory_plan_keeps_integer_tensors_at_their_width(speculators_drafts):
     assert bytes_at(list(tensors.values()), "bfloat16") == bytes_at(floats, "bfloat16") + sum(t.nbytes for t in ints)
 
 
-class _LogitsTarget:
-    """A target whose teacher-forced pass returns fixed logits [P+N, V] (bf16 values, as a bf16 target gives)."""
+class _PathsTarget:
+    """A target of scripted logits: row k (the logits after prompt + tokens[:k]) is `block[k]` when it is a row of a
+    verify block (two or more tokens after the prompt), else `one[k]` (one token at a time, a prefill, and the
+    teacher-forced pass over the prompt and output, which finds the suspects). bf16 values, as a bf16 target
+    gives."""
 
     dtype = torch.bfloat16
+    device = torch.device("cpu")
 
-    def __init__(self, logits: torch.Tensor):
-        self.logits = logits.to(torch.bfloat16).float()
+    def __init__(self, prompt_len: int, one: torch.Tensor, block: torch.Tensor):
+        self.p = prompt_len
+        self.one, self.block = one.to(torch.bfloat16).float(), block.to(torch.bfloat16).float()
+        self.length = 0
 
     def set_capture(self, ids):
         pass
 
-    def reset(self):
-        pass
+    def reset(self, max_len=None, block_size=None):
+        self.length = 0
 
-    def forward(self, ids, start):
-        return self.logits[:len(ids)], None
+    def crop(self, length):
+        self.length = min(self.length, length)
+
+    def forward(self, ids, start, *, last_logits_only=False):
+        assert start == self.length
+        n = len(ids)
+        self.length += n
+        def row(i: int) -> torch.Tensor:  # after the token at start + i
+            k = start + i - self.p + 1
+            if not 0 <= k < len(self.one):
+                return torch.zeros(V)
+            return (self.block if n > 1 and start > 0 else self.one)[k]
+
+        rows = torch.stack([row(i) for i in range(n)])
+        return (rows[-1:] if last_logits_only else rows), None
 
 
-@pytest.mark.parametrize("other_logit,status", [(8.0 - 0.0625, "pass"), (7.5, "fail")])
-def test_greedy_output_equal_passes_a_bf16_near_tie_and_fails_a_real_difference(other_logit, status):
-    """Prompt [1, 2], speculative output [3, 4]; the target's second row prefers 5 at 8.0. Token 4 one bf16 ulp
-    below it (0.0625 at 8) is a near-tie, named as one (the batched verify and sequential decoding round
-    differently); at 7.5 it is a real difference and fails."""
+def _greedy_verdict(one_rows, block_rows):
+    """greedy_output_equal of prompt [1, 2] and a speculative output [3, 4] made by one verify step accepting
+    nothing (token 3 from the prefill, token 4 from the verify block's first row)."""
     from types import SimpleNamespace
 
     from dflash_convert.validate.end_to_end import _greedy_check
 
-    logits = torch.zeros(4, V)
-    logits[1, 3] = 9.0  # after the prompt: token 3
-    logits[2, 5], logits[2, 4] = 8.0, other_logit  # after token 3: 5, the speculative output took 4
     checks = []
-    same = _greedy_check(checks, _LogitsTarget(logits), [[1, 2]], [SimpleNamespace(tokens=[3, 4])], [])
-    check = checks[0]
+    target = _PathsTarget(2, one_rows, block_rows)
+    run = SimpleNamespace(tokens=[3, 4], accepted_per_step=[0])
+    same = _greedy_check(checks, target, [[1, 2]], [run], [], proposals=3, max_new_tokens=2)
+    return checks[0], same
+
+
+def _rows(second: dict[int, float]) -> torch.Tensor:
+    rows = torch.zeros(2, V)
+    rows[0, 3] = 9.0  # after the prompt: token 3
+    for token, logit in second.items():
+        rows[1, token] = logit
+    return rows
+
+
+@pytest.mark.parametrize("verify_4,status", [(8.0 + 0.0625, "pass"), (8.0 - 0.1875, "fail")])
+def test_greedy_output_equal_judges_a_parting_by_the_noise_measured_between_the_target_paths(verify_4, status):
+    """After token 3 the target's one-token decode prefers 5 at 8.0, with token 4 three bf16 ulps below (7.8125; an
+    ulp is 0.0625 at 8): the speculative output took 4. Where the target's own verify block puts 4 on top (8.0625),
+    the paths' rounding chose it: a near-tie, named with both gaps, though wider than a fixed 2 ulps. Where the
+    verify block agrees with the one-token decode (no noise to explain it), the parting fails."""
+    one = _rows({5: 8.0, 4: 8.0 - 0.1875})
+    block = _rows({5: 8.0, 4: verify_4})
+    check, same = _greedy_verdict(one, block)
     assert (check.status, same) == (status, [False]), check.message
-    assert check.value == "0/1" and "token 2" in check.message
-    assert ("near-tie" in check.message and "not a near-tie" not in check.message) == (status == "pass")
+    assert check.value == "0/1" and "token 2" in check.message and "3.0 bfloat16 ulps" in check.message
+    assert ("a near-tie" in check.message and "not a near-tie" not in check.message) == (status == "pass")
+    if status == "pass":
+        assert "the verify block computes them 8 and 8.062" in check.message
+
+
+def test_greedy_output_equal_within_one_ulp_is_a_near_tie_whatever_the_paths():
+    check, _ = _greedy_verdict(_rows({5: 8.0, 4: 8.0 - 0.0625}), _rows({5: 8.0, 4: 8.0 - 0.0625}))
+    assert check.status == "pass" and "a near-tie" in check.message
+
+
+def test_greedy_output_equal_refuses_a_verdict_where_the_target_paths_differ_beyond_rounding():
+    """The verify block moves a logit by 96 ulps (6.0 at 8): not rounding; the tool cannot run this target
+    exactly, and says so (exit 1), neither passing the parting nor blaming the draft."""
+    from dflash_convert.errors import DFlashError
+
+    with pytest.raises(DFlashError, match=r"cannot judge greedy_output_equal: at prompt 1, token 2.*beyond rounding"):
+        _greedy_verdict(_rows({5: 8.0, 4: 7.0}), _rows({5: 2.0, 4: 7.0}))

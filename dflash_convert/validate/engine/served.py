@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
+from dflash_convert.validate.partings import MANTISSA_BITS
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.report import AcceptanceCounts, EngineStats, StepDecisions
 
@@ -54,7 +55,6 @@ TIE_ULPS = 2  # greedy outputs: a token within this many units in the last place
 # greedy counts: a decision within this many ulps of another outcome is a near-tie. More than for the outputs:
 # the draft's logits come through layers whose kernels differ between engines, not from the target's last row.
 ACCEPTANCE_TIE_ULPS = 4
-MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
 
 @dataclass
