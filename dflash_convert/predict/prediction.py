@@ -280,3 +280,38 @@ def markdown_lines(report: PredictionReport) -> list[str]:
 
 def prediction_report_schema() -> dict[str, Any]:
     return PredictionReport.model_json_schema()
+
+
+def verify_compute_note(gpu_: GPU, engine: str, k: int, max_num_seqs: int,
+                        target: ModelFacts | None = None, context: float = 1024) -> tuple[bool, str]:
+    """Whether a full batch's verify, max_num_seqs x (K+1) tokens, is compute-bound on the GPU, and the sentence
+    saying so: with the target's facts, its verify pass as the cost model has it (and the batch where it turns);
+    without, the GPU's ridge point for a dense bf16 target (its FLOPs per weight byte: 2 FLOPs per 2-byte weight
+    per token), which any dense bf16 target crosses at about the same token count."""
+    from dflash_convert.predict.cost import target_pass
+
+    constants = ENGINES.get(engine, ENGINES["vllm"])
+    tokens = max_num_seqs * (k + 1)
+    if target is None:
+        ridge = (gpu_.bf16_tflops * 1e12 * constants.compute_efficiency
+                 / (gpu_.memory_bandwidth_gbps * 1e9 * constants.bandwidth_efficiency))
+        bound = tokens > ridge
+        return bound, (f"{max_num_seqs} sequences x (K {k} + 1) = {tokens} verify tokens per step; on {gpu_.name} a "
+                       f"dense bf16 target's verify turns compute-bound past about {ridge:.0f} tokens per step "
+                       f"(datasheet peak / bandwidth at {engine}'s calibrated efficiencies)"
+                       + (": at a full batch each verify step costs more than reading the weights, so speculation "
+                          "gains less as the batch fills" if bound else ": memory-bound at a full batch")
+                       + "; give --target for the target's own figure (MoE, fp8, KV cache)")
+
+    def compute_bound(seqs: int) -> bool:
+        p = target_pass(target, batch=seqs, tokens_per_seq=k + 1, context=context, gpu=gpu_, constants=constants,
+                        tp=1)
+        return p.compute_s > p.memory_s
+
+    bound = compute_bound(max_num_seqs)
+    turn = next((s for s in (2 ** i for i in range(0, 17)) if compute_bound(s)), None)
+    where = (f"it turns compute-bound at about {turn} sequences ({turn * (k + 1)} tokens)" if turn is not None
+             else "it stays memory-bound (weights, experts or KV cache) up to 65536 sequences")
+    return bound, (f"{max_num_seqs} sequences x (K {k} + 1) = {tokens} verify tokens per step on {gpu_.name} "
+                   f"({engine}, context {context:g}): the target's verify is "
+                   f"{'compute-bound' if bound else 'memory-bound'}; {where}")

@@ -173,3 +173,22 @@ def test_bad_input_is_one_line_and_exit_2(cli, args, words):
     r = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", *args)
     assert r.code == 2, (r.code, r.err)
     assert words in r.err and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, r.err
+
+
+def test_inspect_says_when_a_full_batch_makes_the_verify_compute_bound(cli):
+    launch = ("--engine", "vllm", "--num-speculative-tokens", "15")
+    r = cli("inspect", PAIR / "draft", *launch, "--max-num-seqs", "64", "--gpu", "H100", "--json")
+    assert r.code == 0, r.err  # a warning, not a failed check
+    check = next(c for c in json.loads(r.out)["checks"] if c["name"] == "verify_compute_bound")
+    # H100 SXM: 989 TFLOP/s x 0.6 over 3350 GB/s x 0.9 = 197 tokens; 64 x 16 = 1024 is past it
+    assert check["status"] == "warn" and "1024 verify tokens" in check["message"] and "197 tokens" in check["message"]
+    assert "give --target" in check["message"]
+    few = cli("inspect", PAIR / "draft", *launch, "--max-num-seqs", "4", "--gpu", "H100", "--target",
+              PAIR / "target", "--json")
+    check = next(c for c in json.loads(few.out)["checks"] if c["name"] == "verify_compute_bound")
+    assert check["status"] == "pass" and "memory-bound" in check["message"], check
+    for args, words in ((("--gpu", "H100"), "give --engine, --num-speculative-tokens and --max-num-seqs"),
+                        (("--max-num-seqs", "4", "--target", PAIR / "target"), "--target goes with --gpu"),
+                        (("--max-num-seqs", "4", "--gpu", "nope"), "unknown GPU; known:")):
+        bad = cli("inspect", PAIR / "draft", *launch, *args)
+        assert bad.code == 2 and words in bad.err, bad.err
