@@ -59,8 +59,9 @@ def predict(
     if from_report is not None:
         taus, source = taus_from_report(read_json(from_report, allow_bom=True), str(from_report))
     if tau:
-        taus = {**taus, **parse_taus(tau)}
-        source = source if from_report is None else f"{source}; --tau at K {', '.join(sorted(parse_taus(tau)))}"
+        given = parse_taus(tau)
+        taus = {**taus, **given}
+        source = source if from_report is None else f"{source}; --tau at K {', '.join(map(str, sorted(given)))}"
     if not taus:
         raise UsageError("no tau: give --tau K=TAU[,K=TAU...] or --from-report REPORT")
     try:

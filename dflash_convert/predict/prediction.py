@@ -204,8 +204,7 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
             if best.speedup >= 1.0:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=best.num_speculative_tokens,
-                    speedup=best.speedup, reason=f"K={best.num_speculative_tokens} gives the best predicted "
-                    f"speedup, {best.speedup:.2f}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
+                    speedup=best.speedup, reason=f"the best predicted speedup, {best.speedup:.2f}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
                     launch=launch_line(engine, inputs.target_name, inputs.draft_name, best.num_speculative_tokens,
                                        tp)))
             else:

@@ -159,6 +159,10 @@ def test_the_command_reads_tau_from_a_validate_report(cli, tmp_path):
             report, "--json")
     assert r.code == 0, r.err
     assert json.loads(r.out)["taus"] == {"1": 1.9, "2": 2.7, "3": 3.2}  # K 1, 2 from the rates; 3 as measured
+    both = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", "--gpu", "H200", "--from-report",
+               report, "--tau", "3=3.5", "--json")
+    assert both.code == 0 and json.loads(both.out)["taus"]["3"] == 3.5, both.err  # --tau overrides the report's
+    assert json.loads(both.out)["tau_source"].endswith("--tau at K 3")
 
 
 @pytest.mark.parametrize("args, words", [
