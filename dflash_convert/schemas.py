@@ -18,6 +18,7 @@ def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
     )
 
     from dflash_convert.convert.diff import diff_report_schema
+    from dflash_convert.predict.prediction import prediction_report_schema
     from dflash_convert.validate.report import validation_report_schema
 
     def inspect_report() -> dict[str, Any]:
@@ -33,11 +34,12 @@ def _registry() -> dict[str, Callable[[], dict[str, Any]]]:
         "conversion-record": ConversionRecord.model_json_schema,
         "validation-report": validation_report_schema,
         "diff-report": diff_report_schema,
+        "prediction-report": prediction_report_schema,
     }
 
 
 NAMES = ("speculators-config", "hf-config", "conversion-record", "validation-report", "diff-report",
-         "inspect-report", "transformers-config")
+         "inspect-report", "transformers-config", "prediction-report")
 
 
 def schema(name: str) -> dict[str, Any]:

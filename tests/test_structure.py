@@ -1,5 +1,5 @@
 """The layering the project promises, checked against the folders: errors, format/, io/ (bottom) ->
-dflash_runtime -> convert/, validate/, hub/ -> publish, schemas -> cli; no import runs up a layer or
+dflash_runtime, predict/ -> convert/, validate/, hub/ -> publish, schemas -> cli; no import runs up a layer or
 across the middle one; format knowledge only in the config models and the mapping table; schemas/
 current."""
 
@@ -21,7 +21,7 @@ RUNTIME = ROOT / "runtime" / "dflash_runtime"
 LAYERS = {
     "dflash_convert.errors": 1, "dflash_convert.flags": 1, "dflash_convert.chart": 1, "dflash_convert.format": 1,
     "dflash_convert.io": 1,
-    "dflash_runtime": 2,
+    "dflash_runtime": 2, "dflash_convert.predict": 2,  # predict: configs -> costs; validate, hub and cli ask it
     "dflash_convert.convert": 3, "dflash_convert.validate": 3, "dflash_convert.hub": 3,
     "dflash_convert.publish": 4, "dflash_convert.schemas": 4,
     "dflash_convert.cli": 5, "dflash_convert.__main__": 5, "dflash_convert": 0,  # the root: __version__ only
@@ -122,6 +122,14 @@ def runtime_imports_outside_its_reads() -> list[str]:
 
 def test_the_runtime_imports_only_format_io_and_errors():
     assert runtime_imports_outside_its_reads() == []
+
+
+def test_predict_imports_only_format_io_and_errors():
+    """predict/ shares the runtime's layer so that validate, hub and the cli can all ask it: it reads what the
+    runtime reads and nothing else (not the runtime: a prediction needs no torch)."""
+    found = sorted(f"{path.relative_to(ROOT)} imports {imported}" for path in modules(PKG / "predict")
+                   for imported in imports_of(path) if unit_of(imported) not in (*RUNTIME_READS, "dflash_convert.predict"))
+    assert found == []
 
 
 @pytest.mark.parametrize("line, refused", [

@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dflash_convert.cli import convert, diff, inspect, pull, push, schema, validate
+from dflash_convert.cli import convert, diff, inspect, predict, pull, push, schema, validate
 from dflash_convert.cli._entry import run
 from dflash_convert.cli._help import Command
 from dflash_convert.cli._params import flag
@@ -63,6 +63,7 @@ COMMANDS = (
     ("pull", pull.pull, pull.EXAMPLES),
     ("push", push.push, push.EXAMPLES),
     ("validate", validate.validate, validate.EXAMPLES),
+    ("predict", predict.predict, predict.EXAMPLES),
 )
 for _name, _command, _examples in COMMANDS:
     app.command(_name, cls=Command, epilog=_examples)(_command)  # typer: the function's signature is its flags

@@ -18,8 +18,9 @@ from dflash_convert.validate.options import LEVELS
 
 PARSERS: dict[str, Callable[[Optional[str]], Any]] = {
     "ints": csv(int), "floats": csv(float), "levels": csv(str, LEVELS), "json": json_object, "memory": max_memory,
+    "names": csv(str),
 }
-METAVARS = {"ints": "IDS", "floats": "RATES", "levels": "LEVELS", "json": "JSON", "memory": "BUDGET"}
+METAVARS = {"ints": "IDS", "floats": "RATES", "levels": "LEVELS", "json": "JSON", "memory": "BUDGET", "names": "NAMES"}
 ALIAS = "_alias_"  # the parameter name prefix of a hidden former spelling
 
 

@@ -14,7 +14,9 @@ EXAMPLES = examples(
     "dflash-convert inspect org/draft --revision v1 --json",
     "dflash-convert inspect ./draft --scan --engine sglang",
     "dflash-convert inspect ./draft --engine vllm --num-speculative-tokens 7 --max-num-seqs 256 "
-    "--max-num-batched-tokens 2048")
+    "--max-num-batched-tokens 2048",
+    "dflash-convert inspect ./draft --engine vllm --num-speculative-tokens 15 --max-num-seqs 64 --gpu H100-SXM "
+    "--target Qwen/Qwen3-8B")
 
 
 def inspect(
@@ -33,17 +35,34 @@ def inspect(
         "--max-num-batched-tokens", metavar="T", help="vLLM's max_num_batched_tokens of that launch.")] = None,
     draft_window_size: Annotated[Optional[int], typer.Option(
         "--draft-window-size", metavar="W", help="SGLang's --speculative-draft-window-size of that launch.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", metavar="NAME", help="With --num-speculative-tokens and --max-num-seqs: say whether that launch's "
+        "full batch, S x (K+1) verify tokens, makes the target compute-bound on this GPU (predict's table).")] = None,
+    target: Annotated[Optional[str], typer.Option(
+        "--target", metavar="T", help="With --gpu: the target (directory, config.json or Hub id; only config.json "
+        "is read) for its own figure; without it, a dense bf16 target's.")] = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
     """Show the format, what each engine will apply, the tensors, and every problem found (exit 3 if any fails)."""
-    from dflash_convert.errors import ValidationFailed
+    from dflash_convert.errors import UsageError, ValidationFailed
     from dflash_convert.validate.inspect import inspect_checkpoint
 
     out = Output(as_json, quiet)
     serving = _serving(value(engine), num_speculative_tokens, max_num_seqs, max_num_batched_tokens, draft_window_size)
+    if gpu is not None:
+        from dflash_convert.predict.gpus import gpu as known_gpu
+
+        known_gpu(gpu)  # an unknown name: the usage error listing the known ones, before anything is read
+        if serving is None or max_num_seqs is None:
+            raise UsageError("--gpu checks a launch's full batch: give --engine, --num-speculative-tokens and "
+                             "--max-num-seqs with it")
+    elif target is not None:
+        raise UsageError("--target goes with --gpu (the verify's compute bound on that GPU)")
+    target_config = out.local(target, token=token, config_only=True)[0] if target is not None else None
     local, sha = out.local(path, revision=revision, token=token, allow_pickle=allow_pickle)
-    report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=value(engine), serving=serving)
+    report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=value(engine), serving=serving,
+                                gpu=gpu, target_config=target_config)
     report.revision = sha
     out.result(report.model_dump(mode="json"), render=report.render)
     if not report.ok:

@@ -138,6 +138,20 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, serving: Ca
     return lines
 
 
+def _render_prediction(validation: dict[str, Any], target: str, repo_id: str) -> list[str]:
+    """validate --predict-gpu's prediction, its launch lines naming this repo (not the path validate read)."""
+    from dflash_convert.predict.prediction import PredictionReport, launch_line, markdown_lines
+
+    raw = validation.get("prediction")
+    if not isinstance(raw, dict):
+        return []
+    p = PredictionReport.model_validate(raw)
+    for rec in p.recommendation:
+        if rec.num_speculative_tokens is not None:
+            rec.launch = launch_line(p.engine, target, repo_id, rec.num_speculative_tokens, p.tensor_parallel)
+    return ["### Predicted throughput on GPUs", "", *markdown_lines(p), ""]
+
+
 def _speedup_at(row: dict[str, Any], concurrency: int) -> float | None:
     """A K row's expected speedup at a concurrency: batch 1's, or its `per_concurrency` entry's."""
     if concurrency == 1:
@@ -201,6 +215,7 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
     if validation:
         lines += _render_validation(validation)
         lines += _render_k(validation, target, repo_id, serving)
+        lines += _render_prediction(validation, target, repo_id)
     if record is not None:
         rev = f" at `{record.source_revision}`" if record.source_revision else ""
         lines += ["### Provenance", "",

@@ -154,10 +154,30 @@ def _human(key: str, value: Any) -> str:
     return str(value)
 
 
+def _verify_compute_check(gpu: str, serving: ServingConfig, target_config: Path | None) -> Check:
+    """A warning where the launch's full batch makes the target's verify compute-bound on the GPU."""
+    from dflash_convert.io.reading import read_json
+    from dflash_convert.predict.facts import target_facts
+    from dflash_convert.predict.gpus import gpu as known_gpu
+    from dflash_convert.predict.prediction import verify_compute_note
+
+    target = None
+    if target_config is not None:
+        config = target_config / "config.json" if Path(target_config).is_dir() else Path(target_config)
+        target = target_facts(read_json(config), str(config))
+    bound, message = verify_compute_note(known_gpu(gpu), serving.engine, serving.num_speculative_tokens,
+                                         serving.max_num_seqs, target)
+    return make_check("verify_compute_bound", not bound, message, value=serving.max_num_seqs *
+                      (serving.num_speculative_tokens + 1), level="static", bad="warn")
+
+
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
-                       engine: str | None = None, serving: ServingConfig | None = None) -> InspectReport:
+                       engine: str | None = None, serving: ServingConfig | None = None, gpu: str | None = None,
+                       target_config: Path | None = None) -> InspectReport:
     """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine; `serving`
-    adds the checks of a launch's settings against that engine's rules (format/serving.py)."""
+    adds the checks of a launch's settings against that engine's rules (format/serving.py); `gpu` (with a
+    serving launch's max_num_seqs) whether its full batch's verify is compute-bound there, for the target of
+    `target_config` when given (predict/)."""
     from dflash_convert.validate.quantized_checks import catalogue_shapes
     from dflash_convert.validate.static import checkpoint_checks
 
@@ -180,6 +200,8 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views, asked=engine is not None)
     if serving is not None:
         checks += serving_checks(spec, ckpt.raw_config, serving)
+    if gpu is not None and serving is not None and serving.max_num_seqs is not None:
+        checks.append(_verify_compute_check(gpu, serving, target_config))
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
     return InspectReport(
         path=str(ckpt.path),

@@ -95,6 +95,7 @@ class ValidateOptions(CommandOptions):
         "Engine": ("engine", "engine_python", "engine_args", "engine_timeout", "engine_kv_cache_gib"),
         "Live deployment": ("endpoint", "endpoint_model", "endpoint_key_env", "endpoint_timeout", "concurrency",
                             "baseline_endpoint"),
+        "GPU prediction": ("predict_gpu",),
         "Thresholds": ("min_acceptance_length", "min_position_rates", "min_speedup", "baseline", "max_regression",
                        "require_end_to_end", "compare_to"),
     }
@@ -232,6 +233,17 @@ class ValidateOptions(CommandOptions):
         False, description="Fail (exit 3) when the end-to-end level does not run (no --target, a config-only target, "
         "an earlier level failed): for CI, where a forgotten --target must not pass.")
     allow_pickle: Annotated[bool, Flag("--allow-pickle")] = Field(False, description=VALIDATE_ALLOW_PICKLE_HELP)
+    predict_gpu: Annotated[list[str] | None, Flag("--predict-gpu", parse="names", metavar="NAME[,NAME...]")] = Field(
+        None, description="Predict plain vs speculative tokens/s on these GPUs (dflash-convert predict's table) from "
+        "this run's tau per K and the configs: GPU columns in the K table, a section in the reports and the model "
+        "card with the launch line at the K recommended (engine: --engine, else vllm; concurrency: --concurrency).")
+
+    @field_validator("predict_gpu")
+    @classmethod
+    def _known_gpus(cls, names: list[str] | None) -> list[str] | None:
+        from dflash_convert.predict.gpus import gpu
+
+        return None if names is None else [gpu(n).name for n in names]  # an unknown name: the usage error listing all
 
     def check(self) -> None:
         """Check the options again as they stand: `model_copy(update=...)` and `model_construct` skip pydantic's

@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field, model_validator
 from dflash_runtime import DRAFT_SAMPLING
 
 from dflash_convert.chart import bar, svg_chart, text_chart
+from dflash_convert.predict.prediction import PredictionReport, markdown_lines as prediction_markdown, \
+    text_lines as prediction_text
 from dflash_convert.validate.static import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
 
@@ -395,6 +397,7 @@ class ValidationSummary(BaseModel):
         default_factory=list, description="end to end: one run per K (the report's rows)")
     recommendation: list[KRecommendation] = Field(default_factory=list, description="the K recommended per "
                                                   "concurrency")
+    prediction: PredictionReport | None = Field(None, description="--predict-gpu: the prediction on the GPUs named")
 
 
 class ValidationReport(BaseModel):
@@ -416,6 +419,9 @@ class ValidationReport(BaseModel):
         default_factory=list, description="end to end: one run per K (--num-speculative-tokens; else the one run)")
     recommendation: list[KRecommendation] = Field(
         default_factory=list, description="per concurrency: the K with the best expected speedup")
+    prediction: PredictionReport | None = Field(
+        None, description="--predict-gpu: plain vs speculative tokens/s on each GPU named, from this run's tau per K "
+        "and the configs (dflash-convert predict's model), with its error band")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -452,7 +458,7 @@ class ValidationReport(BaseModel):
                                  endpoint=self.endpoint.model_copy(update={"per_request": []}) if self.endpoint
                                  else None, thresholds=self.thresholds(),
                                  per_num_speculative_tokens=self.per_num_speculative_tokens,
-                                 recommendation=self.recommendation)
+                                 recommendation=self.recommendation, prediction=self.prediction)
 
 
 def validation_report_schema() -> dict[str, Any]:
@@ -532,6 +538,9 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
     if not quiet:
         for line in per_k_lines(report):
             console.print(line, markup=False)
+        if report.prediction is not None:
+            for line in ["", *prediction_text(report.prediction)]:
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
     low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
     if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
         console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
@@ -546,9 +555,10 @@ def per_k_lines(report: ValidationReport) -> list[str]:
     if len(rows) < 2:  # one K: its figures are the acceptance lines above (its costs are in the JSON)
         return []
     served = _served_version(rows)
+    gpus = gpu_columns(report)
     lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} " + (f"{'as vLLM':>7} {'vLLM':>6} " if served else "")
              + f"{'draft ms':>9} {'verify ms':>9} {'target ms':>9} {'expected':>14} {'measured':>8}  "
-             "per-position rates"]
+             + "".join(f"{name[:12]:>12} " for name in gpus) + " per-position rates"]
     for r in rows:
         low, high = r.expected_speedup_range
         lines.append(f"{r.num_speculative_tokens:>3} {r.block_size:>5} {r.acceptance_length:>6.2f} "
@@ -556,7 +566,13 @@ def per_k_lines(report: ValidationReport) -> list[str]:
                         if served else "")
                      + f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
                      f"{r.expected_speedup:>5.2f}x [{low:.2f}-{high:.2f}] {r.measured_speedup:>7.2f}x  "
-                     + _short(r.per_position_rates, 120))
+                     + "".join(f"{_predicted(x.get(r.num_speculative_tokens)):>12} " for x in gpus.values())
+                     + " " + _short(r.per_position_rates, 120))
+    if gpus:
+        p = report.prediction
+        lines.append(f"ms and expected: measured on {report.environment.device} (they do not transfer to a GPU); "
+                     f"{', '.join(gpus)}: the speedup predicted at concurrency {p.recommendation[0].concurrency} by "
+                     f"the cost model from this tau ({p.engine}; {p.error_band.line})")
     for c in sorted({c.concurrency for r in rows for c in r.per_concurrency}):
         at = [(r.num_speculative_tokens, _cost_at(r, c)) for r in rows if _cost_at(r, c) is not None]
         lines.append(f"concurrency {c} (target steps timed at batch {c}; draft: {c} of its batch-1 steps, an upper "
@@ -575,6 +591,23 @@ def per_k_lines(report: ValidationReport) -> list[str]:
                      f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
                      f"{rec.device}, which do not transfer to another device")
     return lines
+
+
+def gpu_columns(report: ValidationReport) -> dict[str, dict[int, float]]:
+    """--predict-gpu: per GPU, the predicted speedup per K at the first concurrency predicted."""
+    p = report.prediction
+    if p is None or not p.predictions:
+        return {}
+    first = p.predictions[0].concurrency
+    out: dict[str, dict[int, float]] = {}
+    for row in p.predictions:
+        if row.concurrency == first:
+            out.setdefault(row.gpu, {})[row.num_speculative_tokens] = row.speedup
+    return out
+
+
+def _predicted(speedup: float | None) -> str:
+    return "-" if speedup is None else f"{speedup:.2f}x"
 
 
 def _cost_at(row: SpeculativeTokensRun, concurrency: int) -> ConcurrencyCost | None:
@@ -753,6 +786,8 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
     if report.endpoint is not None:
         lines += ["```text", *endpoint_lines(report), "```", ""]
     lines += per_k_markdown(report)
+    if report.prediction is not None:
+        lines += ["### Predicted on a GPU", "", *prediction_markdown(report.prediction), ""]
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]

@@ -181,7 +181,7 @@ def _report(prep: Prepared, found: Found, t0: float) -> ValidationReport:
     if found.stats is not None:
         found.stats.prompt_ids_sha256 = prompt_ids_sha256(prep.prompts.ids)
     per_k = [kr.stats for kr in found.per_k]
-    return ValidationReport(
+    report = ValidationReport(
         tool_version=__version__, checkpoint=str(prep.path), checkpoint_format=prep.given.format,
         checkpoint_revision=opts.checkpoint_revision, target=target_name(opts), target_revision=opts.target_revision,
         levels_run=found.levels_run, levels_skipped=found.skipped, checks=found.checks, acceptance=found.stats,
@@ -193,6 +193,22 @@ def _report(prep: Prepared, found: Found, t0: float) -> ValidationReport:
         environment=_environment(opts, found), options=opts.model_dump(mode="json"), incomplete=found.incomplete,
         duration_s=round(time.perf_counter() - t0, 3),
         passed=found.incomplete is None and not any(c.status == "fail" for c in found.checks))
+    if opts.predict_gpu:
+        _gpu_prediction(prep, report)
+    return report
+
+
+def _gpu_prediction(prep: Prepared, report: ValidationReport) -> None:
+    """--predict-gpu: the cost model's prediction from this run's tau per K (a warning where none was measured)."""
+    from dflash_convert.io.reading import read_json
+    from dflash_convert.validate.gpu_prediction import gpu_prediction
+
+    target = prep.target
+    report.prediction, skipped = gpu_prediction(
+        report, prep.opts, target.config if target else None, read_json(target.config) if target else None,
+        prep.ckpt.raw_config, str(prep.ckpt.config_file))
+    if skipped is not None:
+        report.checks.append(skipped)
 
 
 def _run_levels(prep: Prepared, found: Found, duplicates: Check) -> None:

@@ -1,0 +1,75 @@
+"""`predict`: will DFlash pay off on a GPU? Plain vs speculative tokens/s per K and concurrency, from configs."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dflash_convert.cli._output import Output
+from dflash_convert.cli._params import Json, Quiet, Revision, Token, choices, csv, examples, value
+
+EXAMPLES = examples(
+    "dflash-convert predict --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --gpu H100-SXM,H200 "
+    "--tau 7=4.1,15=5.6",
+    "dflash-convert predict --target ./target --draft ./draft --gpu A800 --from-report report.json "
+    "--concurrency 1,8,64 --input-len 2048 --output-len 512 --engine sglang --json")
+
+ServingEngine = choices("ServingEngine", ("vllm", "sglang"))
+
+
+def predict(
+    target: Annotated[str, typer.Option("--target", metavar="T", help="The target: a directory, its config.json or "
+                                        "a Hub id (only config.json is read).")],
+    draft: Annotated[str, typer.Option("--draft", metavar="D", help="The draft, as --target.")],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="NAME[,NAME...]", help="GPUs from the table "
+                                               "(an unknown name lists the known ones).")] = None,
+    gpu_spec: Annotated[Optional[str], typer.Option("--gpu-spec", metavar="SPEC", help="Another GPU: "
+                        "name=X,bw=GB/s,bf16=TFLOP/s[,fp8=TFLOP/s][,mem=GB][,link=GB/s].")] = None,
+    tau: Annotated[Optional[str], typer.Option("--tau", metavar="K=TAU[,K=TAU...]", help="tau (tokens per step) "
+                                               "per num_speculative_tokens K.")] = None,
+    from_report: Annotated[Optional[Path], typer.Option("--from-report", metavar="REPORT", help="tau per K and the "
+                           "per-position rates from a `validate --json` report (--tau adds or overrides K).")] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", metavar="N[,N...]", help="Concurrent "
+                           "sequences (batch sizes); default 1.")] = None,
+    input_len: Annotated[int, typer.Option("--input-len", metavar="L", help="Prompt tokens.")] = 1024,
+    output_len: Annotated[int, typer.Option("--output-len", metavar="O", help="Generated tokens (the mean context "
+                          "is L + O/2).")] = 512,
+    engine: Annotated[ServingEngine, typer.Option("--engine", help="The serving engine whose calibrated constants "
+                      "apply.")] = ServingEngine("vllm"),
+    tp: Annotated[int, typer.Option("--tp", metavar="N", help="Tensor-parallel GPUs.")] = 1,
+    revision: Revision = None,
+    token: Token = None,
+    as_json: Json = False,
+    quiet: Quiet = False,
+) -> None:
+    """Predict plain vs speculative tokens/s per GPU, K and concurrency from the configs alone (no GPU, no
+    weights), recommend a K per concurrency or no speculation, with the model's error band."""
+    from dflash_convert.errors import UsageError
+    from dflash_convert.io.reading import read_json
+    from dflash_convert.predict.gpus import gpu as known_gpu, gpu_from_spec
+    from dflash_convert.predict.prediction import load_inputs, parse_taus, predict as run, taus_from_report
+
+    out = Output(as_json, quiet)
+    gpus = [known_gpu(n) for n in (gpu or "").split(",") if n.strip()]
+    if gpu_spec:
+        gpus.append(gpu_from_spec(gpu_spec))
+    if not gpus:
+        raise UsageError("give --gpu NAME[,NAME...] or --gpu-spec")
+    taus, source = {}, "--tau"
+    if from_report is not None:
+        taus, source = taus_from_report(read_json(from_report, allow_bom=True), str(from_report))
+    if tau:
+        given = parse_taus(tau)
+        taus = {**taus, **given}
+        source = source if from_report is None else f"{source}; --tau at K {', '.join(map(str, sorted(given)))}"
+    if not taus:
+        raise UsageError("no tau: give --tau K=TAU[,K=TAU...] or --from-report REPORT")
+    try:
+        batches = csv(int)(concurrency) or [1]
+    except typer.BadParameter as exc:
+        raise UsageError(f"--concurrency {concurrency}: {exc}") from None
+    t_path, _ = out.local(target, revision=revision, token=token, config_only=True)
+    d_path, _ = out.local(draft, revision=revision, token=token, config_only=True)
+    report = run(load_inputs(t_path, d_path, target, draft), gpus, taus, concurrency=batches, input_len=input_len,
+                 output_len=output_len, engine=value(engine), tp=tp, tau_source=source)
+    out.result(report.model_dump(mode="json"), render=report.render)

@@ -1,0 +1,139 @@
+"""The cost of one decode step on a GPU, plain and speculative, from the models' facts.
+
+A step is one or two passes (the draft's, then the target's verify of K+1 tokens per sequence; a plain step
+is the target's pass over one token per sequence). Each pass reads bytes (weights at their stored width,
+the experts its tokens route to, the KV cache at the context length, linear-attention state, the lm_head)
+and does FLOPs (2 per active weight per token, attention over the context); it takes the longer of
+bytes / effective bandwidth and FLOPs / effective peak, plus its tensor-parallel all-reduces. The step
+adds the engine's fixed cost (scheduling, launches, sampling; the speculative step's rejection and
+bookkeeping on top). The effective rates and fixed costs are an engine's calibrated constants
+(calibration.py), the peaks the GPU table's (gpus.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_convert.predict.facts import ModelFacts
+from dflash_convert.predict.gpus import GPU
+
+ALLREDUCE_LATENCY_S = 8e-6  # one small all-reduce's launch and sync on NVLink-class links (a stated assumption)
+ACTIVATION_BYTES = 2  # bf16 activations crossing an all-reduce
+
+
+@dataclass(frozen=True)
+class EngineConstants:
+    """What an engine reaches of a GPU's datasheet and what a step costs it regardless of size."""
+
+    bandwidth_efficiency: float  # of the datasheet memory bandwidth
+    compute_efficiency: float  # of the datasheet dense peak
+    fixed_step_s: float  # every step: scheduling, launch, sampling
+    speculative_step_s: float  # a speculative step on top: the draft's launch, rejection, bookkeeping
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass: the bytes it reads by term, its FLOPs, its all-reduce time and its resulting time."""
+
+    bytes_by_term: dict[str, float]
+    flops: float
+    allreduce_s: float
+    memory_s: float
+    compute_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.allreduce_s
+
+
+@dataclass(frozen=True)
+class Step:
+    passes: tuple[Pass, ...]
+    fixed_s: float
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.passes) + self.fixed_s
+
+    @property
+    def bound(self) -> str:
+        """Which term the step's time is mostly: compute (a pass over its byte time), a byte term, all-reduce or
+        the engine's fixed cost."""
+        shares: dict[str, float] = {"fixed cost": self.fixed_s}
+        for p in self.passes:
+            shares["all-reduce"] = shares.get("all-reduce", 0.0) + p.allreduce_s
+            if p.compute_s > p.memory_s:
+                shares["compute"] = shares.get("compute", 0.0) + p.compute_s
+                continue
+            total = sum(p.bytes_by_term.values()) or 1.0
+            for term, b in p.bytes_by_term.items():
+                shares[term] = shares.get(term, 0.0) + p.memory_s * b / total
+        return max(shares, key=shares.get)
+
+
+def _pass(bytes_by_term: dict[str, float], flops: float, *, gpu: GPU, compute: str, constants: EngineConstants,
+          tp: int, tokens: int, hidden: int, layers: int) -> Pass:
+    memory_s = sum(bytes_by_term.values()) / tp / (gpu.memory_bandwidth_gbps * 1e9 * constants.bandwidth_efficiency)
+    compute_s = flops / tp / (gpu.peak_tflops(compute) * 1e12 * constants.compute_efficiency)
+    allreduce_s = 0.0
+    if tp > 1:  # two per layer (after attention, after the MLP), a ring's 2 (tp-1)/tp of the message each
+        message = tokens * hidden * ACTIVATION_BYTES
+        allreduce_s = 2 * layers * (ALLREDUCE_LATENCY_S + 2 * (tp - 1) / tp * message / (gpu.link_gbps * 1e9))
+    return Pass(bytes_by_term, flops, allreduce_s, memory_s, compute_s)
+
+
+def attention_context(m: ModelFacts, context: float) -> float:
+    """Positions one token attends over, summed over the layers (sliding layers see at most their window)."""
+    full = m.full_layers - m.sliding_layers
+    return full * context + m.sliding_layers * min(context, m.sliding_window or context)
+
+
+def target_pass(m: ModelFacts, *, batch: int, tokens_per_seq: int, context: float, gpu: GPU,
+                constants: EngineConstants, tp: int) -> Pass:
+    """The target's forward over `tokens_per_seq` tokens of each of `batch` sequences at `context` cached."""
+    n = batch * tokens_per_seq
+    cached = attention_context(m, context)
+    terms = {
+        "weights": m.dense_params * m.weight_bytes,
+        "experts": m.moe_layers * m.distinct_experts(n) * m.expert_params * m.expert_weight_bytes,
+        # the KV cache read once per sequence per step; linear-attention state read, and written per verified
+        # token (the engines keep each position's state so that a rejection can roll back to it)
+        "KV cache": batch * (cached * m.kv_bytes_per_token
+                             + m.linear_layers * m.linear_state_bytes * (1 + tokens_per_seq)),
+        "lm_head": m.vocab * m.hidden * 2.0,  # lm_heads are kept in bf16 by the quantization schemes read here
+    }
+    active = m.dense_params + m.moe_layers * m.top_k * m.expert_params + m.vocab * m.hidden
+    attention = 4 * n * cached * m.heads * m.head_dim
+    return _pass(terms, 2 * n * active + attention, gpu=gpu, compute=m.compute, constants=constants, tp=tp,
+                 tokens=n, hidden=m.hidden, layers=m.layers)
+
+
+def draft_pass(d: ModelFacts, target: ModelFacts, *, batch: int, k: int, tau: float, context: float, gpu: GPU,
+               constants: EngineConstants, tp: int) -> Pass:
+    """The draft's forward over its block of K+1 slots per sequence, its context cache at `context`, the target
+    features of the tau tokens the last step committed, and the logits of its K proposals."""
+    n = batch * (k + 1)
+    rows = d.lm_head_rows or target.vocab
+    terms = {
+        "draft": d.dense_params * d.weight_bytes + rows * target.hidden * 2.0
+        + batch * tau * d.context_features * ACTIVATION_BYTES,
+        "KV cache": batch * attention_context(d, context) * d.kv_bytes_per_token,
+    }
+    flops = (2 * n * d.dense_params + 2 * batch * k * rows * target.hidden
+             + 4 * n * attention_context(d, context) * d.heads * d.head_dim)
+    return _pass(terms, flops, gpu=gpu, compute=d.compute, constants=constants, tp=tp, tokens=n, hidden=d.hidden,
+                 layers=d.layers)
+
+
+def plain_step(m: ModelFacts, *, batch: int, context: float, gpu: GPU, constants: EngineConstants,
+               tp: int = 1) -> Step:
+    return Step((target_pass(m, batch=batch, tokens_per_seq=1, context=context, gpu=gpu, constants=constants,
+                             tp=tp),), constants.fixed_step_s)
+
+
+def speculative_step(m: ModelFacts, d: ModelFacts, *, batch: int, k: int, tau: float, context: float, gpu: GPU,
+                     constants: EngineConstants, tp: int = 1) -> Step:
+    return Step((draft_pass(d, m, batch=batch, k=k, tau=tau, context=context, gpu=gpu, constants=constants, tp=tp),
+                 target_pass(m, batch=batch, tokens_per_seq=k + 1, context=context, gpu=gpu, constants=constants,
+                             tp=tp)),
+                constants.fixed_step_s + constants.speculative_step_s)

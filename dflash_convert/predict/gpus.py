@@ -1,0 +1,95 @@
+"""The GPUs a prediction knows, as data: vendor datasheet figures (dense, no structured sparsity).
+
+Memory bandwidth in GB/s, dense tensor-core peaks in TFLOP/s for bf16 and fp8 (None where the part has
+no fp8 tensor cores: a fp8 model then computes at the bf16 rate), memory in GB, and the per-direction
+GPU-to-GPU bandwidth a tensor-parallel all-reduce crosses (NVLink / Infinity Fabric where the part has it,
+else PCIe). The figures are the vendors' published ones, not measured here; the calibration (calibration.py)
+turns them into what an engine reaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_convert.errors import UsageError
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bandwidth_gbps: float
+    bf16_tflops: float
+    fp8_tflops: float | None
+    memory_gb: float
+    link_gbps: float  # one direction, to the other GPUs of a tensor-parallel group
+
+    def peak_tflops(self, compute: str) -> float:
+        """The dense peak for `compute` ("bf16" or "fp8"); fp8 without fp8 tensor cores runs at the bf16 rate."""
+        return self.fp8_tflops if compute == "fp8" and self.fp8_tflops else self.bf16_tflops
+
+
+# name: bandwidth GB/s, bf16 TFLOP/s, fp8 TFLOP/s, memory GB, link GB/s (one direction). Vendor datasheets:
+# NVIDIA H100/H200/H20/A100/A800/L40S/L4/RTX 4090/RTX PRO 6000 Blackwell/B200/GB200 product pages and
+# datasheets, AMD Instinct MI300X/MI355X datasheets (dense figures: the sparse ones halved).
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    GPU("H100-SXM", 3350, 989, 1979, 80, 450),
+    GPU("H100-PCIe", 2000, 756, 1513, 80, 64),
+    GPU("H200", 4800, 989, 1979, 141, 450),
+    GPU("H20", 4000, 148, 296, 96, 450),
+    GPU("A100-40GB", 1555, 312, None, 40, 300),
+    GPU("A100-80GB", 2039, 312, None, 80, 300),
+    GPU("A800", 2039, 312, None, 80, 200),
+    GPU("L40S", 864, 362, 733, 48, 32),
+    GPU("L4", 300, 121, 242, 24, 32),
+    GPU("RTX-4090", 1008, 165, 330, 24, 32),
+    GPU("RTX-PRO-6000", 1792, 504, 1008, 96, 64),
+    GPU("B200", 8000, 2250, 4500, 180, 900),
+    GPU("GB200", 8000, 2500, 5000, 186, 900),
+    GPU("MI300X", 5300, 1307, 2615, 192, 448),
+    GPU("MI355X", 8000, 2517, 5033, 288, 448),
+)}
+
+# Spellings users type for the same part: case, spaces, underscores and these aliases fold to the table's names.
+ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "H100-SXM5": "H100-SXM", "A100": "A100-80GB",
+           "A800-80GB": "A800", "4090": "RTX-4090", "RTXPRO6000": "RTX-PRO-6000", "RTX-PRO-6000-BLACKWELL":
+           "RTX-PRO-6000", "H200-SXM": "H200", "H20-96GB": "H20"}
+
+
+def _fold(name: str) -> str:
+    return name.strip().upper().replace(" ", "-").replace("_", "-")
+
+
+def gpu(name: str) -> GPU:
+    """The table's GPU for a name as a user writes it; an unknown name is a usage error listing the known ones."""
+    folded = _fold(name)
+    by_folded = {_fold(n): g for n, g in GPUS.items()}
+    found = by_folded.get(folded) or by_folded.get(_fold(ALIASES.get(folded, "")))
+    if found is None:
+        raise UsageError(f"--gpu {name}: unknown GPU; known: {', '.join(GPUS)} (or describe it with --gpu-spec "
+                         "name=...,bw=GB/s,bf16=TFLOP/s[,fp8=TFLOP/s][,mem=GB][,link=GB/s])")
+    return found
+
+
+def gpu_from_spec(text: str) -> GPU:
+    """A GPU described on the command line: `name=X,bw=GB/s,bf16=TFLOP/s[,fp8=..][,mem=GB][,link=GB/s]`."""
+    fields: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--gpu-spec {text}: expected key=value items, got {item!r}")
+        fields[key.strip().lower()] = value.strip()
+    unknown = set(fields) - {"name", "bw", "bf16", "fp8", "mem", "link"}
+    if unknown:
+        raise UsageError(f"--gpu-spec {text}: unknown key {', '.join(sorted(unknown))} (name, bw, bf16, fp8, mem, "
+                         "link)")
+    missing = [k for k in ("bw", "bf16") if k not in fields]
+    if missing:
+        raise UsageError(f"--gpu-spec {text}: {' and '.join(missing)} missing (bw in GB/s, bf16 in TFLOP/s)")
+    try:
+        numbers = {k: float(v) for k, v in fields.items() if k != "name"}
+    except ValueError:
+        raise UsageError(f"--gpu-spec {text}: bw, bf16, fp8, mem and link are numbers") from None
+    if any(v <= 0 for v in numbers.values()):
+        raise UsageError(f"--gpu-spec {text}: every figure must be positive")
+    return GPU(fields.get("name", "custom"), numbers["bw"], numbers["bf16"], numbers.get("fp8"),
+               numbers.get("mem", 0.0), numbers.get("link", 64.0))

@@ -1,0 +1,316 @@
+"""A prediction: plain and speculative tokens/s per GPU, K and concurrency, the K to serve at each concurrency
+(or no speculation, and why), and the model's error band beside it; the report's model and renderings.
+
+Tokens per step: a plain step of a batch of B emits B tokens, a speculative one B x tau(K). tau per K is
+given (`--tau`, a validate report's runs per K), or derived from per-position acceptance rates: validate's
+rates are unconditional (rate i = the share of steps whose proposal i+1 was accepted, which under prefix
+acceptance means its first i+1 all were), so tau(K) = 1 + sum of the first K rates, for K up to the
+positions measured. (From conditional rates p_i it is 1 + sum over i < K of p_1 ... p_i, the same number.)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from dflash_convert.errors import UsageError
+from dflash_convert.predict.calibration import ENGINES, error_band
+from dflash_convert.predict.cost import plain_step, speculative_step
+from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
+from dflash_convert.predict.gpus import GPU
+
+
+def taus_from_rates(rates: list[float]) -> dict[int, float]:
+    """tau(K) for K = 1 .. len(rates) from unconditional per-position acceptance rates."""
+    out, total = {}, 1.0
+    for k, rate in enumerate(rates, start=1):
+        total += rate
+        out[k] = total
+    return out
+
+
+def parse_taus(text: str) -> dict[int, float]:
+    """`K=TAU[,K=TAU...]` -> {K: tau}; a K without a tau, a tau outside [1, K+1] is a usage error."""
+    out: dict[int, float] = {}
+    for item in text.replace(" ", "").split(","):
+        if not item:
+            continue
+        k, sep, tau = item.partition("=")
+        if not sep or not tau:
+            raise UsageError(f"--tau {text}: K {k or '?'} has no tau (write K=TAU, e.g. 7=4.2)")
+        try:
+            kk, tt = int(k), float(tau)
+        except ValueError:
+            raise UsageError(f"--tau {text}: {item!r} is not K=TAU (an integer K, a number tau)") from None
+        if kk < 1:
+            raise UsageError(f"--tau {text}: K must be at least 1, got {kk}")
+        if not 1.0 <= tt <= kk + 1:
+            raise UsageError(f"--tau {text}: tau of K={kk} must be in [1, {kk + 1}] (tokens per step), got {tt:g}")
+        out[kk] = tt
+    if not out:
+        raise UsageError(f"--tau {text}: no K=TAU given")
+    return out
+
+
+def taus_from_report(report: dict[str, Any], file: str) -> tuple[dict[int, float], str]:
+    """tau per K from a validate --json report: its runs per K (their own tau, each K's prefix of the longest
+    run's rates for the K not run), else its one run's rates. Returns the taus and where they came from."""
+    from dflash_convert.errors import DFlashError
+
+    runs = [r for r in report.get("per_num_speculative_tokens") or [] if isinstance(r, dict)]
+    taus: dict[int, float] = {}
+    longest: list[float] = []
+    for r in runs:
+        k, tau, rates = r.get("num_speculative_tokens"), r.get("acceptance_length"), r.get("per_position_rates")
+        counted = r.get("vllm_counting") or {}
+        tau = counted.get("acceptance_length", tau)
+        if isinstance(k, int) and isinstance(tau, (int, float)):
+            taus[k] = float(tau)
+        if isinstance(rates, list) and len(rates) > len(longest):
+            longest = [float(x) for x in rates]
+    acceptance = report.get("acceptance") or {}
+    if not longest and isinstance(acceptance.get("per_position_rates"), list):
+        longest = [float(x) for x in acceptance["per_position_rates"]]
+    derived = {k: t for k, t in taus_from_rates(longest).items() if k not in taus}
+    if not taus and not derived:
+        raise DFlashError("no tau per K in this report: it has neither per_num_speculative_tokens runs nor "
+                          "acceptance.per_position_rates (run validate with --target, end to end)", file=file)
+    source = (f"{file}: measured at K {', '.join(map(str, sorted(taus)))}" if taus else f"{file}") + (
+        f"; derived from its per-position rates at the other K up to {len(longest)}" if derived else "")
+    return {**derived, **taus}, source
+
+
+class PredictionRow(BaseModel):
+    gpu: str
+    num_speculative_tokens: int
+    concurrency: int
+    tau: float
+    baseline_tokens_per_s: float
+    speculative_tokens_per_s: float
+    speedup: float
+    bound: str = Field(description="the term most of the speculative step's time goes to: weights, experts, KV "
+                       "cache, lm_head, draft, compute, all-reduce or fixed cost")
+    baseline_bound: str = Field(description="the same for the plain step")
+
+
+class ConcurrencyRecommendation(BaseModel):
+    gpu: str
+    concurrency: int
+    num_speculative_tokens: int | None = Field(description="the K with the best predicted speedup; None: no "
+                                               "speculation (no K reaches 1.0)")
+    speedup: float = Field(description="that K's predicted speedup (the best one when no K reaches 1.0)")
+    reason: str
+    launch: str | None = Field(None, description="the serving command at that K")
+
+
+class ModelError(BaseModel):
+    median: float = Field(description="median |predicted / measured - 1| over the calibration set's figures")
+    worst: float
+    cases: int
+    directions_right: int = Field(description="calibration cases whose pay-off direction (faster or slower than "
+                                  "no speculation) the model gets right")
+    directions: int
+    line: str
+
+
+class PredictionReport(BaseModel):
+    tool: str = "dflash-convert"
+    target: str
+    draft: str
+    engine: str
+    tensor_parallel: int
+    input_len: int
+    output_len: int
+    context: float = Field(description="the mean context a decode step sees: input_len + output_len / 2")
+    gpus: list[dict[str, Any]] = Field(description="each GPU's datasheet figures as used")
+    taus: dict[int, float] = Field(description="tau per K the prediction used")
+    tau_source: str
+    predictions: list[PredictionRow]
+    recommendation: list[ConcurrencyRecommendation]
+    error_band: ModelError
+    notes: list[str] = Field(default_factory=list)
+
+    def render(self, console: Any, quiet: bool = False) -> None:  # noqa: ARG002 (the table is the result)
+        for line in text_lines(self):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def launch_line(engine: str, target: str, draft: str, k: int, tp: int) -> str:
+    tp_flag = f" --tensor-parallel-size {tp}" if tp > 1 else ""
+    if engine == "sglang":
+        return (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm DFLASH "
+                f"--speculative-draft-model-path {shlex.quote(draft)} --speculative-num-draft-tokens {k + 1}"
+                + (f" --tp-size {tp}" if tp > 1 else ""))
+    config = json.dumps({"method": "dflash", "model": draft, "num_speculative_tokens": k})
+    return f"vllm serve {shlex.quote(target)}{tp_flag} --speculative-config {shlex.quote(config)}"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    target: ModelFacts
+    draft: ModelFacts
+    target_name: str
+    draft_name: str
+
+
+def load_inputs(target: Path, draft: Path, target_name: str, draft_name: str) -> Inputs:
+    """The two models' facts from their config.json (a directory holding it, or the file itself)."""
+    from dflash_convert.io.reading import read_json
+
+    def config(path: Path) -> Path:
+        return path / "config.json" if path.is_dir() else path
+
+    t, d = config(Path(target)), config(Path(draft))
+    target_facts_ = target_facts(read_json(t), str(t))
+    return Inputs(target_facts_, draft_facts(read_json(d), target_facts_, str(d)), target_name, draft_name)
+
+
+def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurrency: list[int], input_len: int,
+            output_len: int, engine: str = "vllm", tp: int = 1, tau_source: str = "--tau") -> PredictionReport:
+    """Every GPU x K x concurrency, the recommendation per GPU and concurrency, and the error band."""
+    if not taus:
+        raise UsageError("no tau: give --tau K=TAU or --from-report REPORT")
+    bad = [b for b in concurrency if b < 1]
+    if bad or not concurrency:
+        raise UsageError(f"--concurrency must be positive integers, got {', '.join(map(str, bad)) or 'none'}")
+    if tp < 1:
+        raise UsageError(f"--tp must be a positive integer, got {tp}")
+    if input_len < 0 or output_len < 0:
+        raise UsageError("--input-len and --output-len must not be negative")
+    constants = ENGINES[engine]
+    context = input_len + output_len / 2
+    rows: list[PredictionRow] = []
+    recommendations: list[ConcurrencyRecommendation] = []
+    for g in gpus:
+        for b in concurrency:
+            plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp)
+            base = b / plain.seconds
+            here = []
+            for k in sorted(taus):
+                spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
+                                        gpu=g, constants=constants, tp=tp)
+                fast = b * taus[k] / spec.seconds
+                row = PredictionRow(gpu=g.name, num_speculative_tokens=k, concurrency=b, tau=round(taus[k], 4),
+                                    baseline_tokens_per_s=round(base, 1), speculative_tokens_per_s=round(fast, 1),
+                                    speedup=round(fast / base, 3), bound=spec.bound, baseline_bound=plain.bound)
+                here.append(row)
+            rows += here
+            best = max(here, key=lambda r: (r.speedup, -r.num_speculative_tokens))
+            if best.speedup >= 1.0:
+                recommendations.append(ConcurrencyRecommendation(
+                    gpu=g.name, concurrency=b, num_speculative_tokens=best.num_speculative_tokens,
+                    speedup=best.speedup, reason=f"the best predicted speedup, {best.speedup:.2f}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
+                    launch=launch_line(engine, inputs.target_name, inputs.draft_name, best.num_speculative_tokens,
+                                       tp)))
+            else:
+                recommendations.append(ConcurrencyRecommendation(
+                    gpu=g.name, concurrency=b, num_speculative_tokens=None, speedup=best.speedup,
+                    reason=f"no K reaches 1.0x; the best, K={best.num_speculative_tokens}, gives "
+                    f"{best.speedup:.2f}x: its step ({best.bound}-bound) costs more than tau {best.tau:.2f} plain "
+                    f"steps ({best.baseline_bound}-bound)"))
+    band = error_band()
+    notes = []
+    if inputs.target.experts:
+        notes.append(f"MoE target: a step of N tokens reads the experts they route to, E (1 - (1 - k/E)^N) per layer "
+                     f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
+                     f"{inputs.target.distinct_experts(1):.0f} at N=1, {inputs.target.distinct_experts(16):.0f} "
+                     "at N=16; real routing is less uniform, so this overstates the experts a verify reads")
+    if inputs.target.linear_layers:
+        notes.append(f"hybrid target: {inputs.target.linear_layers} linear-attention layers, their state read and "
+                     "written per verified token")
+    return PredictionReport(
+        target=inputs.target_name, draft=inputs.draft_name, engine=engine, tensor_parallel=tp, input_len=input_len,
+        output_len=output_len, context=context,
+        gpus=[{"name": g.name, "memory_bandwidth_gbps": g.memory_bandwidth_gbps, "bf16_tflops": g.bf16_tflops,
+               "fp8_tflops": g.fp8_tflops, "memory_gb": g.memory_gb} for g in gpus],
+        taus={k: round(t, 4) for k, t in sorted(taus.items())}, tau_source=tau_source, predictions=rows,
+        recommendation=recommendations,
+        error_band=ModelError(median=round(band.median, 4), worst=round(band.worst, 4), cases=band.cases,
+                              directions_right=band.directions_right, directions=band.directions, line=band.line()),
+        notes=notes)
+
+
+def text_lines(report: PredictionReport) -> list[str]:
+    """The table per GPU, the recommendation per concurrency, the error band beside them."""
+    band = report.error_band
+    head = (f"{'K':>3} {'conc':>5} {'tau':>6} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8}  bound "
+            f"(speculative / plain)")
+    lines = [f"predicted for {report.target} + {report.draft} on {report.engine}"
+             + (f", TP {report.tensor_parallel}" if report.tensor_parallel > 1 else "")
+             + f", context {report.input_len} in + {report.output_len} out (tau: {report.tau_source})",
+             f"datasheet GPU figures, calibrated efficiencies; {band.line}"]
+    for g in report.gpus:
+        lines += ["", f"{g['name']} ({g['memory_bandwidth_gbps']:g} GB/s, {g['bf16_tflops']:g} bf16 TFLOP/s):", head]
+        for r in (r for r in report.predictions if r.gpu == g["name"]):
+            lines.append(f"{r.num_speculative_tokens:>3} {r.concurrency:>5} {r.tau:>6.2f} {r.baseline_tokens_per_s:>12.1f} "
+                         f"{r.speculative_tokens_per_s:>11.1f} {r.speedup:>7.2f}x  {r.bound} / {r.baseline_bound}")
+        for rec in (r for r in report.recommendation if r.gpu == g["name"]):
+            what = f"K={rec.num_speculative_tokens}" if rec.num_speculative_tokens is not None else "no speculation"
+            lines.append(f"  concurrency {rec.concurrency}: {what}: {rec.reason} "
+                         f"(model error: median {band.median:.0%}, worst {band.worst:.0%})")
+            if rec.launch:
+                lines.append(f"    {rec.launch}")
+    lines += [f"note: {n}" for n in report.notes]
+    return lines
+
+
+def markdown_lines(report: PredictionReport) -> list[str]:
+    """The prediction as a Markdown section (validate's report, the model card)."""
+    band = report.error_band
+    lines = [f"Predicted on {', '.join(g['name'] for g in report.gpus)} ({report.engine}, context {report.input_len} "
+             f"in + {report.output_len} out; datasheet figures, calibrated constants; {band.line}):", "",
+             "| GPU | K | concurrency | tau | plain tok/s | speculative tok/s | speedup | bound |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.gpu} | {r.num_speculative_tokens} | {r.concurrency} | {r.tau:.2f} | {r.baseline_tokens_per_s:.1f} "
+              f"| {r.speculative_tokens_per_s:.1f} | {r.speedup:.2f}x | {r.bound} |" for r in report.predictions]
+    lines.append("")
+    for rec in report.recommendation:
+        what = f"K={rec.num_speculative_tokens}" if rec.num_speculative_tokens is not None else "no speculation"
+        lines.append(f"- {rec.gpu}, concurrency {rec.concurrency}: **{what}**: {rec.reason}")
+        if rec.launch:
+            lines += ["", f"  `{rec.launch}`", ""]
+    return lines
+
+
+def prediction_report_schema() -> dict[str, Any]:
+    return PredictionReport.model_json_schema()
+
+
+def verify_compute_note(gpu_: GPU, engine: str, k: int, max_num_seqs: int,
+                        target: ModelFacts | None = None, context: float = 1024) -> tuple[bool, str]:
+    """Whether a full batch's verify, max_num_seqs x (K+1) tokens, is compute-bound on the GPU, and the sentence
+    saying so: with the target's facts, its verify pass as the cost model has it (and the batch where it turns);
+    without, the GPU's ridge point for a dense bf16 target (its FLOPs per weight byte: 2 FLOPs per 2-byte weight
+    per token), which any dense bf16 target crosses at about the same token count."""
+    from dflash_convert.predict.cost import target_pass
+
+    constants = ENGINES.get(engine, ENGINES["vllm"])
+    tokens = max_num_seqs * (k + 1)
+    if target is None:
+        ridge = (gpu_.bf16_tflops * 1e12 * constants.compute_efficiency
+                 / (gpu_.memory_bandwidth_gbps * 1e9 * constants.bandwidth_efficiency))
+        bound = tokens > ridge
+        return bound, (f"{max_num_seqs} sequences x (K {k} + 1) = {tokens} verify tokens per step; on {gpu_.name} a "
+                       f"dense bf16 target's verify turns compute-bound past about {ridge:.0f} tokens per step "
+                       f"(datasheet peak / bandwidth at {engine}'s calibrated efficiencies)"
+                       + (": at a full batch each verify step costs more than reading the weights, so speculation "
+                          "gains less as the batch fills" if bound else ": memory-bound at a full batch")
+                       + "; give --target for the target's own figure (MoE, fp8, KV cache)")
+
+    def compute_bound(seqs: int) -> bool:
+        p = target_pass(target, batch=seqs, tokens_per_seq=k + 1, context=context, gpu=gpu_, constants=constants,
+                        tp=1)
+        return p.compute_s > p.memory_s
+
+    bound = compute_bound(max_num_seqs)
+    turn = next((s for s in (2 ** i for i in range(0, 17)) if compute_bound(s)), None)
+    where = (f"it turns compute-bound at about {turn} sequences ({turn * (k + 1)} tokens)" if turn is not None
+             else "it stays memory-bound (weights, experts or KV cache) up to 65536 sequences")
+    return bound, (f"{max_num_seqs} sequences x (K {k} + 1) = {tokens} verify tokens per step on {gpu_.name} "
+                   f"({engine}, context {context:g}): the target's verify is "
+                   f"{'compute-bound' if bound else 'memory-bound'}; {where}")

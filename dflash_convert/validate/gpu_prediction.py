@@ -1,0 +1,37 @@
+"""--predict-gpu: this run's measured tau per K (and per-position rates) through predict's cost model, for the
+GPUs named; what the K table, the Markdown report and the model card show beside the costs measured here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from dflash_convert.predict.facts import draft_facts, target_facts
+from dflash_convert.predict.gpus import gpu
+from dflash_convert.predict.prediction import Inputs, PredictionReport, predict, taus_from_report
+from dflash_convert.validate.static import Check, make_check
+
+
+def gpu_prediction(report: Any, opts: Any, target_config: Path | None, target_raw: dict[str, Any] | None,
+                   draft_raw: dict[str, Any], draft_file: str) -> tuple[PredictionReport | None, Check | None]:
+    """The prediction for opts.predict_gpu, or None and a warning saying why it could not be made."""
+    if not opts.predict_gpu:
+        return None, None
+    if target_raw is None or not report.per_num_speculative_tokens:
+        return None, make_check("gpu_prediction", False, "--predict-gpu: no prediction, the end-to-end level did not "
+                                "measure tau (it needs --target); dflash-convert predict --tau K=TAU takes one "
+                                "given by hand", level="end_to_end", bad="warn")
+    taus, source = taus_from_report(report.model_dump(mode="json"), "this run")
+    measured = {r.num_speculative_tokens for r in report.per_num_speculative_tokens}
+    if len(measured) > 1:  # the K run, each at its own tau; one run: every K its rates reach, to choose among
+        taus, source = {k: t for k, t in taus.items() if k in measured}, "this run's tau per K"
+    target = target_facts(target_raw, str(target_config))
+    inputs = Inputs(target, draft_facts(draft_raw, target, draft_file), report.target or str(target_config),
+                    report.checkpoint or draft_file)
+    prompts = report.acceptance.per_prompt if report.acceptance is not None else []
+    input_len = round(mean(p.prompt_tokens for p in prompts)) if prompts else 0
+    engine = opts.engine if opts.engine in ("vllm", "sglang") else "vllm"
+    prediction = predict(inputs, [gpu(n) for n in opts.predict_gpu], taus, concurrency=list(opts.concurrency),
+                         input_len=input_len, output_len=opts.max_new_tokens, engine=engine, tau_source=source)
+    return prediction, None
