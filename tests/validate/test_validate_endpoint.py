@@ -54,10 +54,15 @@ def test_per_request_statistics_counted_exactly(server, tmp_path, cli):
     assert sent[0]["temperature"] == 0.0 and "top_p" not in sent[0] and sent[0]["max_tokens"] == 12
 
 
-def test_sglang_shapes_and_chat_prompts(server, tmp_path, cli):
-    """Text prompts go to the chat endpoint; SGLang is asked for its details, and counted from them."""
+@pytest.mark.parametrize("per_choice", [False, True], ids=["object", "list"])
+def test_sglang_shapes_and_chat_prompts(server, tmp_path, cli, per_choice):
+    """Text prompts go to the chat endpoint; SGLang is asked for its details, and counted from them, whether they
+    come as one object or as a list with one entry per choice (the tool asks for one)."""
+    answer = sglang_chat([1, 2, 0, 3], tokens=[5] * 14, draft_tokens=4)
+    if per_choice:
+        answer["sglext"]["spec_tokens_details"] = [answer["sglext"]["spec_tokens_details"]]
     server.answer("/v1/models", Canned(body=models("m", owned_by="sglang")))
-    server.answer("/v1/chat/completions", Canned(body=sglang_chat([1, 2, 0, 3], tokens=[5] * 14, draft_tokens=4)))
+    server.answer("/v1/chat/completions", Canned(body=answer))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--json")
@@ -107,6 +112,33 @@ def test_endpoint_that_does_not_speculate(server, tmp_path, cli, metrics):
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
     assert r.code == 1 and "the endpoint does not speculate" in r.err
     assert _one_error_line(r)
+
+
+def test_counters_with_steps_but_nothing_accepted_are_a_tau_of_one(server, tmp_path, cli):
+    """The counters moved in verify steps and draft tokens, not in accepted tokens: the endpoint speculates and
+    accepted nothing (tau 1.0), which is a figure, not "does not speculate"."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    server.answer("/metrics", Canned(body=prometheus(10, 30, 12, [6, 4, 2], done=5)),
+                  Canned(body=prometheus(16, 48, 12, [6, 4, 2], done=7)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--json")
+    assert r.code == 0, r.err
+    assert r.json()["endpoint"]["counts"] == {"num_drafts": 6, "drafted": 18, "accepted": 0, "acceptance_length": 1.0,
+                                              "per_position_rates": [0.0, 0.0, 0.0]}
+
+
+def test_per_prompt_agreement_compares_accepted_totals_not_only_steps():
+    """A request served in as many verify steps as offline but with another accepted total, every offline decision
+    clear of a tie, is a disagreement naming the prompt; equal steps and totals agree."""
+    from types import SimpleNamespace
+
+    from dflash_convert.validate.endpoint.level import per_prompt_agreement
+    from dflash_convert.validate.report import StepDecisions
+
+    clear = [StepDecisions(accepted=[3, 1, 2], margin=[1.0] * 3, next_margin=[1.0] * 3)]
+    agrees, detail = per_prompt_agreement([SimpleNamespace(steps=3, accepted=5)], clear)
+    assert agrees is False and "prompt 1: served in 3 verify steps with 5 accepted, offline 3 with 6" in detail, detail
+    agrees, detail = per_prompt_agreement([SimpleNamespace(steps=3, accepted=6)], clear)
+    assert agrees is True and "equal on the 1 prompt(s) compared" in detail, detail
 
 
 def test_thresholds_reports_and_exit_3(server, tmp_path, cli):

@@ -561,6 +561,10 @@ def _greedy_agreement(engine_steps, decisions):
     # ... but a clear difference before the tie still fails
     ([[2, 2, 2], [2]], [[(3, 128, 2), (0, 128, 128), (1, 128, 128)], [(2, None, None)]], "fail",
      "prompt 1, verify step 1: vLLM accepted 2 proposal(s), the emulation 3"),
+    # vLLM ran one step where the emulation ran three before a near-tie at its third: the second step, which the
+    # engine never ran, is a difference (not a step past the tie)
+    ([[3], [2]], [[(3, 128, 128), (1, 128, 128), (2, 3, 3)], [(2, 128, 128)]], "fail",
+     "prompt 1, verify step 2: vLLM accepted nothing (it ran fewer steps), the emulation 1"),
     # vLLM ran a step more than the emulation, every decision clear
     ([[3, 1, 1], [2]], [[(3, 128, 128), (1, 128, 128)], [(2, 128, 128)]], "fail",
      "prompt 1: vLLM ran 3 verify steps, the emulation 2"),
