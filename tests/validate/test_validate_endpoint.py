@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from endpoint_server import (Canned, FakeEndpoint, models, plain_completion, prometheus, sequence, sglang_chat,
-                             vllm_completion)
+from endpoint_server import (Canned, FakeEndpoint, RecordingProxy, models, plain_completion, prometheus, sequence,
+                             sglang_chat, vllm_completion)
 
 KEY = "sk-test-never-shown-0123456789"
 
@@ -276,6 +276,64 @@ def test_tls_verified_against_named_bundle(tmp_path, cli, monkeypatch):
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
         r = cli("validate", "--endpoint", url, "--prompts", _ids_prompts(tmp_path, n=1))
         assert r.code == 0, r.err
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+                   "no_proxy")
+
+
+def _proxied(monkeypatch, proxy_url, no_proxy=None):
+    """Every proxy variable set to `proxy_url` (NO_PROXY to `no_proxy`, else unset)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name in PROXY_VARIABLES[:6]:
+        monkeypatch.setenv(name, proxy_url)
+    if no_proxy is not None:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+
+
+def test_proxy_variables_tunnel_https_and_never_see_the_key(server, tmp_path, cli, monkeypatch):
+    """Behind a proxy: an https:// endpoint is reached through a CONNECT tunnel to its host and port (the key inside
+    TLS, never in a byte the proxy reads); NO_PROXY naming the host goes directly; a plain http:// endpoint is
+    reached directly whatever the variables say (a proxy would read its key)."""
+    import ssl
+    import subprocess
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    prompts = _ids_prompts(tmp_path, n=1)
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    with RecordingProxy() as proxy:
+        _proxied(monkeypatch, proxy.url)
+        r = cli("validate", "--endpoint", server.url, "--prompts", prompts)
+        assert r.code == 0, r.err
+        assert proxy.received == [] and server.seen[-1].headers["Authorization"] == f"Bearer {KEY}"
+
+        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        with FakeEndpoint() as tls:
+            tls.answer("/v1/models", Canned(body=models("m")))
+            tls.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+            tls.httpd.socket = context.wrap_socket(tls.httpd.socket, server_side=True)
+            url, port = tls.url.replace("http://", "https://"), tls.httpd.server_address[1]
+            monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 0, r.err
+            assert proxy.heads() and set(proxy.heads()) == {f"CONNECT 127.0.0.1:{port} HTTP/1.1"}
+            assert not any(KEY.encode() in bytes(b) for b in proxy.received)
+            assert tls.seen and all(s.headers["Authorization"] == f"Bearer {KEY}" for s in tls.seen)
+            tunnelled = len(proxy.received)
+            _proxied(monkeypatch, proxy.url, no_proxy=f"localhost,127.0.0.1:{port}")
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 0 and len(proxy.received) == tunnelled, r.err  # directly
+            # a proxy that cannot be reached: one line naming it, never its credentials
+            _proxied(monkeypatch, "http://user:proxy-secret@127.0.0.1:9")
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 1 and "cannot connect (through the proxy 127.0.0.1:9 (from $HTTPS_PROXY))" in r.err
+            assert "proxy-secret" not in r.err and _one_error_line(r)
 
 
 def test_concurrency_in_flight(server, tmp_path, cli):
