@@ -348,6 +348,9 @@ def test_proxy_variables_tunnel_https_and_never_see_the_key(server, tmp_path, cl
             r = cli("validate", "--endpoint", url, "--prompts", prompts)
             assert r.code == 1 and "cannot connect (through the proxy 127.0.0.1:9 (from $HTTPS_PROXY))" in r.err
             assert "proxy-secret" not in r.err and _one_error_line(r)
+            _proxied(monkeypatch, "socks5://127.0.0.1:9")  # not a proxy httpx tunnels without an extra
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 2 and "$HTTPS_PROXY: give an http:// proxy" in r.err, r.err
 
 
 def test_concurrency_in_flight(server, tmp_path, cli):
