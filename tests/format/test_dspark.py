@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from factories import (assert_bit_identical, assert_hf_round_trip_is_bit_exact, copy_with_config, read_config,
                        tensors_of)
+from processes import needs_vllm
 from dflash_convert.format import keys
 
 DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
@@ -249,15 +250,14 @@ print(json.dumps(SpeculatorsConfig.extract_transformers_pre_trained_config(json.
 """
 
 
+@needs_vllm
 @pytest.mark.parametrize("name", ["dspark_plain_conf", "dspark_bonus_anchor", "dspark_pruned"])
 def test_vllm_reads_the_speculators_draft_as_our_hf_config_says(cli, family_drafts, tmp_path, name):
     """vLLM's own speculators reader (SpeculatorsConfig, the installed vLLM) turns the draft's config into the
     HF config it serves; every DSpark key and the layout of our HF output agree with it."""
     import subprocess
 
-    from processes import VLLM_PYTHON, require_vllm
-
-    require_vllm()
+    from processes import VLLM_PYTHON
     hf = tmp_path / "hf"
     assert cli("convert", family_drafts[name], "-o", hf).code == 0
     run = subprocess.run([VLLM_PYTHON, "-c", VLLM_READS, str(family_drafts[name] / "config.json")],
