@@ -7,6 +7,8 @@ bash scripts/setup.sh
 # bundled pair in it and checks its counts against the runtime's emulation
 bash scripts/setup-vllm.sh
 export DFLASH_VLLM_PYTHON="$PWD/build/vllm-venv/bin/python"
+# the real-engine tests must run here: one that finds no vLLM fails instead of skipping (tests/processes.py)
+export DFLASH_REQUIRE_VLLM=1
 . .venv/bin/activate
 export NO_COLOR=1 HF_HUB_DISABLE_XET=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"

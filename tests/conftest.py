@@ -117,6 +117,60 @@ def family_drafts(tmp_path_factory, tiny_target) -> dict[str, Path]:
     return {name: make_speculators_draft(root / name, tiny_target, **kw) for name, kw in shapes.items()}
 
 
+# ----------------------------------------------------------------------------- the real vLLM engine's tests
+# Marked processes.needs_vllm: skipped without a Python that imports vLLM, failed instead under
+# DFLASH_REQUIRE_VLLM=1 (scripts/test.sh sets it, so .ci/run cannot pass without running them), and counted in
+# one line at the end of the run.
+
+REAL_ENGINE = pytest.StashKey[set]()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_vllm: runs the real vLLM engine (a Python with vLLM: "
+                            "DFLASH_VLLM_PYTHON or build/vllm-venv)")
+    config.stash[REAL_ENGINE] = set()
+
+
+def pytest_collection_finish(session):
+    session.config.stash[REAL_ENGINE].update(item.nodeid for item in session.items
+                                             if item.get_closest_marker("needs_vllm"))
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("needs_vllm"):
+        from processes import require_vllm
+
+        require_vllm()
+
+
+def real_engine_summary(stats: dict, marked: set[str]) -> str:
+    """One line: how many marked tests ran (reached their call), passed and failed; how many could not run (an
+    error before the call: under DFLASH_REQUIRE_VLLM=1, no vLLM) and were skipped."""
+    called: dict[str, bool] = {}  # nodeid -> passed (its call and teardown)
+    unrun, skipped = set(), set()
+    for key in ("passed", "failed", "error", "skipped"):
+        for report in stats.get(key, []):
+            nodeid = getattr(report, "nodeid", None)
+            if nodeid not in marked:
+                continue
+            if key == "skipped":
+                skipped.add(nodeid)
+            elif report.when == "call" or (report.when == "teardown" and nodeid in called):
+                called[nodeid] = called.get(nodeid, True) and key == "passed"
+            elif key != "passed":
+                unrun.add(nodeid)
+    passed = sum(called.values())
+    return (f"real vLLM engine tests: {len(called)} ran ({passed} passed, {len(called) - passed} failed), "
+            f"{len(unrun - set(called))} could not run, {len(skipped - set(called))} skipped, of {len(marked)} "
+            "collected")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    marked = config.stash.get(REAL_ENGINE, set())
+    if marked:
+        terminalreporter.write_line(real_engine_summary(terminalreporter.stats, marked))
+
+
 @pytest.fixture(autouse=True)
 def fresh_compile_caches():
     """Each test compiles from scratch: torch.compile's caches are per function and per process, and after

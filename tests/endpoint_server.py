@@ -178,3 +178,74 @@ def sequence(*bodies: Any) -> Callable[[Any], Any]:
 
     return next_body
 
+
+
+class RecordingProxy:
+    """An HTTP proxy on loopback that records every byte it receives from the client (`received`, one bytes per
+    connection): a CONNECT is tunnelled to its host and port (what it reads after that is the TLS stream); any other
+    request is answered 502 and closed (a proxy that would read it). `with RecordingProxy() as proxy:`,
+    `proxy.url`."""
+
+    def __init__(self):
+        import socket
+
+        self.received: list[bytearray] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = threading.Event()
+
+    def __enter__(self) -> "RecordingProxy":
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed.set()
+        self._listener.close()
+
+    def heads(self) -> list[str]:
+        """The first line of each connection's request (e.g. `CONNECT 127.0.0.1:443 HTTP/1.1`)."""
+        return [bytes(r).split(b"\r\n", 1)[0].decode("latin-1") for r in self.received]
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            record = bytearray()
+            self.received.append(record)
+            threading.Thread(target=self._serve, args=(client, record), daemon=True).start()
+
+    def _serve(self, client, record: bytearray) -> None:
+        import socket
+
+        with client:
+            while b"\r\n\r\n" not in record:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return
+                record += chunk
+            method, target = bytes(record).split(b" ", 2)[:2]
+            if method != b"CONNECT":
+                client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                return
+            host, port = target.decode().rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=30) as upstream:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True).start()
+                self._pipe(client, upstream, record)
+
+    @staticmethod
+    def _pipe(src, dst, record: bytearray | None) -> None:
+        try:
+            while chunk := src.recv(65536):
+                if record is not None:
+                    record += chunk
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(2)
+            except OSError:
+                pass

@@ -45,9 +45,9 @@ def _observe(weight: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
     return grouped.amin(dim=-1), grouped.amax(dim=-1)
 
 
-def scheme_for(name: str):
+def scheme_for(name: str, targets: list[str] | None = None):
     preset, group_size = SCHEMES[name]
-    scheme = preset_name_to_scheme(preset, ["Linear"])
+    scheme = preset_name_to_scheme(preset, targets or ["Linear"])
     if group_size is not None:
         scheme.weights.group_size = group_size
     scheme.format = infer_module_format(torch.nn.Linear, scheme).value
@@ -57,23 +57,34 @@ def scheme_for(name: str):
 def quantize_draft(src: Path, dest: Path, name: str, ignore: list[str] = IGNORE) -> Path:
     """A copy of the draft at `src` quantized with scheme `name` (a key of SCHEMES), written to `dest`, the modules
     `ignore` names left in float."""
-    scheme = scheme_for(name)
-    compressor = BaseCompressor.get_value_from_registry(scheme.format)
+    return quantize_draft_groups(src, dest, {"group_0": (name, ["Linear"])}, ignore)
+
+
+def quantize_draft_groups(src: Path, dest: Path, groups: dict[str, tuple[str, list[str]]],
+                          ignore: list[str] = IGNORE) -> Path:
+    """A copy of the draft at `src` with one config group per entry of `groups` (group name -> (a key of SCHEMES,
+    its targets)), each module quantized by the first group that targets it; with groups of different formats the
+    model-level format is `mixed-precision`, as llm-compressor writes it."""
+    schemes = {group: scheme_for(name, targets) for group, (name, targets) in groups.items()}
     tensors = load_file(src / "model.safetensors")
     out: dict[str, torch.Tensor] = {}
-    for module, tensor in match_quantizable_tensors(tensors, ignore=ignore, targets=scheme.targets):
-        weight = tensors.pop(tensor)
-        if weight.ndim != 2:
-            tensors[tensor] = weight
-            continue
-        scale, zero_point = calculate_qparams(*_observe(weight, scheme.weights), scheme.weights)
-        state = {"weight": weight, "weight_scale": scale.to(weight.dtype), "weight_zero_point": zero_point}
-        out.update({f"{module}.{k}": v.contiguous() for k, v in compressor.compress(state, scheme).items()})
+    for scheme in schemes.values():
+        compressor = BaseCompressor.get_value_from_registry(scheme.format)
+        for module, tensor in match_quantizable_tensors(tensors, ignore=ignore, targets=scheme.targets):
+            weight = tensors.pop(tensor)
+            if weight.ndim != 2:
+                tensors[tensor] = weight
+                continue
+            scale, zero_point = calculate_qparams(*_observe(weight, scheme.weights), scheme.weights)
+            state = {"weight": weight, "weight_scale": scale.to(weight.dtype), "weight_zero_point": zero_point}
+            out.update({f"{module}.{k}": v.contiguous() for k, v in compressor.compress(state, scheme).items()})
     out.update(tensors)
     dest.mkdir(parents=True, exist_ok=True)
     save_file(out, dest / "model.safetensors")
     shutil.copy(src / "config.json", dest / "config.json")
-    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=list(ignore), format=scheme.format,
+    formats = {scheme.format for scheme in schemes.values()}
+    config = QuantizationConfig(config_groups=schemes, ignore=list(ignore),
+                                format=formats.pop() if len(formats) == 1 else "mixed-precision",
                                 quantization_status=QuantizationStatus.COMPRESSED)
     ModelCompressor(quantization_config=config).update_config(str(dest))
     return dest

@@ -559,7 +559,8 @@ def _spec_from_transformers(raw: dict, file: str) -> DraftSpec:
     _check_transformers_copies(raw, filled, file)
     if "rope_parameters" not in raw and ("rope_theta" in raw or "rope_scaling" in raw):
         del filled["rope_parameters"]  # legacy keys: transformers folds them into rope_parameters
-    filled.setdefault("layer_types", ["sliding_attention"] * filled["num_hidden_layers"])
+    if filled.get("layer_types") is None:  # omitted or null: the class's default, as transformers fills it
+        filled["layer_types"] = ["sliding_attention"] * filled["num_hidden_layers"]
     cfg = _parse(TransformersDFlashConfig, filled, file)
     if cfg.attention_bias:
         raise DFlashError("field `attention_bias` is true: transformers' MuseGlimmerAssistantModel has no "

@@ -97,8 +97,7 @@ class Quantization:
 
     def scheme_for(self, module: str) -> Scheme | None:
         """The scheme a linear module is quantized with (None: left in its float dtype), as compressed-tensors
-        matches names: `re:` patterns by regex match, other names exactly or as the last dotted parts, `Linear` any
-        linear module."""
+        matches names (`matches`), `Linear` any linear module; the first group that targets it."""
         if any(matches(module, pattern) for pattern in self.ignore):
             return None
         for scheme in self.schemes:
@@ -108,12 +107,15 @@ class Quantization:
 
 
 def matches(module: str, pattern: str) -> bool:
-    """Whether a config target / ignore entry names this module, as compressed-tensors (and ModelOpt) match."""
+    """Whether a config target / ignore entry names this module, as compressed-tensors' `match_name` (0.20) and vLLM's
+    readers match: a `re:` pattern by `re.match` (anchored at the start only), any other name exactly, so a bare
+    projection name (`down_proj`) names no module `layers.N.mlp.down_proj`; ModelOpt's `*` wildcards over the whole
+    name."""
     if pattern.startswith("re:"):
         return re.match(pattern[3:], module) is not None
     if "*" in pattern:  # ModelOpt's exclude_modules are wildcards
         return re.fullmatch(re.escape(pattern).replace(r"\*", ".*"), module) is not None
-    return module == pattern or module.endswith("." + pattern)
+    return module == pattern
 
 
 def _error(message: str, file) -> DFlashError:

@@ -323,3 +323,56 @@ def test_a_malformed_quantization_config_is_one_line_naming_config_json(drafts, 
     line = result.err.strip().splitlines()[-1]
     assert line.startswith(f"Error: {bad / 'config.json'}: field `quantization_config`"), line
     assert "model.safetensors" not in line
+
+
+def _library_dequantized(q: Path) -> dict[str, torch.Tensor]:
+    """compressed-tensors' own model-free dequantizer over the whole checkpoint (float32)."""
+    from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
+
+    return CompressedTensorsDequantizer(str(q), dtype=torch.float32).process(load_file(q / "model.safetensors"))
+
+
+def test_a_mixed_precision_draft_dequantizes_each_group_with_its_own_format(tmp_path):
+    """Two config groups of different formats (FP8 attention and fc, packed INT4 MLPs; the model-level format
+    `mixed-precision`, as llm-compressor writes it): each module is read with its group's scheme and dequantized
+    exactly as the library does."""
+    from dflash_runtime import load_draft
+    from quantized_drafts import quantize_draft_groups
+
+    q = quantize_draft_groups(SOURCE, tmp_path / "mixed", {"attention": ("fp8_dynamic", [r"re:.*self_attn\..*", "fc"]),
+                                                             "mlp": ("w4a16", [r"re:.*mlp\..*"])})
+    assert json.loads((q / "config.json").read_text())["quantization_config"]["format"] == "mixed-precision"
+    groups = {m.module: m.scheme.group for m in open_checkpoint(q).quantized_modules()}
+    assert groups["fc"] == groups["layers.1.self_attn.q_proj"] == "attention"
+    assert groups["layers.0.mlp.down_proj"] == "mlp" and len(groups) == 15  # every linear module, in its group
+    draft = load_draft(q, dtype=torch.float32)
+    want = _library_dequantized(q)
+    for tensor in catalogue.expected_shapes(draft.spec):
+        assert torch.equal(draft.tensors[tensor].float(), want[tensor].float()), tensor
+
+
+def test_an_ignore_pattern_naming_a_quantized_module_is_refused(drafts, tmp_path):
+    """A `re:` ignore entry that names modules stored with quantization tensors: those tensors belong to no
+    quantized module (the library would keep the stored FP8 values as the weight): refused, naming the tensor."""
+    bad = _copy_with(drafts["fp8_dynamic"], tmp_path / "bad", lambda t: None)
+    raw = json.loads((bad / "config.json").read_text())
+    raw["quantization_config"]["ignore"] = ["lm_head", r"re:layers\.1\.mlp\..*"]
+    (bad / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(DFlashError, match=r"tensor `layers\.1\.mlp\.(down|gate|up)_proj\.weight_scale` is a "
+                                          r"quantization tensor, but `quantization_config` quantizes no module"):
+        open_checkpoint(bad).quantized_modules()
+
+
+def test_a_bare_projection_name_in_the_ignore_list_names_no_layer_as_the_library_matches(tmp_path):
+    """compressed-tensors matches a name that is no `re:` pattern exactly: `down_proj` ignores no
+    `layers.N.mlp.down_proj`, which llm-compressor then quantizes; the runtime dequantizes them as the library does."""
+    from dflash_runtime import load_draft
+
+    q = quantize_draft(SOURCE, tmp_path / "q", "fp8_dynamic", ["lm_head", "down_proj"])
+    assert "layers.0.mlp.down_proj.weight_scale" in load_file(q / "model.safetensors")  # the library quantized it
+    modules = {m.module for m in open_checkpoint(q).quantized_modules()}
+    assert {"layers.0.mlp.down_proj", "layers.1.mlp.down_proj"} <= modules
+    draft = load_draft(q, dtype=torch.float32)
+    want = _library_dequantized(q)
+    for tensor in catalogue.expected_shapes(draft.spec):
+        assert torch.equal(draft.tensors[tensor].float(), want[tensor].float()), tensor

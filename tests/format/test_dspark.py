@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from factories import (assert_bit_identical, assert_hf_round_trip_is_bit_exact, copy_with_config, read_config,
                        tensors_of)
+from processes import needs_vllm
 from dflash_convert.format import keys
 
 DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_no_conf", "dspark_bonus_anchor",
@@ -174,6 +175,33 @@ def test_inspect_says_which_engine_serves_which_dspark(cli, family_drafts):
     assert "does not load" in r.out and "confidence head" in r.out, r.out
 
 
+def test_an_rnn_head_with_a_bonus_anchor_warns_for_sglang_only(cli, family_drafts, tmp_path):
+    """An rnn Markov head trained with sample_from_anchor false: SGLang starts the recurrence at slot 1 from a zero
+    state where speculators trained it from the anchor's slot 0, a warning of SGLang's view (the draft loads; exit
+    0), named by the field; the same head with the anchor proposing, and a vanilla head with a bonus anchor, have
+    none."""
+    from dflash_convert.format.engine_views import checkpoint_views
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    def bonus_anchor(cfg):
+        cfg["sample_from_anchor"] = False  # the anchor is the bonus token: the block is it and one fewer proposal
+        cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = cfg["block_size"] - 1
+
+    bonus = copy_with_config(family_drafts["dspark_rnn"], tmp_path / "rnn_bonus", bonus_anchor)
+    sglang, = checkpoint_views(open_checkpoint(bonus), "sglang")
+    start = [d for d in sglang.divergences if d.field == "markov_head_type"]
+    assert sglang.loads and [(d.severity, d.trained, d.applied) for d in start] == [
+        ("warning", "rnn from slot 0", "rnn from slot 1")]
+    assert "zero state" in start[0].consequence and "sample_from_anchor true" in start[0].fix
+    for other in ("dspark_rnn", "dspark_bonus_anchor"):
+        view, = checkpoint_views(open_checkpoint(family_drafts[other]), "sglang")
+        assert not [d for d in view.divergences if d.field == "markov_head_type"], other
+    r = cli("inspect", bonus, "--engine", "sglang", "--json")
+    assert r.code == 0, r.err
+    said = r.json()["engines"][0]["divergences"]
+    assert [d["severity"] for d in said if d["field"] == "markov_head_type"] == ["warning"], said
+
+
 def test_the_line_validate_gives_for_vllm_on_cpu(family_drafts):
     from dflash_convert.format.engine_views import vllm_cannot_serve_here
     from dflash_convert.io.checkpoint import open_checkpoint
@@ -222,16 +250,14 @@ print(json.dumps(SpeculatorsConfig.extract_transformers_pre_trained_config(json.
 """
 
 
+@needs_vllm
 @pytest.mark.parametrize("name", ["dspark_plain_conf", "dspark_bonus_anchor", "dspark_pruned"])
 def test_vllm_reads_the_speculators_draft_as_our_hf_config_says(cli, family_drafts, tmp_path, name):
     """vLLM's own speculators reader (SpeculatorsConfig, the installed vLLM) turns the draft's config into the
     HF config it serves; every DSpark key and the layout of our HF output agree with it."""
     import subprocess
 
-    from processes import VLLM_PYTHON, needs_vllm
-
-    if needs_vllm.args[0]:
-        pytest.skip(needs_vllm.kwargs["reason"])
+    from processes import VLLM_PYTHON
     hf = tmp_path / "hf"
     assert cli("convert", family_drafts[name], "-o", hf).code == 0
     run = subprocess.run([VLLM_PYTHON, "-c", VLLM_READS, str(family_drafts[name] / "config.json")],

@@ -111,6 +111,15 @@ def test_transformers_generate_gives_the_targets_output_and_our_acceptance_step_
     assert name != "bundled" or accepted > NEW_TOKENS // 2  # the trained pair accepts: the comparison means something
 
 
+def test_counts_of_steps_give_tau_and_per_position_rates():
+    """Position k was accepted in the steps that accepted more than k proposals: [[3, 0, 1], [2]] over a block of 4
+    (3 proposals per step) is 4 steps, 6 accepted, tau 2.5, rates 3/4, 2/4, 1/4."""
+    counts = te.counts_of([[3, 0, 1], [2]], 4)
+    assert (counts.num_drafts, counts.drafted, counts.accepted) == (4, 12, 6)
+    assert counts.acceptance_length == 2.5 and counts.per_position_rates == [0.75, 0.5, 0.25]
+    assert te.counts_of([], 4).per_position_rates == [0.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("steps, new, limit, want", [
     ([3, 0, 15], 20, 20, [3, 0, 13]),  # 6 tokens before the last step, 14 left: it keeps 13 drafts + its own
     ([3, 0, 12, 4], 20, 20, [3, 0, 12]),  # one token was left: transformers did not draft
@@ -186,6 +195,26 @@ def test_round_trips_through_it_are_bit_exact(cli, native_drafts, tmp_path):
                                for n, t in tensors_of(native).items()})
 
 
+@pytest.mark.parametrize("absent", ["omitted", "null"])
+def test_a_native_config_without_layer_types_reads_as_transformers_reads_it(native_drafts, tmp_path, absent):
+    """transformers' MuseGlimmerAssistantConfig makes every layer sliding when `layer_types` is omitted or null (not
+    Qwen3's rule, which would make them full attention without use_sliding_window): the draft reads as it does."""
+    from transformers import AutoConfig
+
+    def edit(cfg):
+        if absent == "omitted":
+            del cfg["layer_types"]
+        else:
+            cfg["layer_types"] = None
+
+    copy = copy_with_config(native_drafts["speculators"][0], tmp_path / absent, edit)
+    theirs = AutoConfig.from_pretrained(str(copy)).layer_types
+    assert theirs == ["sliding_attention"] * 2  # the class's default, not the saved [full, sliding]
+    spec = open_checkpoint(copy).spec
+    assert spec.layer_types == theirs and spec.layer_causal == [False, False]
+    assert spec.sliding_window == AutoConfig.from_pretrained(str(copy)).sliding_window
+
+
 def test_inspect_and_diff_know_the_layout(cli, native_drafts, tmp_path):
     native = native_drafts["bundled"][0]
     r = cli("inspect", native, "--json")
@@ -216,6 +245,8 @@ def test_inspect_engine_transformers_says_what_it_does_with_each_format(cli, nat
     assert view["window_semantics"] == "symmetric"
     r = cli("inspect", PAIR / "draft", "--engine", "transformers", "--json")  # causal, in the speculators format
     view = r.json()["engines"][0]
+    assert r.code == 3, r.err  # asked for, an engine that cannot hold the draft is a problem: exit 3
+    assert "engine_view.transformers" in {c["name"] for c in r.json()["checks"] if c["status"] == "fail"}
     assert view["via_conversion"] and not view["loads"]
     assert "--non-causal" in next(d["consequence"] for d in view["divergences"] if d["field"] == "format")
 

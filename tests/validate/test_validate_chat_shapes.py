@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from dflash_convert.errors import DFlashError
 from factories import chat_target
+from processes import VLLM_PYTHON, needs_vllm
 
 WORDS_TEMPLATE = (  # takes content as a string (vLLM's "string" format): renders every field it is handed
     "{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }}"
@@ -129,8 +129,6 @@ def test_a_refusal_names_the_line_the_message_and_the_field(tmp_path, turn, need
     assert "line 2" in str(err.value) and needle in str(err.value) and str(p) in str(err.value)
 
 
-VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).resolve().parents[2] / "build" / "vllm-venv" /
-                                                          "bin" / "python")
 VLLM_RENDER = """
 import json, sys
 from transformers import AutoTokenizer
@@ -159,8 +157,7 @@ SHAPES = [CHAT, [{"role": "user", "content": [{"type": "text", "text": "hello"},
           [{"role": "developer", "content": "the"}, {"role": "user", "content": "cat"}]]
 
 
-@pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK), reason=f"no Python with vLLM at {VLLM_PYTHON}: set "
-                    "DFLASH_VLLM_PYTHON or run scripts/setup-vllm.sh")
+@needs_vllm
 @pytest.mark.parametrize("template", [WORDS_TEMPLATE, PARTS_TEMPLATE])
 def test_ids_equal_vllms_own_rendering(tiny_target, tmp_path, template):
     """vLLM's own chat path (parse_chat_messages with the content format it detects, then

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from endpoint_server import (Canned, FakeEndpoint, models, plain_completion, prometheus, sequence, sglang_chat,
-                             vllm_completion)
+from endpoint_server import (Canned, FakeEndpoint, RecordingProxy, models, plain_completion, prometheus, sequence,
+                             sglang_chat, vllm_completion)
 
 KEY = "sk-test-never-shown-0123456789"
 
@@ -54,10 +54,15 @@ def test_per_request_statistics_counted_exactly(server, tmp_path, cli):
     assert sent[0]["temperature"] == 0.0 and "top_p" not in sent[0] and sent[0]["max_tokens"] == 12
 
 
-def test_sglang_shapes_and_chat_prompts(server, tmp_path, cli):
-    """Text prompts go to the chat endpoint; SGLang is asked for its details, and counted from them."""
+@pytest.mark.parametrize("per_choice", [False, True], ids=["object", "list"])
+def test_sglang_shapes_and_chat_prompts(server, tmp_path, cli, per_choice):
+    """Text prompts go to the chat endpoint; SGLang is asked for its details, and counted from them, whether they
+    come as one object or as a list with one entry per choice (the tool asks for one)."""
+    answer = sglang_chat([1, 2, 0, 3], tokens=[5] * 14, draft_tokens=4)
+    if per_choice:
+        answer["sglext"]["spec_tokens_details"] = [answer["sglext"]["spec_tokens_details"]]
     server.answer("/v1/models", Canned(body=models("m", owned_by="sglang")))
-    server.answer("/v1/chat/completions", Canned(body=sglang_chat([1, 2, 0, 3], tokens=[5] * 14, draft_tokens=4)))
+    server.answer("/v1/chat/completions", Canned(body=answer))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--json")
@@ -107,6 +112,33 @@ def test_endpoint_that_does_not_speculate(server, tmp_path, cli, metrics):
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
     assert r.code == 1 and "the endpoint does not speculate" in r.err
     assert _one_error_line(r)
+
+
+def test_counters_with_steps_but_nothing_accepted_are_a_tau_of_one(server, tmp_path, cli):
+    """The counters moved in verify steps and draft tokens, not in accepted tokens: the endpoint speculates and
+    accepted nothing (tau 1.0), which is a figure, not "does not speculate"."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    server.answer("/metrics", Canned(body=prometheus(10, 30, 12, [6, 4, 2], done=5)),
+                  Canned(body=prometheus(16, 48, 12, [6, 4, 2], done=7)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--json")
+    assert r.code == 0, r.err
+    assert r.json()["endpoint"]["counts"] == {"num_drafts": 6, "drafted": 18, "accepted": 0, "acceptance_length": 1.0,
+                                              "per_position_rates": [0.0, 0.0, 0.0]}
+
+
+def test_per_prompt_agreement_compares_accepted_totals_not_only_steps():
+    """A request served in as many verify steps as offline but with another accepted total, every offline decision
+    clear of a tie, is a disagreement naming the prompt; equal steps and totals agree."""
+    from types import SimpleNamespace
+
+    from dflash_convert.validate.endpoint.level import per_prompt_agreement
+    from dflash_convert.validate.report import StepDecisions
+
+    clear = [StepDecisions(accepted=[3, 1, 2], margin=[1.0] * 3, next_margin=[1.0] * 3)]
+    agrees, detail = per_prompt_agreement([SimpleNamespace(steps=3, accepted=5)], clear)
+    assert agrees is False and "prompt 1: served in 3 verify steps with 5 accepted, offline 3 with 6" in detail, detail
+    agrees, detail = per_prompt_agreement([SimpleNamespace(steps=3, accepted=6)], clear)
+    assert agrees is True and "equal on the 1 prompt(s) compared" in detail, detail
 
 
 def test_thresholds_reports_and_exit_3(server, tmp_path, cli):
@@ -203,11 +235,25 @@ def test_retry_after_capped(server, tmp_path, cli, monkeypatch):
     assert r.code == 1 and "HTTP 503: overloaded" in r.err
 
 
+HANG_S = 120  # the server does not answer for longer than the bound allows; it lets go when the fixture stops it
+TIMEOUT_S = 2
+MARGIN_S = 60  # start-up on a loaded machine; below the hang, so a run that waited for the server fails
+
+
 def test_hanging_server_bounded(server, tmp_path, cli):
-    server.answer("/v1/completions", Canned(body=plain_completion([1]), hang_s=30))
-    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=1), "--endpoint-timeout", "1")
-    assert r.code == 1 and "--endpoint-timeout" in r.err and _one_error_line(r)
-    assert "no answer (read timeout" in r.err or "unanswered within" in r.err
+    """A server that takes the requests and never answers: the run ends within --endpoint-timeout plus a margin,
+    exit 1, one line naming the timeout (whichever wait it ended in: the read, the whole measurement, or a
+    deadline already past when a request was to be sent on a busy machine)."""
+    import time
+
+    server.answer("/v1/completions", Canned(body=plain_completion([1]), hang_s=HANG_S))
+    started = time.monotonic()
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=2), "--endpoint-timeout",
+            str(TIMEOUT_S))
+    elapsed = time.monotonic() - started
+    assert elapsed < TIMEOUT_S + MARGIN_S, elapsed
+    assert r.code == 1 and r.out == "" and _one_error_line(r), r.err
+    assert "--endpoint-timeout" in r.err and f"{TIMEOUT_S} s" in r.err, r.err
 
 
 def test_unreachable_and_bad_urls(cli):
@@ -244,6 +290,67 @@ def test_tls_verified_against_named_bundle(tmp_path, cli, monkeypatch):
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
         r = cli("validate", "--endpoint", url, "--prompts", _ids_prompts(tmp_path, n=1))
         assert r.code == 0, r.err
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+                   "no_proxy")
+
+
+def _proxied(monkeypatch, proxy_url, no_proxy=None):
+    """Every proxy variable set to `proxy_url` (NO_PROXY to `no_proxy`, else unset)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name in PROXY_VARIABLES[:6]:
+        monkeypatch.setenv(name, proxy_url)
+    if no_proxy is not None:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+
+
+def test_proxy_variables_tunnel_https_and_never_see_the_key(server, tmp_path, cli, monkeypatch):
+    """Behind a proxy: an https:// endpoint is reached through a CONNECT tunnel to its host and port (the key inside
+    TLS, never in a byte the proxy reads); NO_PROXY naming the host goes directly; a plain http:// endpoint is
+    reached directly whatever the variables say (a proxy would read its key)."""
+    import ssl
+    import subprocess
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    prompts = _ids_prompts(tmp_path, n=1)
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    with RecordingProxy() as proxy:
+        _proxied(monkeypatch, proxy.url)
+        r = cli("validate", "--endpoint", server.url, "--prompts", prompts)
+        assert r.code == 0, r.err
+        assert proxy.received == [] and server.seen[-1].headers["Authorization"] == f"Bearer {KEY}"
+
+        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        with FakeEndpoint() as tls:
+            tls.answer("/v1/models", Canned(body=models("m")))
+            tls.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+            tls.httpd.socket = context.wrap_socket(tls.httpd.socket, server_side=True)
+            url, port = tls.url.replace("http://", "https://"), tls.httpd.server_address[1]
+            monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 0, r.err
+            assert proxy.heads() and set(proxy.heads()) == {f"CONNECT 127.0.0.1:{port} HTTP/1.1"}
+            assert not any(KEY.encode() in bytes(b) for b in proxy.received)
+            assert tls.seen and all(s.headers["Authorization"] == f"Bearer {KEY}" for s in tls.seen)
+            tunnelled = len(proxy.received)
+            _proxied(monkeypatch, proxy.url, no_proxy=f"localhost,127.0.0.1:{port}")
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 0 and len(proxy.received) == tunnelled, r.err  # directly
+            # a proxy that cannot be reached: one line naming it, never its credentials
+            _proxied(monkeypatch, "http://user:proxy-secret@127.0.0.1:9")
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 1 and "cannot connect (through the proxy 127.0.0.1:9 (from $HTTPS_PROXY))" in r.err
+            assert "proxy-secret" not in r.err and _one_error_line(r)
+            _proxied(monkeypatch, "socks5://127.0.0.1:9")  # not a proxy httpx tunnels without an extra
+            r = cli("validate", "--endpoint", url, "--prompts", prompts)
+            assert r.code == 2 and "$HTTPS_PROXY: give an http:// proxy" in r.err, r.err
 
 
 def test_concurrency_in_flight(server, tmp_path, cli):

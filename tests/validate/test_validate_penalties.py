@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from runtime_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 from factories import chat_target
+from processes import VLLM_PYTHON, needs_vllm
 
 PENALTIES = {"repetition_penalty": 1.1, "presence_penalty": 0.5}
 
@@ -137,8 +137,6 @@ def test_flags_override_and_what_is_not_applied_is_named(speculators_drafts, tin
     assert r.code == 1 and "generation_config.json" in r.err and "repetition_penalty" in r.err, r.err[-500:]
 
 
-VLLM_PYTHON = os.environ.get("DFLASH_VLLM_PYTHON") or str(Path(__file__).resolve().parents[2] / "build" / "vllm-venv" /
-                                                          "bin" / "python")
 VLLM_PENALIZE = """
 import json, sys, torch
 from vllm.v1.sample.ops.penalties import apply_all_penalties
@@ -155,8 +153,7 @@ print("RESULT " + json.dumps(out.tolist()))
 """
 
 
-@pytest.mark.skipif(not os.access(VLLM_PYTHON, os.X_OK), reason=f"no Python with vLLM at {VLLM_PYTHON}: set "
-                    "DFLASH_VLLM_PYTHON or run scripts/setup-vllm.sh")
+@needs_vllm
 def test_penalize_equals_vllms_own_penalties(tmp_path):
     """vLLM's own apply_all_penalties, fed the rows its rejection sampler builds (committed output plus the
     proposals before each draft slot, then all of them for the bonus token), gives the same float32 logits,

@@ -3,7 +3,8 @@ vLLM on CPU; its counters and outputs against our emulation (`validate --engine 
 counts (full last blocks).
 
 Needs a Python with vLLM: $DFLASH_VLLM_PYTHON, else build/vllm-venv/bin/python (scripts/setup-vllm.sh
-builds it); those tests are skipped without one. vLLM starts once for every copy (served one after
+builds it); those tests are skipped without one, and fail under DFLASH_REQUIRE_VLLM=1 (scripts/test.sh sets it).
+vLLM starts once for every copy (served one after
 another against the pair's target, in one process), once by the CLI, once with two tensor-parallel
 workers; the sampled and parallel-layout refusals answer without starting an engine. The option,
 timeout, tolerance and warning tests at the end need no vLLM."""
@@ -23,7 +24,7 @@ import pytest
 
 from dflash_convert.io.reading import read_json
 from factories import copy_draft
-from processes import VLLM_PYTHON, needs_vllm
+from processes import VLLM_PYTHON, needs_vllm, require_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
@@ -150,8 +151,7 @@ def served(tmp_path_factory):
     from dflash_convert.validate.engine import served as engine
     from dflash_runtime import Sampling, load_target, target_generate
 
-    if not os.access(VLLM_PYTHON, os.X_OK):
-        pytest.skip(f"no Python with vLLM at {VLLM_PYTHON}")
+    require_vllm()
     root = tmp_path_factory.mktemp("vllm-cases")
     prompts = [[int(t) for t in line.split()] for line in (PAIR / "prompts.txt").read_text().splitlines()][:PROMPTS]
     threads = torch.get_num_threads()
@@ -561,6 +561,10 @@ def _greedy_agreement(engine_steps, decisions):
     # ... but a clear difference before the tie still fails
     ([[2, 2, 2], [2]], [[(3, 128, 2), (0, 128, 128), (1, 128, 128)], [(2, None, None)]], "fail",
      "prompt 1, verify step 1: vLLM accepted 2 proposal(s), the emulation 3"),
+    # vLLM ran one step where the emulation ran three before a near-tie at its third: the second step, which the
+    # engine never ran, is a difference (not a step past the tie)
+    ([[3], [2]], [[(3, 128, 128), (1, 128, 128), (2, 3, 3)], [(2, 128, 128)]], "fail",
+     "prompt 1, verify step 2: vLLM accepted nothing (it ran fewer steps), the emulation 1"),
     # vLLM ran a step more than the emulation, every decision clear
     ([[3, 1, 1], [2]], [[(3, 128, 128), (1, 128, 128)], [(2, 128, 128)]], "fail",
      "prompt 1: vLLM ran 3 verify steps, the emulation 2"),
@@ -902,3 +906,43 @@ def test_broken_sampler_answer_is_a_one_line_error_not_a_verdict():
                       engine_args={}, python="py", min_acceptance_length=None, min_position_rates=None,
                       sampling=SAMPLED)
 
+
+
+TINY_ENGINE_TEST = """
+from processes import needs_vllm
+
+
+@needs_vllm
+def test_engine():
+    pass
+"""
+
+
+@pytest.mark.parametrize("python, require, outcome", [
+    ("absent", "1", "1 error"),  # no Python there: .ci/run fails
+    ("no_vllm", "1", "1 error"),  # a Python that cannot import vllm (a failed or unfinished build): fails too
+    ("absent", "", "1 skipped"),  # a developer's run without the switch: skipped, and said
+])
+def test_the_require_switch_fails_what_would_be_skipped(tmp_path, python, require, outcome):
+    """DFLASH_REQUIRE_VLLM=1 (set by scripts/test.sh) turns a real-engine test that cannot run into a failure, and the
+    run's last lines count the real-engine tests that ran: a pytest of a one-test file under this conftest."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "python"
+    if python == "no_vllm":
+        fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named vllm' >&2\nexit 1\n")
+        fake.chmod(0o755)
+    (tmp_path / "test_tiny.py").write_text(TINY_ENGINE_TEST)
+    tests = ROOT / "tests"
+    env = {**os.environ, "DFLASH_VLLM_PYTHON": str(fake), "DFLASH_REQUIRE_VLLM": require,
+           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "-rs",
+                          str(tmp_path / "test_tiny.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert (run.returncode != 0) is (require == "1") and outcome in run.stdout, run.stdout[-3000:]
+    said = "no Python with vLLM at" if python == "absent" else "cannot import vllm (ModuleNotFoundError"
+    assert said in run.stdout, run.stdout[-3000:]
+    ran = "0 ran (0 passed, 0 failed), 1 could not run, 0 skipped" if require else \
+        "0 ran (0 passed, 0 failed), 0 could not run, 1 skipped"
+    assert f"real vLLM engine tests: {ran}, of 1 collected" in run.stdout, run.stdout[-3000:]

@@ -8,6 +8,10 @@ What the client guarantees, so that a check of a deployment never hangs, leaks o
   pointed), so the key never reaches another host, and it is in no message and no report;
 - TLS is verified against the system CAs and the bundles named by SSL_CERT_FILE / REQUESTS_CA_BUNDLE;
   a certificate that does not verify is an error, never a silent downgrade;
+- an https:// endpoint is reached through the proxy $HTTPS_PROXY (else $ALL_PROXY) names, unless $NO_PROXY
+  names its host: a CONNECT tunnel, so the proxy learns the host and port and the key travels inside TLS to the
+  endpoint only. A plain http:// endpoint is always reached directly: a proxy would read the request, key
+  and all. No other proxy setting (HTTP_PROXY, .netrc) is read;
 - 429/503 are retried a few times, waiting what Retry-After asks, capped at the Hub client's cap;
 - a body that is not JSON, lacks a field, or is cut short is one error naming the path.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import os
 import ssl
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -59,6 +64,33 @@ def tls_context() -> ssl.SSLContext:
             except (OSError, ssl.SSLError) as exc:
                 raise DFlashError(f"${name}: cannot load its CA bundle: {exc}", file=path) from None
     return context
+
+
+def endpoint_proxy(url: str) -> tuple[str, str] | None:
+    """(proxy URL, the variable that named it) through which `url` is reached, or None: directly. Only an https://
+    endpoint goes through a proxy (a CONNECT tunnel: the TLS inside carries the key past it), from $HTTPS_PROXY,
+    else $ALL_PROXY (either case, lower first, as curl and Python read them); $NO_PROXY (hosts, host:port,
+    domain suffixes, or *) sends a host directly."""
+    parts = urlsplit(url)
+    if parts.scheme != "https":
+        return None
+    proxies = urllib.request.getproxies_environment()
+    scheme = next((s for s in ("https", "all") if proxies.get(s)), None)
+    if scheme is None or urllib.request.proxy_bypass_environment(parts.netloc, proxies) or \
+            urllib.request.proxy_bypass_environment(parts.hostname, proxies):
+        return None
+    proxy = proxies[scheme] if "://" in proxies[scheme] else "http://" + proxies[scheme]
+    variable = f"${scheme.upper()}_PROXY"
+    if urlsplit(proxy).scheme not in ("http", "https") or not urlsplit(proxy).hostname:
+        raise UsageError(f"{variable}: give an http:// proxy (host and port) to reach {parts.hostname} through; "
+                         f"got a {urlsplit(proxy).scheme}:// one")
+    return proxy, variable
+
+
+def proxy_label(proxy: tuple[str, str]) -> str:
+    """The proxy as messages name it: host and port, never its credentials."""
+    parts = urlsplit(proxy[0])
+    return f"the proxy {parts.hostname}{f':{parts.port}' if parts.port else ''} (from {proxy[1]})"
 
 
 def read_key(variable: str) -> str | None:
@@ -106,8 +138,11 @@ class Endpoint:
         key = read_key(key_variable)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1)
+        self.proxy = endpoint_proxy(self.url)
+        # trust_env off: the environment's proxies for plain HTTP (which would read the key) and .netrc are not
+        # used; the one proxy allowed is the tunnel endpoint_proxy decides
         self._client = httpx.Client(headers=headers, verify=tls_context(), follow_redirects=False, limits=limits,
-                                    trust_env=False)  # no proxy variables: the key goes to the endpoint only
+                                    trust_env=False, proxy=self.proxy[0] if self.proxy else None)
 
     def close(self) -> None:
         self._client.close()
@@ -151,7 +186,11 @@ class Endpoint:
                                 f"{self.deadline.total_s:g} s)") from None
         except httpx.ConnectError as exc:
             reason = "TLS certificate not verified" if "CERTIFICATE_VERIFY_FAILED" in str(exc) else str(exc)
-            raise EndpointError(f"{self._where(path)}: cannot connect: {reason}") from None
+            via = f" (through {proxy_label(self.proxy)})" if self.proxy else ""
+            raise EndpointError(f"{self._where(path)}: cannot connect{via}: {reason}") from None
+        except httpx.ProxyError as exc:
+            raise EndpointError(f"{self._where(path)}: {proxy_label(self.proxy)} refused the tunnel: "
+                                f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             raise EndpointError(f"{self._where(path)}: the answer was cut short ({type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0] if str(exc) else 'connection closed'})") from None
