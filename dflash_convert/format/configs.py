@@ -170,7 +170,7 @@ def _kind_fields(where: str, declared: type[BaseModel]) -> dict[str, Any]:
     models are built at import: a kind registered later (a plug-in, a test) has its keys carried unchecked by them
     and judged by its own rules."""
     types = {"size": (int | None, _size(0, MAX_CONV, default=None)), "text": (Text | None, None),
-             "bool": (bool | None, None)}
+             "bool": (bool | None, None), "float": (float | None, Field(None, allow_inf_nan=False))}
     chosen = {"speculators": lambda k: k.speculators is not None, "hf_top": lambda k: k.hf_top,
               "dflash_config": lambda k: not k.hf_top or k.hf_nested}[where]
     return {k.name: types[k.typed] for kind in kinds.KINDS.values() for k in kind.keys

@@ -33,7 +33,8 @@ OWN_KEYS = (
               "the Markov step scores only the top-k base candidates of each slot (a speculative-config "
               "option too)", hf_top=True),
     ConfigKey("logit_scale", "vLLM (qwen3_dspark.py's logits processor)",
-              "multiplies the DSpark draft's logits", neutral=(1.0, 1), hf_top=True),
+              "multiplies the DSpark draft's logits", neutral=(1.0, 1), hf_top=True,
+              typed="float"),
 )
 BOOLS = ("sample_from_anchor", "enable_confidence_head", "confidence_head_with_markov")
 BONUS_ANCHOR = "dspark_bonus_anchor"  # what vLLM's speculators reader writes: not sample_from_anchor
