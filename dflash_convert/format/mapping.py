@@ -116,9 +116,9 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
         raise DFlashError(other[1].line(other[0], other[2]), file=file)
     refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
     if refused is not None:
+        handled = kinds.in_words([k.hf_architecture for k in kinds.all_kinds()])
         raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "
-                          "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts",
-                          file=file)
+                          f"dflash-convert handles {handled} drafts", file=file)
     if "dflash_config" in raw:
         return "hf", DEFAULT_KIND
     found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"
@@ -583,8 +583,9 @@ def transformers_refusals(spec: DraftSpec) -> list[str]:
     """Why transformers' own layout cannot state this draft (empty: it can)."""
     out = []
     if spec.variant != TRANSFORMERS_KIND:
-        out.append(f"a {spec.variant} draft: transformers' MuseGlimmerAssistantModel has none of its modules "
-                   "(dflash2's convolutions and candidate selector, DSpark's Markov and confidence heads)")
+        modules = kinds.of(spec.variant).modules or "modules"
+        out.append(f"a {spec.variant} draft: transformers' MuseGlimmerAssistantModel has no {modules} "
+                   f"(it holds {TRANSFORMERS_KIND} drafts only)")
     if spec.is_pruned_vocab:
         out.append(f"a pruned vocabulary (lm_head [{spec.draft_vocab_size}, {spec.hidden_size}] + d2t): transformers "
                    "drafts over the target's output embeddings and has no place for the draft's own lm_head")

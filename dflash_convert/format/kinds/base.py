@@ -167,6 +167,14 @@ def sized(spec: DraftSpec, *dims) -> Shape | None:
 
 # ----------------------------------------------------------------------------- the kind
 
+# Kind.engine_support: how the serving engines take a kind
+BACKBONE_RULES = "backbone rules"  # their model of the kind reads the config as engines.py's table says, plus the
+#                                    kind's engine_view hook (dflash, dflash2)
+OWN_TABLE = "own table"  # its own sub-table says what each engine serves (dspark)
+RUNTIME_ONLY = "runtime only"  # no engine serves it: the bundled runtime runs it, and inspect notes that
+ENGINE_SUPPORT = (BACKBONE_RULES, OWN_TABLE, RUNTIME_ONLY)
+
+
 @dataclass(frozen=True)
 class CardServing:
     """How the model card says to serve a draft of a kind (vLLM's method, SGLang's algorithm and block)."""
@@ -197,8 +205,11 @@ class Kind:
     # the message vLLM's V1 model runner refuses this kind with (None: V1 serves it), and the kind in its words
     vllm_v1_refusal: str | None = None
     vllm_v1_label: str = ""
-    # engine support, a sub-table owned by the kind: engine row key (engines.ENGINES) -> a kind of support,
-    # `support_text` what each means (docs/engines.md gets a row titled `support_title`); empty: the backbone's
+    # how the serving engines take this kind: one of ENGINE_SUPPORT, chosen in the kind's own class (never
+    # inherited: a kind built on another's module does not inherit its engines; the registry refuses it unset)
+    engine_support: str
+    # with engine_support OWN_TABLE, the sub-table: engine row key (engines.ENGINES) -> a kind of support,
+    # `support_text` what each means (docs/engines.md gets a row titled `support_title`)
     support: dict[str, str] = {}
     support_text: dict[str, str] = {}
     support_title: str = ""
