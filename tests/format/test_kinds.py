@@ -212,3 +212,28 @@ def test_a_head_names_a_registered_kind(monkeypatch):
     monkeypatch.delitem(heads.KINDS, "dspark")
     with pytest.raises(ValueError, match=r"kinds without a head \['dspark'\]"):
         heads.check_registries()
+
+
+@pytest.mark.parametrize("value", ["0.5", True, float("inf")], ids=["string", "bool", "infinite"])
+def test_the_kinds_float_key_is_checked(toy, cli, tmp_path, value):
+    """The kind's float key (ConfigKey.typed "float") is checked as a built-in kind's is, though the kind was
+    registered after the config models were built: a string, a bool or an infinity is refused naming it (exit 1,
+    nothing written)."""
+    src = make_toy(tmp_path / "src", 1.0)
+    cfg = read_config(src)
+    cfg["logit_bias_scale"] = value
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = cli("convert", src, "-o", tmp_path / "hf")
+    assert r.code == 1 and "field `logit_bias_scale`" in r.err and not (tmp_path / "hf").exists(), (r.code, r.err)
+
+
+def test_a_refused_architecture_names_every_registered_kind(toy):
+    """An architecture of another algorithm is refused naming what the tool handles: every registered kind's HF
+    architecture, the plug-in's included (the list was written by hand and knew three)."""
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.format import mapping
+
+    with pytest.raises(DFlashError) as exc:
+        mapping.detect_format({"architectures": ["Qwen3XPressModel"]})
+    assert "handles DFlashDraftModel, DFlash2DraftModel, Qwen3DSparkModel and DFlashBiasDraftModel drafts" in \
+        str(exc.value), str(exc.value)
