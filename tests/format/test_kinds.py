@@ -155,7 +155,8 @@ def test_a_kind_must_choose_its_engine_support():
     """A kind inheriting DFlash's engine support is refused at registration (it once inherited DFlash's engine
     views, and inspect said vLLM and SGLang served it as trained); choosing in its own class is accepted."""
     with pytest.raises(ValueError, match="inherits: engine_support must be set in its own class"):
-        kinds.register(Inherits())
+        with kinds.registered(Inherits()):
+            pass
     assert "inherits" not in kinds.KINDS
 
     class Chosen(Inherits):
@@ -192,7 +193,8 @@ def test_a_tensor_another_kind_claims_is_refused_at_registration(toy, tensor, ne
     kind's (or the backbone's) key or name, as another entry, is refused when registered, and the catalogue keeps
     meaning what it meant."""
     with pytest.raises(ValueError, match=needle):
-        kinds.register(other_kind(tensor))
+        with kinds.registered(other_kind(tensor)):
+            pass
     assert "other" not in kinds.KINDS and catalogue.entry("logit_bias").name == BIAS
     with kinds.registered(other_kind(vector("other_bias", "other_bias.weight"))):  # its own key and name: fine
         assert catalogue.entry("other_bias").name == "other_bias.weight"
@@ -214,10 +216,10 @@ def test_a_head_names_a_registered_kind(monkeypatch):
         heads.check_registries()
 
 
-@pytest.mark.parametrize("value", ["0.5", True, float("inf")], ids=["string", "bool", "infinite"])
+@pytest.mark.parametrize("value", ["0.5", True, [0.5]], ids=["string", "bool", "list"])
 def test_the_kinds_float_key_is_checked(toy, cli, tmp_path, value):
     """The kind's float key (ConfigKey.typed "float") is checked as a built-in kind's is, though the kind was
-    registered after the config models were built: a string, a bool or an infinity is refused naming it (exit 1,
+    registered after the config models were built: a string, a bool or a list is refused naming it (exit 1,
     nothing written)."""
     src = make_toy(tmp_path / "src", 1.0)
     cfg = read_config(src)
@@ -237,3 +239,14 @@ def test_a_refused_architecture_names_every_registered_kind(toy):
         mapping.detect_format({"architectures": ["Qwen3XPressModel"]})
     assert "handles DFlashDraftModel, DFlash2DraftModel, Qwen3DSparkModel and DFlashBiasDraftModel drafts" in \
         str(exc.value), str(exc.value)
+
+
+def test_the_model_card_gives_no_engine_command_for_a_runtime_only_kind(toy, tmp_path):
+    """A runtime-only kind's model card says that no engine serves it, instead of vLLM and SGLang commands that
+    would not load it."""
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    card = model_card(open_checkpoint(make_toy(tmp_path / "src", 1.0)).spec, repo_id="someone/draft")
+    assert "No serving engine has a model of DFlash-bias drafts" in card
+    assert "vllm serve" not in card and "sglang.launch_server" not in card
