@@ -94,6 +94,9 @@ def main(argv: list[str]) -> int:
     if argv not in ([], ["--check"]):
         print(f"usage: {COMMAND} [--check]", file=sys.stderr)
         return 2
+    if not (ROOT / "docs" / "formats.md").exists():
+        print(f"error: {ROOT} is no source checkout (no docs/formats.md): run {COMMAND} in a clone", file=sys.stderr)
+        return 1
     paths = stale()
     for path in paths:
         if argv != ["--check"]:
