@@ -46,3 +46,16 @@ def test_the_path_finder_finds_paths():
     assert named_paths(doc, "see `dflash_convert/catalogue.py` (moved)") == [(1, "dflash_convert/catalogue.py")]
     assert named_paths(doc, "in [formats](formats.md#section-9)") == [(1, "docs/formats.md")]
     assert named_paths(doc, "write `out/{name}.json` or tests/test_*.py") == []
+
+
+def test_the_formats_page_refuses_no_registered_kind():
+    """docs/formats.md's speculators_model_type row lists the values the tool refuses: none may be a kind the
+    registry reads (it said `dspark` was refused long after dspark drafts were converted and run); the kinds
+    themselves are the page's generated table (tests/test_structure.py keeps it current)."""
+    from dflash_convert.format import kinds
+
+    row = next(line for line in (ROOT / "docs" / "formats.md").read_text().splitlines()
+               if line.startswith("| `speculators_model_type` |"))
+    refused = set(re.findall(r"`(\w+)`", row.partition("other values")[2]))
+    assert refused and not refused & set(kinds.KINDS), f"docs/formats.md says registered kinds are refused: " \
+                                                       f"{sorted(refused & set(kinds.KINDS))}"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from dflash_convert import regenerate
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "dflash_convert"
 RUNTIME = ROOT / "runtime" / "dflash_runtime"
@@ -23,7 +25,7 @@ LAYERS = {
     "dflash_convert.io": 1,
     "dflash_runtime": 2, "dflash_convert.predict": 2,  # predict: configs -> costs; validate, hub and cli ask it
     "dflash_convert.convert": 3, "dflash_convert.validate": 3, "dflash_convert.hub": 3,
-    "dflash_convert.publish": 4, "dflash_convert.schemas": 4,
+    "dflash_convert.publish": 4, "dflash_convert.schemas": 4, "dflash_convert.regenerate": 4,
     "dflash_convert.cli": 5, "dflash_convert.__main__": 5, "dflash_convert": 0,  # the root: __version__ only
 }  # dflash_convert.cli is a package: its modules (commands, _output, _entry, ...) are all layer 5, by unit_of
 MIDDLE = 3  # convert/, validate/ and hub/ do not import each other: what two of them need lives below
@@ -187,14 +189,35 @@ def test_format_keys_live_in_the_config_models_and_mapping_table():
             assert not any(s == key or f'"{key}"' in s for s in strings), f"{path.name} spells the config key {key!r}"
 
 
+def test_every_generated_file_is_current_and_one_command_regenerates_them(tmp_path):
+    """`python -m dflash_convert.regenerate` knows every generated file: each is current, and from a stale copy
+    (a table's body emptied, a schema gone) it writes exactly what the code states, naming what it rewrote."""
+    assert not regenerate.stale(), f"stale generated files {regenerate.stale()}: run {regenerate.COMMAND}"
+    paths = list(regenerate.generated())
+    assert {"docs/formats.md", "docs/engines.md"} <= set(paths) and sum(p.startswith("schemas/") for p in paths) > 1
+    for path in paths:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text((ROOT / path).read_text())
+    doc = tmp_path / "docs" / "formats.md"
+    begin, end = regenerate.KINDS_BEGIN, regenerate.KINDS_END
+    doc.write_text(doc.read_text().replace(doc.read_text().partition(begin)[2].partition(end)[0], "\n"))
+    (tmp_path / "schemas" / "hf-config.schema.json").unlink()
+    assert regenerate.stale(tmp_path) == ["docs/formats.md", "schemas/hf-config.schema.json"]
+    for path in regenerate.stale(tmp_path):
+        (tmp_path / path).write_text(regenerate.current(path, tmp_path))
+    assert all((tmp_path / p).read_text() == (ROOT / p).read_text() for p in paths)
+    r = subprocess.run([sys.executable, "-m", "dflash_convert.regenerate", "--check"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+
+
 def test_schemas_are_current():
     from dflash_convert import schemas
 
     for name in schemas.NAMES:
         on_disk = ROOT / "schemas" / f"{name}.schema.json"
-        assert on_disk.exists(), f"schemas/{on_disk.name} missing: run python -m dflash_convert.schemas"
-        assert on_disk.read_text() == schemas.render(name), \
-            f"schemas/{on_disk.name} is stale: run python -m dflash_convert.schemas"
+        assert on_disk.exists(), f"schemas/{on_disk.name} missing: run {regenerate.COMMAND}"
+        assert on_disk.read_text() == schemas.render(name), f"schemas/{on_disk.name} is stale: run {regenerate.COMMAND}"
 
 
 def test_schema_command(cli):

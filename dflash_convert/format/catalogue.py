@@ -95,6 +95,21 @@ VOCAB_AND_COPIES: tuple[Tensor, ...] = (
 BY_KEY = {t.key: t for t in (*BACKBONE, *VOCAB_AND_COPIES)}  # the backbone's entries, every kind's
 
 
+def _check_kind(kind) -> None:
+    """A kind's own entry may not reuse a key or a name of the backbone's (`entry` and `match` would find the
+    backbone's first, and the kind's tensor would be judged as another)."""
+    for mine in kind.tensors:
+        theirs = next((t for t in BY_KEY.values() if mine.key == t.key or mine.name == t.name), None)
+        if theirs is not None:
+            raise ValueError(f"kind {kind.name}: tensor {mine.key!r} ({mine.name}) collides with the backbone's "
+                             f"{theirs.key!r} ({theirs.name}): rename it")
+
+
+for _kind in kinds.all_kinds():
+    _check_kind(_kind)
+kinds.CHECKS.append(_check_kind)
+
+
 def entries(variant: str | None = None) -> tuple[Tensor, ...]:
     """The catalogue: every registered kind's entries (None), or those a draft of kind `variant` may have."""
     if variant is not None:

@@ -14,6 +14,7 @@ gigabytes or dividing by zero later.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -164,13 +165,27 @@ class SpeculatorsBlock(_Open):
     verifier: VerifierRef = Field(default_factory=VerifierRef)
 
 
+def key_types() -> dict[str, tuple]:
+    """ConfigKey.typed -> the (annotation, field) a config model checks a key of that type with."""
+    return {"size": (int | None, _size(0, MAX_CONV, default=None)), "text": (Text | None, None),
+            "bool": (bool | None, None), "float": (float | None, Field(None, allow_inf_nan=False))}
+
+
+@functools.lru_cache(maxsize=None)
+def kind_keys_model(kind) -> type[BaseModel]:
+    """A model of one kind's typed keys (by name): how a kind registered after the config models were built (a
+    plug-in's, a test's) has its keys checked as the built-in kinds' are."""
+    types = key_types()
+    return create_model(f"{type(kind).__name__}Keys", __base__=_Open,
+                        **{k.name: types[k.typed] for k in kind.keys if k.typed})
+
+
 def _kind_fields(where: str, declared: type[BaseModel]) -> dict[str, Any]:
     """The kinds' typed config keys as fields of a config model (`where` they sit: "speculators" at the top level,
     "hf_top" at the top level of an HF config, "dflash_config" inside it), those `declared` has left out. The
     models are built at import: a kind registered later (a plug-in, a test) has its keys carried unchecked by them
     and judged by its own rules."""
-    types = {"size": (int | None, _size(0, MAX_CONV, default=None)), "text": (Text | None, None),
-             "bool": (bool | None, None)}
+    types = key_types()
     chosen = {"speculators": lambda k: k.speculators is not None, "hf_top": lambda k: k.hf_top,
               "dflash_config": lambda k: not k.hf_top or k.hf_nested}[where]
     return {k.name: types[k.typed] for kind in kinds.KINDS.values() for k in kind.keys

@@ -22,6 +22,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.format import catalogue, keys, kinds, mapping
 from dflash_convert.format.configs import DraftSpec, Format, is_hub_id
 from dflash_convert.format.engine_reading import ORDER_IDS, ConfigReading, read_config
+from dflash_convert.format.kinds.base import BACKBONE_RULES, RUNTIME_ONLY
 from dflash_convert.format.engines import (
     ENGINES_BY_KEY, MASK_EMBEDDING_FILE, RULE_TEXT, TRAINED_WINDOW, BlockSize, Causality, EngineRules,
     FcWidth, IdsMissing, LastLayer, Mask, MaskEmbedding, Mixed, Verifier, Vocab, WindowMissing, WindowSemantics,
@@ -135,6 +136,14 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
     """
     view = EngineView(engine=rules.key, title=rules.title, version=rules.version, reads=rules.reads)
     div = view.divergences
+    kind = kinds.of(spec.variant)
+    if kind.engine_support == RUNTIME_ONLY:  # nothing of the engine's to read: it has no model of this kind
+        view.loads = False
+        div.append(Divergence(field="engine_support", severity="error", trained=kind.name, applied=None,
+                              consequence=f"runtime only: no engine serves {kind.title} drafts (none has a model "
+                                          "of this kind); the bundled runtime runs it",
+                              fix="validate it with the bundled runtime (validate without --engine)"))
+        return view
     if raw is None or spec.source_format != rules.reads:
         view.via_conversion = True
         try:
@@ -284,7 +293,7 @@ def _view_v2_runner(view: EngineView, rules: EngineRules, spec: DraftSpec, r: Co
                               consequence="vLLM's V1 model runner refuses drafts mixing sliding and full layers",
                               fix="run vLLM with VLLM_USE_V2_MODEL_RUNNER=1 (the default where Triton is present)"))
     kind = kinds.of(spec.variant)
-    if kind.vllm_v1_refusal and not kind.support and rules.engine == "vllm":  # a kind with a sub-table says it there
+    if kind.vllm_v1_refusal and kind.engine_support == BACKBONE_RULES and rules.engine == "vllm":  # (a sub-table says it)
         div.append(_v2_runner_only(kind.vllm_v1_label, kind.vllm_v1_refusal))
 
 
@@ -457,10 +466,18 @@ def format_cannot_hold(view: EngineView) -> bool:
     return not view.loads and any(d.field == "format" and d.severity == "error" for d in view.divergences)
 
 
+def runtime_only(view: EngineView) -> bool:
+    """The draft's kind is served by no engine (Kind.engine_support RUNTIME_ONLY): a fact of the kind, noted, not a
+    problem of this draft."""
+    return not view.loads and any(d.field == "engine_support" for d in view.divergences)
+
+
 def view_state(view: EngineView) -> str:
     """as trained / DIFFERS from training / does not load, and the model runner it needs, if only one serves it."""
     if format_cannot_hold(view):
         return "not served (its format cannot hold this draft)"
+    if runtime_only(view):
+        return "not served (runtime only: no engine serves this kind)"
     state = "as trained" if view.as_trained else ("does not load" if not view.loads else "DIFFERS from training")
     runners = sorted({d.applied for d in view.divergences if isinstance(d.applied, str)
                       and d.applied.endswith("model runner only")})

@@ -4,7 +4,7 @@
 different code paths, so it has two rows; what both paths share is stated once). Each field holds a
 rule kind, a member of that field's enum (a name that is no kind fails when the row is built);
 `RULE_TEXT` says what each kind means and the engine table of docs/engines.md is generated from both
-(`python -m dflash_convert.format.engines --write-readme`).
+(`python -m dflash_convert.regenerate`, which regenerates every generated file).
 
 The code that applies the table lives beside it: format/engine_reading.py reads a config with one
 reader per kind, the way that engine's own config-reading code does; format/engine_views.py compares
@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from dflash_convert.errors import UsageError
 from dflash_convert.format import catalogue, keys, kinds, mapping
 from dflash_convert.format.configs import Format
+from dflash_convert.format.kinds.base import OWN_TABLE, RUNTIME_ONLY
 
 ENGINE_NAMES: tuple[str, ...] = ("vllm", "sglang", "zlab", "transformers")
 
@@ -439,14 +440,19 @@ def _check_kinds() -> None:
     """Each kind's engine sub-table has a row per engine and a text per kind of support: a kind registered without
     them fails when checked (at import for the built-in kinds), not in a user's run."""
     for kind in kinds.all_kinds():
-        if kind.support and (set(kind.support) != set(ENGINES_BY_KEY) or not set(kind.support.values())
-                             <= set(kind.support_text) or not kind.support_title):
-            raise ValueError(f"kind {kind.name}: its engine support must name each of {', '.join(ENGINES_BY_KEY)} "
-                             "with a kind of support its support_text says, under a support_title")
+        _check_kind(kind)
+
+
+def _check_kind(kind) -> None:
+    if kind.support and (set(kind.support) != set(ENGINES_BY_KEY) or not set(kind.support.values())
+                         <= set(kind.support_text) or not kind.support_title):
+        raise ValueError(f"kind {kind.name}: its engine support must name each of {', '.join(ENGINES_BY_KEY)} "
+                         "with a kind of support its support_text says, under a support_title")
 
 
 _check_tables()
 _check_kinds()
+kinds.CHECKS.append(_check_kind)  # a kind registered later (a plug-in, a test) is held to the same
 
 
 # ----------------------------------------------------------------------------- docs: the table of docs/engines.md
@@ -462,35 +468,17 @@ def render_markdown() -> str:
         lines.append(f"| {FIELD_TITLES[f.name]} | " + " | ".join(cells) + " |")
         if f.name == KIND_ROWS_AFTER:
             lines += [f"| {k.support_title} | " + " | ".join(k.support_text[k.support[e.key]] for e in ENGINES) + " |"
-                      for k in kinds.all_kinds() if k.support]
+                      for k in kinds.all_kinds() if k.engine_support == OWN_TABLE]
+            lines += [f"| {k.title} drafts | " + " | ".join(RUNTIME_ONLY_TEXT for _ in ENGINES) + " |"
+                      for k in kinds.all_kinds() if k.engine_support == RUNTIME_ONLY]
     return "\n".join(lines) + "\n"
 
 
 KIND_ROWS_AFTER = "verifier"  # the table's rows of the kinds' own engine support follow this field's
+RUNTIME_ONLY_TEXT = "not served (runtime only: the bundled runtime runs it)"
 
 
-README_START, README_END = "<!-- engines-table:start -->\n", "<!-- engines-table:end -->"
-
-
-def write_readme(path: str = "docs/engines.md") -> None:
-    """Replace the generated table between the markers of docs/engines.md with `render_markdown()`."""
-    from pathlib import Path
-
-    text = Path(path).read_text()
-    head, _, rest = text.partition(README_START)
-    _, _, tail = rest.partition(README_END)
-    if not rest:
-        raise SystemExit(f"{path} has no {README_START.strip()} marker")
-    Path(path).write_text(head + README_START + render_markdown() + README_END + tail)
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["--write-readme"]:
-        write_readme()
-    else:
-        sys.stdout.write(render_markdown())
+README_START, README_END = "<!-- engines-table:start -->\n", "<!-- engines-table:end -->"  # regenerate.py
 
 
 # ----------------------------------------------------------------------------- quantized drafts

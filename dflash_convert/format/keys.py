@@ -3,7 +3,7 @@
 One row per key: which draft kinds have it, where each format keeps it, the value that leaves the
 computation unchanged (`neutral`), who reads it and what it changes. Conversion reads this table to
 carry each key or refuse it by name (never drop it), `diff` compares every key in it, and
-docs/formats.md's key table is generated from it (`python -m dflash_convert.format.keys`). Each row lives with
+docs/formats.md's key table is generated from it (`python -m dflash_convert.regenerate`). Each row lives with
 the kind that has it (format/kinds/: the backbone's rows in kinds/base.py); this module reads them from the
 registry and says what the table means.
 
@@ -108,10 +108,3 @@ def render_into(text: str) -> str:
     _, _, tail = rest.partition(DOC_END)
     return f"{head}{DOC_BEGIN}\n{markdown_table()}\n{DOC_END}{tail}"
 
-
-if __name__ == "__main__":  # rewrite docs/formats.md's table
-    import sys
-    from pathlib import Path
-
-    doc = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/formats.md")
-    doc.write_text(render_into(doc.read_text()))

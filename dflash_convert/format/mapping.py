@@ -31,6 +31,7 @@ from dflash_convert.format.configs import (
     SpeculatorsDFlashConfig,
     TransformersDFlashConfig,
     VerifierRef,
+    kind_keys_model,
 )
 from dflash_convert.errors import DFlashError
 from dflash_convert.format import foreign, keys, kinds
@@ -116,9 +117,9 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
         raise DFlashError(other[1].line(other[0], other[2]), file=file)
     refused = next((a for a in archs if a in REFUSED_ARCHITECTURES), None)
     if refused is not None:
+        handled = kinds.in_words([k.hf_architecture for k in kinds.all_kinds()])
         raise DFlashError(f"architectures {_short(archs)}: {refused} is {REFUSED_ARCHITECTURES[refused]}; "
-                          "dflash-convert handles DFlashDraftModel, DFlash2DraftModel and Qwen3DSparkModel drafts",
-                          file=file)
+                          f"dflash-convert handles {handled} drafts", file=file)
     if "dflash_config" in raw:
         return "hf", DEFAULT_KIND
     found = f"architectures {archs}" if archs else "no architectures and no speculators_model_type"
@@ -249,7 +250,7 @@ def _spec_from_speculators(raw: dict, variant: str, file: str) -> DraftSpec:
         num_target_layers=cfg.num_target_layers,
         target_hidden_size=cfg.target_hidden_size,
         verifier=VerifierRef.model_validate(verifier.model_dump()) if verifier and verifier.name_or_path else None,
-        variant_fields=_speculators_fields(raw, variant),
+        variant_fields=_speculators_fields(raw, variant, file),
         extra={k: v for k, v in raw.items() if k not in speculators_known_keys()},
         dtype=raw.get("dtype") or raw.get("torch_dtype"),
         legacy_speculative_tokens=cfg.block_size if cfg.legacy_speculative_tokens else None,
@@ -269,7 +270,7 @@ def legacy_speculative_tokens_warning(spec: DraftSpec) -> str | None:
             f"speculative_tokens = {b - 1})")
 
 
-def _speculators_fields(raw: dict, variant: str) -> dict[str, Any]:
+def _speculators_fields(raw: dict, variant: str, file: str) -> dict[str, Any]:
     """The family keys of a speculators config under speculators' names, absent ones as its class fills them."""
     out = {}
     for k in keys.keys_for(variant):
@@ -277,7 +278,20 @@ def _speculators_fields(raw: dict, variant: str) -> dict[str, Any]:
             out[k.name] = raw[k.speculators]
         elif k.filled:
             out[k.name] = k.filled[0]
-    return out
+    return _typed(variant, out, lambda k: k.speculators, file)
+
+
+def _typed(variant: str, fields: dict[str, Any], path, file: str) -> dict[str, Any]:
+    """`fields`, once the kind's typed keys hold values of their type (ConfigKey.typed); `path(key)` names a key in
+    the file. The config models check the built-in kinds' keys already; a kind registered later is checked here."""
+    try:
+        kind_keys_model(kinds.of(variant)).model_validate(fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = kinds.of(variant).key(str(err["loc"][0]))
+        raise DFlashError(f"field `{path(key)}`: {err['msg']} (got {_short(err.get('input'))})"[:400],
+                          file=file) from None
+    return fields
 
 
 def _hf_fields(raw: dict, raw_dc: dict, variant: str, file: str) -> dict[str, Any]:
@@ -296,7 +310,7 @@ def _hf_fields(raw: dict, raw_dc: dict, variant: str, file: str) -> dict[str, An
             out[k.name] = value
     if contradiction := kinds.of(variant).check_hf_fields(raw, out):
         raise DFlashError(contradiction, file=file)
-    return out
+    return _typed(variant, out, lambda k: k.hf_path, file)
 
 
 def _spec_from_hf(raw: dict, variant: str, file: str) -> DraftSpec:
@@ -584,8 +598,9 @@ def transformers_refusals(spec: DraftSpec) -> list[str]:
     """Why transformers' own layout cannot state this draft (empty: it can)."""
     out = []
     if spec.variant != TRANSFORMERS_KIND:
-        out.append(f"a {spec.variant} draft: transformers' MuseGlimmerAssistantModel has none of its modules "
-                   "(dflash2's convolutions and candidate selector, DSpark's Markov and confidence heads)")
+        modules = kinds.of(spec.variant).modules or "modules"
+        out.append(f"a {spec.variant} draft: transformers' MuseGlimmerAssistantModel has no {modules} "
+                   f"(it holds {TRANSFORMERS_KIND} drafts only)")
     if spec.is_pruned_vocab:
         out.append(f"a pruned vocabulary (lm_head [{spec.draft_vocab_size}, {spec.hidden_size}] + d2t): transformers "
                    "drafts over the target's output embeddings and has no place for the draft's own lm_head")

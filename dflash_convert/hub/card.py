@@ -17,7 +17,7 @@ from dflash_convert.io.checkpoint import open_checkpoint
 
 from dflash_convert.io.reading import read_json
 from dflash_convert.format import kinds
-from dflash_convert.format.kinds.base import CardServing
+from dflash_convert.format.kinds.base import RUNTIME_ONLY, CardServing
 from dflash_convert.format.configs import ConversionRecord, DraftSpec
 from dflash_convert.errors import DFlashError
 
@@ -200,22 +200,28 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
     draft_tokens = kind.sglang_draft_tokens(block)
     serving = kind.card_serving(block, num_spec, anchor)
     non_causal = not all(spec.layer_causal)
-    lines += ["### Serve with vLLM", "", "```bash", f"vllm serve {target} \\",
-              f"  --speculative-config '{{\"method\": \"{serving.vllm_method}\", \"model\": \"{repo_id}\", "
-              f"\"num_speculative_tokens\": {num_spec}}}'" + (" \\" if non_causal else ""),
-              *(["  --attention-backend FLASH_ATTN"] if non_causal else []), "```", ""]
-    if non_causal:
-        lines += ["The draft attends non-causally inside a block: vLLM needs an attention backend with non-causal "
-                  "support, e.g. `FLASH_ATTN` or `FLEX_ATTENTION` (`--attention-backend`); backends without it are "
-                  "refused or give wrong drafts.", ""]
-    lines += ["### Serve with SGLang", "", "```bash", "python -m sglang.launch_server \\",
-              f"  --model-path {target} \\", f"  --speculative-algorithm {serving.sglang_algorithm} \\",
-              f"  --speculative-draft-model-path {repo_id} \\", f"  --speculative-num-draft-tokens {draft_tokens}",
-              "```", "", serving.sglang_note, ""]
+    runtime_only = kind.engine_support == RUNTIME_ONLY
+    if runtime_only:  # no engine has a model of the kind: no serving command would load it
+        lines += ["### Serving", "", f"No serving engine has a model of {kind.title} drafts: dflash-convert's bundled "
+                  "runtime runs it (`dflash-convert validate`).", ""]
+    else:
+        lines += ["### Serve with vLLM", "", "```bash", f"vllm serve {target} \\",
+                  f"  --speculative-config '{{\"method\": \"{serving.vllm_method}\", \"model\": \"{repo_id}\", "
+                  f"\"num_speculative_tokens\": {num_spec}}}'" + (" \\" if non_causal else ""),
+                  *(["  --attention-backend FLASH_ATTN"] if non_causal else []), "```", ""]
+        if non_causal:
+            lines += ["The draft attends non-causally inside a block: vLLM needs an attention backend with non-causal "
+                      "support, e.g. `FLASH_ATTN` or `FLEX_ATTENTION` (`--attention-backend`); backends without it are "
+                      "refused or give wrong drafts.", ""]
+        lines += ["### Serve with SGLang", "", "```bash", "python -m sglang.launch_server \\",
+                  f"  --model-path {target} \\", f"  --speculative-algorithm {serving.sglang_algorithm} \\",
+                  f"  --speculative-draft-model-path {repo_id} \\", f"  --speculative-num-draft-tokens {draft_tokens}",
+                  "```", "", serving.sglang_note, ""]
     if validation:
         lines += _render_validation(validation)
-        lines += _render_k(validation, target, repo_id, serving)
-        lines += _render_prediction(validation, target, repo_id)
+        if not runtime_only:
+            lines += _render_k(validation, target, repo_id, serving)
+            lines += _render_prediction(validation, target, repo_id)
     if record is not None:
         rev = f" at `{record.source_revision}`" if record.source_revision else ""
         lines += ["### Provenance", "",

@@ -114,6 +114,10 @@ class InspectReport(BaseModel):
                 console.print("  " + next(d.consequence for d in view.divergences if d.field == "format"),
                               markup=False)
                 continue
+            if engine_views.runtime_only(view):  # the kind's, said once for every engine: a note, not a problem
+                notes.setdefault(next(d.consequence for d in view.divergences if d.field == "engine_support"),
+                                 []).append(view.title)
+                continue
             if not view.as_trained or len(self.engines) == 1:
                 for line in engine_views.render_view(view)[1:2]:
                     console.print(line, markup=False)
@@ -244,10 +248,11 @@ def engine_checks(views: list[EngineView], *, asked: bool = False) -> list[Check
     as a failed check naming the engine and the fields: a problem like any other, in the verdict line, the JSON
     and the exit code. Warnings (some deployments only) stay notes of the view. An engine whose own format
     cannot hold the draft at all (transformers' layout and a causal draft) serves another kind of draft: its view
-    says so, and it is a problem only when that engine was `asked` for (`inspect --engine E`)."""
+    says so, and it is a problem only when that engine was `asked` for (`inspect --engine E`); so is a kind no engine
+    serves (runtime only), which the views note."""
     checks = []
     for view in views:
-        if not asked and engine_views.format_cannot_hold(view):
+        if not asked and (engine_views.format_cannot_hold(view) or engine_views.runtime_only(view)):
             continue
         errors = [d.field for d in view.divergences if d.severity == "error"]
         if errors or not view.loads:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from factories import read_config
 
+from dflash_convert import regenerate
 from dflash_convert.format import engine_reading, engine_views, engines, mapping
 from dflash_convert.format.engine_views import engine_view
 from dflash_convert.format.engines import ENGINES_BY_KEY
@@ -355,9 +356,8 @@ def test_validate_engine_that_cannot_load_skips_the_runtime_levels(cli, speculat
 def test_readme_engine_section_is_generated_from_the_table():
     page = (ROOT / "docs" / "engines.md").read_text()
     m = re.search(r"<!-- engines-table:start -->\n(.*?)<!-- engines-table:end -->", page, re.S)
-    assert m, "docs/engines.md lacks its generated table (python -m dflash_convert.format.engines --write-readme)"
-    assert m.group(1) == engines.render_markdown(), "docs/engines.md's engine table is stale: run " \
-                                                      "python -m dflash_convert.format.engines --write-readme"
+    assert m, "docs/engines.md lacks its generated table's markers"
+    assert m.group(1) == engines.render_markdown(), f"docs/engines.md's engine table is stale: run {regenerate.COMMAND}"
 
 
 def test_every_rule_kind_has_its_text_and_every_engine_row_is_known():

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from factories import copy_with_config, read_config
+from dflash_convert import regenerate
 from dflash_convert.format import keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,7 @@ def test_a_round_trip_keeps_what_engines_act_on_or_stops_by_name(hf_dflash, tmp_
 
 def test_the_docs_table_is_current():
     text = (ROOT / "docs" / "formats.md").read_text()
-    assert keys.render_into(text) == text, "run: python -m dflash_convert.format.keys docs/formats.md"
+    assert keys.render_into(text) == text, f"docs/formats.md's key table is stale: run {regenerate.COMMAND}"
 
 
 # ----------------------------------------------------------------------------- inspect sees the family

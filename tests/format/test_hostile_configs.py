@@ -189,6 +189,11 @@ HF_CASES = {
     "eps_nan": (lambda c: c.update(rms_norm_eps=float("nan")), ["rms_norm_eps", "NaN"]),
     "heads_zero": (lambda c: c.update(num_attention_heads=0), ["num_attention_heads"]),
     "num_target_layers_zero": (lambda c: c.update(num_target_layers=0), ["num_target_layers"]),
+    # a float key (ConfigKey.typed "float") is a number: never a string, a bool or carried unchecked
+    "float_key_string": (lambda c: c["dflash_config"].update(output_multiplier="0.5"),
+                         ["dflash_config.output_multiplier"]),
+    "float_key_bool": (lambda c: c["dflash_config"].update(final_logit_softcapping=True),
+                       ["dflash_config.final_logit_softcapping"]),
 }
 
 

@@ -6,6 +6,7 @@ acceptance our decode loop says transformers has, step by step (float32)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from factories import assert_bit_identical, copy_with_config, read_config, tensors_of
 from runtime_helpers import close, speculators_draft, write_hf_draft
 
-from dflash_convert.format import mapping
+from dflash_convert.format import kinds, mapping
 from dflash_convert.io.checkpoint import open_checkpoint
 from dflash_convert.validate.engine import transformers_engine as te
 
@@ -161,10 +162,11 @@ def test_a_pruned_vocabulary_is_refused(cli, tmp_path):
     assert r.code == 1 and "a pruned vocabulary" in r.err and "target's output embeddings" in r.err
 
 
-@pytest.mark.parametrize("variant, module", [("dflash2", "convolutions"), ("dspark", "Markov")])
-def test_dflash2_and_dspark_modules_are_refused(tmp_path, variant, module):
+@pytest.mark.parametrize("variant", [k for k in kinds.BUILT_IN if kinds.of(k).modules])
+def test_dflash2_and_dspark_modules_are_refused(tmp_path, variant):
+    """A kind with modules of its own (dflash2's, dspark's: Kind.modules) has no place in transformers' layout."""
     spec = open_checkpoint(write_hf_draft(tmp_path / "d", bias=False, causal=False)).spec
-    with pytest.raises(Exception, match=f"a {variant} draft: .*{module}"):
+    with pytest.raises(Exception, match=f"a {variant} draft: .*{re.escape(kinds.of(variant).modules)}"):
         mapping.spec_to_transformers(spec.model_copy(update={"variant": variant}))
 
 

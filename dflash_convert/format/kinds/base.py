@@ -25,6 +25,9 @@ REGISTRY: dict[str, "Kind"] = {}
 # ----------------------------------------------------------------------------- config keys
 
 
+TYPES = ("size", "text", "bool", "float")  # ConfigKey.typed: a positive int, a string, true/false, a finite number
+
+
 @dataclass(frozen=True)
 class ConfigKey:
     """One DFlash-family config key an engine reads beyond the decoder config (keys.py says the table's rules)."""
@@ -38,7 +41,7 @@ class ConfigKey:
     hf_top: bool = False  # the HF layout keeps it at the top level (DSpark's keys), not inside dflash_config
     filled: tuple = ()  # (value,): what speculators' config class fills in when its config.json lacks the key
     hf_filled: tuple = ()  # (value,): what every HF reader (vLLM, SGLang) acts on when the key is absent
-    # the type the config models check it as ("size", "text" or "bool"; None: not declared, carried unchecked)
+    # the type the config models check it as (one of TYPES; None: not declared, carried unchecked)
     typed: str | None = None
     hf_nested: bool = False  # an hf_top key published drafts may nest in dflash_config too (checked there as well)
 
@@ -67,11 +70,11 @@ class ConfigKey:
 # the selector), and attention variants of published HF drafts.
 LOGIT_MAPS = (
     ConfigKey("input_embedding_scale", "vLLM (dflash2)", "multiplies the block's token embeddings",
-              neutral=(1.0, 1)),
+              neutral=(1.0, 1), typed="float"),
     ConfigKey("output_multiplier", "vLLM (dflash2), SGLang", "multiplies the draft's logits (before the cap)",
-              neutral=(1.0, 1)),
+              neutral=(1.0, 1), typed="float"),
     ConfigKey("final_logit_softcapping", "vLLM (dflash2), SGLang",
-              "caps the multiplied logits: c * tanh(m * logits / c)", neutral=(0.0, 0)),
+              "caps the multiplied logits: c * tanh(m * logits / c)", neutral=(0.0, 0), typed="float"),
 )
 ATTENTION_VARIANTS = (
     ConfigKey("use_swa", "vLLM", "makes every layer sliding-window, whatever layer_types says", neutral=(False,)),
@@ -164,6 +167,14 @@ def sized(spec: DraftSpec, *dims) -> Shape | None:
 
 # ----------------------------------------------------------------------------- the kind
 
+# Kind.engine_support: how the serving engines take a kind
+BACKBONE_RULES = "backbone rules"  # their model of the kind reads the config as engines.py's table says, plus the
+#                                    kind's engine_view hook (dflash, dflash2)
+OWN_TABLE = "own table"  # its own sub-table says what each engine serves (dspark)
+RUNTIME_ONLY = "runtime only"  # no engine serves it: the bundled runtime runs it, and inspect notes that
+ENGINE_SUPPORT = (BACKBONE_RULES, OWN_TABLE, RUNTIME_ONLY)
+
+
 @dataclass(frozen=True)
 class CardServing:
     """How the model card says to serve a draft of a kind (vLLM's method, SGLang's algorithm and block)."""
@@ -194,8 +205,11 @@ class Kind:
     # the message vLLM's V1 model runner refuses this kind with (None: V1 serves it), and the kind in its words
     vllm_v1_refusal: str | None = None
     vllm_v1_label: str = ""
-    # engine support, a sub-table owned by the kind: engine row key (engines.ENGINES) -> a kind of support,
-    # `support_text` what each means (docs/engines.md gets a row titled `support_title`); empty: the backbone's
+    # how the serving engines take this kind: one of ENGINE_SUPPORT, chosen in the kind's own class (never
+    # inherited: a kind built on another's module does not inherit its engines; the registry refuses it unset)
+    engine_support: str
+    # with engine_support OWN_TABLE, the sub-table: engine row key (engines.ENGINES) -> a kind of support,
+    # `support_text` what each means (docs/engines.md gets a row titled `support_title`)
     support: dict[str, str] = {}
     support_text: dict[str, str] = {}
     support_title: str = ""

@@ -4,7 +4,7 @@ Domino projector."""
 
 from __future__ import annotations
 
-from dflash_convert.format.kinds.base import ATTENTION_VARIANTS, LOGIT_MAPS, ConfigKey, Kind
+from dflash_convert.format.kinds.base import ATTENTION_VARIANTS, BACKBONE_RULES, LOGIT_MAPS, ConfigKey, Kind
 
 # anchor: DFlash's anchor slot is a bonus token; vLLM refuses true for DFlash (DSpark's mode)
 SAMPLE_FROM_ANCHOR = ConfigKey("sample_from_anchor", "vLLM", "whether the anchor slot predicts a token",
@@ -25,6 +25,7 @@ class DFlash(Kind):
     hf_architecture = "DFlashDraftModel"
     speculators_architecture = "DFlashDraftModel"
     keys = (*LOGIT_MAPS, SAMPLE_FROM_ANCHOR, *ATTENTION_VARIANTS, *DOMINO)
+    engine_support = BACKBONE_RULES
     legacy_block_writer = True  # speculators PR #354 .. #456 (2026-04-15 .. 04-21)
 
 

@@ -5,7 +5,7 @@ qwen3_dflash2.py). It takes every DFlash key; its own four sizes are required.""
 from __future__ import annotations
 
 from dflash_convert.format.kinds.dflash import DFlash
-from dflash_convert.format.kinds.base import ConfigKey, Tensor, sized
+from dflash_convert.format.kinds.base import BACKBONE_RULES, ConfigKey, Tensor, sized
 
 NAME = "dflash2"
 # convolutions and candidate selector (speculators trains them; vLLM copies them from the top level)
@@ -98,6 +98,7 @@ class DFlash2(DFlash):
     tensors = TENSORS
     rules = RULES
     modules = "convolution and selector"
+    engine_support = BACKBONE_RULES  # vLLM's and SGLang's DFlash2 models (V2 model runner only in vLLM)
     speculators_non_causal_default = True
     legacy_block_writer = False
     vllm_v1_refusal = "Model Runner V1 does not support: DFlash candidate-head drafts"

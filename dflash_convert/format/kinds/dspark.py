@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_convert.format.kinds.base import ATTENTION_VARIANTS, LOGIT_MAPS, CardServing, ConfigKey, Kind, Tensor, sized
+from dflash_convert.format.kinds.base import (
+    ATTENTION_VARIANTS, LOGIT_MAPS, OWN_TABLE, CardServing, ConfigKey, Kind, Tensor, sized,
+)
 
 NAME = "dspark"
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
@@ -33,7 +35,8 @@ OWN_KEYS = (
               "the Markov step scores only the top-k base candidates of each slot (a speculative-config "
               "option too)", hf_top=True),
     ConfigKey("logit_scale", "vLLM (qwen3_dspark.py's logits processor)",
-              "multiplies the DSpark draft's logits", neutral=(1.0, 1), hf_top=True),
+              "multiplies the DSpark draft's logits", neutral=(1.0, 1), hf_top=True,
+              typed="float"),
 )
 BOOLS = ("sample_from_anchor", "enable_confidence_head", "confidence_head_with_markov")
 BONUS_ANCHOR = "dspark_bonus_anchor"  # what vLLM's speculators reader writes: not sample_from_anchor
@@ -200,6 +203,7 @@ class DSpark(Kind):
     anchor_may_propose = True
     vllm_v1_refusal = VLLM_V1_DSPARK
     vllm_v1_label = "DSpark"
+    engine_support = OWN_TABLE
     support, support_text, support_title = SUPPORT, SUPPORT_TEXT, "DSpark drafts"
     drops_mask_embedding = True  # vLLM 0.33's and SGLang 0.5.23's DSpark loaders (the mask slots embed the vocab row)
 
