@@ -69,19 +69,6 @@ def family_draft(kind: str, cfg: dict, tensors: dict, device, dtype, pool):
     return spec, tensors2
 
 
-def steady_rounds(step, device, steps: int, max_rounds: int = 6) -> tuple[float, float, int]:
-    """(first round's median, the settled round's median, rounds taken), seconds."""
-    first = previous = rb.timed(step, device, steps)
-    rounds = 1
-    while rounds < max_rounds:
-        current = rb.timed(step, device, steps)
-        rounds += 1
-        if abs(current - previous) <= 0.05 * previous:
-            return first, current, rounds
-        previous = current
-    return first, previous, rounds
-
-
 def profile(step, device, n: int, top: int, step_ms: float, floor_ms: float) -> dict:
     """n steps under torch.profiler: device-busy time per step, the top kernels, the time by kernel kind, what
     bounds the step. On a CPU (a dry run) the same over CPU operators."""
@@ -161,7 +148,7 @@ def bench_kind(kind: str, spec, tensors, lm_head, embed, device, dtype, args, ba
         step()  # the compiled mode compiles here
         rb.sync(device)
         out[f"{mode}_first_call_s"] = time.perf_counter() - t
-        first, settled, rounds = steady_rounds(step, device, args.steps)
+        first, settled, rounds = rb.steady_rounds(step, device, args.steps)
         out.update({f"{mode}_first_round_ms": first * 1e3, f"{mode}_ms": settled * 1e3, f"{mode}_rounds": rounds})
         record()
         print(f"{kind:8} {mode:9} first call {out[f'{mode}_first_call_s']:7.2f} s; first round {first * 1e3:9.3f} ms; "
