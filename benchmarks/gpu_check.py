@@ -39,9 +39,9 @@ BENCH = ROOT / "benchmarks"
 # CPU-bound, the GPU is nearly idle), each shard's files in order of value: what no loan has run yet first
 # (compiled steps in bf16, validate in bf16), then what failed (the hybrid target), then what passed before.
 TEST_SHARDS = [
-    ["tests/runtime/test_runtime_compile.py", "tests/validate/test_validate.py"],
+    ["tests/runtime/test_runtime_compile.py"],
     ["tests/runtime/test_targets.py", "tests/runtime/test_runtime_target.py"],
-    ["tests/runtime/test_runtime_dflash2.py", "tests/runtime/test_runtime_dspark.py",
+    ["tests/validate/test_validate.py", "tests/runtime/test_runtime_dflash2.py", "tests/runtime/test_runtime_dspark.py",
      "tests/runtime/test_runtime_decode.py", "tests/runtime/test_runtime_attention.py"],
 ]
 TEST_FILES = [f for shard in TEST_SHARDS for f in shard]
