@@ -6,7 +6,7 @@ test's message and first traceback lines) and OUT/figures.txt (a short table, th
 figures) are rewritten, and every part's output goes to OUT/gpu-check.log: three files, whatever happens.
 
 The budgets are one loan's (an H200: 15 minutes of device time, start-up included): the default parts add up to
-470 s, under 8 minutes with the wheels' install. What does not fit is left to a second loan: the CUDA tests
+500 s, under 9 minutes with the wheels' install (about 400 s expected: a part ends when its children do). What does not fit is left to a second loan: the CUDA tests
 marked beyond_one_loan (--all-tests) and the parts in EXTRA_PARTS (--parts NAME).
 
 --dry-run runs the same parts on the CPU at tiny shapes, eager only, in about a minute of CPU time (the tests
@@ -70,9 +70,9 @@ class Part:
 PARTS = [
     Part("tests", 150, "CUDA tests in 3 parallel shards (bf16 at the tests' stated tolerances, compiled steps "
                        "(CUDA graphs) vs eager, every target kind vs generate, validate in bf16, hybrid rollback)"),
-    Part("steps", 100, "draft steps (dflash, dflash2, DSpark), Qwen3-8B-DFlash-b16 shape: eager cold and warm, "
+    Part("steps", 110, "draft steps (dflash, dflash2, DSpark), Qwen3-8B-DFlash-b16 shape: eager cold and warm, "
                        "compiled (CUDA graphs) vs the weight-read floor, torch.profiler's top kernels per step"),
-    Part("zlab", 90, "z-lab's dflash_generate vs ours (eager, compiled) vs generate alone: bundled pair (non-causal) "
+    Part("zlab", 110, "z-lab's dflash_generate vs ours (eager, compiled) vs generate alone: bundled pair (non-causal) "
                      "and an 8B-shaped random pair; outputs equal, tau, ms per token"),
     Part("validate", 85, "validate end to end, 8B-shaped random pair (36-layer target): wall time, peak GPU memory"),
     Part("hybrid", 45, "hybrid (Qwen3.5 layout) verify step with rollback vs attention-only of the same size, eager"),

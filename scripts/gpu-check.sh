@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a GPU machine (one H200: the parts' budgets add up to 470 s, under 8 minutes with the install): the
+# One call on a GPU machine (one H200: the parts' budgets add up to 500 s, under 9 minutes with the install): the
 # CUDA tests, then the GPU figures, each part in its own time budget (benchmarks/gpu_check.py lists the parts,
 # budgets and goals). Writes OUT/figures.json, OUT/figures.txt (failed tests' messages and tracebacks included)
 # and OUT/gpu-check.log. Exit 0 when every part ran and passed, 1 otherwise.

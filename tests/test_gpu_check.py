@@ -142,9 +142,9 @@ def test_a_failing_cuda_test_comes_back_with_its_message_and_traceback(tmp_path)
 
 
 def test_the_one_loan_run_fits_its_budget_and_leaves_the_long_tests_to_a_second():
-    """The default parts fit one loan (under 8 minutes of budgets: a loan is 15 minutes with start-up), and the
+    """The default parts fit one loan (500 s of budgets, under 9 minutes with the install: a loan is 15 minutes with start-up), and the
     tests part deselects the tests marked beyond_one_loan unless asked."""
-    assert sum(p.budget_s for p in gpu_check.PARTS) <= 480
+    assert sum(p.budget_s for p in gpu_check.PARTS) <= 500
     assert ["-m", "not beyond_one_loan"] == gpu_check.tests_argv(["t.py"], False)[-3:-1]
     assert "beyond_one_loan" not in " ".join(gpu_check.tests_argv(["t.py"], True))
     assert sorted(f for shard in gpu_check.TEST_SHARDS for f in shard) == sorted(set(gpu_check.TEST_FILES))
