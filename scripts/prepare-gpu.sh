@@ -48,3 +48,23 @@ find "$DEST" -name "*.whl" ! -name "flash_attn-*" -delete  # one version of each
   -d "$DEST" $pins
 printf '%s\n' $pins > "$DEST/pins.txt"
 echo "build/gpu-wheels: $(ls "$DEST"/*.whl | wc -l) wheels, $(du -sh "$DEST" | cut -f1)" >&2
+
+# z-lab's reference loop for the GPU check's zlab part: benchmarks/zlab_bench.py imports dflash/model.py from
+# build/zlab-dflash (a carried path on the GPU machine, which reaches no network); it is never copied into the
+# repository. From the git directory ZLAB_DFLASH_GIT names (a clone or mirror of github.com/z-lab/dflash made
+# elsewhere), else cloned here; ZLAB_DFLASH_REF picks the commit (default HEAD), recorded in COMMIT beside it.
+ZLAB=build/zlab-dflash
+rm -rf "$ZLAB" "$ZLAB.git"
+mkdir -p "$ZLAB"
+git_dir=${ZLAB_DFLASH_GIT:-}
+if [ -z "$git_dir" ]; then
+  git clone -q --bare --depth 1 https://github.com/z-lab/dflash "$ZLAB.git" && git_dir=$ZLAB.git || git_dir=
+fi
+if [ -n "$git_dir" ] && git --git-dir "$git_dir" archive "${ZLAB_DFLASH_REF:-HEAD}" dflash | tar -x -C "$ZLAB"; then
+  git --git-dir "$git_dir" rev-parse "${ZLAB_DFLASH_REF:-HEAD}" > "$ZLAB/COMMIT"
+  rm -rf "$ZLAB.git"
+  echo "build/zlab-dflash: z-lab/dflash at $(cat "$ZLAB/COMMIT")" >&2
+else
+  rm -rf "$ZLAB" "$ZLAB.git"
+  echo "build/zlab-dflash: no copy of z-lab/dflash (no network? set ZLAB_DFLASH_GIT): the zlab part will fail" >&2
+fi

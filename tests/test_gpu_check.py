@@ -33,15 +33,22 @@ def test_dry_run_runs_every_part_and_writes_every_figure(tmp_path):
     assert {name: part["status"] for name, part in parts.items()} == {name: "ok" for name in parts}
     tests = parts["tests"]["tests"]
     assert tests["skipped"] > 0 and tests["failed"] == tests["passed"] == 0  # every CUDA test collected, skipped here
+    assert tests["not_reached"] == []  # every shard ran to its end
     figures = {name: part["figures"] for name, part in parts.items() if name != "tests"}
-    assert figures["step"]["step"]["eager_ms"] > 0 and figures["step"]["step"]["floor_ms"] > 0
-    assert figures["verify"]["verify"]["eager_ms"] > 0
+    steps = figures["steps"]
+    assert steps["dflash"]["eager_ms"] > 0 and steps["dflash"]["eager_first_round_ms"] > 0
+    assert steps["dflash"]["floor_ms"] > 0 and steps["dflash"]["profile"]["eager"]["top"]
+    assert steps["dflash2"]["eager_ratio"] > 0 and steps["dspark"]["eager_ratio"] > 0
+    for pair, prompts in (("bundled", 2), ("small", 1)):  # ours equals generate on the same weights and prompts
+        assert figures["zlab"][pair]["ours_eager"]["equal"] == prompts
+        assert figures["zlab"][pair]["zlab"].get("equal", prompts) == prompts  # z-lab's loop, where a copy is here
+    assert figures["zlab"]["bundled"]["ours_eager"]["tau"] > 3  # the trained pair accepts
     assert figures["hybrid"]["hybrid"]["eager"]["rollback_vs_attention"] > 0
-    assert figures["family"]["dflash2"]["eager_ratio"] > 0 and figures["family"]["dspark"]["eager_ratio"] > 0
     run = figures["validate"]["tiny-shaped pair, static,end_to_end"]
     assert run["wall_s"] > 0 and run["levels"] == ["static", "end_to_end"] and run["device"] == "cpu"
     table = (out / "figures.txt").read_text()
     assert all(f"\n{name} " in table for name in parts) and table.count("not measured") == len(gpu_check.GOALS)
+    assert "steps.dflash.profile.eager.bound: CPU operators" in table
 
 
 def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_runs(tmp_path, monkeypatch):
@@ -50,7 +57,8 @@ def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_r
             f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)"]
     quick = ["-c", "import json, sys; open(sys.argv[-1], 'w').write(json.dumps({'x': 1}))"]
     monkeypatch.setattr(gpu_check, "PARTS", [gpu_check.Part("step", 600, "slow"), gpu_check.Part("verify", 30, "q")])
-    monkeypatch.setattr(gpu_check, "part_argv", lambda name, dry, out: [*(slow if name == "step" else quick), str(out)])
+    monkeypatch.setattr(gpu_check, "part_argv",
+                        lambda name, dry, out, zlab: [*(slow if name == "step" else quick), str(out)])
     monkeypatch.setattr(gpu_check, "environment", lambda dry: {"python": "3", "dry_run": dry, "missing": [],
                                                                "torch": "2", "cuda": "13", "device": "a GPU"})
     t = time.perf_counter()
@@ -87,7 +95,7 @@ def test_a_budget_names_a_part_and_whole_seconds(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             gpu_check.main([str(tmp_path), "--budget", bad])
         assert exit_.value.code == 2
-        assert f"--budget {bad!r}: PART=SECONDS, PART one of tests, step" in capsys.readouterr().err
+        assert f"--budget {bad!r}: PART=SECONDS, PART one of tests, steps" in capsys.readouterr().err
 
 
 def test_missing_packages_stop_the_check_before_any_part(tmp_path, monkeypatch, capsys):
@@ -98,10 +106,45 @@ def test_missing_packages_stop_the_check_before_any_part(tmp_path, monkeypatch, 
 
 
 def test_goals_are_read_off_the_figures():
-    """The figures as the parts' scripts write them (runtime_bench.py, validate_bench.py --json)."""
-    parts = {"step": {"figures": {"step": {"compiled_ms": 3.0, "floor_ms": 2.5}}},
-             "family": {"figures": {"dflash2": {"compiled_ratio": 1.2}}},
+    """The figures as the parts' scripts write them (profile_step.py, zlab_bench.py, validate_bench.py --json)."""
+    parts = {"steps": {"figures": {"dflash": {"compiled_ms": 3.0, "floor_ms": 2.5}, "dflash2": {"compiled_ratio": 1.2}}},
+             "zlab": {"figures": {"8b": {"floor_ms_per_token": 4.8, "ours_compiled": {"ms_per_token": 9.0}}}},
              "validate": {"figures": {"8b-shaped pair, all levels": {"wall_s": 41.0}}}}
     rows = gpu_check.goal_rows(parts)
-    assert [row.split(": ")[-1] for row in rows] == ["met", "not measured", "MISSED", "met"]
-    assert "    1.20  goal <= 1.15" in rows[2]
+    assert [row.split(": ")[-1] for row in rows] == ["met", "MISSED", "not measured", "met", "not measured", "met"]
+    assert "    1.20  goal <= 1.15" in rows[1]
+
+
+def test_a_failing_cuda_test_comes_back_with_its_message_and_traceback(tmp_path):
+    """The tests part's record (gpu_check_plugin) holds each failure's message and first traceback lines, and
+    figures.txt shows them: a loan brings back figures.txt and figures.json, not always the log."""
+    (tmp_path / "test_x.py").write_text(
+        "def helper(v):\n    assert v == 3, f'logits {v} and 3 part'\n\n"
+        "def test_fails_cuda():\n    helper(2)\n\ndef test_passes_cuda():\n    pass\n\n"
+        "def test_never_reached_cuda():\n    pass\n")
+    record = tmp_path / "tests.jsonl"
+    env = dict(os.environ, GPU_CHECK_TESTS_JSONL=str(record),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu_check_plugin",
+                    "-x", str(tmp_path / "test_x.py")], env=env, cwd=tmp_path, capture_output=True, timeout=300)
+    tests = gpu_check.recorded_tests([record, tmp_path / "a-shard-that-never-started.jsonl"])
+    assert (tests["passed"], tests["failed"]) == (0, 1) and tests["failures"] == ["test_x.py::test_fails_cuda"]
+    assert tests["not_reached"] == ["test_x.py::test_passes_cuda", "test_x.py::test_never_reached_cuda"]
+    detail = tests["failure_details"][0]
+    assert detail["message"].startswith("AssertionError: logits 2 and 3 part") and detail["where"].endswith(":2")
+    assert any("test_x.py:5" in line for line in detail["traceback"])  # the frames, the test's own first
+    assert any(line.startswith("E ") and "logits 2 and 3 part" in line for line in detail["traceback"])
+    text = gpu_check.table({"dry_run": False, "python": "3", "device": "a GPU"},
+                           {"tests": {"status": "ok", "seconds": 1.0, "budget_s": 150, "what": "CUDA tests",
+                                      "tests": tests}})
+    assert "FAILED test_x.py::test_fails_cuda\n            failed at " in text and "logits 2 and 3 part" in text
+    assert "not reached: test_x.py::test_never_reached_cuda" in text
+
+
+def test_the_one_loan_run_fits_its_budget_and_leaves_the_long_tests_to_a_second():
+    """The default parts fit one loan (500 s of budgets, under 9 minutes with the install: a loan is 15 minutes with start-up), and the
+    tests part deselects the tests marked beyond_one_loan unless asked."""
+    assert sum(p.budget_s for p in gpu_check.PARTS) <= 500
+    assert ["-m", "not beyond_one_loan"] == gpu_check.tests_argv(["t.py"], False)[-3:-1]
+    assert "beyond_one_loan" not in " ".join(gpu_check.tests_argv(["t.py"], True))
+    assert sorted(f for shard in gpu_check.TEST_SHARDS for f in shard) == sorted(set(gpu_check.TEST_FILES))

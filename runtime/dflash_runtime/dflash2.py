@@ -111,7 +111,10 @@ def scores_after(sel: Selector, predecessor: torch.Tensor, candidates: torch.Ten
                  projected: torch.Tensor) -> torch.Tensor:
     """One slot's candidate scores [k] after the token `predecessor` (a 0-dim id): unary + the bilinear
     transition (speculators' CandidateSelector.score_candidates, in its order of operations)."""
-    context = sel.predecessor_codebook[predecessor] * projected.to(sel.predecessor_codebook.dtype)  # [R]
+    # index_select with a 1-element index, not codebook[predecessor]: torch.compile reads a 0-dim tensor index as a
+    # host int (a graph break, and a recompile for every token id)
+    row = sel.predecessor_codebook.index_select(0, predecessor.reshape(1))[0]
+    context = row * projected.to(sel.predecessor_codebook.dtype)  # [R]
     transition = (context[None, :] * sel.successor_codebook[candidates]).sum(dim=-1)  # [k]
     return top + transition.to(top.dtype)
 
@@ -134,7 +137,7 @@ def walk(sel: Selector, anchor: torch.Tensor, candidates: torch.Tensor, top: tor
         else:
             index = row.argmax()
         logits[s, candidates[s]] = row
-        previous = candidates[s, index]
+        previous = candidates[s].index_select(0, index.reshape(1))[0]
         picked[s] = previous
     return picked, logits
 

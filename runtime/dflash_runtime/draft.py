@@ -23,14 +23,14 @@ from . import heads
 from .attention import BACKENDS, select_backend
 from .context_cache import ContextCache
 from .rope import LengthRope, rope_inv_freq
-from .step import STEP_FUNCTIONS, DraftLayer, block_forward, block_logits, draft_step, write_context
+from .step import STEP_FUNCTIONS, DraftLayer, block_forward, block_logits, write_context
 
 
 class DFlashDraft:
     """A loaded draft, attending with one backend, over its context cache (`cache`, a ContextCache).
 
     compile=True runs the decode step (`propose`) and small context additions through
-    torch.compile'd plain functions (`draft_step`, `write_context`) with fixed shapes per block
+    torch.compile'd plain functions (`draft_step`, `draft_step_walk`, `write_context`) with fixed shapes per block
     size, so one graph serves every step; on CUDA with mode "reduce-overhead" (CUDA graphs).
     `with_backend` gives the same draft with another backend: built over the same weights and the
     same cache (`cache=`), which both then read and write."""
@@ -230,6 +230,11 @@ class DFlashDraft:
         `generator` when it is > 0, and its logits are what each slot was drawn from (dflash2: the walk's
         realized scores, -inf outside the k candidates; dspark: base + Markov bias); any other draft's ids are
         greedy, whatever the temperature. A confidence head's estimates are left in `last_confidence` [P]."""
+        if self.head.walks and temperature <= 0:  # the greedy walk runs with the step (compiled with it)
+            picked, logits, self.last_confidence = self._step(anchor_id, start, embed=embed, lm_head=lm_head,
+                                                              block_size=block_size, draft_window=draft_window,
+                                                              function="step_walk")
+            return picked, logits
         outputs = self._step(anchor_id, start, embed=embed, lm_head=lm_head, block_size=block_size,
                              draft_window=draft_window)
         picked, logits, self.last_confidence = self.head.pick(torch.as_tensor(anchor_id, device=self.device),
@@ -237,8 +242,9 @@ class DFlashDraft:
         return picked, logits
 
     def _step(self, anchor_id: int, start: int, *, embed, lm_head, block_size: int | None,
-              draft_window: int | None) -> tuple[torch.Tensor, ...]:
-        """The compiled (or eager) step: the head's outputs (draft_step)."""
+              draft_window: int | None, function: str = "step") -> tuple[torch.Tensor | None, ...]:
+        """The compiled (or eager) step: the head's outputs (draft_step), or with function="step_walk" the
+        head's greedy pick (draft_step_walk)."""
         block_size = self.run_block(block_size)
         first = self._block_start(start, block_size, draft_window)
         ids = torch.full((block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
@@ -247,12 +253,12 @@ class DFlashDraft:
             self._start.fill_(start)
             self._ctx_first.fill_(first)
             # the whole cache is attended (masked): a fixed shape, so no recompiles as context grows
-            outputs = self._compiled("step")(self, ids, self._start, self._ctx_first, 0, self.cache.capacity,
-                                             embed, lm_head)
+            outputs = self._compiled(function)(self, ids, self._start, self._ctx_first, 0, self.cache.capacity,
+                                               embed, lm_head)
             if self.device.type == "cuda":  # CUDA graph outputs are overwritten by the next replay
-                return tuple(t.clone() for t in outputs)
+                return tuple(None if t is None else t.clone() for t in outputs)
             return outputs
-        return draft_step(self, ids, start, first, first, start + block_size, embed, lm_head)
+        return STEP_FUNCTIONS[function](self, ids, start, first, first, start + block_size, embed, lm_head)
 
 
 def _layers(spec: DraftSpec, tensors: dict[str, torch.Tensor], layer_causal: list[bool]) -> list[DraftLayer]:

@@ -139,4 +139,14 @@ def draft_step(d, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int,
     return d.head.outputs(rows, block_logits(d, rows, lm_head))
 
 
-STEP_FUNCTIONS = {"step": draft_step, "context": write_context}
+def draft_step_walk(d, ids: torch.Tensor, start, ctx_first, kv_lo, kv_hi: int,
+                    embed: Callable[[torch.Tensor], torch.Tensor], lm_head: Callable[[torch.Tensor], torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """draft_step followed by the head's greedy walk (dflash2's selector, DSpark's Markov head), in one graph when
+    compiled: the walk's slots, one after another, are many small kernels that would otherwise be launched one by
+    one after the step's graph. -> the head's pick (ids [P], logits [P, V], confidences [P] or None)."""
+    outputs = draft_step(d, ids, start, ctx_first, kv_lo, kv_hi, embed, lm_head)
+    return d.head.pick(ids[0], outputs, temperature=0.0, generator=None)
+
+
+STEP_FUNCTIONS = {"step": draft_step, "step_walk": draft_step_walk, "context": write_context}

@@ -119,10 +119,15 @@ NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA devi
 NO_FLASH_ATTN = pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="flash-attn not installed")
 
 
+# One GPU loan compiles what deployments run (bf16, sdpa and flex); the float32 and eager-attention variants (two
+# graphs each, some 20 s of compiling apiece) are left to a second loan (docs/gpu.md)
+SECOND_LOAN = pytest.mark.beyond_one_loan
+
+
 @pytest.mark.parametrize("device,backend,dtype", [
     ("cpu", "sdpa", torch.float32),
-    *[pytest.param("cuda", b, dt, marks=NO_CUDA) for b in ("sdpa", "flex", "eager")
-      for dt in (torch.float32, torch.bfloat16)],
+    *[pytest.param("cuda", b, dt, marks=[NO_CUDA] + ([SECOND_LOAN] if dt == torch.float32 or b == "eager" else []))
+      for b in ("sdpa", "flex", "eager") for dt in (torch.float32, torch.bfloat16)],
     pytest.param("cuda", "flash_attn", torch.bfloat16, marks=[NO_CUDA, NO_FLASH_ATTN]),
 ])
 def test_compiled_draft_step_equals_eager_without_recompiling(device, backend, dtype, windowed_draft):
@@ -190,3 +195,48 @@ def test_validate_compile_flag_runs_end_to_end_compiled(cli, tmp_path):
     checks = {c["name"]: c for c in result.json()["checks"]}
     assert checks["greedy_output_equal"]["status"] == "pass"
     assert counters["stats"]["unique_graphs"] > before  # the steps went through torch.compile
+
+
+def walk_steps(draft, features, device):
+    """Greedy proposals of three steps with growing context (as run_steps), picks, logits and confidences."""
+    g = torch.Generator().manual_seed(2)
+    vocab, hidden = draft.spec.vocab_size, draft.spec.hidden_size
+    table, head = torch.randn(vocab, hidden, generator=g).to(device), torch.randn(vocab, hidden, generator=g).to(device)
+    draft.reset(64, draft.block_size)
+    draft.add_context(features[:10], 0)
+    start, out = 10, []
+    for n in (3, 1, 2):
+        ids, logits = draft.propose(7, start, embed=lambda i: torch.nn.functional.embedding(i, table),
+                                    lm_head=lambda h: torch.nn.functional.linear(h, head.to(h.dtype)))
+        out.append((ids.cpu(), logits.cpu(), None if draft.last_confidence is None else draft.last_confidence.cpu()))
+        draft.add_context(features[start:start + n], start)
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["dflash2", "dspark_pruned"])
+def test_the_greedy_walk_runs_inside_the_compiled_step_as_eager(name, device, family_drafts, monkeypatch):
+    """dflash2's selector walk and DSpark's Markov walk are captured with the compiled step (one graph with it, one
+    for context additions, no recompiles as the context grows) and pick what the eager walk picks. On the CPU dynamo
+    captures the graph and runs it eagerly (backend "eager": seconds, where inductor takes minutes here); on CUDA
+    inductor compiles it, with CUDA graphs."""
+    if device == "cpu":
+        real_compile = torch.compile
+        monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    eager = load_draft(family_drafts[name], device=device)
+    compiled = load_draft(family_drafts[name], device=device, compile=True)
+    assert compiled.head.walks
+    features = torch.randn(20, eager.spec.context_width, generator=torch.Generator().manual_seed(1)).to(device)
+    ref = walk_steps(eager, features, device)
+    before = counters["stats"]["unique_graphs"]
+    out = walk_steps(compiled, features, device)
+    assert counters["stats"]["unique_graphs"] - before == 2  # the step with its walk, and the context additions
+    assert sorted(compiled._compiled_fns) == ["context", "step_walk"]  # no walk left outside the graph
+    for (ids, logits, conf), (ref_ids, ref_logits, ref_conf) in zip(out, ref):
+        assert torch.equal(ids, ref_ids)
+        finite = torch.isfinite(ref_logits)
+        assert torch.equal(finite, torch.isfinite(logits)) and close(logits[finite], ref_logits[finite], torch.float32)
+        assert (conf is None) == (ref_conf is None) and (conf is None or torch.allclose(conf, ref_conf, atol=1e-5))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        walk_steps(compiled, features.roll(1, 0), device)

@@ -235,3 +235,25 @@ def test_exactly_selector_top_k_finite_draft_logits_per_slot(name, k, family_dra
     _, logits = draft.propose(int(ids[13]), 13, embed=runtime_target.embed, lm_head=runtime_target.lm_head)
     assert logits.shape[0] == draft.block_size - 1
     assert torch.isfinite(logits).sum(dim=-1).tolist() == [k] * (draft.block_size - 1)
+
+
+def test_the_walk_is_one_graph_for_torch_compile():
+    """torch.compile captures the selector walk whole (no graph break, no recompile per token id: a 0-dim tensor
+    index read as a host int had broken it at every slot), so it can be captured with the step; eager results
+    are the same."""
+    import functools
+
+    g = torch.Generator().manual_seed(3)
+    sel = dflash2.Selector(torch.randn(512, 32, generator=g), torch.randn(512, 32, generator=g),
+                           torch.randn(32, 64, generator=g), top_k=8)
+    candidates, top, projected = dflash2.candidate_scores(sel, torch.randn(15, 512, generator=g),
+                                                          torch.randn(15, 64, generator=g))
+    walk = functools.partial(dflash2.walk, sel, vocab=512)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(walk)(torch.tensor(7), candidates, top, projected)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    compiled = torch.compile(walk, backend="eager", fullgraph=True)
+    for anchor in (7, 300):
+        ours, theirs = compiled(torch.tensor(anchor), candidates, top, projected), walk(torch.tensor(anchor), candidates,
+                                                                                      top, projected)
+        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])

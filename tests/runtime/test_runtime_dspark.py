@@ -335,3 +335,18 @@ def test_rnn_head_with_a_bonus_anchor_starts_as_sglang_starts_it(rnn_bonus_ancho
     sglang, = checkpoint_views(open_checkpoint(rnn_bonus_anchor), "sglang")
     assert [(d.field, d.severity) for d in sglang.divergences if "rnn" in d.consequence] == [
         ("markov_head_type", "warning")]
+
+
+def test_the_markov_walk_is_one_graph_for_torch_compile():
+    """torch.compile captures the Markov walk and the confidence head whole (no graph break), so it can be
+    captured with the step."""
+    import functools
+
+    g = torch.Generator().manual_seed(3)
+    markov = dspark.Markov(torch.randn(512, 32, generator=g), torch.randn(512, 32, generator=g))
+    conf = dspark.Confidence(torch.randn(1, 64 + 32, generator=g), torch.randn(1, generator=g), True)
+    walk = functools.partial(dspark.sequential, markov, conf=conf)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(walk)(torch.tensor(7), torch.randn(15, 512, generator=g),
+                                           torch.randn(15, 64, generator=g))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
