@@ -887,10 +887,16 @@ def to_json(report: ValidationReport) -> dict[str, Any]:
 
 
 def to_junit(report: ValidationReport) -> str:
-    """JUnit XML: one <testsuite> per level run, one <testcase> per check."""
+    """JUnit XML: one <testsuite> per level run, one <testcase> per check; a run stopped before its end (Ctrl-C)
+    adds an <error> testcase, so that CI never shows it green."""
     n = report.counts()
-    root = ET.Element("testsuites", name="dflash-convert validate", tests=str(len(report.checks)),
-                      failures=str(n["fail"]), errors="0", skipped=str(n["skip"]), time=f"{report.duration_s:.3f}")
+    stopped = report.incomplete is not None
+    root = ET.Element("testsuites", name="dflash-convert validate", tests=str(len(report.checks) + stopped),
+                      failures=str(n["fail"]), errors=str(int(stopped)), skipped=str(n["skip"]),
+                      time=f"{report.duration_s:.3f}")
+    if stopped:
+        _junit_error(root, "run_completed", f"{report.incomplete}: the checks below are what was measured until then",
+                     "Interrupted")
     for level in LEVELS:
         checks = [c for c in report.checks if c.level == level]
         if not checks:
@@ -911,5 +917,24 @@ def to_junit(report: ValidationReport) -> str:
                 ET.SubElement(case, "skipped", message=c.message[:500])
             else:
                 ET.SubElement(case, "system-out").text = ("warning: " if c.status == "warn" else "") + detail
+    return _xml(root)
+
+
+def junit_error(message: str, exit_code: int, duration_s: float = 0.0) -> str:
+    """JUnit XML of a run that ended in an error before it had a report (an endpoint refusing connections, a
+    checkpoint that cannot be read): one <error> testcase saying why, so that CI shows a failed test, not none."""
+    root = ET.Element("testsuites", name="dflash-convert validate", tests="1", failures="0", errors="1", skipped="0",
+                      time=f"{duration_s:.3f}")
+    _junit_error(root, "validate_ran", message, f"exit {exit_code}")
+    return _xml(root)
+
+
+def _junit_error(root: ET.Element, name: str, message: str, kind: str) -> None:
+    suite = ET.SubElement(root, "testsuite", name="validate.run", tests="1", failures="0", errors="1", skipped="0")
+    case = ET.SubElement(suite, "testcase", classname="dflash_convert.validate.run", name=name)
+    ET.SubElement(case, "error", message=message[:500], type=kind).text = message
+
+
+def _xml(root: ET.Element) -> str:
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
