@@ -92,13 +92,14 @@ def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, a
 
     unwritten = []
     for flag, path, render in reports:
-        text = render(report)
-        if text is None:  # no chart: no end-to-end figures
-            continue
         try:
+            text = render(report)
+            if text is None:  # no chart: no end-to-end figures
+                continue
             write_text(path, text)
-        except OSError as exc:  # checked before the run; the disk can still fill, or the directory go
-            unwritten.append(f"{flag} {path} ({exc.strerror or exc})")
+        except Exception as exc:  # noqa: BLE001 - checked before the run; the disk can still fill, the directory go
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            unwritten.append(f"{flag} {path} ({why})")
             continue
         if flag == "--report-md":
             out.info(f"Markdown report written: {path}")

@@ -48,6 +48,7 @@ class Prompts:
     ids: list[list[int]]
     sets: list[tuple[str, str, int, int]] = field(default_factory=list)
     format: str | None = None
+    builtin: str | None = None  # prompts.BUILTIN_*_NOTE: neither the user's prompts nor a named set
 
 
 @dataclass
@@ -126,7 +127,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
         speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
         target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
-        prompt_format=prompts.format, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
+        prompt_format=prompts.format, builtin_prompts=prompts.builtin, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
                                                       for name, source, first, end in prompts.sets},
         per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
                                 steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
