@@ -269,7 +269,7 @@ def _load_target(target_dir: Path, opts: ValidateOptions, placement: Placement, 
     say(f"end to end: loading the target {target_dir} ({size} of weights; "
         f"{str(dtype).removeprefix('torch.')}, " + (f"device map {device_map}" if device_map else placement.device)
         + ")")
-    with _no_library_bar():  # our own status line (with its elapsed time) says what is loading
+    with no_library_bar():  # our own status line (with its elapsed time) says what is loading
         target = load_target(target_dir, device=placement.device, dtype=dtype, attn_implementation=opts.target_backend,
                              trust_remote_code=False, device_map=device_map, max_memory=opts.max_memory,
                              compile=opts.compile)
@@ -561,7 +561,7 @@ class VllmPenaltiesProcessor:
 
 
 @contextlib.contextmanager
-def _no_library_bar():
+def no_library_bar():
     """transformers' own weight-loading bar off (its public switch, restored after): it would draw a second
     bar inside the command's progress line, and print its frames into logs."""
     from transformers.utils import logging as transformers_logging
