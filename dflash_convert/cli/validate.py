@@ -24,7 +24,7 @@ EXAMPLES = examples(
 @with_options(ValidateOptions)
 def validate(
     checkpoint: Annotated[Optional[str], typer.Argument(
-        metavar="[CHECKPOINT]", help="Draft checkpoint (either format): directory or Hub id. Optional with "
+        metavar="CHECKPOINT", help="Draft checkpoint (either format): directory or Hub id. Optional with "
         "--endpoint (the served figures alone).")] = None,
     options: Optional[dict] = None,  # ValidateOptions' own flags, generated (cli._options)
     dataset: Annotated[Optional[list[str]], typer.Option(
