@@ -9,7 +9,7 @@ import typer
 
 from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output, err, live
-from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, in_panel
+from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, in_panel, is_draft, refuse_swapped
 from dflash_convert.io.outputs import unwritable, write_text
 from dflash_convert.io.staging import INTERRUPTED_EXIT
 from dflash_convert.validate.options import PromptSet, ValidateOptions
@@ -68,10 +68,14 @@ def _run(checkpoint, options, dataset, num_prompts, revision, token, as_json, qu
     if checkpoint is None and options.get("endpoint") is None:
         raise typer.BadParameter("give a CHECKPOINT, or --endpoint URL to measure a live server",
                                  param_hint="CHECKPOINT")
+    target = options.get("target")
+    if checkpoint is not None and target is not None and Path(checkpoint).exists() and Path(target).exists() and \
+            not is_draft(checkpoint) and is_draft(target):
+        refuse_swapped(f"{checkpoint} is no DFlash draft and --target {target} is one",
+                       f"validate takes the draft first: dflash-convert validate {target} --target {checkpoint}")
     ckpt_path, ckpt_sha = (out.local(checkpoint, revision=revision, token=token,
                                      allow_pickle=options.get("allow_pickle", False))
                            if checkpoint is not None else (None, None))
-    target = options.get("target")
     if target is not None:
         options["target"], options["target_revision"] = out.local(target, token=token, for_target=True)
         options["target_name"] = target

@@ -29,8 +29,8 @@ BUILTIN_TEXT_PROMPTS = (
 # What a report says of its prompts when they are neither the user's (--prompts) nor a named set (--dataset):
 # a figure measured on them is not the figure of the user's traffic, and random ids understate it most.
 BUILTIN_RANDOM_NOTE = ("built-in random token ids (the target ships no tokenizer; tau on random ids understates a "
-                       "trained draft: pass --prompts or --dataset)")
-BUILTIN_TEXT_NOTE = (f"built-in text prompts ({len(BUILTIN_TEXT_PROMPTS)} generic ones, not your traffic: pass "
+                       "trained draft: give --prompts or --dataset)")
+BUILTIN_TEXT_NOTE = (f"built-in text prompts ({len(BUILTIN_TEXT_PROMPTS)} generic ones, not your traffic: give "
                      "--prompts or --dataset)")
 
 
