@@ -345,6 +345,15 @@ def non_qwen3_features(spec: DraftSpec) -> list[str]:
         if not keys.key_for(spec.variant, k).required and not keys.key_for(spec.variant, k).is_neutral(v)]
 
 
+def with_block_size(raw: dict[str, Any], block_size: int) -> dict[str, Any]:
+    """`raw` with a block size the user supplies (--block-size) where the config states none (top level, or an HF
+    config's dflash_config): read as if the config held it. A config that states one is returned as it is."""
+    nested = raw.get("dflash_config")
+    if "block_size" in raw or (isinstance(nested, dict) and "block_size" in nested):
+        return raw
+    return {**raw, "block_size": block_size}
+
+
 def check_complete(spec: DraftSpec, file: str | None = None, raw: dict[str, Any] | None = None) -> None:
     """What every engine needs before a config can be written (`file`: the config it came from, `raw`: its keys,
     for a misspelled one)."""

@@ -264,8 +264,8 @@ def open_checkpoint(path: str | Path, *, allow_pickle: bool = False, block_size:
     if not path.is_dir():
         raise DFlashError("not a checkpoint directory (does not exist or is a file)", file=path)
     raw = read_json(path / CONFIG_NAME)
-    if block_size is not None and not _states_block(raw):
-        raw = {**raw, "block_size": block_size}
+    if block_size is not None:
+        raw = mapping.with_block_size(raw, block_size)
     spec = _draft_spec(path, raw)
     found_files = find_weight_files(path, allow_pickle)
     files, index, pickles = found_files.files, found_files.index, found_files.pickles
@@ -363,9 +363,3 @@ def _check_config_against_tensors(spec: DraftSpec, tensors: dict[str, TensorInfo
             raise DFlashError(f"field `num_hidden_layers` is {spec.num_layers} but the weights hold tensor "
                               f"`{name[:80]}` (layer {layer}): the config and the weights describe different "
                               "drafts", file=config_file)
-
-
-def _states_block(raw: dict[str, Any]) -> bool:
-    """Whether a config states its block size, at the top level or in dflash_config (HF)."""
-    nested = raw.get("dflash_config")
-    return "block_size" in raw or (isinstance(nested, dict) and "block_size" in nested)
