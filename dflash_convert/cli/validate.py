@@ -48,9 +48,11 @@ def validate(
     from dflash_convert.cli._errors import failure_of
     from dflash_convert.validate.report import junit_error
 
-    reports = _report_files(junit, report_md)  # before any slow work: a bad path is a usage error, said now
+    if junit is not None:  # the file that reports every other failure: its own is said alone
+        _report_files(junit, None)
     t0 = time.perf_counter()
     try:
+        reports = _report_files(junit, report_md)  # before any slow work: a bad path is a usage error, said now
         report = _run(checkpoint, options, dataset, num_prompts, revision, token, as_json, quiet)
     except BaseException as exc:  # whatever ends the run, CI that asked for JUnit gets a test case saying why
         if junit is not None and not isinstance(exc, (SystemExit, typer.Exit)):

@@ -88,3 +88,14 @@ def test_a_run_that_cannot_start_writes_a_junit_error(cli, tmp_path):
     assert r.err.strip() == ("Error: --endpoint http://127.0.0.1:9/v1/models: cannot connect: connection refused: "
                              "nothing listens on 127.0.0.1:9; check the server is up and the port it serves on, "
                              "then that http://127.0.0.1:9/v1/models answers"), r.err
+
+
+def test_a_usage_error_still_writes_the_junit_error(cli, tmp_path):
+    """Whatever ends the run, a good --junit path gets its file: another report path that cannot be written (exit 2)
+    is an error testcase in it, naming that path."""
+    (tmp_path / "afile").write_text("")
+    junit, bad = tmp_path / "v.xml", tmp_path / "afile" / "v.md"
+    r = cli("validate", PAIR / "draft", "--junit", junit, "--report-md", bad)
+    assert r.code == 2, r.err
+    error = _junit(junit).find(".//testcase/error")
+    assert error.get("type") == "exit 2" and f"--report-md {bad}: cannot write it" in error.get("message")
