@@ -95,3 +95,54 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
                      f'{escape(line)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+SERIES = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d", "#eeca3b")
+
+
+def svg_series_chart(series: list[tuple[str, list[float]]], title: str = "", minimums: list[float] | None = None,
+                     highlight: str | None = None) -> str:
+    """One bar chart of several runs' rates per draft position (a K sweep: a series per K, the shorter runs
+    ending where their blocks end): per position a group of bars, one per series in its own colour, the
+    legend naming each (`highlight`, the recommended one, marked); minimums as dark ticks across the group."""
+    minimums = list(minimums or [])
+    n = max((len(rates) for _, rates in series), default=0) or 1
+    m = max(len(series), 1)
+    labels = [f"{name}{' (recommended)' if name == highlight else ''}" for name, _ in series]
+    left, top, plot_h = 44, 34, 180
+    legend_w = sum(6.4 * len(label) + 28 for label in labels)
+    plot_w = max(10 * m * n, 380, round(7 * len(title)) - left, round(legend_w) - left)
+    width, height = left + plot_w + 16, top + plot_h + 26 + 28
+    step = plot_w / n
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
+    for tick in (0, 0.25, 0.5, 0.75, 1.0):
+        y = top + plot_h * (1 - tick)
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+    bw = step * 0.8 / m
+    for s, (name, rates) in enumerate(series):
+        colour = SERIES[s % len(SERIES)]
+        for k, rate in enumerate(rates):
+            h = plot_h * max(0.0, min(1.0, rate))
+            x = left + k * step + step * 0.1 + s * bw
+            parts.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bw:.1f}" height="{h:.1f}" '
+                         f'fill="{colour}"><title>{escape(name)}, position {k + 1}: {rate:.3f}</title></rect>')
+    for k in range(n):
+        x = left + k * step
+        if k < len(minimums):
+            y = top + plot_h * (1 - max(0.0, min(1.0, minimums[k])))
+            parts.append(f'<line x1="{x + step * 0.05:.1f}" y1="{y:.1f}" x2="{x + step * 0.95:.1f}" y2="{y:.1f}" '
+                         f'stroke="{MINIMUM}" stroke-width="2"/>')
+        parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{k + 1}</text>')
+    x, y = left, top + plot_h + 34
+    for s, label in enumerate(labels):
+        parts.append(f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{SERIES[s % len(SERIES)]}"/>')
+        parts.append(f'<text x="{x + 14:.1f}" y="{y}">{escape(label)}</text>')
+        x += 6.4 * len(label) + 28
+    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{y + 14}" text-anchor="middle">draft position (block slot); '
+                 'bar: share of steps accepted' + ("; tick: minimum" if minimums else "") + '</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -13,7 +13,9 @@ stamp=.venv/.dflash-setup-$(sha256sum pyproject.toml requirements-test.txt scrip
 if [ -f "$stamp" ]; then exit 0; fi
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -r requirements-test.txt  # -e .[test] and the transformers pin
+# -e .[test] and the transformers pin; setuptools' warnings about building an editable install (UserWarnings of
+# the build backend, which pip runs in a subprocess of its own) are for packagers, not for whoever runs this
+PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -r requirements-test.txt
 # speculators 0.9.0 pins torchvision/torchaudio builds that break the CPU torch: install it alone,
 # what it imports is in the test extra.
 python -m pip install -q --no-deps "speculators==0.9.0"

@@ -5,7 +5,8 @@ import re
 
 from typer.core import TyperCommand
 
-PANEL_ORDER = ("Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Thresholds", "Reports", "Options")
+PANEL_ORDER = ("Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Live deployment", "Thresholds", "Reports",
+               "Options")
 
 
 class Command(TyperCommand):
@@ -16,15 +17,26 @@ class Command(TyperCommand):
 
     def format_options(self, ctx, formatter) -> None:
         """Arguments, then the options under their panel's heading (an options model's HELP_PANELS) in
-        PANEL_ORDER, the rest under Options: click's plain layout, one section per group."""
+        PANEL_ORDER, the rest under Options: click's plain layout, one section per group. -h leads the first
+        group of options, where a reader of a long help looks, never a heading of its own at the end."""
         sections: dict[str, list] = {}
+        help_record = None
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is not None:
-                heading = "Arguments" if param.param_type_name == "argument" else \
-                    getattr(param, "rich_help_panel", None) or "Options"
-                sections.setdefault(heading, []).append(record)
+            if record is None:
+                continue
+            if param.name == "help":
+                help_record = record
+                continue
+            heading = "Arguments" if param.param_type_name == "argument" else \
+                getattr(param, "rich_help_panel", None) or "Options"
+            sections.setdefault(heading, []).append(record)
         order = {name: i for i, name in enumerate(PANEL_ORDER)}
-        for heading in sorted(sections, key=lambda h: order.get(h, len(order))):
+        headings = sorted(sections, key=lambda h: order.get(h, len(order)))
+        if help_record is not None:
+            first = next((h for h in headings if h != "Arguments"), "Options")
+            sections[first] = [help_record, *sections.get(first, [])]
+            headings = sorted(sections, key=lambda h: order.get(h, len(order)))
+        for heading in headings:
             with formatter.section(heading):
                 formatter.write_dl(sections[heading])

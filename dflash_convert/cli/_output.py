@@ -30,6 +30,9 @@ class Output:
         Asked for only where the Hub is used: local work never imports huggingface_hub.
         """
         from dflash_convert.hub import client as hub
+        from dflash_convert.hub.transport import say_retries
+
+        say_retries(self.status)  # a retry's wait is said on stderr as progress (-q: not)
 
         if self.json or self.quiet or not err.is_terminal:  # as `hf`: bars only where someone watches
             from huggingface_hub.utils import disable_progress_bars

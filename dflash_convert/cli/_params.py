@@ -132,3 +132,28 @@ CommitDescription = Annotated[Optional[str], typer.Option("--commit-description"
 CreatePr = Annotated[bool, flag("--create-pr", help="Open a pull request instead of committing to the branch.")]
 EngineOpt = Annotated[Optional[Engine], typer.Option("--engine", help="A serving engine: show only its view "
                                                      "(inspect), or run the draft as it would (validate).")]
+
+
+def refuse_swapped(given: str, fixed: str) -> None:
+    """Arguments given the other way round (a directory and a repo id, a draft and its target): one line saying what
+    each one is and the command written the right way (exit 2)."""
+    from dflash_convert.errors import UsageError
+
+    raise UsageError(f"the arguments look swapped: {given}; {fixed}")
+
+
+def is_draft(path) -> bool:
+    """Whether a local directory (or its config.json) holds a DFlash draft's config (any format); False for anything
+    else, a config that cannot be read included (the command's own reading says what is wrong with it)."""
+    from pathlib import Path
+
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.format.mapping import detect_format
+    from dflash_convert.io.reading import read_json
+
+    config = Path(path) if Path(path).is_file() else Path(path) / "config.json"
+    try:
+        detect_format(read_json(config))
+    except (DFlashError, OSError):
+        return False
+    return True

@@ -22,6 +22,8 @@ def diff(
                                                       "--revision).")] = None,
     revision_b: Annotated[Optional[str], typer.Option("--revision-b", help="Hub revision of B (default: "
                                                       "--revision).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Count provenance differences (the verifier each names) "
+                                         "too; by default they are listed apart and do not count.")] = False,
     token: Token = None,
     as_json: Json = False,
     quiet: Quiet = False,
@@ -33,7 +35,7 @@ def diff(
     out = Output(as_json, quiet)
     pa, _ = out.local(a, revision=revision_a or revision, token=token)
     pb, _ = out.local(b, revision=revision_b or revision, token=token)
-    report = diff_checkpoints(pa, pb, tolerance=tolerance)
+    report = diff_checkpoints(pa, pb, tolerance=tolerance, strict=strict)
     out.result(report.model_dump(mode="json"), render=report.render)
     if not report.equivalent:
         raise typer.Exit(ValidationFailed.exit_code)

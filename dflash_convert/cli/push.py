@@ -7,9 +7,10 @@ import typer
 
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    CommitDescription, CommitMessage, CreatePr, Json, Private, QuietTransfer, Revision, Token, examples, flag
+    CommitDescription, CommitMessage, CreatePr, Json, Private, QuietTransfer, Revision, Token, examples, flag,
+    refuse_swapped
 )
-from dflash_convert.errors import DFlashError, UsageError
+from dflash_convert.errors import DFlashError
 
 EXAMPLES = examples("dflash-convert push ./draft-hf org/draft-hf",
                   "dflash-convert push ./draft-hf org/draft-hf --revision dev --private")
@@ -49,8 +50,8 @@ def push(
 def _check_order(directory: Path, repo: str) -> None:
     """`hf upload` takes REPO first, push DIRECTORY first: arguments given the other way round are said so."""
     if not directory.is_dir() and Path(repo).is_dir():
-        raise UsageError(f"the arguments look swapped: {directory} is no directory and {repo} is one; push takes "
-                         f"the directory first: dflash-convert push {repo} {directory}")
+        refuse_swapped(f"{directory} is no directory and {repo} is one",
+                       f"push takes the directory first: dflash-convert push {repo} {directory}")
 
 
 def _read_validation_report(path: Path):

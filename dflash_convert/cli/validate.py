@@ -3,13 +3,14 @@
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
 from dflash_convert.cli._options import with_options
 from dflash_convert.cli._output import Output, err, live
-from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, in_panel
+from dflash_convert.cli._params import Json, Quiet, Revision, Token, examples, in_panel, is_draft, refuse_swapped
+from dflash_convert.io.outputs import unwritable, write_text
 from dflash_convert.io.staging import INTERRUPTED_EXIT
 from dflash_convert.validate.options import PromptSet, ValidateOptions
 
@@ -23,7 +24,7 @@ EXAMPLES = examples(
 @with_options(ValidateOptions)
 def validate(
     checkpoint: Annotated[Optional[str], typer.Argument(
-        metavar="[CHECKPOINT]", help="Draft checkpoint (either format): directory or Hub id. Optional with "
+        metavar="CHECKPOINT", help="Draft checkpoint (either format): directory or Hub id. Optional with "
         "--endpoint (the served figures alone).")] = None,
     options: Optional[dict] = None,  # ValidateOptions' own flags, generated (cli._options)
     dataset: Annotated[Optional[list[str]], typer.Option(
@@ -42,18 +43,41 @@ def validate(
     quiet: in_panel(Quiet, "Reports") = False,
 ) -> None:
     """Check a draft before deployment: static, numeric and end-to-end levels; exit 0 passed, 3 a check failed."""
-    from dflash_convert.errors import ValidationFailed
-    from dflash_convert.validate.report import render_table, to_json, to_junit
+    import time
+
+    from dflash_convert.cli._errors import failure_of
+    from dflash_convert.validate.report import junit_error
+
+    if junit is not None:  # the file that reports every other failure: its own is said alone
+        _report_files(junit, None)
+    t0 = time.perf_counter()
+    try:
+        reports = _report_files(junit, report_md)  # before any slow work: a bad path is a usage error, said now
+        report = _run(checkpoint, options, dataset, num_prompts, revision, token, as_json, quiet)
+    except BaseException as exc:  # whatever ends the run, CI that asked for JUnit gets a test case saying why
+        if junit is not None and not isinstance(exc, (SystemExit, typer.Exit)):
+            failure = failure_of(exc, debug=False)
+            _write_quietly(junit, junit_error(failure.message, failure.exit_code, time.perf_counter() - t0))
+        raise
+    _finish(report, reports, out=Output(as_json, quiet), as_json=as_json, quiet=quiet)
+
+
+def _run(checkpoint, options, dataset, num_prompts, revision, token, as_json, quiet):
+    """The run itself: the checkpoint and target at hand (pulled from the Hub if need be), then the levels."""
     from dflash_convert.validate.run import validate as run_validation
 
     out = Output(as_json, quiet)
     if checkpoint is None and options.get("endpoint") is None:
         raise typer.BadParameter("give a CHECKPOINT, or --endpoint URL to measure a live server",
                                  param_hint="CHECKPOINT")
+    target = options.get("target")
+    if checkpoint is not None and target is not None and Path(checkpoint).exists() and Path(target).exists() and \
+            not is_draft(checkpoint) and is_draft(target):
+        refuse_swapped(f"{checkpoint} is no DFlash draft and --target {target} is one",
+                       f"validate takes the draft first: dflash-convert validate {target} --target {checkpoint}")
     ckpt_path, ckpt_sha = (out.local(checkpoint, revision=revision, token=token,
                                      allow_pickle=options.get("allow_pickle", False))
                            if checkpoint is not None else (None, None))
-    target = options.get("target")
     if target is not None:
         options["target"], options["target_revision"] = out.local(target, token=token, for_target=True)
         options["target_name"] = target
@@ -61,20 +85,87 @@ def validate(
         raise typer.BadParameter(f"must be at least 1, got {num_prompts}", param_hint="--num-prompts")
     opts = ValidateOptions(**options, checkpoint_revision=ckpt_sha,
                            prompt_sets=_prompt_sets(dataset or [], num_prompts, options.get("seed", 0), token, out))
-    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status, report_interrupted=True)
-    if junit is not None:
-        junit.parent.mkdir(parents=True, exist_ok=True)
-        junit.write_text(to_junit(report))
-    _markdown_reports(report, report_md, out)
+    return run_validation(ckpt_path, opts, progress=None if quiet else out.status, report_interrupted=True)
+
+
+def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, as_json: bool, quiet: bool) -> None:
+    """Every report file that can be written, then the result (JSON: the report, and the error when a file could
+    not be written), then the exit code: 130 interrupted, 1 a report not written, 3 a check failed, 0 passed."""
+    from dflash_convert.errors import ValidationFailed
+    from dflash_convert.validate.report import render_table, to_json
+
+    from dflash_convert.validate.report import verdict_word
+
+    unwritten = []
+    for flag, path, render in reports:
+        try:
+            text = render(report)
+            if text is None:  # no chart: no end-to-end figures
+                continue
+            write_text(path, text)
+        except Exception as exc:  # noqa: BLE001 - checked before the run; the disk can still fill, the directory go
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            unwritten.append(f"{flag} {path} ({why})")
+            continue
+        if flag == "--report-md":
+            out.info(f"Markdown report written: {path}")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            _step_summary(report, summary)
+        except OSError as exc:
+            unwritten.append(f"GITHUB_STEP_SUMMARY {summary} ({exc.strerror or exc})")
+    result = to_json(report)
+    error = None
+    if unwritten:
+        error = "could not write " + "; ".join(unwritten) + (
+            "; the other reports were written" if len(unwritten) < len(reports) else "") + \
+            f"; verdict: {verdict_word(report)}"
+        result["error"] = {"message": error, "file": None, "exit_code": 1}
     if as_json:  # stdout holds the JSON: the log still shows the report (-q: its failures, warnings, verdict)
         live.stop()
         render_table(report, err, quiet)
-    out.result(to_json(report), render=lambda console, q: render_table(report, console, q))
+    out.result(result, render=lambda console, q: render_table(report, console, q))
     if report.incomplete:  # Ctrl-C: the report above holds what was measured; the shells' code for it
         err.print(f"Error: {report.incomplete}; the report is incomplete", markup=False)
         sys.exit(INTERRUPTED_EXIT)
+    if error is not None:
+        err.print(f"Error: {error}", markup=False, soft_wrap=True)
+        sys.exit(1)
     if not report.passed:
         raise typer.Exit(ValidationFailed.exit_code)
+
+
+def _report_files(junit: Optional[Path], report_md: Optional[Path]) -> list[tuple[str, Path, Callable]]:
+    """(flag, path, the report -> its text) of each report file asked for, each checked writable now: one that
+    is not ends the command before any work (exit 2, naming it). The chart is written beside the Markdown."""
+    from dflash_convert.errors import UsageError
+    from dflash_convert.validate.report import acceptance_svg, to_junit, to_markdown
+
+    files: list[tuple[str, Path, Callable]] = []
+    if junit is not None:
+        files.append(("--junit", junit, to_junit))
+    if report_md is not None:
+        image = report_md.with_suffix(".svg")
+        if image != report_md:
+            files.append(("--report-md (chart)", image, acceptance_svg))
+        files.append(("--report-md", report_md, lambda report: to_markdown(
+            report, image.name if image != report_md and acceptance_svg(report) is not None else None)))
+    for flag, path, _ in sorted(files, key=lambda file: "(chart)" in file[0]):  # the file named on the line first
+        problem = unwritable(path)
+        if problem is not None:
+            raise UsageError(f"{flag.split()[0]} {path}: cannot write it: {problem}; nothing was run")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary and unwritable(summary) is not None:
+        raise UsageError(f"GITHUB_STEP_SUMMARY {summary}: cannot write it: {unwritable(summary)}; nothing was run")
+    return files
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    try:
+        write_text(path, text)
+    except OSError:  # the path was checked before the run: what ends the run is the error said, not this one
+        pass
 
 
 def _prompt_sets(specs: list[str], num_prompts: Optional[int], seed: int, token: Optional[str],
@@ -92,21 +183,10 @@ def _prompt_sets(specs: list[str], num_prompts: Optional[int], seed: int, token:
     return sets
 
 
-def _markdown_reports(report, path: Optional[Path], out: Output) -> None:
-    """--report-md FILE (+ FILE.svg, the chart), and the GitHub Actions step summary when one is open."""
-    from dflash_convert.validate.report import acceptance_svg, to_markdown
+def _step_summary(report, summary: str) -> None:
+    """The report appended to the GitHub Actions step summary (an image beside it is not served: the unicode
+    chart stands in)."""
+    from dflash_convert.validate.report import to_markdown
 
-    svg = acceptance_svg(report)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        image = None
-        if svg is not None:
-            image_path = path.with_suffix(".svg")
-            image_path.write_text(svg, encoding="utf-8")
-            image = image_path.name
-        path.write_text(to_markdown(report, image), encoding="utf-8")
-        out.info(f"Markdown report written: {path}")
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:  # an image beside a step summary is not served: the unicode chart stands in
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(to_markdown(report) + "\n")
+    with open(summary, "a", encoding="utf-8") as f:
+        f.write(to_markdown(report) + "\n")

@@ -196,7 +196,7 @@ def plan_conversion(ckpt: Checkpoint, opts: ConvertOptions) -> ConversionPlan:
         raise DFlashError("field `speculators_config.verifier.name_or_path` would be empty: vLLM serves a "
                           "speculators draft only with its verifier named. Pass --verifier (target directory, "
                           "config.json or Hub id), or --no-verifier to write it anyway", file=ckpt.config_file)
-    mapping.check_complete(spec, file=ckpt.config_file)
+    mapping.check_complete(spec, file=ckpt.config_file, raw=ckpt.raw_config)
     config, config_warnings = mapping.spec_to_config(spec, dest)
     config = quantization.carry_config(ckpt.raw_config, config, dest, ckpt.config_file)
     warnings += config_warnings
@@ -477,7 +477,7 @@ def convert(src: str | Path, dest: str | Path, opts: ConvertOptions | None = Non
     """
     opts = opts or ConvertOptions()
     dest = Path(dest)
-    ckpt = open_checkpoint(src, allow_pickle=opts.allow_pickle)
+    ckpt = open_checkpoint(src, allow_pickle=opts.allow_pickle, block_size=opts.block_size)
     check_destination(dest, opts.overwrite, sources=(ckpt.path,))
     plan = plan_conversion(ckpt, opts)
     for w in plan.warnings if on_warning else ():

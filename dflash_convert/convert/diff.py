@@ -25,6 +25,9 @@ from dflash_convert.errors import UsageError
 
 # Fields one side may simply not know (z-lab configs name no verifier): differ only when both are known.
 OPTIONAL_FIELDS = ("num_target_layers", "verifier")
+# Provenance: what the draft says about where it came from, not what it computes (the verifier it names, which a
+# conversion with --verifier rewrites). Listed apart; a difference counts only with --strict.
+METADATA_FIELDS = ("verifier",)
 
 
 TensorStatus = Literal["equal", "differs", "shape_differs", "only_in_a", "only_in_b"]
@@ -69,6 +72,10 @@ class DiffReport(BaseModel):
     tolerance: float = 0.0
     config_differences: dict[str, ConfigDifference] = Field(default_factory=dict,
                                                             description="engine-read config field -> values")
+    metadata_differences: dict[str, ConfigDifference] = Field(
+        default_factory=dict, description="provenance fields (the verifier the draft names) -> values: they count "
+        "only with --strict")
+    strict: bool = Field(False, description="--strict: metadata differences count")
     tensors: dict[str, TensorDifference] = Field(default_factory=dict, description="canonical name -> comparison")
     ignored_tensors: dict[str, str] = Field(default_factory=dict, description="'a:NAME' / 'b:NAME' -> why it "
                                             "does not count (dropped by conversion by design)")
@@ -79,11 +86,12 @@ class DiffReport(BaseModel):
     files: dict[str, FileStatus] = Field(default_factory=dict, description="files beside the weights that engines "
                                          "read (mask_embedding.pt), compared byte for byte")
 
-    @computed_field(description="no config difference, every tensor equal (within tolerance), every engine-read "
-                                "file beside the weights equal")
+    @computed_field(description="no config difference (no metadata difference either, with --strict), every tensor "
+                                "equal (within tolerance), every engine-read file beside the weights equal")
     @property
     def equivalent(self) -> bool:
-        return (not self.config_differences and all(t.status == "equal" for t in self.tensors.values())
+        return (not self.config_differences and not (self.strict and self.metadata_differences)
+                and all(t.status == "equal" for t in self.tensors.values())
                 and all(f == "equal" for f in self.files.values()))
 
     def render(self, console, quiet: bool = False) -> None:
@@ -94,6 +102,9 @@ class DiffReport(BaseModel):
             console.print(escape(f"{self.a} ({self.format_a}) vs {self.b} ({self.format_b})"))
         for key, v in self.config_differences.items():
             console.print(escape(f"  config {key}: {_shown(v.a)} != {_shown(v.b)}"))
+        for key, v in self.metadata_differences.items():
+            console.print(escape(f"  metadata {key}: {_shown(v.a)} != {_shown(v.b)}"
+                                 + ("" if self.strict else " (provenance: counts only with --strict)")))
         for name, t in self.tensors.items():
             if t.status != "equal":
                 extra = f" (max abs diff {t.max_abs_diff})" if t.max_abs_diff is not None else ""
@@ -108,6 +119,8 @@ class DiffReport(BaseModel):
                                  f"{'as trained' if e.b else 'unlike its training'}: " + "; ".join(e.divergences)))
         equal = sum(t.status == "equal" for t in self.tensors.values())
         console.print(f"{equal}/{len(self.tensors)} tensors equal, {len(self.config_differences)} config differences, "
+                      + (f"{len(self.metadata_differences)} metadata difference(s)"
+                         f"{'' if self.strict else ' (not counted)'}, " if self.metadata_differences else "") +
                       f"{len(self.ignored_tensors)} tensors ignored (dropped by design)"
                       + (f", {sum(f == 'equal' for f in self.files.values())}/{len(self.files)} files equal"
                          if self.files else "") + ": "
@@ -155,16 +168,20 @@ def _engine_tensors(ckpt: Checkpoint) -> tuple[set[str], dict[str, str]]:
     return used, ignored
 
 
-def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, allow_pickle: bool = False) -> DiffReport:
+def diff_checkpoints(a: str | Path, b: str | Path, *, tolerance: float = 0.0, allow_pickle: bool = False,
+                     strict: bool = False) -> DiffReport:
+    """`strict`: a difference in provenance (METADATA_FIELDS) makes the two different too."""
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise UsageError(f"--tolerance must be a finite number >= 0, got {tolerance}")
     ca, cb = open_checkpoint(a, allow_pickle=allow_pickle), open_checkpoint(b, allow_pickle=allow_pickle)
-    result = DiffReport(a=str(a), b=str(b), format_a=ca.format, format_b=cb.format, tolerance=tolerance)
+    result = DiffReport(a=str(a), b=str(b), format_a=ca.format, format_b=cb.format, tolerance=tolerance,
+                        strict=strict)
     va, vb = engine_views.trained_view(ca.spec), engine_views.trained_view(cb.spec)
     for key in {**va, **vb}:  # both sides' keys: a family key only one side has is a difference too
         x, y = va.get(key), vb.get(key)
         if x != y and not (key in OPTIONAL_FIELDS and (x is None or y is None)):
-            result.config_differences[key] = ConfigDifference(a=x, b=y)
+            found = result.metadata_differences if key in METADATA_FIELDS else result.config_differences
+            found[key] = ConfigDifference(a=x, b=y)
     schemes_a, schemes_b = ([s.label for s in c.quantization.schemes] if c.quantization else None for c in (ca, cb))
     if schemes_a != schemes_b:  # a quantized copy against its source (format/quantization.py)
         result.config_differences["quantization_config"] = ConfigDifference(a=schemes_a, b=schemes_b)

@@ -247,21 +247,30 @@ class _SpeculatorsConfig(_Open):
         if self.draft_vocab_size is not None and self.draft_vocab_size > vocab:
             raise FieldError("draft_vocab_size", f"{self.draft_vocab_size} exceeds the target vocab_size {vocab}")
         methods = self.speculators_config.proposal_methods if self.speculators_config else []
+        absent = "block_size" not in self.model_fields_set
+        said = " (absent: speculators' default)" if absent else ""
         if self.anchor_predicts:  # speculators: every slot of the block drafts, the anchor's included
             if methods and methods[0].speculative_tokens != self.block_size:
-                said = "" if "block_size" in self.model_fields_set else " (absent: speculators' default)"
                 raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods"
                                  f"[0].speculative_tokens is {methods[0].speculative_tokens}; with sample_from_anchor "
-                                 "every slot drafts, so they must be equal")
+                                 "every slot drafts, so they must be equal"
+                                 + _supply_block(absent, methods[0].speculative_tokens))
         elif methods and methods[0].speculative_tokens != self.block_size - 1 and not self.legacy_speculative_tokens:
-            said = "" if "block_size" in self.model_fields_set else " (absent: speculators' default)"
             raise FieldError("block_size", f"is {self.block_size}{said} but speculators_config.proposal_methods[0]"
                              f".speculative_tokens is {methods[0].speculative_tokens}; a block is the anchor plus "
                              "the speculative tokens, so they must satisfy block_size = speculative_tokens + 1"
                              + (" (sample_from_anchor is false: the anchor is the bonus token)"
                                 if getattr(kinds.get(self.speculators_model_type), "anchor_may_propose", False)
-                                else ""))
+                                else "") + _supply_block(absent, methods[0].speculative_tokens + 1))
         return self
+
+
+def _supply_block(absent: bool, block: int) -> str:
+    """The fix for a config without block_size whose speculative_tokens says the block: the flag that supplies it."""
+    if not absent or not MIN_BLOCK_SIZE <= block <= MAX_BLOCK_SIZE:
+        return ""
+    return (f": if the draft was trained with blocks of {block}, pass --block-size {block} (or write "
+            f"\"block_size\": {block} in config.json)")
 
 
 SpeculatorsDFlashConfig = create_model(

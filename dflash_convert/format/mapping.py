@@ -359,14 +359,25 @@ def non_qwen3_features(spec: DraftSpec) -> list[str]:
         if not keys.key_for(spec.variant, k).required and not keys.key_for(spec.variant, k).is_neutral(v)]
 
 
-def check_complete(spec: DraftSpec, file: str | None = None) -> None:
-    """What every engine needs before a config can be written (`file`: the config it came from)."""
+def with_block_size(raw: dict[str, Any], block_size: int) -> dict[str, Any]:
+    """`raw` with a block size the user supplies (--block-size) where the config states none (top level, or an HF
+    config's dflash_config): read as if the config held it. A config that states one is returned as it is."""
+    nested = raw.get("dflash_config")
+    if "block_size" in raw or (isinstance(nested, dict) and "block_size" in nested):
+        return raw
+    return {**raw, "block_size": block_size}
+
+
+def check_complete(spec: DraftSpec, file: str | None = None, raw: dict[str, Any] | None = None) -> None:
+    """What every engine needs before a config can be written (`file`: the config it came from, `raw`: its keys,
+    for a misspelled one)."""
     missing = [name for name, value in (("block_size", spec.block_size), ("mask_token_id", spec.mask_token_id),
                                         ("target_layer_ids", spec.target_layer_ids)) if value is None]
     if missing:
         hint = {"block_size": "--block-size", "mask_token_id": "--mask-token-id",
                 "target_layer_ids": "--target-layer-ids (or --derive-target-layer-ids with --verifier)"}
-        raise DFlashError("config has no " + ", ".join(f"`{m}` (pass {hint[m]})" for m in missing), file=file)
+        raise DFlashError("config has no " + ", ".join(f"`{m}` (pass {hint[m]}{typo_hint(raw, m)})" for m in missing),
+                          file=file)
 
 
 def spec_to_hf(spec: DraftSpec) -> tuple[dict[str, Any], list[str]]:
@@ -815,3 +826,72 @@ def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json
                       num_attention_heads=heads, num_key_value_heads=count("num_key_value_heads", MAX_HEADS, heads),
                       head_dim=count("head_dim", MAX_HEAD_DIM, max(1, hidden // heads)),
                       intermediate_size=count("intermediate_size", MAX_INTERMEDIATE, 4 * hidden))
+
+
+# ----------------------------------------------------------------------------- misspelled keys
+
+TYPO_CUTOFF = 0.85  # difflib's ratio: one or two letters off a key of ten or more (mask_token_idd, is_casual)
+# Decoder keys of transformers' configs that the models here do not declare, yet are a letter or two from one that
+# they do (bos_token_id / eos_token_id): never a misspelling.
+OTHER_DECODER_KEYS = ("bos_token_id", "moe_intermediate_size", "use_cache", "initializer_range", "attention_dropout",
+                      "rope_scaling", "rope_theta", "transformers_version", "mlp_bias", "quantization_config")
+
+
+def _names(model) -> set[str]:
+    """A config model's field names and their aliases."""
+    return {n for name, f in model.model_fields.items() for n in (name, f.alias) if n}
+
+
+def _known_names() -> dict[str, set[str]]:
+    """Where a DFlash config keeps keys (a format's top level, its nested sections) -> the names read there: the
+    config models' own fields and the family key table's (format/keys.py)."""
+    from dflash_convert.format.configs import DecoderConfig, DFlashBlock
+
+    table = keys.config_keys()
+    return {
+        "speculators": _names(SpeculatorsDFlashConfig) | set(speculators_known_keys())
+        | {k.speculators for k in table if k.speculators},
+        "speculators.transformer_layer_config": _names(DecoderConfig) | set(OTHER_DECODER_KEYS),
+        "hf": _names(HFDFlashConfig) | set(HF_DFLASH_KEYS) | set(OTHER_DECODER_KEYS) | {k.name for k in table
+                                                                                         if k.hf_top},
+        "hf.dflash_config": _names(DFlashBlock) | set(HF_DFLASH_CONFIG_OWN) | {k.name for k in table},
+        "transformers": _names(TransformersDFlashConfig) | set(OTHER_DECODER_KEYS),
+    }
+
+
+def misspelled_keys(raw: dict[str, Any]) -> dict[str, str]:
+    """`path of a key no reader knows` -> `path of the key it is close to`, for each key of `raw` (at the top level
+    and in the nested sections of its format) that is not read where it sits but is a letter or two from a name
+    that is, and absent there: `dflash_config.mask_token_idd` -> `dflash_config.mask_token_id`. Keys close to
+    nothing (a decoder's own extra keys) are not listed; neither is anything of a config that is not DFlash."""
+    import difflib
+
+    try:
+        fmt, _ = detect_format(raw)
+    except DFlashError:
+        return {}
+    known = _known_names()
+    sections = [(fmt, "", raw)] + [(f"{fmt}.{name}", f"{name}.", raw.get(name)) for name in
+                                   ("transformer_layer_config", "dflash_config")]
+    found: dict[str, str] = {}
+    for where, prefix, section in sections:
+        if where not in known or not isinstance(section, dict):
+            continue
+        names = known[where]
+        for key in section:
+            if key in names or not isinstance(key, str):
+                continue
+            close = difflib.get_close_matches(key, sorted(n for n in names if n not in section), n=1,
+                                              cutoff=TYPO_CUTOFF)
+            if close:
+                found[prefix + key] = prefix + close[0]
+    return found
+
+
+def typo_hint(raw: dict[str, Any] | None, name: str) -> str:
+    """`; config.json has `X`: did you mean `name`?` when a misspelled key of `raw` is the one `name` (a field
+    missing from the config) is; else nothing."""
+    for found, meant in misspelled_keys(raw or {}).items():
+        if meant.rsplit(".", 1)[-1] == name:
+            return f"; the config has `{found}`: did you mean `{meant}`?"
+    return ""

@@ -93,12 +93,13 @@ HUB_ERRORS = (
     HubFault(OFFLINE, "the Hub at {endpoint} answered for {what} without the file's metadata ({cause})",
              "no metadata"),  # an answer, but not the Hub's
     HubFault(OFFLINE, "cannot reach the Hub at {endpoint} to {action} {what}, and it is not in the local cache "
-                      "{cache}"),
+                      "{cache}; to work without the Hub give a local path"),
     HubFault("connection", "could not connect to the Hub at {endpoint} to push to {where} ({text}); nothing was "
                            "pushed", "pushing, refused"),  # refused, no route, no DNS: nothing was sent
     HubFault("connection", "connection to the Hub at {endpoint} lost while pushing to {where} ({kind}); a Hub "
                            "commit is all-or-nothing: rerun the push", "pushing"),
-    HubFault("connection", "cannot reach the Hub at {endpoint} to {action} {what} ({kind}: {text})"),
+    HubFault("connection", "cannot reach the Hub at {endpoint} to {action} {what} ({kind}: {text}); to work "
+                           "without it give a local path, or set HF_HUB_OFFLINE=1 to use a copy in the cache {cache}"),
     HubFault("OSError", "local I/O error while trying to {action} {where}: {text}"),
     HubFault("Exception", "failed to {action} {where}: {kind}: {text}"),
 )
@@ -365,6 +366,14 @@ def _retry_delay(exc: BaseException, backoff: float) -> float | None:
     return None
 
 
+def say_retries(say: Say) -> None:
+    """Where the status line of each retry goes (the CLI's status lines: stderr, none under -q)."""
+    _retry_status[0] = say
+
+
+_retry_status: list[Say] = [lambda message: print(message, file=sys.stderr, flush=True)]
+
+
 def _retried(fn):
     backoff = 1.0
     for attempt in range(MAX_RETRIES + 1):
@@ -377,5 +386,11 @@ def _retried(fn):
             if delay > _watch.left():
                 raise _GaveUp(f"the Hub kept failing for {_watch.patience:g} s (last: {type(exc).__name__}: "
                               f"{one_line(exc)[:200]})") from exc
+            # a wait of up to a minute in all: said as it happens, never silence
+            from huggingface_hub import errors as e
+
+            why = _underlying(exc, e)
+            _retry_status[0](f"the Hub at {_watch.endpoint or 'its endpoint'} did not answer ({type(why).__name__}: "
+                             f"{one_line(why)[:120]}): retrying in {delay:g} s (retry {attempt + 1} of {MAX_RETRIES})")
             time.sleep(delay)
             backoff = min(backoff * 2, 8.0)

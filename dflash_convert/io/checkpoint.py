@@ -255,14 +255,17 @@ def _draft_spec(path: Path, raw: dict[str, Any]) -> DraftSpec:
     return mapping.spec_from_config(raw, file=file)
 
 
-def open_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> Checkpoint:
-    """Read config and tensor headers of a checkpoint directory (no tensor data, no torch)."""
+def open_checkpoint(path: str | Path, *, allow_pickle: bool = False, block_size: int | None = None) -> Checkpoint:
+    """Read config and tensor headers of a checkpoint directory (no tensor data, no torch). `block_size` (the
+    user's --block-size) supplies the block of a config that states none, read as if the config held it."""
     path = Path(path)
     if path.is_file() and path.name == CONFIG_NAME:
         path = path.parent
     if not path.is_dir():
         raise DFlashError("not a checkpoint directory (does not exist or is a file)", file=path)
     raw = read_json(path / CONFIG_NAME)
+    if block_size is not None:
+        raw = mapping.with_block_size(raw, block_size)
     spec = _draft_spec(path, raw)
     found_files = find_weight_files(path, allow_pickle)
     files, index, pickles = found_files.files, found_files.index, found_files.pickles

@@ -48,6 +48,7 @@ class Prompts:
     ids: list[list[int]]
     sets: list[tuple[str, str, int, int]] = field(default_factory=list)
     format: str | None = None
+    builtin: str | None = None  # prompts.BUILTIN_*_NOTE: neither the user's prompts nor a named set
 
 
 @dataclass
@@ -128,7 +129,7 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
         speedup=speedup, speedup_range=[min(per_round), max(per_round)],
         speculative_tokens_per_s_range=_tps_range([sr for _, sr in rounds]),
         target_tokens_per_s_range=_tps_range([br for br, _ in rounds]), sampling=sampling,
-        prompt_format=prompts.format, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
+        prompt_format=prompts.format, builtin_prompts=prompts.builtin, per_prompt_set={name: _set_stats(source, runs[first:end], slots)
                                                       for name, source, first, end in prompts.sets},
         per_prompt=[PromptStats(prompt=i + 1, prompt_tokens=len(p), new_tokens=r.stats.new_tokens,
                                 steps=r.stats.num_drafts, acceptance_length=round(r.stats.tau, 4),
@@ -270,7 +271,7 @@ def _load_target(target_dir: Path, opts: ValidateOptions, placement: Placement, 
     say(f"end to end: loading the target {target_dir} ({size} of weights; "
         f"{str(dtype).removeprefix('torch.')}, " + (f"device map {device_map}" if device_map else placement.device)
         + ")")
-    with _no_library_bar():  # our own status line (with its elapsed time) says what is loading
+    with no_library_bar():  # our own status line (with its elapsed time) says what is loading
         target = load_target(target_dir, device=placement.device, dtype=dtype, attn_implementation=opts.target_backend,
                              trust_remote_code=False, device_map=device_map, max_memory=opts.max_memory,
                              compile=opts.compile)
@@ -577,7 +578,7 @@ class VllmPenaltiesProcessor:
 
 
 @contextlib.contextmanager
-def _no_library_bar():
+def no_library_bar():
     """transformers' own weight-loading bar off (its public switch, restored after): it would draw a second
     bar inside the command's progress line, and print its frames into logs."""
     from transformers.utils import logging as transformers_logging

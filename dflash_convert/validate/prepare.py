@@ -139,7 +139,8 @@ def _prepare_decoding(prep: Prepared, prompt_list, source: str) -> None:
     for named in opts.prompt_sets:
         ids, _ = tokenize_prompts(named.prompts, target_dir, info.vocab_size, avoid, source=named.source, **how)
         groups.append((named.name, named.source, ids, named.prompts))
-    prep.prompts = Prompts([], format=prompt_format)
+    prep.prompts = Prompts([], format=prompt_format, builtin=groups[0][1] if prompt_list is None and
+                           not opts.prompt_sets else None)
     prep.rendering = how
     for name, described, ids, raw in groups:
         first = len(prep.prompts.ids)

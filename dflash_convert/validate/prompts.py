@@ -26,6 +26,12 @@ BUILTIN_TEXT_PROMPTS = (
     "Question: A train travels 60 km in 45 minutes. What is its average speed in km/h?\nAnswer:",
     "Once upon a time, in a small village by the sea,",
 )
+# What a report says of its prompts when they are neither the user's (--prompts) nor a named set (--dataset):
+# a figure measured on them is not the figure of the user's traffic, and random ids understate it most.
+BUILTIN_RANDOM_NOTE = ("built-in random token ids (the target ships no tokenizer; tau on random ids understates a "
+                       "trained draft: give --prompts or --dataset)")
+BUILTIN_TEXT_NOTE = (f"built-in text prompts ({len(BUILTIN_TEXT_PROMPTS)} generic ones, not your traffic: give "
+                     "--prompts or --dataset)")
 
 
 
@@ -310,14 +316,14 @@ def tokenize_prompts(prompts: Sequence[str | list[int] | list[dict[str, str]]] |
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(target_dir)
     if prompts is None:
         if tokenizer is not None:
-            prompts, source = list(BUILTIN_TEXT_PROMPTS), "built-in text prompts"
+            prompts, source = list(BUILTIN_TEXT_PROMPTS), BUILTIN_TEXT_NOTE
         else:  # no tokenizer: deterministic id sequences that avoid the special ids
             import random
 
             rng = random.Random(0)
             pool = [i for i in range(vocab_size) if i not in avoid]
             prompts = [[rng.choice(pool) for _ in range(24)] for _ in range(4)]
-            source = "built-in random token-id prompts (the target has no tokenizer; pass --prompts)"
+            source = BUILTIN_RANDOM_NOTE
     out = []
     for n, p in enumerate(prompts, 1):
         if isinstance(p, str):

@@ -15,11 +15,12 @@ from pydantic import BaseModel, Field, model_validator
 
 from dflash_runtime import DRAFT_SAMPLING
 
-from dflash_convert.chart import bar, svg_chart, text_chart
+from dflash_convert.chart import bar, svg_chart, svg_series_chart, text_chart
 from dflash_convert.predict.prediction import PredictionReport, markdown_lines as prediction_markdown, \
     text_lines as prediction_text
 from dflash_convert.validate.static import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
+from dflash_convert.validate.prompts import BUILTIN_TEXT_NOTE
 
 
 class SamplingUsed(BaseModel):
@@ -187,6 +188,8 @@ class AcceptanceStats(Acceptance):
     sampling: SamplingUsed | None = Field(None, description="temperature, top-k, top-p, min-p and stop ids used, "
                                           "with where each came from")
     prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
+    builtin_prompts: str | None = Field(None, description="set when the prompts were neither the user's (--prompts) "
+                                        "nor a named set (--dataset): which built-in ones, and what tau on them means")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
     per_request_histogram: list[int] = Field(default_factory=list, description="prompts per tau band: entry i = "
@@ -665,12 +668,43 @@ def verdict_text(report: ValidationReport) -> str:
     n = report.counts()
     a = report.acceptance
     figures = f", tau {a.acceptance_length:.2f}, speedup {a.speedup:.2f}x" if a is not None else ""
+    if a is not None and headline_k(report) is not None:  # a K sweep: the K recommended first, then every other
+        best = headline_k(report)
+        others = [r for r in report.per_num_speculative_tokens if r is not best]
+        figures = (f", recommended K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}, speedup "
+                   f"{best.measured_speedup:.2f}x (" + "; ".join(
+                       f"K={r.num_speculative_tokens}: tau {r.acceptance_length:.2f}, {r.measured_speedup:.2f}x"
+                       for r in others) + ")")
     if report.endpoint is not None:
         figures += f", endpoint tau {report.endpoint.counts.acceptance_length:.2f}"
+    builtin = prompts_note(report)
+    figures += f" on {builtin}" if builtin else ""
     failed = report.failed_checks
     names = f"; failed: {', '.join(c.name for c in failed)}" if failed else ""
     return (f"{levels_text(report)}: {n['pass']} passed, {n['fail']} failed, {n['warn']} warnings, "
             f"{n['skip']} skipped in {report.duration_s:.1f} s{figures}{names}")
+
+
+def headline_k(report: ValidationReport | ValidationSummary) -> SpeculativeTokensRun | None:
+    """A K sweep's run to headline: the K recommended at concurrency 1 (else at the first concurrency measured);
+    None for a single K."""
+    rows = report.per_num_speculative_tokens
+    if len(rows) < 2:
+        return None
+    rec = next((r for r in report.recommendation if r.concurrency == 1), None) or next(iter(report.recommendation),
+                                                                                      None)
+    k = rec.num_speculative_tokens if rec is not None else rows[0].num_speculative_tokens
+    return next((r for r in rows if r.num_speculative_tokens == k), rows[0])
+
+
+def prompts_note(report: ValidationReport) -> str | None:
+    """What the figures were measured on when it was not the user's prompts nor a named set (None when it was)."""
+    if report.acceptance is not None:
+        return report.acceptance.builtin_prompts
+    options = report.options or {}
+    if report.endpoint is not None and options.get("prompts") is None and not options.get("prompt_sets"):
+        return BUILTIN_TEXT_NOTE  # the server tokenizes: the built-in text prompts went to it
+    return None
 
 
 def acceptance_lines(report: ValidationReport) -> list[str]:
@@ -743,6 +777,14 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
         return svg_chart(b.rates, t.get("min_position_rates"), baseline=b.baseline_rates,
                          title=f"{verdict_word(report)}: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f}); acceptance "
                          "per draft position")
+    best = headline_k(report)
+    if best is not None:  # a K sweep: one chart, a series per K
+        return svg_series_chart(
+            [(f"K={r.num_speculative_tokens}: tau {r.acceptance_length:.2f}", r.per_position_rates)
+             for r in report.per_num_speculative_tokens], minimums=t.get("min_position_rates"),
+            highlight=f"K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}",
+            title=f"{verdict_word(report)}: recommended K={best.num_speculative_tokens}, tau "
+            f"{best.acceptance_length:.2f}, speedup {best.measured_speedup:.2f}x; acceptance per draft position per K")
     tau_min = t.get("min_acceptance_length")
     speedup = next((c for c in report.checks if c.name == "speedup"), None)
     unreliable = speedup is not None and UNRELIABLE_TIMING in speedup.message
@@ -762,6 +804,10 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
              f"{', '.join(report.levels_run) or 'none'} "
              f"({report.created_at})", "", f"**{verdict}** {_cell(verdict_text(report))}", ""]  # and why levels did not
     a = report.acceptance
+    if a is not None and headline_k(report) is not None:
+        lines += [f"A K sweep: the figures below are the first K's (K="
+                  f"{report.per_num_speculative_tokens[0].num_speculative_tokens}); the chart shows every K, and the "
+                  "table after them every K's figures and the one recommended.", ""]
     if a is not None:
         t = report.thresholds()
         lines += ["", "| tau (tokens per step) | speedup | outputs equal | prompts | block | max new tokens |",
@@ -922,10 +968,16 @@ def to_json(report: ValidationReport) -> dict[str, Any]:
 
 
 def to_junit(report: ValidationReport) -> str:
-    """JUnit XML: one <testsuite> per level run, one <testcase> per check."""
+    """JUnit XML: one <testsuite> per level run, one <testcase> per check; a run stopped before its end (Ctrl-C)
+    adds an <error> testcase, so that CI never shows it green."""
     n = report.counts()
-    root = ET.Element("testsuites", name="dflash-convert validate", tests=str(len(report.checks)),
-                      failures=str(n["fail"]), errors="0", skipped=str(n["skip"]), time=f"{report.duration_s:.3f}")
+    stopped = report.incomplete is not None
+    root = ET.Element("testsuites", name="dflash-convert validate", tests=str(len(report.checks) + stopped),
+                      failures=str(n["fail"]), errors=str(int(stopped)), skipped=str(n["skip"]),
+                      time=f"{report.duration_s:.3f}")
+    if stopped:
+        _junit_error(root, "run_completed", f"{report.incomplete}: the checks below are what was measured until then",
+                     "Interrupted")
     for level in LEVELS:
         checks = [c for c in report.checks if c.level == level]
         if not checks:
@@ -937,6 +989,8 @@ def to_junit(report: ValidationReport) -> str:
         ET.SubElement(props, "property", name="checkpoint", value=report.checkpoint or "")
         if report.target:
             ET.SubElement(props, "property", name="target", value=report.target)
+        if prompts_note(report):
+            ET.SubElement(props, "property", name="prompts", value=prompts_note(report))
         for c in checks:
             case = ET.SubElement(suite, "testcase", classname=f"dflash_convert.validate.run.{level}", name=c.name)
             detail = f"value: {c.value!r}\nthreshold: {c.threshold!r}\n{c.message}"
@@ -946,5 +1000,24 @@ def to_junit(report: ValidationReport) -> str:
                 ET.SubElement(case, "skipped", message=c.message[:500])
             else:
                 ET.SubElement(case, "system-out").text = ("warning: " if c.status == "warn" else "") + detail
+    return _xml(root)
+
+
+def junit_error(message: str, exit_code: int, duration_s: float = 0.0) -> str:
+    """JUnit XML of a run that ended in an error before it had a report (an endpoint refusing connections, a
+    checkpoint that cannot be read): one <error> testcase saying why, so that CI shows a failed test, not none."""
+    root = ET.Element("testsuites", name="dflash-convert validate", tests="1", failures="0", errors="1", skipped="0",
+                      time=f"{duration_s:.3f}")
+    _junit_error(root, "validate_ran", message, f"exit {exit_code}")
+    return _xml(root)
+
+
+def _junit_error(root: ET.Element, name: str, message: str, kind: str) -> None:
+    suite = ET.SubElement(root, "testsuite", name="validate.run", tests="1", failures="0", errors="1", skipped="0")
+    case = ET.SubElement(suite, "testcase", classname="dflash_convert.validate.run", name=name)
+    ET.SubElement(case, "error", message=message[:500], type=kind).text = message
+
+
+def _xml(root: ET.Element) -> str:
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

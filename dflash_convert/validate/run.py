@@ -146,7 +146,7 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
             levels_skipped={lv: "the checkpoint stores a tensor twice" for lv in LEVELS[1:]}, checks=[duplicates],
             environment=_environment(opts),
             options=opts.model_dump(mode="json"), duration_s=round(time.perf_counter() - t0, 3), passed=False)
-    ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle)
+    ckpt = open_checkpoint(checkpoint_path, allow_pickle=opts.allow_pickle, block_size=opts.block_size)
     prep = Prepared(checkpoint_path, opts, progress or (lambda message: None), progress is None, ckpt, ckpt)
     found = Found(list(opts.levels), Resources(device=opts.device, draft_dtype_name=opts.dtype))
     try:

@@ -51,10 +51,20 @@ def checkpoint_checks(ckpt: Checkpoint, *, scan: bool = False) -> list[Check]:
         *quantized_checks(ckpt),
         _causality(spec),
         _verifier(spec),
+        *_misspelled_keys(ckpt),
     ]
     if scan:
         checks += scan_checks(ckpt)
     return checks
+
+
+def _misspelled_keys(ckpt: Checkpoint) -> list[Check]:
+    """A warning for each config key no reader knows that is a letter or two from one that is absent: no engine
+    reads it, so the draft is served as if the key were not there."""
+    typos = mapping.misspelled_keys(ckpt.raw_config)
+    return [make_check("config_keys", False, "; ".join(f"`{found}` is a key no engine reads: did you mean `{meant}`?"
+                                                       for found, meant in typos.items()),
+                       value=sorted(typos), bad="warn")] if typos else []
 
 
 def _block_size(spec: DraftSpec) -> Check:

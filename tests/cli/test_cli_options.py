@@ -183,3 +183,25 @@ def test_the_translator_works_for_any_options_model():
         Sized(size=10)
     with pytest.raises(UsageError, match="^Sized has no option 'colour'$"):
         Sized(colour=1)
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect", "diff", "validate", "pull", "push", "schema"])
+def test_help_leads_with_h_and_its_usage_line_brackets_once(cli, command):
+    """-h: the usage line writes an optional argument in one pair of brackets (`[CHECKPOINT]`, never
+    `[[CHECKPOINT]]`); -h is the first option of the first group of options, not a lone `Options:` heading between
+    the others; every group in the house order."""
+    import re
+
+    from dflash_convert.cli._help import PANEL_ORDER
+
+    r = cli(command, "-h")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert "[[" not in lines[0] and "{" not in lines[0], lines[0]
+    headings = [line[:-1] for line in lines if re.fullmatch(r"[A-Z][A-Za-z ]*:", line)]
+    options = [h for h in headings if h != "Arguments"]
+    assert options and all(h in PANEL_ORDER for h in options), headings
+    assert [PANEL_ORDER.index(h) for h in options] == sorted(PANEL_ORDER.index(h) for h in options), headings
+    first = lines.index(options[0] + ":")
+    assert lines[first + 1].lstrip().startswith("-h, --help"), lines[first:first + 2]
+    assert r.out.count("-h, --help") == 1

@@ -503,15 +503,16 @@ def test_help_texts_are_each_commands_own(command, option, foreign):
 
 def test_validate_help_groups_its_flags():
     """validate -h lists its flags under headings users look for, in this order, from the options model's
-    HELP_PANELS (and the command's own report flags): under the plain Options heading only -h is left."""
+    HELP_PANELS (and the command's own report flags); -h leads the first group, no plain Options heading is left."""
     from dflash_convert.cli._options import flagged_fields
     from dflash_convert.validate.options import ValidateOptions
 
     r = run("validate", "-h", env={"COLUMNS": "80"})
-    headings = [line[:-1] for line in r.stdout.splitlines() if re.fullmatch(r"[A-Z][a-z]+:", line)]
-    assert headings == ["Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Thresholds", "Reports", "Options"]
-    options = r.stdout.split("\nOptions:\n")[1].split("\n\n")[0]
-    assert options.split() == ["-h,", "--help", "Show", "this", "message", "and", "exit."], options
+    headings = [line[:-1] for line in r.stdout.splitlines() if re.fullmatch(r"[A-Z][a-z ]+:", line)]
+    assert headings == ["Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Live deployment", "Thresholds",
+                        "Reports"]
+    inputs = r.stdout.split("\nInputs:\n")[1].split("\n\n")[0]
+    assert inputs.split()[:7] == ["-h,", "--help", "Show", "this", "message", "and", "exit."], inputs
     grouped = {n for names in ValidateOptions.HELP_PANELS.values() for n in names}
     assert set(flagged_fields(ValidateOptions)) <= grouped
     thresholds = r.stdout.split("\nThresholds:\n")[1].split("\n\n")[0]

@@ -115,3 +115,22 @@ def test_inspect_vllm_on_the_old_speculative_tokens_convention(cli, speculators_
     info = cli("inspect", src, "--json").json()
     assert {"speculative_tokens", "engine_view.vllm-speculators"} <= {p["name"] for p in info["problems"]}
     assert not info["ok"]
+
+
+def test_diff_lists_provenance_apart_and_counts_it_only_with_strict(cli, tmp_path):
+    """A source against its own conversion made with --verifier (the verifier it names rewritten): equivalent, the
+    verifier listed as a metadata difference; --strict counts it (exit 3)."""
+    from pathlib import Path
+
+    pair = Path(__file__).resolve().parents[2] / "examples" / "pair"
+    out = tmp_path / "hf"
+    assert cli("convert", pair / "draft", "-o", out, "--verifier", str(pair / "target")).code == 0
+    r = cli("diff", pair / "draft", out, "--json")
+    assert r.code == 0, r.out
+    report = r.json()
+    assert report["equivalent"] and report["config_differences"] == {}
+    assert report["metadata_differences"]["verifier"]["b"] == str(pair / "target")
+    text = cli("diff", pair / "draft", out)
+    assert text.code == 0 and "  metadata verifier: " in text.out and "(not counted)" in text.out, text.out
+    strict = cli("diff", pair / "draft", out, "--strict", "--json")
+    assert strict.code == 3 and not strict.json()["equivalent"]

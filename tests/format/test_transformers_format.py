@@ -312,3 +312,12 @@ def test_a_checkpoint_saved_by_transformers_itself_reads_as_the_same_draft(cli, 
     AutoModel.from_pretrained(str(native_drafts["speculators"][0])).save_pretrained(str(tmp_path / "resaved"))
     r = cli("diff", native_drafts["speculators"][0], tmp_path / "resaved", "--json")
     assert r.code == 0 and r.json()["equivalent"], r.out
+
+
+def test_validate_engine_transformers_quiet_shows_no_loading_bars(cli, native_drafts, tmp_path):
+    """-q: the verdict, failures and warnings only; transformers' own loading bars (its target and draft loads for
+    the engine run) are off as well."""
+    r = _validate(cli, native_drafts["bundled"][0], tmp_path, "-q")
+    assert r.code == 0 and r.json()["engine_run"] is not None, r.err
+    assert "Loading weights" not in r.err and "%|" not in r.err, r.err
+    assert r.err.strip().splitlines()[-1].startswith("PASSED"), r.err

@@ -189,3 +189,29 @@ def test_cli_concurrency_gives_a_recommendation_per_concurrency(cli, tmp_path):
     at4 = card.split("at concurrency 4", 1)[1].split("```text", 1)[1].split("```", 1)[0]
     assert [f"{row['per_concurrency'][0]['expected_speedup']:.2f}x" in at4
             for row in report["per_num_speculative_tokens"]] == [True, True]
+
+
+def test_a_sweeps_headline_and_chart_show_the_recommended_k_and_every_k(sweep):
+    """The verdict line headlines the recommended K (not the first run), then every other K; the SVG is one chart
+    with a series per K, the recommended one marked. The recommendation is set to the middle K here, so that it is
+    neither the first K nor the last."""
+    import xml.etree.ElementTree as ET
+
+    from dflash_convert.validate.report import acceptance_svg, verdict_text
+
+    report = sweep.model_copy(deep=True)
+    report.recommendation[0].num_speculative_tokens = 7
+    rows = {r.num_speculative_tokens: r for r in report.per_num_speculative_tokens}
+    line = verdict_text(report)
+    best = rows[7]
+    assert (f", recommended K=7: tau {best.acceptance_length:.2f}, speedup {best.measured_speedup:.2f}x (K=3: tau "
+            f"{rows[3].acceptance_length:.2f}, {rows[3].measured_speedup:.2f}x; K=15: tau "
+            f"{rows[15].acceptance_length:.2f}, {rows[15].measured_speedup:.2f}x)") in line, line
+    svg = ET.fromstring(acceptance_svg(report))
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = [r.find(f"{ns}title").text for r in svg.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+    for k in KS:  # each K's series: one bar per position of its block
+        assert sum(t.startswith(f"K={k}: tau ") for t in bars) == k, bars
+    texts = [t.text for t in svg.iter(f"{ns}text")]
+    assert f"K=7: tau {best.acceptance_length:.2f} (recommended)" in texts
+    assert texts[0].startswith("PASSED: recommended K=7, tau ")

@@ -186,6 +186,11 @@ class Endpoint:
                                 f"{self.deadline.total_s:g} s)") from None
         except httpx.ConnectError as exc:
             reason = "TLS certificate not verified" if "CERTIFICATE_VERIFY_FAILED" in str(exc) else str(exc)
+            if "refused" in reason.lower() and not self.proxy:  # the host answered: no server on that port
+                parts = urlsplit(self.url)
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                reason = (f"connection refused: nothing listens on {parts.hostname}:{port}; check the server is up "
+                          f"and the port it serves on, then that {self.url}/v1/models answers")
             via = f" (through {proxy_label(self.proxy)})" if self.proxy else ""
             raise EndpointError(f"{self._where(path)}: cannot connect{via}: {reason}") from None
         except httpx.ProxyError as exc:

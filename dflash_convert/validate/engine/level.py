@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_convert.format import engine_views
+from dflash_convert.validate.end_to_end import no_library_bar
 from dflash_convert.validate.engine import served
 from dflash_convert.validate.prepare import Prepared
 from dflash_convert.validate.report import AcceptanceStats, EngineStats
@@ -90,10 +91,11 @@ def transformers_level(prep: Prepared, *, draft: Any, dtype: Any,
         prep.say(f"engine: transformers not run: {why}")
         return [], None, why
     draft = draft if draft is not None else load_draft(prep.ckpt, dtype=dtype, **prep.draft_options)
-    target = load_target(prep.target.dir, dtype=target_dtype)
-    checks, e = transformers_engine.transformers_checks(
-        Path(prep.path), prep.target.dir, prep.prompts.ids, opts.max_new_tokens, our_draft=draft,
-        our_target=target, dtype=dtype, say=prep.say)
+    with no_library_bar():  # its loads of the pair: the status lines say what loads (none under -q)
+        target = load_target(prep.target.dir, dtype=target_dtype)
+        checks, e = transformers_engine.transformers_checks(
+            Path(prep.path), prep.target.dir, prep.prompts.ids, opts.max_new_tokens, our_draft=draft,
+            our_target=target, dtype=dtype, say=prep.say)
     prep.say(f"engine: transformers {e.version}: tau {e.counts.acceptance_length:.3f} (emulation "
              f"{e.emulated.acceptance_length:.3f}), outputs equal on {e.outputs_equal}/{e.prompts}, acceptance "
              f"equal step for step on {e.steps_equal}/{e.prompts} prompts")

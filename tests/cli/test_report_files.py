@@ -1,0 +1,101 @@
+"""validate's report files (--junit, --report-md): a path that cannot be written is refused before any work, a write
+that fails at the end loses none of the other reports, and CI that asked for JUnit always gets a file that says how
+the run ended (an interrupted run or one that could not start is an error, never green)."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIR = ROOT / "examples" / "pair"
+
+
+def _no_run(*args, **kwargs):  # noqa: ARG001
+    raise AssertionError("the run started although a report path cannot be written")
+
+
+@pytest.mark.parametrize("where", ["under a file", "kernel file system", "a directory"])
+def test_an_unwritable_report_path_is_refused_before_any_work(cli, tmp_path, monkeypatch, where):
+    """Root ignores permission bits, so the paths are ones that fail for root too: a regular file where a directory
+    must be, /proc, and a directory given as the file."""
+    monkeypatch.setattr("dflash_convert.validate.run.validate", _no_run)
+    (tmp_path / "afile").write_text("")
+    bad = {"under a file": tmp_path / "afile" / "v.xml", "kernel file system": Path("/proc/dflash-v.xml"),
+           "a directory": tmp_path}[where]
+    md = tmp_path / "r" / "v.md"
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--report-md", md, "--junit", bad, "--json")
+    assert r.code == 2, (r.code, r.err)
+    line = f"Error: --junit {bad}: cannot write it: "
+    assert r.err.strip().splitlines() == [r.err.strip()] and r.err.startswith(line), r.err  # one line, naming it
+    assert json.loads(r.out)["error"]["exit_code"] == 2
+    assert not (tmp_path / "r").exists() and not list(tmp_path.glob(".*.probe"))  # nothing written, no probe left
+    assert (tmp_path / "afile").read_text() == ""
+
+
+def test_a_report_that_fails_at_the_end_leaves_the_others_and_the_verdict(cli, tmp_path, monkeypatch):
+    """A write that still fails at the end (the path passed the check; the disk filled, the directory went): every
+    other report is written, the JSON carries the verdict and the error, and the exit code is 1."""
+    monkeypatch.setattr("dflash_convert.cli.validate.unwritable", lambda path: None)  # the check passed
+    (tmp_path / "afile").write_text("")
+    md, bad = tmp_path / "v.md", tmp_path / "afile" / "v.xml"
+    r = cli("validate", PAIR / "draft", "--levels", "static", "--report-md", md, "--junit", bad, "--json")
+    assert r.code == 1, (r.code, r.err)
+    report = json.loads(r.out)
+    assert report["passed"] is True and report["levels_run"] == ["static"]  # the verdict is still there
+    assert f"--junit {bad}" in report["error"]["message"] and report["error"]["exit_code"] == 1
+    assert "the other reports were written" in report["error"]["message"]
+    assert md.read_text().startswith("## dflash-convert validate: PASSED")
+    last = r.err.strip().splitlines()[-1]
+    assert last.startswith(f"Error: could not write --junit {bad} (") and last.endswith("verdict: PASSED"), r.err
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _junit(path: Path) -> ET.Element:
+    return ET.parse(path).getroot()
+
+
+def test_an_interrupted_run_is_a_junit_error(cli, tmp_path, monkeypatch):
+    """Ctrl-C during a level: the report says what was measured, and its JUnit has an error (CI shows it red)."""
+    def interrupted(prep, found):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("dflash_convert.validate.run._end_to_end_level", interrupted)
+    junit = tmp_path / "v.xml"
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "static,end_to_end", "--junit", junit)
+    assert r.code == 130, (r.code, r.err)
+    root = _junit(junit)
+    assert int(root.get("errors")) >= 1 and root.get("failures") == "0", ET.tostring(root, encoding="unicode")
+    error = root.find(".//testcase[@name='run_completed']/error")
+    assert error is not None and error.get("message").startswith("interrupted (Ctrl-C)")
+    assert root.find(".//testsuite[@name='validate.static']") is not None  # what was measured is still there
+
+
+def test_a_run_that_cannot_start_writes_a_junit_error(cli, tmp_path):
+    """Nothing listening at --endpoint: the run ends at its first request, and the JUnit file says so (a job with
+    no test at all reads as nothing wrong)."""
+    junit = tmp_path / "ci" / "v.xml"
+    r = cli("validate", "--endpoint", "http://127.0.0.1:9", "--junit", junit, "--endpoint-timeout", "5")
+    assert r.code == 1, (r.code, r.err)
+    root = _junit(junit)
+    assert root.get("errors") == "1" and root.get("tests") == "1"
+    error = root.find(".//testcase/error")
+    assert "cannot connect" in error.get("message") and error.get("type") == "exit 1"
+    # the one line names what was tried and what to check
+    assert r.err.strip() == ("Error: --endpoint http://127.0.0.1:9/v1/models: cannot connect: connection refused: "
+                             "nothing listens on 127.0.0.1:9; check the server is up and the port it serves on, "
+                             "then that http://127.0.0.1:9/v1/models answers"), r.err
+
+
+def test_a_usage_error_still_writes_the_junit_error(cli, tmp_path):
+    """Whatever ends the run, a good --junit path gets its file: another report path that cannot be written (exit 2)
+    is an error testcase in it, naming that path."""
+    (tmp_path / "afile").write_text("")
+    junit, bad = tmp_path / "v.xml", tmp_path / "afile" / "v.md"
+    r = cli("validate", PAIR / "draft", "--junit", junit, "--report-md", bad)
+    assert r.code == 2, r.err
+    error = _junit(junit).find(".//testcase/error")
+    assert error.get("type") == "exit 2" and f"--report-md {bad}: cannot write it" in error.get("message")
