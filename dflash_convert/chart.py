@@ -13,6 +13,19 @@ from xml.sax.saxutils import escape
 EIGHTHS = " ▏▎▍▌▋▊▉█"  # a bar's last cell to 1/8 of a character
 
 
+
+def _svg_frame(title: str, width: int, height: int, left: int, top: int, plot_w: float, plot_h: float) -> list[str]:
+    """The opening of a rate chart's SVG: the canvas, the title and the 0..1 grid with its tick labels."""
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
+    for tick in (0, 0.25, 0.5, 0.75, 1.0):
+        y = top + plot_h * (1 - tick)
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+    return parts
+
 def bar(fraction: float, width: int) -> str:
     """`fraction` (clamped to [0, 1]) of `width` cells in unicode block characters."""
     eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
@@ -58,14 +71,7 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
     plot_w = max(24 * n, 380, round(7 * len(title)) - left, round(6.4 * max(map(len, legend))) - left)
     width, height = left + plot_w + 16, top + plot_h + 26 + 14 * len(legend)
     step = plot_w / n
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
-    for tick in (0, 0.25, 0.5, 0.75, 1.0):
-        y = top + plot_h * (1 - tick)
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+    parts = _svg_frame(title, width, height, left, top, plot_w, plot_h)
     for k, rate in enumerate(rates):
         x = left + k * step
         h = plot_h * max(0.0, min(1.0, rate))
@@ -114,14 +120,7 @@ def svg_series_chart(series: list[tuple[str, list[float]]], title: str = "", min
     plot_w = max(10 * m * n, 380, round(7 * len(title)) - left, round(legend_w) - left)
     width, height = left + plot_w + 16, top + plot_h + 26 + 28
     step = plot_w / n
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
-    for tick in (0, 0.25, 0.5, 0.75, 1.0):
-        y = top + plot_h * (1 - tick)
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+    parts = _svg_frame(title, width, height, left, top, plot_w, plot_h)
     bw = step * 0.8 / m
     for s, (name, rates) in enumerate(series):
         colour = SERIES[s % len(SERIES)]

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
-from dflash_convert.validate.partings import MANTISSA_BITS
+from dflash_convert.validate.partings import MANTISSA_BITS, ulp
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.report import AcceptanceCounts, EngineStats, StepDecisions
 
@@ -357,8 +357,7 @@ def greedy_agreement(run: dict[str, Any], counts: AcceptanceCounts, emulated: Ac
 
 def tie_tolerance(logit: float, dtype: str) -> float:
     """TIE_ULPS units in the last place of `logit` in `dtype` (bfloat16 when vLLM did not say)."""
-    exponent = math.floor(math.log2(max(abs(logit), 2.0 ** -14)))
-    return TIE_ULPS * 2.0 ** (exponent - MANTISSA_BITS.get(dtype, MANTISSA_BITS["bfloat16"]))
+    return TIE_ULPS * ulp(logit, dtype)
 
 
 @dataclass
