@@ -5,7 +5,7 @@ import re
 
 from typer.core import TyperCommand
 
-PANEL_ORDER = ("Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Live deployment", "Thresholds", "Reports",
+PANEL_ORDER = ("Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Live deployment", "GPU prediction", "Thresholds", "Reports",
                "Options")
 
 
