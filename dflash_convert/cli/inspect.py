@@ -33,6 +33,9 @@ def inspect(
         "--max-num-batched-tokens", metavar="T", help="vLLM's max_num_batched_tokens of that launch.")] = None,
     draft_window_size: Annotated[Optional[int], typer.Option(
         "--draft-window-size", metavar="W", help="SGLang's --speculative-draft-window-size of that launch.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(
+        "--max-model-len", metavar="TOKENS", min=1, help="The context a deployment serves (vLLM's max_model_len): "
+        "warn where it passes the positions the draft was trained for.")] = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -43,7 +46,8 @@ def inspect(
     out = Output(as_json, quiet)
     serving = _serving(value(engine), num_speculative_tokens, max_num_seqs, max_num_batched_tokens, draft_window_size)
     local, sha = out.local(path, revision=revision, token=token, allow_pickle=allow_pickle)
-    report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=value(engine), serving=serving)
+    report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=value(engine), serving=serving,
+                                max_model_len=max_model_len)
     report.revision = sha
     out.result(report.model_dump(mode="json"), render=report.render)
     if not report.ok:

@@ -104,7 +104,13 @@ def _markdown_reports(report, path: Optional[Path], out: Output) -> None:
             image_path = path.with_suffix(".svg")
             image_path.write_text(svg, encoding="utf-8")
             image = image_path.name
-        path.write_text(to_markdown(report, image), encoding="utf-8")
+        from dflash_convert.validate.breakdown import context_svg
+
+        curve = context_svg(report)
+        if curve is not None:
+            curve_path = path.with_name(path.stem + "-context-length.svg")
+            curve_path.write_text(curve, encoding="utf-8")
+        path.write_text(to_markdown(report, image, curve_path.name if curve is not None else None), encoding="utf-8")
         out.info(f"Markdown report written: {path}")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # an image beside a step summary is not served: the unicode chart stands in

@@ -16,11 +16,12 @@ from typing import Any, Callable
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
+from dflash_convert.validate.breakdown import LongContexts, context_slice, half_tau_length, output_buckets
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
-                                            PromptSetAcceptance, PromptStats, SamplingUsed, StepDecisions,
-                                            SyntheticAcceptance)
+                                            PromptSetAcceptance, PromptStats, SamplingUsed, SliceAcceptance,
+                                            StepDecisions, SyntheticAcceptance)
 from dflash_convert.validate.sampling import runtime_sampling
 from dflash_convert.validate.engine.served import TIE_ULPS, Parting
 from dflash_runtime.metrics import DecodeStats
@@ -48,6 +49,7 @@ class Prompts:
     ids: list[list[int]]
     sets: list[tuple[str, str, int, int]] = field(default_factory=list)
     format: str | None = None
+    long: LongContexts | None = None  # --context-lengths: the long prompts, decoded on their own
 
 
 @dataclass
@@ -136,7 +138,46 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     stats.synthetic = synthetic_acceptance(stats)
     stats.round_step_times = _round_step_times(rounds)
     stats.per_request_histogram = request_histogram([p.acceptance_length for p in stats.per_prompt], block)
+    stats.per_output_bucket = [SliceAcceptance(**b) for b in output_buckets([r.accepted_per_step for r in runs], slots,
+                                                                           opts.max_new_tokens)]
+    if prompts.long is not None:
+        checks.append(_context_curve(decode, prompts.long, stats, slots, greedy=sampling.temperature == 0, say=say))
     return checks, stats, [r.tokens for r in runs]
+
+
+def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, slots: int, *, greedy: bool,
+                   say) -> Check:
+    """--context-lengths: each length's long prompts decoded as the run's prompts are (and, greedy, checked
+    against the target's greedy output token by token), its figures in `stats`; the check fails on an output
+    that is not the target's, and warns where tau falls below half the short prompts' tau."""
+    target = decode.target
+    dtype = str(target.dtype).removeprefix("torch.")
+    slices, wrong = [], []
+    for length, windows in long.windows.items():
+        runs = []
+        for i, p in enumerate(windows, 1):
+            runs.append(decode.speculative(p))
+            say(f"end to end: context {length} tokens, prompt {i}/{len(windows)}: tau {runs[-1].stats.tau:.2f}")
+        equal = None
+        if greedy:
+            real = [any(not x.near_tie for x in _partings(target, p, r.tokens, None, dtype, decode.sampling.penalties))
+                    for p, r in zip(windows, runs)]
+            equal = real.count(False)
+            wrong += [f"{length} tokens, prompt {i + 1}" for i, bad in enumerate(real) if bad]
+        slices.append(SliceAcceptance(**context_slice(length, [r.accepted_per_step for r in runs],
+                                    sum(r.stats.new_tokens for r in runs), slots, equal)))
+    stats.per_context_length, stats.context_source = slices, long.source
+    stats.context_half_tau_length = half = half_tau_length(stats.acceptance_length, slices)
+    curve = ", ".join(f"{s.acceptance_length:.2f} at {s.context_tokens}" for s in slices)
+    message = f"tau {curve} (short prompts {stats.acceptance_length:.2f})"
+    if wrong:
+        return make_check("context_lengths", False, f"the speculative output is not the target's greedy output at "
+                          f"{'; '.join(wrong[:3])}; {message}", value=curve, level="end_to_end")
+    if half is not None:
+        return make_check("context_lengths", False, f"{message}: below half the short-context tau from {half} tokens",
+                          value=half, threshold=round(stats.acceptance_length / 2, 4), level="end_to_end", bad="warn")
+    return make_check("context_lengths", True, message + ": at or above half the short-context tau at every length",
+                      level="end_to_end")
 
 
 def step_histogram(rates: list[float], num_drafts: int) -> list[int]:

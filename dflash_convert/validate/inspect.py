@@ -155,9 +155,13 @@ def _human(key: str, value: Any) -> str:
 
 
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
-                       engine: str | None = None, serving: ServingConfig | None = None) -> InspectReport:
+                       engine: str | None = None, serving: ServingConfig | None = None,
+                       max_model_len: int | None = None) -> InspectReport:
     """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine; `serving`
-    adds the checks of a launch's settings against that engine's rules (format/serving.py)."""
+    adds the checks of a launch's settings against that engine's rules (format/serving.py); `max_model_len`: the
+    context a deployment serves, against the positions the draft was trained for (trained_context.py)."""
+    from dflash_convert.validate.trained_context import trained_context_check
+
     from dflash_convert.validate.quantized_checks import catalogue_shapes
     from dflash_convert.validate.static import checkpoint_checks
 
@@ -180,6 +184,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
     checks = checkpoint_checks(ckpt, scan=scan) + engine_checks(views, asked=engine is not None)
     if serving is not None:
         checks += serving_checks(spec, ckpt.raw_config, serving)
+    checks.append(trained_context_check(spec, views, max_model_len=max_model_len))
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
     return InspectReport(
         path=str(ckpt.path),

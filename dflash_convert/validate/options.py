@@ -20,6 +20,7 @@ from dflash_convert.format.engines import ENGINE_NAMES
 from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
 
 LEVELS: tuple[str, ...] = get_args(Level)  # in the order they run
+MAX_CONTEXT_TOKENS = 1 << 20  # a --context-lengths value: the memory plan says whether it fits
 MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized; also the cap on --max-new-tokens
 TIMING_ROUNDS = 3  # interleaved target-only / speculative rounds over the baseline prompts
 ENDPOINT_TIMEOUT_S = 600.0  # the whole --endpoint measurement
@@ -38,6 +39,7 @@ Dtype = Literal[DTYPE_CHOICES]
 SpeculativeTokens = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
 Concurrency = Annotated[int, Field(ge=1)]
 Rate = Annotated[float, Field(ge=0, le=1)]
+ContextLength = Annotated[int, Field(ge=2, le=MAX_CONTEXT_TOKENS)]
 # a prompt: text, token ids, or OpenAI-style chat messages ({"role", "content"} turns)
 Prompt = str | list[int] | list[dict[str, Any]]
 
@@ -88,6 +90,7 @@ class ValidateOptions(CommandOptions):
     # how `validate -h` groups the flags, the way users look for them (a field in none: "Options")
     HELP_PANELS: ClassVar[dict[str, tuple[str, ...]]] = {
         "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "levels", "allow_pickle"),
+        "Long contexts and outputs": ("context_lengths", "long_context_file", "max_model_len", "profile_out"),
         "Decoding": ("max_new_tokens", "num_speculative_tokens", "block_size", "sampling", "temperature", "top_k", "top_p", "min_p",
                      "repetition_penalty", "presence_penalty", "frequency_penalty", "draft_sampling", "seed"),
         "Runtime": ("device", "dtype", "backend", "target_backend", "causal", "compile", "device_map", "max_memory",
@@ -116,6 +119,19 @@ class ValidateOptions(CommandOptions):
         "it has one), none, or a Jinja FILE; as vLLM's chat endpoint.")
     chat_template_kwargs: Annotated[dict[str, Any] | None, Flag("--chat-template-kwargs", parse="json")] = Field(
         None, description='Template variables, as vLLM\'s chat_template_kwargs, e.g. \'{"enable_thinking": false}\'.')
+    context_lengths: Annotated[list[ContextLength] | None, Flag("--context-lengths", parse="lengths")] = Field(
+        None, description="End to end: also measure tau, per-position rates and outputs equal on prompts of exactly "
+        "these many tokens (1024, 2k, 32k; k = 1024) of a real long text, generation following it; reported as a "
+        "curve of tau against context length.")
+    long_context_file: Annotated[str | Path | None, Flag("--long-context-file", type=Path, metavar="FILE")] = Field(
+        None, description="The long text --context-lengths cuts its prompts from (a document, code; token ids when "
+        "the target ships no tokenizer). Default: the prompts' own texts joined in order.")
+    max_model_len: Annotated[int | None, Flag("--max-model-len", metavar="TOKENS")] = Field(
+        None, ge=1, le=1 << 30, description="The context the deployment serves (vLLM's max_model_len): the static "
+        "level warns where it exceeds the positions the draft was trained for.")
+    profile_out: Annotated[str | Path | None, Flag("--profile-out", type=Path, metavar="FILE")] = Field(
+        None, description="Write the measured acceptance as a speculation_profile.json (NVIDIA Model-Optimizer's "
+        "schema): one profile per K and per context length run.")
     levels: Annotated[list[Level], Flag("--levels", parse="levels")] = Field(
         default_factory=lambda: list(LEVELS),
         description=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")
@@ -238,7 +254,7 @@ class ValidateOptions(CommandOptions):
         validation, so validate() checks what it was handed before anything is read."""
         type(self).model_validate(dict(self))
 
-    @field_validator("num_speculative_tokens", "concurrency")
+    @field_validator("num_speculative_tokens", "concurrency", "context_lengths")
     @classmethod
     def _distinct(cls, values: list[int] | None) -> list[int] | None:
         if values and len(set(values)) != len(values):
@@ -284,6 +300,12 @@ class ValidateOptions(CommandOptions):
         if self.sampling == "greedy" and self.temperature not in (None, 0):
             raise UsageError(f"--sampling greedy decodes at temperature 0; drop --temperature {self.temperature} "
                              "or use --sampling auto")
+        return self
+
+    @model_validator(mode="after")
+    def _long_contexts(self) -> ValidateOptions:
+        if self.long_context_file is not None and not self.context_lengths:
+            raise UsageError("--long-context-file is the text of --context-lengths: give --context-lengths with it")
         return self
 
     @model_validator(mode="after")

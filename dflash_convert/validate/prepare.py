@@ -147,6 +147,11 @@ def _prepare_decoding(prep: Prepared, prompt_list, source: str) -> None:
         if name is not None:
             prep.prompts.sets.append((name, described, first, first + len(ids)))
         prep.prompts.ids += ids
+    if opts.context_lengths:
+        from dflash_convert.validate.breakdown import long_contexts
+
+        prep.prompts.long = long_contexts(opts.context_lengths, opts.long_context_file, tokenizer, prompt_list,
+                                          prep.prompts.ids, info.vocab_size)
     gen, gen_path = generation_config(target_dir)
     prep.sampling = resolve_sampling(opts, gen, gen_path)
     stops = stop_token_ids(info.eos_token_ids, gen, gen_path, tokenizer)

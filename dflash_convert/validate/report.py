@@ -139,6 +139,22 @@ class StepDecisions(BaseModel):
     next_margin: list[float | None]
 
 
+class SliceAcceptance(Acceptance):
+    """Acceptance on one slice of an end-to-end run: the prompts of one --context-lengths value, or the verify
+    steps that began in one bucket of generated positions (validate/breakdown.py makes and renders them)."""
+
+    label: str = Field(description="the slice as the report names it: `2048 tokens`, `64-256`, ...")
+    prompts: int
+    new_tokens: int
+    context_tokens: int | None = Field(None, description="a context-length slice: the prompt length in tokens")
+    first_position: int | None = Field(None, description="an output bucket: its first generated position")
+    end_position: int | None = Field(None, description="an output bucket: the position it ends before (None: open)")
+    outputs_equal: int | None = Field(None, description="prompts whose speculative output is the target's greedy "
+                                      "output (a context-length slice, greedy runs; None otherwise)")
+    accepted_histogram: list[int] = Field(default_factory=list, description="verify steps by drafts accepted: "
+                                          "entry a = steps that accepted exactly a")
+
+
 class AcceptanceStats(Acceptance):
     """End-to-end speculative decoding on the prompts (greedy unless temperature > 0)."""
 
@@ -187,6 +203,15 @@ class AcceptanceStats(Acceptance):
     prompt_format: str | None = Field(None, description="how text prompts became token ids (chat template or raw)")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
+    per_context_length: list[SliceAcceptance] = Field(
+        default_factory=list, description="--context-lengths: the same decoding on prompts of each length")
+    context_source: str | None = Field(None, description="--context-lengths: the text the long prompts were cut from")
+    context_half_tau_length: int | None = Field(
+        None, description="the first --context-lengths value whose tau is below half the run's own (short-context) "
+        "tau; None: none is")
+    per_output_bucket: list[SliceAcceptance] = Field(
+        default_factory=list, description="the verify steps grouped by the generated position they began at "
+        "(0-64, 64-256, 256-1024, 1024-...): tau against output length")
     per_request_histogram: list[int] = Field(default_factory=list, description="prompts per tau band: entry i = "
                                              "prompts whose tau is in [i + 1, i + 2) (the last band includes block)")
     prompt_ids_sha256: str | None = Field(None, description="SHA-256 of the prompts' token ids (JSON, compact): "
@@ -523,6 +548,11 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             compiled = {None: "", True: ", verify step compiled",
                         False: f", not compiled: {a.target_eager_reason}"}[a.target_compiled]
             console.print(f"target attention {a.target_attention}{compiled}", markup=False)
+    if a is not None and not quiet:
+        from dflash_convert.validate.breakdown import breakdown_lines  # context length, output position
+
+        for line in breakdown_lines(report):
+            console.print(line, markup=False)
     if a is not None and not quiet and (a.vllm_counting is not None or report.engine_run is not None):
         _render_counting(a, report.engine_run, console)
     if report.endpoint is not None and not quiet:
@@ -719,9 +749,10 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
                      + (" (unreliable: a busy machine)" if unreliable else "") + "; acceptance per draft position")
 
 
-def to_markdown(report: ValidationReport, image: str | None = None) -> str:
+def to_markdown(report: ValidationReport, image: str | None = None, curve: str | None = None) -> str:
     """A Markdown report (a GitHub step summary, a PR comment): verdict, figures, the chart (`image`, a
-    path to the SVG beside the file, else the unicode bars), the failed and warned checks, per-prompt table."""
+    path to the SVG beside the file, else the unicode bars; `curve`: tau against context length's), the failed
+    and warned checks, per-prompt table."""
     verdict = verdict_word(report)
     target = f" against `{report.target}`" if report.target else ""
     lines = [f"## dflash-convert validate: {verdict}", "",
@@ -750,6 +781,10 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
             lines += baseline_markdown(b)
         if a.vllm_counting is not None or report.engine_run is not None:
             lines += counting_markdown(a, report.engine_run)
+    if a is not None:
+        from dflash_convert.validate.breakdown import breakdown_markdown  # context length, output position
+
+        lines += breakdown_markdown(report, curve)
     if report.endpoint is not None:
         lines += ["```text", *endpoint_lines(report), "```", ""]
     lines += per_k_markdown(report)

@@ -296,12 +296,35 @@ def _static_level(prep: Prepared, found: Found, duplicates: Check) -> None:
         named = verifier_against(prep.ckpt.spec, target_name(prep.opts), target.dir)
         checks = [named if c.name == "verifier" and named is not None else c for c in checks]
     checks += [c for c in (_causal_override_check(prep.ckpt, prep.opts.causal), prep.mask_check) if c is not None]
+    checks.append(_trained_context(prep))
     found.checks += checks
     found.levels_run.append("static")
     failed = [c.name for c in checks if c.status == "fail"]
     prep.say(f"static: {len(checks)} checks, " + (f"failed: {', '.join(failed)}" if failed else "none failed"))
     if failed and not prep.opts.keep_going:
         found.skip(EXPENSIVE, f"static checks failed ({', '.join(failed)}); --keep-going runs it anyway")
+
+
+def _trained_context(prep: Prepared) -> Check:
+    """The draft's trained positions, window and layer types against the target's and the served context."""
+    from dflash_convert.validate.trained_context import trained_context_check
+
+    raw = read_json(prep.target.config) if prep.target is not None else {}
+    raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+    positions = raw.get("max_position_embeddings")
+    return trained_context_check(prep.given.spec, engine_views.checkpoint_views(prep.given),
+                                 target_positions=positions if isinstance(positions, int) else None,
+                                 max_model_len=prep.opts.max_model_len, context_lengths=prep.opts.context_lengths)
+
+
+def _measured_past(found: Found) -> None:
+    """The trained_context check, told what the measured context-length curve shows past the trained positions."""
+    from dflash_convert.validate.breakdown import past_sentence, trained_positions
+
+    trained, stats = trained_positions(found), found.stats
+    check = next((c for c in found.checks if c.name == "trained_context"), None)
+    if check is not None and trained and stats is not None and stats.per_context_length:
+        check.message += "; measured:" + past_sentence(stats, trained).removeprefix(" ")
 
 
 def _engine_fidelity(prep: Prepared, found: Found) -> None:
@@ -351,7 +374,7 @@ def _memory_plan(prep: Prepared, found: Found) -> memory.MemoryPlan:
     draft_tensors = memory.draft_tensors(prep.ckpt)  # quantized: as dequantized
     block = max(prep.blocks)
     ids = prep.prompts.ids if prep.prompts is not None else None
-    sequence = (max(map(len, ids)) if ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
+    sequence = max([*map(len, ids or [[0] * CONTEXT_TOKENS]), *(opts.context_lengths or [])]) + opts.max_new_tokens + block
     sequence += opts.max_new_tokens if prep.chats else 0  # an earlier turn's answer joins the prompt
     return memory.plan(draft_tensors, res.draft_dtype_name, device=res.device,
                        target_dir=prep.target.dir if e2e else None, target_dtype=res.target_dtype_name,
@@ -393,6 +416,7 @@ def _end_to_end_level(prep: Prepared, found: Found) -> None:
         found.checks += checks
         found.levels_run.append("end_to_end")
         found.per_k = [KRun(stats, outputs)] if stats is not None else []
+        _measured_past(found)
         for block in prep.blocks[1:] if found.per_k else ():
             _another_k(prep, found, placement, block)
         if found.per_k and set(prep.opts.concurrency) - {1}:
