@@ -60,6 +60,21 @@ def token_count(text: str) -> int:
 token_count.__name__ = "token count (1024, 2k, 32k)"
 
 
+def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
+    """--min-acceptance-length "3" or "3,code=2.5,prose=4": {"": 3.0, "code": 2.5, "prose": 4.0} (the plain value
+    keyed "")."""
+    if text is None:
+        return None
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, _, number = item.rpartition("=")
+        try:
+            out[name.strip()] = float(number)
+        except ValueError:
+            raise typer.BadParameter(f"expected X or CATEGORY=X (numbers), got {item!r}") from None
+    return out
+
+
 def one_of(allowed: tuple[str, ...]):
     """Check a value against `allowed` (for lists too long for a metavar: the help names them, wrapped)."""
 

@@ -66,6 +66,8 @@ def validate(
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(to_junit(report))
     _markdown_reports(report, report_md, out)
+    if opts.profile_out is not None:
+        _profile_file(report, Path(opts.profile_out), out)
     if as_json:  # stdout holds the JSON: the log still shows the report (-q: its failures, warnings, verdict)
         live.stop()
         render_table(report, err, quiet)
@@ -75,6 +77,20 @@ def validate(
         sys.exit(INTERRUPTED_EXIT)
     if not report.passed:
         raise typer.Exit(ValidationFailed.exit_code)
+
+
+def _profile_file(report, path: Path, out: Output) -> None:
+    """--profile-out FILE: the report's speculation_profile.json, written whole or not at all."""
+    import json
+
+    if report.speculation_profile is None:
+        out.info(f"--profile-out: no end-to-end figures to profile; {path} not written")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report.speculation_profile, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    out.info(f"speculation profile written: {path}")
 
 
 def _prompt_sets(specs: list[str], num_prompts: Optional[int], seed: int, token: Optional[str],
@@ -104,13 +120,14 @@ def _markdown_reports(report, path: Optional[Path], out: Output) -> None:
             image_path = path.with_suffix(".svg")
             image_path.write_text(svg, encoding="utf-8")
             image = image_path.name
-        from dflash_convert.validate.breakdown import context_svg
+        from dflash_convert.validate.breakdown import context_svg, output_svg
 
-        curve = context_svg(report)
-        if curve is not None:
-            curve_path = path.with_name(path.stem + "-context-length.svg")
-            curve_path.write_text(curve, encoding="utf-8")
-        path.write_text(to_markdown(report, image, curve_path.name if curve is not None else None), encoding="utf-8")
+        curves = []  # tau against context length, against output position: SVG files beside the Markdown
+        for suffix, drawn in (("-context-length.svg", context_svg(report)), ("-output-position.svg", output_svg(report))):
+            curves.append(None if drawn is None else path.with_name(path.stem + suffix).name)
+            if drawn is not None:
+                path.with_name(path.stem + suffix).write_text(drawn, encoding="utf-8")
+        path.write_text(to_markdown(report, image, *curves), encoding="utf-8")
         out.info(f"Markdown report written: {path}")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # an image beside a step summary is not served: the unicode chart stands in

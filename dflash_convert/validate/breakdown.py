@@ -141,6 +141,20 @@ def output_buckets(steps: list[list[int]], slots: int, max_new_tokens: int) -> l
     return out
 
 
+def category_slices(categories: list[str | None], steps: list[list[int]], new_tokens: list[int],
+                    equal: list[bool] | None, slots: int) -> list[dict[str, Any]]:
+    """The figures of each category's prompts (in the order categories first appear; prompts without one are
+    left out), outputs equal counted where the run compared them (`equal`, greedy)."""
+    names = list(dict.fromkeys(c for c in categories if c is not None))
+    out = []
+    for name in names:
+        idx = [i for i, c in enumerate(categories) if c == name and i < len(steps)]
+        out.append(dict(label=name, category=name, prompts=len(idx), new_tokens=sum(new_tokens[i] for i in idx),
+                        outputs_equal=sum(equal[i] for i in idx) if equal is not None else None,
+                        **counts_of([a for i in idx for a in steps[i]], slots)))
+    return out
+
+
 def half_tau_length(short_tau: float, slices: list) -> int | None:
     """The first context length whose tau is below half `short_tau`, else None."""
     return next((s.context_tokens for s in sorted(slices, key=lambda s: s.context_tokens or 0)
@@ -197,6 +211,22 @@ def output_lines(a) -> list[str]:
             *text_curve([x.label for x in b], [x.acceptance_length for x in b], _top(a), reference=b[0].acceptance_length)]
 
 
+def category_lines(a, minimums: dict[str, float] | None = None) -> list[str]:
+    """tau per prompt category, each against its --min-acceptance-length CATEGORY=X where given."""
+    if not a.per_category:
+        return []
+    minimums = minimums or {}
+    lines = ["tau per prompt category:"]
+    span = max(len(c.label) for c in a.per_category)
+    for c in a.per_category:
+        need = minimums.get(c.category)
+        lines.append(f"  {c.label:<{span}}  tau {c.acceptance_length:5.2f} over {c.prompts} prompts ({c.num_drafts} "
+                     f"steps)" + (f", outputs equal {c.outputs_equal}/{c.prompts}" if c.outputs_equal is not None
+                                  else "") + (f"  min {need:g} {'ok' if c.acceptance_length >= need else 'LOW'}"
+                                              if need is not None else ""))
+    return lines
+
+
 def trained_positions(report) -> int | None:
     """The positions the draft was trained for, as the static level read them (its `trained_context` check)."""
     check = next((c for c in report.checks if c.name == "trained_context"), None)
@@ -207,7 +237,9 @@ def trained_positions(report) -> int | None:
 def breakdown_lines(report) -> list[str]:
     """The terminal lines of the breakdowns of `report`'s end-to-end run."""
     a = report.acceptance
-    return [] if a is None else context_lines(a, trained_positions(report)) + output_lines(a)
+    minimums = (report.options or {}).get("min_category_acceptance_length")
+    return [] if a is None else (category_lines(a, minimums) + context_lines(a, trained_positions(report))
+                                 + output_lines(a))
 
 
 def _table(rows: list, head: str) -> list[str]:
@@ -218,12 +250,15 @@ def _table(rows: list, head: str) -> list[str]:
     return lines + [""]
 
 
-def breakdown_markdown(report, image: str | None = None) -> list[str]:
-    """The context-length and output-position sections of the Markdown report; `image`: the curve's SVG."""
+def breakdown_markdown(report, image: str | None = None, outputs_image: str | None = None) -> list[str]:
+    """The context-length and output-position sections of the Markdown report; `image`, `outputs_image`: their
+    curves' SVG files (else unicode bars)."""
     a = report.acceptance
     if a is None:
         return []
     lines: list[str] = []
+    if a.per_category:
+        lines += ["### tau per prompt category", ""] + _table(a.per_category, "category")
     if a.per_context_length:
         trained = trained_positions(report)
         lines += ["### tau against context length", "", f"Long prompts cut from {a.context_source}.", ""]
@@ -233,7 +268,9 @@ def breakdown_markdown(report, image: str | None = None) -> list[str]:
         lines += [half_sentence(a).strip() + "."] + ([past_sentence(a, trained).strip() + "."] if trained else [])
         lines += [""]
     if len(a.per_output_bucket) > 1:
-        lines += ["### tau against output position", "", "```text", *output_lines(a)[1:], "```", ""]
+        lines += ["### tau against output position", ""]
+        lines += [f"![tau against output position]({outputs_image})", ""] if outputs_image else [
+            "```text", *output_lines(a)[1:], "```", ""]
         lines += _table(a.per_output_bucket, "generated positions")
     return lines
 
@@ -250,3 +287,14 @@ def context_svg(report) -> str | None:
                      title=f"tau against context length (short prompts {a.acceptance_length:.2f})",
                      axis="context length (prompt tokens); bar: tau, tokens per verify step",
                      reference=a.acceptance_length, marked=marked)
+
+
+def output_svg(report) -> str | None:
+    """tau against generated position as SVG (None when every step fell in the first bucket)."""
+    a = report.acceptance
+    if a is None or len(a.per_output_bucket) < 2:
+        return None
+    b = a.per_output_bucket
+    return svg_curve([x.label for x in b], [x.acceptance_length for x in b], _top(a),
+                     title=f"tau against output position (first {b[0].end_position} tokens: {b[0].acceptance_length:.2f})",
+                     axis="generated positions a verify step began at; bar: tau", reference=b[0].acceptance_length)

@@ -16,7 +16,8 @@ from typing import Any, Callable
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
-from dflash_convert.validate.breakdown import LongContexts, context_slice, half_tau_length, output_buckets
+from dflash_convert.validate.breakdown import (LongContexts, category_slices, context_slice, half_tau_length,
+                                               output_buckets)
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
@@ -50,6 +51,7 @@ class Prompts:
     sets: list[tuple[str, str, int, int]] = field(default_factory=list)
     format: str | None = None
     long: LongContexts | None = None  # --context-lengths: the long prompts, decoded on their own
+    categories: list[str | None] = field(default_factory=list)  # each prompt's category (a JSONL field), or None
 
 
 @dataclass
@@ -140,9 +142,26 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     stats.per_request_histogram = request_histogram([p.acceptance_length for p in stats.per_prompt], block)
     stats.per_output_bucket = [SliceAcceptance(**b) for b in output_buckets([r.accepted_per_step for r in runs], slots,
                                                                            opts.max_new_tokens)]
+    if any(prompts.categories):
+        stats.per_category = [SliceAcceptance(**c) for c in category_slices(
+            prompts.categories, [r.accepted_per_step for r in runs], [r.stats.new_tokens for r in runs], same, slots)]
+        checks += _category_checks(stats.per_category, opts, block)
     if prompts.long is not None:
         checks.append(_context_curve(decode, prompts.long, stats, slots, greedy=sampling.temperature == 0, say=say))
     return checks, stats, [r.tokens for r in runs]
+
+
+def _category_checks(slices: list[SliceAcceptance], opts: ValidateOptions, block: int) -> list[Check]:
+    """--min-acceptance-length CATEGORY=X: one gate per category named, its name carrying the category."""
+    out = []
+    for s in slices:
+        need = opts.min_category_acceptance_length.get(s.category)
+        if need is not None:
+            out.append(make_check(f"acceptance_length[{s.category}]", s.acceptance_length >= need,
+                                  f"category {s.category}: tau {s.acceptance_length:.3f} over {s.num_drafts} draft "
+                                  f"steps of {s.prompts} prompts (block {block}); required >= {need}",
+                                  value=s.acceptance_length, threshold=need, level="end_to_end"))
+    return out
 
 
 def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, slots: int, *, greedy: bool,

@@ -205,8 +205,13 @@ class ValidateOptions(CommandOptions):
         None, description="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto).")
     threads: Annotated[int | None, Flag("--threads")] = Field(
         None, ge=1, description="CPU threads for torch (default: 1 for tiny pairs, else torch's; shown in the report).")
-    min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length")] = Field(
-        None, ge=0, allow_inf_nan=False, description="Fail when tau (mean tokens per step) is lower.")
+    min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length", parse="thresholds",
+                                                        metavar="X[,CATEGORY=X...]")] = Field(
+        None, ge=0, allow_inf_nan=False, description="Fail when tau (mean tokens per step) is lower; CATEGORY=X: "
+        "when the tau of the prompts of that category (a JSONL `category` field) is lower.")
+    min_category_acceptance_length: Annotated[dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]], Flag(
+        None, why="the CLI: --min-acceptance-length CATEGORY=X")] = Field(
+        default_factory=dict, description="category -> the tau its prompts must reach")
     min_position_rates: Annotated[list[Rate] | None, Flag("--min-position-rates", parse="floats")] = Field(
         None, description="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7.")
     min_speedup: Annotated[float | None, Flag("--min-speedup")] = Field(
@@ -301,6 +306,16 @@ class ValidateOptions(CommandOptions):
             raise UsageError(f"--sampling greedy decodes at temperature 0; drop --temperature {self.temperature} "
                              "or use --sampling auto")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _category_thresholds(cls, data: Any) -> Any:
+        """--min-acceptance-length as the CLI parses it ({"": X, CATEGORY: X}): the plain one and the categories'."""
+        if isinstance(data, dict) and isinstance(data.get("min_acceptance_length"), dict):
+            given = dict(data["min_acceptance_length"])
+            data = {**data, "min_acceptance_length": given.pop("", None),
+                    "min_category_acceptance_length": {**data.get("min_category_acceptance_length", {}), **given}}
+        return data
 
     @model_validator(mode="after")
     def _long_contexts(self) -> ValidateOptions:

@@ -140,13 +140,15 @@ class StepDecisions(BaseModel):
 
 
 class SliceAcceptance(Acceptance):
-    """Acceptance on one slice of an end-to-end run: the prompts of one --context-lengths value, or the verify
-    steps that began in one bucket of generated positions (validate/breakdown.py makes and renders them)."""
+    """Acceptance on one slice of an end-to-end run: the prompts of one --context-lengths value or of one category,
+    or the verify steps that began in one bucket of generated positions (validate/breakdown.py makes and renders
+    them)."""
 
     label: str = Field(description="the slice as the report names it: `2048 tokens`, `64-256`, ...")
     prompts: int
     new_tokens: int
     context_tokens: int | None = Field(None, description="a context-length slice: the prompt length in tokens")
+    category: str | None = Field(None, description="a category slice: the prompts' JSONL `category`")
     first_position: int | None = Field(None, description="an output bucket: its first generated position")
     end_position: int | None = Field(None, description="an output bucket: the position it ends before (None: open)")
     outputs_equal: int | None = Field(None, description="prompts whose speculative output is the target's greedy "
@@ -209,6 +211,9 @@ class AcceptanceStats(Acceptance):
     context_half_tau_length: int | None = Field(
         None, description="the first --context-lengths value whose tau is below half the run's own (short-context) "
         "tau; None: none is")
+    per_category: list[SliceAcceptance] = Field(
+        default_factory=list, description="tau, per-position rates and outputs equal per prompt category (a JSONL "
+        "`category` field, as SpecBench and SPEED-Bench files carry)")
     per_output_bucket: list[SliceAcceptance] = Field(
         default_factory=list, description="the verify steps grouped by the generated position they began at "
         "(0-64, 64-256, 256-1024, 1024-...): tau against output length")
@@ -420,6 +425,7 @@ class ValidationSummary(BaseModel):
         default_factory=list, description="end to end: one run per K (the report's rows)")
     recommendation: list[KRecommendation] = Field(default_factory=list, description="the K recommended per "
                                                   "concurrency")
+    speculation_profile: dict[str, Any] | None = Field(None, description="the report's speculation_profile.json")
 
 
 class ValidationReport(BaseModel):
@@ -441,6 +447,9 @@ class ValidationReport(BaseModel):
         default_factory=list, description="end to end: one run per K (--num-speculative-tokens; else the one run)")
     recommendation: list[KRecommendation] = Field(
         default_factory=list, description="per concurrency: the K with the best expected speedup")
+    speculation_profile: dict[str, Any] | None = Field(
+        None, description="the measured acceptance in NVIDIA Model-Optimizer's speculation_profile.json schema "
+        "(validate/profile.py): the first K's on the run's prompts, `profiles` each other K's and context length's")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -477,7 +486,7 @@ class ValidationReport(BaseModel):
                                  endpoint=self.endpoint.model_copy(update={"per_request": []}) if self.endpoint
                                  else None, thresholds=self.thresholds(),
                                  per_num_speculative_tokens=self.per_num_speculative_tokens,
-                                 recommendation=self.recommendation)
+                                 recommendation=self.recommendation, speculation_profile=self.speculation_profile)
 
 
 def validation_report_schema() -> dict[str, Any]:
@@ -749,9 +758,11 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
                      + (" (unreliable: a busy machine)" if unreliable else "") + "; acceptance per draft position")
 
 
-def to_markdown(report: ValidationReport, image: str | None = None, curve: str | None = None) -> str:
+def to_markdown(report: ValidationReport, image: str | None = None, curve: str | None = None,
+                outputs_curve: str | None = None) -> str:
     """A Markdown report (a GitHub step summary, a PR comment): verdict, figures, the chart (`image`, a
-    path to the SVG beside the file, else the unicode bars; `curve`: tau against context length's), the failed
+    path to the SVG beside the file, else the unicode bars; `curve`, `outputs_curve`: tau against context length's
+    and output position's), the failed
     and warned checks, per-prompt table."""
     verdict = verdict_word(report)
     target = f" against `{report.target}`" if report.target else ""
@@ -784,7 +795,7 @@ def to_markdown(report: ValidationReport, image: str | None = None, curve: str |
     if a is not None:
         from dflash_convert.validate.breakdown import breakdown_markdown  # context length, output position
 
-        lines += breakdown_markdown(report, curve)
+        lines += breakdown_markdown(report, curve, outputs_curve)
     if report.endpoint is not None:
         lines += ["```text", *endpoint_lines(report), "```", ""]
     lines += per_k_markdown(report)

@@ -190,9 +190,25 @@ def _report(prep: Prepared, found: Found, t0: float) -> ValidationReport:
                                                 for kr in found.per_k) if r],
         recommendation=sweep.recommendations(per_k, sweep.device_name(found.resources.device), found.batch_times)
         if per_k else [],
+        speculation_profile=_profile(prep, found),
         environment=_environment(opts, found), options=opts.model_dump(mode="json"), incomplete=found.incomplete,
         duration_s=round(time.perf_counter() - t0, 3),
         passed=found.incomplete is None and not any(c.status == "fail" for c in found.checks))
+
+
+def _profile(prep: Prepared, found: Found) -> dict[str, Any] | None:
+    """The measured acceptance as a speculation_profile.json (validate/profile.py), under the conditions it ran."""
+    from dflash_convert.validate.profile import run_profiles
+
+    opts = prep.opts
+    given = opts.prompts
+    dataset = (str(given) if isinstance(given, (str, Path)) else "prompts given by the caller" if given
+               else "built-in prompts" if not opts.prompt_sets else "")
+    dataset = " + ".join(filter(None, [dataset, *(f"{s.name} ({s.source})" for s in opts.prompt_sets)]))
+    engine = "dflash_runtime (PyTorch)" + (f", the draft as {opts.engine} serves it" if opts.engine else "")
+    parts = [p for p in str(prep.path).replace("\\", "/").split("/") if p]
+    return run_profiles([kr.stats for kr in found.per_k], method=prep.ckpt.spec.variant, draft="/".join(parts[-2:]),
+                        target=target_name(opts), engine=engine, dataset=dataset)
 
 
 def _run_levels(prep: Prepared, found: Found, duplicates: Check) -> None:
