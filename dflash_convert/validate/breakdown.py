@@ -227,6 +227,32 @@ def category_lines(a, minimums: dict[str, float] | None = None) -> list[str]:
     return lines
 
 
+def mode_slice(label: str, report) -> dict[str, Any] | None:
+    """A --compare-thinking run's figures as one slice (fields of report.SliceAcceptance): its end-to-end
+    acceptance, else its endpoint's; None when it measured neither."""
+    a, e = report.acceptance, report.endpoint
+    if a is not None:
+        hist = [sum(h) for h in zip(*(p.accepted_histogram for p in a.per_prompt))] if a.per_prompt else []
+        return dict(label=label, prompts=a.prompts, new_tokens=a.new_tokens, num_drafts=a.num_drafts,
+                    accepted=a.accepted, acceptance_length=a.acceptance_length,
+                    per_position_rates=a.per_position_rates, outputs_equal=a.outputs_equal, accepted_histogram=hist)
+    if e is not None:
+        c = e.counts
+        return dict(label=label, prompts=e.prompts, new_tokens=e.new_tokens, num_drafts=c.num_drafts,
+                    accepted=c.accepted, acceptance_length=c.acceptance_length,
+                    per_position_rates=c.per_position_rates, accepted_histogram=list(e.accepted_histogram or []))
+    return None
+
+
+def thinking_lines(report) -> list[str]:
+    modes = report.per_thinking_mode
+    if not modes:
+        return []
+    return ["tau per thinking mode (--compare-thinking): " + " | ".join(
+        f"{m.label} {m.acceptance_length:.2f}" + (f" (outputs equal {m.outputs_equal}/{m.prompts})"
+                                                  if m.outputs_equal is not None else "") for m in modes)]
+
+
 def trained_positions(report) -> int | None:
     """The positions the draft was trained for, as the static level read them (its `trained_context` check)."""
     check = next((c for c in report.checks if c.name == "trained_context"), None)
@@ -238,8 +264,8 @@ def breakdown_lines(report) -> list[str]:
     """The terminal lines of the breakdowns of `report`'s end-to-end run."""
     a = report.acceptance
     minimums = (report.options or {}).get("min_category_acceptance_length")
-    return [] if a is None else (category_lines(a, minimums) + context_lines(a, trained_positions(report))
-                                 + output_lines(a))
+    return thinking_lines(report) + ([] if a is None else (category_lines(a, minimums) + context_lines(
+        a, trained_positions(report)) + output_lines(a)))
 
 
 def _table(rows: list, head: str) -> list[str]:
@@ -254,9 +280,11 @@ def breakdown_markdown(report, image: str | None = None, outputs_image: str | No
     """The context-length and output-position sections of the Markdown report; `image`, `outputs_image`: their
     curves' SVG files (else unicode bars)."""
     a = report.acceptance
-    if a is None:
-        return []
     lines: list[str] = []
+    if report.per_thinking_mode:
+        lines += ["### tau per thinking mode", ""] + _table(report.per_thinking_mode, "mode")
+    if a is None:
+        return lines
     if a.per_category:
         lines += ["### tau per prompt category", ""] + _table(a.per_category, "category")
     if a.per_context_length:

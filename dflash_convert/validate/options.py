@@ -89,7 +89,8 @@ class ValidateOptions(CommandOptions):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     # how `validate -h` groups the flags, the way users look for them (a field in none: "Options")
     HELP_PANELS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "levels", "allow_pickle"),
+        "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "compare_thinking", "levels",
+                   "allow_pickle"),
         "Long contexts and outputs": ("context_lengths", "long_context_file", "max_model_len", "profile_out"),
         "Decoding": ("max_new_tokens", "num_speculative_tokens", "block_size", "sampling", "temperature", "top_k", "top_p", "min_p",
                      "repetition_penalty", "presence_penalty", "frequency_penalty", "draft_sampling", "seed"),
@@ -132,6 +133,9 @@ class ValidateOptions(CommandOptions):
     profile_out: Annotated[str | Path | None, Flag("--profile-out", type=Path, metavar="FILE")] = Field(
         None, description="Write the measured acceptance as a speculation_profile.json (NVIDIA Model-Optimizer's "
         "schema): one profile per K and per context length run.")
+    compare_thinking: Annotated[bool, Flag("--compare-thinking")] = Field(
+        False, description="Run end to end twice, the chat template rendered with enable_thinking true and false "
+        "(with --endpoint: sent to the server), and report tau per mode side by side.")
     levels: Annotated[list[Level], Flag("--levels", parse="levels")] = Field(
         default_factory=lambda: list(LEVELS),
         description=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")
@@ -316,6 +320,16 @@ class ValidateOptions(CommandOptions):
             data = {**data, "min_acceptance_length": given.pop("", None),
                     "min_category_acceptance_length": {**data.get("min_category_acceptance_length", {}), **given}}
         return data
+
+    @model_validator(mode="after")
+    def _thinking(self) -> ValidateOptions:
+        if self.compare_thinking and "enable_thinking" in (self.chat_template_kwargs or {}):
+            raise UsageError("--compare-thinking sets enable_thinking itself (true, then false): drop it from "
+                             "--chat-template-kwargs")
+        if self.compare_thinking and self.chat_template == "none":
+            raise UsageError("--compare-thinking switches the chat template's enable_thinking: not with "
+                             "--chat-template none")
+        return self
 
     @model_validator(mode="after")
     def _long_contexts(self) -> ValidateOptions:

@@ -447,6 +447,9 @@ class ValidationReport(BaseModel):
         default_factory=list, description="end to end: one run per K (--num-speculative-tokens; else the one run)")
     recommendation: list[KRecommendation] = Field(
         default_factory=list, description="per concurrency: the K with the best expected speedup")
+    per_thinking_mode: list[SliceAcceptance] = Field(
+        default_factory=list, description="--compare-thinking: the run with enable_thinking true, then false (its "
+        "end-to-end checks named `(thinking off)`)")
     speculation_profile: dict[str, Any] | None = Field(
         None, description="the measured acceptance in NVIDIA Model-Optimizer's speculation_profile.json schema "
         "(validate/profile.py): the first K's on the run's prompts, `profiles` each other K's and context length's")
@@ -557,8 +560,8 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             compiled = {None: "", True: ", verify step compiled",
                         False: f", not compiled: {a.target_eager_reason}"}[a.target_compiled]
             console.print(f"target attention {a.target_attention}{compiled}", markup=False)
-    if a is not None and not quiet:
-        from dflash_convert.validate.breakdown import breakdown_lines  # context length, output position
+    if not quiet:
+        from dflash_convert.validate.breakdown import breakdown_lines  # context length, output position, ...
 
         for line in breakdown_lines(report):
             console.print(line, markup=False)
@@ -792,10 +795,9 @@ def to_markdown(report: ValidationReport, image: str | None = None, curve: str |
             lines += baseline_markdown(b)
         if a.vllm_counting is not None or report.engine_run is not None:
             lines += counting_markdown(a, report.engine_run)
-    if a is not None:
-        from dflash_convert.validate.breakdown import breakdown_markdown  # context length, output position
+    from dflash_convert.validate.breakdown import breakdown_markdown  # context length, output position, ...
 
-        lines += breakdown_markdown(report, curve, outputs_curve)
+    lines += breakdown_markdown(report, curve, outputs_curve)
     if report.endpoint is not None:
         lines += ["```text", *endpoint_lines(report), "```", ""]
     lines += per_k_markdown(report)

@@ -52,7 +52,8 @@ from dflash_convert.validate.baseline import load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prepare import Prepared, answer_earlier_turns, prepare, target_name
 from dflash_convert.validate.prompts import BUILTIN_TEXT_PROMPTS, read_prompts
-from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, ValidationReport
+from dflash_convert.validate.report import (AcceptanceStats, EngineStats, Environment, SliceAcceptance,
+                                            ValidationReport)
 
 TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
 EXPENSIVE = ("numeric", "end_to_end")
@@ -134,6 +135,8 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
     t0 = time.perf_counter()
     opts = opts or ValidateOptions()
     opts.check()
+    if opts.compare_thinking:
+        return _compare_thinking(checkpoint_path, opts, progress, report_interrupted)
     if checkpoint_path is None:
         return _endpoint_only(opts, progress or (lambda message: None), t0)
     if opts.endpoint is not None and opts.engine is None and opts.target is not None:
@@ -166,6 +169,45 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
         _baseline_gate(prep, report)
     if opts.compare_to is not None:
         compare_to_source(report, opts, validate, progress)
+    return report
+
+
+THINKING_MODES = (("thinking on", True), ("thinking off", False))  # --compare-thinking, in the order run
+
+
+def _compare_thinking(path, opts: ValidateOptions, progress, report_interrupted: bool) -> ValidationReport:
+    """--compare-thinking: the run with enable_thinking true (every level asked for), then its end-to-end (and
+    endpoint) measurement again with enable_thinking false; the first report, with tau per mode side by side
+    and the second run's checks named `(thinking off)`."""
+    from dflash_convert.validate.breakdown import mode_slice
+
+    say = progress or (lambda message: None)
+    runs = []
+    for i, (label, on) in enumerate(THINKING_MODES):
+        say(f"--compare-thinking: {label} (enable_thinking {str(on).lower()})")
+        levels = opts.levels if i == 0 else [lv for lv in opts.levels if lv == "end_to_end"] or opts.levels
+        runs.append(validate(path, opts.model_copy(update={
+            "compare_thinking": False, "levels": levels,
+            "chat_template_kwargs": (opts.chat_template_kwargs or {}) | {"enable_thinking": on}}),
+            progress=progress, report_interrupted=report_interrupted))
+        if runs[-1].incomplete:
+            break
+    report = runs[0]
+    report.per_thinking_mode = [SliceAcceptance(**s) for s in (mode_slice(label, r) for (label, _), r in
+                                                              zip(THINKING_MODES, runs)) if s]
+    if len(runs) == 2:
+        off = runs[1]
+        report.checks += [c.model_copy(update={"name": f"{c.name} (thinking off)"}) for c in off.checks
+                          if c.level == "end_to_end"]
+        same = [r.acceptance.prompt_ids_sha256 for r in runs if r.acceptance is not None]
+        if len(same) == 2 and same[0] == same[1]:
+            report.checks.append(make_check(
+                "compare_thinking", False, "the chat template renders every prompt the same with enable_thinking "
+                "true and false (it has no such switch, or the prompts are token ids): the two modes are one run",
+                level="end_to_end", bad="warn"))
+        report.incomplete = off.incomplete
+    report.options = opts.model_dump(mode="json")
+    report.passed = report.incomplete is None and not any(c.status == "fail" for c in report.checks)
     return report
 
 

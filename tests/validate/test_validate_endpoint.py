@@ -69,6 +69,13 @@ def test_sglang_shapes_and_chat_prompts(server, tmp_path, cli):
     body = next(s.body for s in server.seen if s.path == "/v1/chat/completions")
     assert body["messages"] == [{"role": "user", "content": "hi"}] and body["return_spec_tokens_details"] is True
     assert "temperature" not in body  # --sampling auto: the server's default
+    assert "chat_template_kwargs" not in body
+    # --chat-template-kwargs go to the server as its chat endpoint takes them (vLLM's and SGLang's)
+    r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--chat-template-kwargs",
+            '{"enable_thinking": false}', "--json")
+    assert r.code == 0, r.err
+    body = [s.body for s in server.seen if s.path == "/v1/chat/completions"][-1]
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 def test_counters_summed_over_data_parallel_ranks(server, tmp_path, cli):

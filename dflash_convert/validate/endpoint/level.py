@@ -52,7 +52,7 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
     greedy = sampling.get("temperature") == 0
     seed = opts.seed if sampling.get("temperature", 0) > 0 else None
     sent = bodies(prompts, model=model, engine=engine, sampling=sampling, max_tokens=opts.max_new_tokens, seed=seed,
-                  logprobs=False)
+                  logprobs=False, template_kwargs=opts.chat_template_kwargs)
     say(f"endpoint: {len(sent)} prompts to {engine} at {endpoint.url} ({model}), {opts.endpoint_concurrency} in flight")
     before = read_counters(endpoint)
     replies, wall = send_all(endpoint, sent, opts.endpoint_concurrency)

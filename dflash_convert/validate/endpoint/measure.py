@@ -74,8 +74,10 @@ def sampling_report(sent: dict[str, Any]) -> dict[str, Any]:
 
 
 def bodies(prompts: list[tuple[str | None, Prompt]], *, model: str, engine: str, sampling: dict[str, Any],
-           max_tokens: int, seed: int | None, logprobs: bool) -> list[Sent]:
-    """The request of each (set name, prompt)."""
+           max_tokens: int, seed: int | None, logprobs: bool,
+           template_kwargs: dict[str, Any] | None = None) -> list[Sent]:
+    """The request of each (set name, prompt); `template_kwargs` (--chat-template-kwargs) go in each chat request's
+    `chat_template_kwargs`, as vLLM's and SGLang's chat endpoints take them."""
     out = []
     for i, (set_name, prompt) in enumerate(prompts):
         body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": False, "n": 1, **sampling}
@@ -92,6 +94,8 @@ def bodies(prompts: list[tuple[str | None, Prompt]], *, model: str, engine: str,
         else:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             path, body["messages"] = CHAT, messages
+            if template_kwargs:
+                body["chat_template_kwargs"] = dict(template_kwargs)
             if engine == "sglang":
                 body["return_output_ids_in_sglext"] = True
             if logprobs:
