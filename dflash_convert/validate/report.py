@@ -343,6 +343,11 @@ class EndpointStats(BaseModel):
     accepted_histogram: list[int] = Field(default_factory=list, description="verify steps by draft tokens accepted "
                                           "(entry j: steps that accepted j); empty from counters")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(default_factory=dict)
+    per_category: dict[str, PromptSetAcceptance] = Field(
+        default_factory=dict, description="tau per prompt category, from the requests' own statistics")
+    per_prompt_length: dict[str, PromptSetAcceptance] = Field(
+        default_factory=dict, description="tau per group of prompt lengths (the server's usage.prompt_tokens: "
+        "<1024, 1024-2047, ...), from the requests' own statistics")
     per_request: list[EndpointRequest] = Field(default_factory=list)
     duration_s: float = Field(description="wall time of the measured round")
     tokens_per_s: float = Field(description="generated tokens / duration_s, at `concurrency` requests in flight")
@@ -719,7 +724,8 @@ def endpoint_lines(report: ValidationReport) -> list[str]:
              f"  {e.tokens_per_s:.1f} tokens/s at concurrency {e.concurrency}; request latency mean "
              f"{e.latency_s_mean:.3f} s, p50 {e.latency_s_p50:.3f} s, p90 {e.latency_s_p90:.3f} s{server}",
              "  sampling: " + ", ".join(f"{k} {v}" for k, v in e.sampling.items()) + f"; max tokens {e.max_tokens}"]
-    for name, s in e.per_prompt_set.items():
+    for name, s in {**e.per_prompt_set, **{f"category {c}": v for c, v in e.per_category.items()},
+                    **{f"prompt tokens {g}": v for g, v in e.per_prompt_length.items()}}.items():
         lines.append(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} steps)")
     if e.accepted_histogram:
         lines.append("  verify steps by draft tokens accepted (0, 1, ...): " + " ".join(map(str, e.accepted_histogram)))

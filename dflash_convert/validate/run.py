@@ -267,6 +267,14 @@ def _run_levels(prep: Prepared, found: Found, duplicates: Check) -> None:
             _end_to_end_level(prep, found)
 
 
+def _endpoint_categories(opts: ValidateOptions) -> list[str | None]:
+    """Each prompt's category (a JSONL `category` of the prompts file), in the order _endpoint_prompts sends them."""
+    categories: list[str | None] = []
+    if isinstance(opts.prompts, (str, Path)):
+        read_prompts(opts.prompts, categories)
+    return categories
+
+
 def _endpoint_prompts(opts: ValidateOptions) -> list[tuple[str | None, Any]]:
     """(set name or None, prompt) of every prompt the endpoint is sent, as given (the server tokenizes)."""
     given = read_prompts(opts.prompts) if isinstance(opts.prompts, (str, Path)) else opts.prompts
@@ -295,7 +303,7 @@ def _endpoint_level(prep: Prepared, found: Found, report: ValidationReport) -> N
     offline = found.stats.vllm_counting if found.stats is not None else None
     steps = found.stats.vllm_steps if found.stats is not None else None
     checks, report.endpoint = endpoint_level(prep.opts, _endpoint_prompts(prep.opts), say=prep.say, offline=offline,
-                                             offline_steps=steps)
+                                             offline_steps=steps, categories=_endpoint_categories(prep.opts))
     report.checks += checks
     report.passed = not any(c.status == "fail" for c in report.checks)
 
@@ -308,7 +316,7 @@ def _endpoint_only(opts: ValidateOptions, say: Callable[[str], None], t0: float)
     if opts.endpoint is None:
         raise UsageError("give a CHECKPOINT, or --endpoint URL to measure a live server")
     baseline = load_baseline(opts.baseline) if opts.baseline is not None else None
-    checks, stats = endpoint_level(opts, _endpoint_prompts(opts), say=say)
+    checks, stats = endpoint_level(opts, _endpoint_prompts(opts), say=say, categories=_endpoint_categories(opts))
     report = ValidationReport(
         tool_version=__version__, checkpoint=None, target=target_name(opts), levels_run=["end_to_end"],
         levels_skipped={lv: "no checkpoint given (--endpoint alone)" for lv in LEVELS[:-1]}, checks=checks,
