@@ -179,8 +179,7 @@ def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, s
             say(f"end to end: context {length} tokens, prompt {i}/{len(windows)}: tau {runs[-1].stats.tau:.2f}")
         equal = None
         if greedy:
-            real = [any(not x.near_tie for x in _partings(target, p, r.tokens, None, dtype,
-                                                          decode.sampling.penalties, prompt_first=True))
+            real = [any(not x.near_tie for x in _partings(target, p, r.tokens, None, dtype, decode.sampling.penalties))
                     for p, r in zip(windows, runs)]
             equal = real.count(False)
             wrong += [f"{length} tokens, prompt {i + 1}" for i, bad in enumerate(real) if bad]
@@ -474,26 +473,19 @@ def _describe(x: Parting) -> str:
 
 
 def _partings(target, prompt: list[int], tokens: list[int], baseline: list[int] | None, dtype: str,
-              penalties=None, *, prompt_first: bool = False) -> list[Parting]:
+              penalties=None) -> list[Parting]:
     """Where the speculative `tokens` are not the target's greedy output, each with the target's logits of the
     two tokens: every token that is not the target's argmax given everything before it (one
     teacher-forced target pass; the run's penalties applied to each row as vLLM counts them), else the first
-    token where target-only decoding (`baseline`) took another. `prompt_first` (--context-lengths prompts): the
-    prompt less its last token is prefilled on its own, keeping logits for the N + 1 rows compared only (a
-    32k-token prompt's every row would be tens of GB of float32 logits at a real vocabulary)."""
+    token where target-only decoding (`baseline`) took another."""
     import torch
     from dflash_runtime.sampling import penalize
 
     target.set_capture([])
+    target.reset()
     ids = torch.tensor(prompt + tokens, dtype=torch.long)
-    head = len(prompt) - 1 if prompt_first else 0
-    if head:
-        target.reset(len(ids))
-        target.forward(ids[:head], 0, last_logits_only=True)
-    else:
-        target.reset()
-    logits, _ = target.forward(ids[head:], head)  # [P+N-head, V]
-    rows = penalize(logits[len(prompt) - 1 - head:-1], penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
+    logits, _ = target.forward(ids, 0)  # [P+N, V]
+    rows = penalize(logits[len(prompt) - 1:-1], penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
     target.reset()
     greedy = rows.argmax(dim=-1).tolist()  # the target's choice for each new token
 
