@@ -12,6 +12,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.validate.prompts import read_prompts
 
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
+CATEGORIES = ["code", "prose", "code", "code"]  # unequal groups: a category given another's prompts shows
 
 
 def test_categories_align_with_the_prompts_they_come_with(tmp_path):
@@ -30,7 +31,7 @@ def test_categories_align_with_the_prompts_they_come_with(tmp_path):
 def categorized(tmp_path_factory) -> Path:
     f = tmp_path_factory.mktemp("categories") / "prompts.jsonl"
     lines = PAIR.joinpath("prompts.txt").read_text().splitlines()[:4]
-    f.write_text("".join(json.dumps({"prompt": [int(t) for t in line.split()], "category": ["code", "prose"][i % 2]})
+    f.write_text("".join(json.dumps({"prompt": [int(t) for t in line.split()], "category": CATEGORIES[i]})
                          + "\n" for i, line in enumerate(lines)))
     return f
 
@@ -45,15 +46,16 @@ def test_per_category_figures_and_a_category_gate_that_fails_by_name(cli, catego
     assert r.code == 3, r.err
     a = r.json()["acceptance"]
     assert list(r.failed_checks()) == ["acceptance_length[code]"]
-    assert "category code: tau" in r.failed_checks()["acceptance_length[code]"] and "required >= 99" in \
+    assert "category code: tau" in r.failed_checks()["acceptance_length[code]"] and "over" in \
+        r.failed_checks()["acceptance_length[code]"] and "3 prompts (block 16); required >= 99" in \
         r.failed_checks()["acceptance_length[code]"]
     prose = next(c for c in r.json()["checks"] if c["name"] == "acceptance_length[prose]")
     assert prose["status"] == "pass"
     cats = {c["category"]: c for c in a["per_category"]}
     assert list(cats) == ["code", "prose"]
-    for i, name in enumerate(cats):  # each category's counts are its prompts' own, recomputed from them
-        mine = a["per_prompt"][i::2]
-        assert cats[name]["prompts"] == 2 and cats[name]["outputs_equal"] == 2
+    for name in cats:  # each category's counts are its prompts' own, recomputed from them
+        mine = [p for p, c in zip(a["per_prompt"], CATEGORIES) if c == name]
+        assert cats[name]["prompts"] == cats[name]["outputs_equal"] == CATEGORIES.count(name)
         assert cats[name]["num_drafts"] == sum(p["steps"] for p in mine)
         assert cats[name]["accepted"] == sum(k * n for p in mine for k, n in enumerate(p["accepted_histogram"]))
         assert cats[name]["accepted_histogram"] == [sum(h) for h in zip(*(p["accepted_histogram"] for p in mine))]
