@@ -17,6 +17,7 @@ peak GPU memory PyTorch's allocator held (torch.cuda.max_memory_reserved) when t
 
     python benchmarks/validate_bench.py                                  # everything (8B: ~20 GB RAM)
     python benchmarks/validate_bench.py --skip-8b --target-shape small   # bundled pair + small shape
+    python benchmarks/validate_bench.py --skip-8b --skip-pair --target-shape small --size-context-lengths 8k
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def describe(label: str, wall: float, rss: float, report: dict, target_s: float 
               f"outputs equal, speedup {a['speedup']:.2f}x ({a['speculative_tokens_per_s']:.1f} vs "
               f"{a['target_tokens_per_s']:.1f} tok/s; per round {low:.2f}-{high:.2f}x over "
               f"{a.get('timing_rounds', 1)} rounds), {a['new_tokens']} tokens")
+        for c in a.get("per_context_length") or []:
+            print(f"    context {c['context_tokens']} tokens: tau {c['acceptance_length']:.2f}, outputs equal "
+                  f"{c['outputs_equal']}/{c['prompts']}")
 
 
 # ----------------------------------------------------------------------------- random checkpoints
@@ -182,7 +186,7 @@ def deepest_target(shape: str, draft_layers: int) -> int:
 
 
 def end_to_end_at_size(root: Path, shape: str, max_new_tokens: str, layers: int | None, device: str,
-                       levels: str) -> None:
+                       levels: str, context_lengths: str | None = None) -> None:
     draft_layers = DRAFT_LAYERS[shape]
     layers = layers or deepest_target(shape, draft_layers)
     t = time.perf_counter()
@@ -198,8 +202,9 @@ def end_to_end_at_size(root: Path, shape: str, max_new_tokens: str, layers: int 
                 pass
     wall, rss, report = validate(str(draft), "--target", str(target), "--prompts", str(prompts), "--max-new-tokens",
                                  max_new_tokens, "--threads", str(len(os.sched_getaffinity(0))), "--device", device,
-                                 "--levels", levels)
-    label = f"{shape}-shaped pair, {'all levels' if levels == ALL_LEVELS else levels}"
+                                 "--levels", levels, *(["--context-lengths", context_lengths] if context_lengths else []))
+    label = f"{shape}-shaped pair, {'all levels' if levels == ALL_LEVELS else levels}" + (
+        f", --context-lengths {context_lengths}" if context_lengths else "")
     describe(label, wall, rss, report)
     total = target_bytes + draft_bytes
     FIGURES[label].update(target_layers=layers, target_bytes=target_bytes, draft_bytes=draft_bytes)
@@ -223,6 +228,8 @@ def main() -> None:
     ap.add_argument("--skip-pair", action="store_true", help="skip the trained pair's runs")
     ap.add_argument("--device", default="auto", help="validate's --device for the end-to-end size run")
     ap.add_argument("--size-levels", default=ALL_LEVELS, help="validate's --levels for the end-to-end size run")
+    ap.add_argument("--size-context-lengths", default=None, metavar="L[,L...]", help="the size run also measures "
+                    "validate --context-lengths L (e.g. 8k: the wall time of tau at 8k tokens of context)")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="dflash-validate-bench-"))
@@ -261,7 +268,7 @@ def main() -> None:
             print(f"trained pair {pair} not present: skipped")
         if args.target_shape != "none":
             end_to_end_at_size(root, args.target_shape, args.size_new_tokens, args.target_layers, args.device,
-                               args.size_levels)
+                               args.size_levels, args.size_context_lengths)
     finally:
         if args.json is not None:
             args.json.write_text(json.dumps(FIGURES, indent=1) + "\n")

@@ -143,5 +143,63 @@ def svg_series_chart(series: list[tuple[str, list[float]]], title: str = "", min
         x += 6.4 * len(label) + 28
     parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{y + 14}" text-anchor="middle">draft position (block slot); '
                  'bar: share of steps accepted' + ("; tick: minimum" if minimums else "") + '</text>')
+
+
+def text_curve(labels: list[str], values: list[float], top: float, width: int = 40,
+               reference: float | None = None) -> list[str]:
+    """One line per point of a curve (tau at each context length or output bucket): its value as a bar (full
+    width = `top`), and `< half` where it is below half the `reference` value."""
+    span = max(map(len, labels), default=0)
+    lines = []
+    for label, v in zip(labels, values):
+        line = f"{label:>{span}}  {v:5.2f}  {bar(v / top if top else 0.0, width)}"
+        if reference is not None and v < reference / 2:
+            line += "  < half"
+        lines.append(line.rstrip())
+    return lines
+
+
+def svg_curve(labels: list[str], values: list[float], top: float, title: str = "", axis: str = "",
+              reference: float | None = None, marked: str | None = None) -> str:
+    """Bars of `values` (0..`top`) over the `labels` (context lengths, output buckets), in svg_chart's style:
+    the `reference` (the short-context tau) as a dashed level and half of it dotted, a bar below half red,
+    the `marked` label (past the draft's trained positions) with a dark tick under it."""
+    n = max(len(values), 1)
+    legend = [axis] + ([f"dashed: {reference:.2f} (short prompts), dotted: half of it, red: below half"]
+                       if reference is not None else []) + ([f"tick: past the draft's trained positions "
+                                                             f"({marked})"] if marked else [])
+    legend = [line for line in legend if line]
+    left, top_px, plot_h = 44, 34, 180
+    plot_w = max(56 * n, 380, round(7 * len(title)) - left, round(6.4 * max(map(len, legend), default=0)) - left)
+    width, height = left + plot_w + 16, top_px + plot_h + 26 + 14 * len(legend)
+    step = plot_w / n
+    scale = top or 1.0
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
+    for tick in (0, 0.25, 0.5, 0.75, 1.0):
+        y = top_px + plot_h * (1 - tick)
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick * scale:g}</text>')
+    for k, (label, v) in enumerate(zip(labels, values)):
+        x = left + k * step
+        h = plot_h * max(0.0, min(1.0, v / scale))
+        low = reference is not None and v < reference / 2
+        parts.append(f'<rect x="{x + step * 0.15:.1f}" y="{top_px + plot_h - h:.1f}" width="{step * 0.7:.1f}" '
+                     f'height="{h:.1f}" fill="{LOW_BAR if low else BAR}"><title>{escape(label)}: {v:.3f}</title></rect>')
+        parts.append(f'<text x="{x + step / 2:.1f}" y="{top_px + plot_h + 14}" text-anchor="middle">'
+                     f'{escape(label)}</text>')
+        if label == marked:
+            parts.append(f'<line x1="{x + step * 0.1:.1f}" y1="{top_px + plot_h + 18}" x2="{x + step * 0.9:.1f}" '
+                         f'y2="{top_px + plot_h + 18}" stroke="{MINIMUM}" stroke-width="2"/>')
+    if reference is not None:
+        for level, dash in ((reference, "6 4"), (reference / 2, "2 3")):
+            y = top_px + plot_h * (1 - max(0.0, min(1.0, level / scale)))
+            parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="{TAU_MINIMUM}" '
+                         f'stroke-width="1.5" stroke-dasharray="{dash}"/>')
+    for i, line in enumerate(legend):
+        parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top_px + plot_h + 32 + 14 * i}" text-anchor="middle">'
+                     f'{escape(line)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

@@ -5,8 +5,11 @@ import re
 
 from typer.core import TyperCommand
 
-PANEL_ORDER = ("Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Live deployment", "GPU prediction", "Thresholds", "Reports",
-               "Options")
+from dflash_convert.validate.options import ValidateOptions
+
+# validate's panels in the order its options model declares them (the one list of them), then the command-line
+# only ones
+PANEL_ORDER = ("Arguments", *ValidateOptions.HELP_PANELS, "Reports", "Options")
 
 
 class Command(TyperCommand):

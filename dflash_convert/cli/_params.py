@@ -49,6 +49,32 @@ def csv(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None):
     return parse
 
 
+def token_count(text: str) -> int:
+    """A count of tokens as context lengths are spoken of: 1024, 2k (2048), 32K (32768): k is 1024."""
+    digits = text[:-1] if text[-1:] in "kK" else text
+    if not digits.isdigit():
+        raise ValueError(text)
+    return int(digits) * (1024 if digits != text else 1)
+
+
+token_count.__name__ = "token count (1024, 2k, 32k)"
+
+
+def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
+    """--min-acceptance-length "3" or "3,code=2.5,prose=4": {"": 3.0, "code": 2.5, "prose": 4.0} (the plain value
+    keyed "")."""
+    if text is None:
+        return None
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, _, number = item.rpartition("=")
+        try:
+            out[name.strip()] = float(number)
+        except ValueError:
+            raise typer.BadParameter(f"expected X or CATEGORY=X (numbers), got {item!r}") from None
+    return out
+
+
 def one_of(allowed: tuple[str, ...]):
     """Check a value against `allowed` (for lists too long for a metavar: the help names them, wrapped)."""
 

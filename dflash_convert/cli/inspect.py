@@ -41,6 +41,9 @@ def inspect(
     target: Annotated[Optional[str], typer.Option(
         "--target", metavar="T", help="With --gpu: the target (directory, config.json or Hub id; only config.json "
         "is read) for its own figure; without it, a dense bf16 target's.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(
+        "--max-model-len", metavar="TOKENS", min=1, help="The context a deployment serves (vLLM's max_model_len): "
+        "warn where it passes the positions the draft was trained for.")] = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:
@@ -62,7 +65,8 @@ def inspect(
     target_config = out.local(target, token=token, config_only=True)[0] if target is not None else None
     local, sha = out.local(path, revision=revision, token=token, allow_pickle=allow_pickle)
     report = inspect_checkpoint(local, scan=scan, allow_pickle=allow_pickle, engine=value(engine), serving=serving,
-                                gpu=gpu, target_config=target_config)
+                                gpu=gpu, target_config=target_config,
+                                max_model_len=max_model_len)
     report.revision = sha
     out.result(report.model_dump(mode="json"), render=report.render)
     if not report.ok:

@@ -52,7 +52,9 @@ def validate(
         _report_files(junit, None)
     t0 = time.perf_counter()
     try:
-        reports = _report_files(junit, report_md)  # before any slow work: a bad path is a usage error, said now
+        profile = (options or {}).get("profile_out")
+        reports = _report_files(junit, report_md, Path(profile) if profile else None)  # before any slow work: a bad
+        # path is a usage error, said now
         report = _run(checkpoint, options, dataset, num_prompts, revision, token, as_json, quiet)
     except BaseException as exc:  # whatever ends the run, CI that asked for JUnit gets a test case saying why
         if junit is not None and not isinstance(exc, (SystemExit, typer.Exit)):
@@ -109,6 +111,8 @@ def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, a
             continue
         if flag == "--report-md":
             out.info(f"Markdown report written: {path}")
+        if flag == "--profile-out":
+            out.info(f"speculation profile written: {path}")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:
@@ -136,10 +140,15 @@ def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, a
         raise typer.Exit(ValidationFailed.exit_code)
 
 
-def _report_files(junit: Optional[Path], report_md: Optional[Path]) -> list[tuple[str, Path, Callable]]:
-    """(flag, path, the report -> its text) of each report file asked for, each checked writable now: one that
-    is not ends the command before any work (exit 2, naming it). The chart is written beside the Markdown."""
+def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out: Optional[Path] = None
+                  ) -> list[tuple[str, Path, Callable]]:
+    """(flag, path, the report -> its text, None: nothing to write) of each report file asked for, each checked
+    writable now: one that is not ends the command before any work (exit 2, naming it). The charts are written
+    beside the Markdown: acceptance per position (FILE.svg), tau against context length and output position."""
+    import json
+
     from dflash_convert.errors import UsageError
+    from dflash_convert.validate.breakdown import context_svg, output_svg
     from dflash_convert.validate.report import acceptance_svg, to_junit, to_markdown
 
     files: list[tuple[str, Path, Callable]] = []
@@ -147,10 +156,17 @@ def _report_files(junit: Optional[Path], report_md: Optional[Path]) -> list[tupl
         files.append(("--junit", junit, to_junit))
     if report_md is not None:
         image = report_md.with_suffix(".svg")
+        curves = [(report_md.with_name(report_md.stem + suffix), draw)
+                  for suffix, draw in (("-context-length.svg", context_svg), ("-output-position.svg", output_svg))]
         if image != report_md:
             files.append(("--report-md (chart)", image, acceptance_svg))
+        files += [("--report-md (chart)", path, draw) for path, draw in curves]
         files.append(("--report-md", report_md, lambda report: to_markdown(
-            report, image.name if image != report_md and acceptance_svg(report) is not None else None)))
+            report, image.name if image != report_md and acceptance_svg(report) is not None else None,
+            *[path.name if draw(report) is not None else None for path, draw in curves])))
+    if profile_out is not None:  # no end-to-end figures: nothing to profile, no file
+        files.append(("--profile-out", profile_out, lambda report: None if report.speculation_profile is None
+                      else json.dumps(report.speculation_profile, indent=2) + "\n"))
     for flag, path, _ in sorted(files, key=lambda file: "(chart)" in file[0]):  # the file named on the line first
         problem = unwritable(path)
         if problem is not None:

@@ -8,6 +8,7 @@ around it and the user's metadata keys are kept.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ def _causality(spec: DraftSpec) -> str:
 
 
 CHART_NAME = "acceptance.svg"  # written beside README.md when the validation has end-to-end figures
+PROFILE_NAME = "speculation_profile.json"  # the measured acceptance (NVIDIA Model-Optimizer's schema), beside it
 
 
 def _render_validation(validation: dict[str, Any]) -> list[str]:
@@ -83,6 +85,7 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
                   "accepted):", "", "```text", *text_chart(a["per_position_rates"], t.get("min_position_rates")),
                   "```", ""]
     lines += _endpoint_lines(validation.get("endpoint"), validation.get("thresholds") or {})
+    lines += _profile_lines(validation.get("speculation_profile"))
     notable = [c for c in checks if c.get("status") not in ("pass", "skip")]
     if notable:
         lines += ["| check | status | message |", "|---|---|---|"]
@@ -90,6 +93,18 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
             message = " ".join(str(c.get("message", "")).split()).replace("|", "\\|")
             lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
     return lines + [""]
+
+
+def _profile_lines(profile: Any) -> list[str]:
+    """The card's citation of the speculation profile uploaded beside it."""
+    if not isinstance(profile, dict):
+        return []
+    rates = ", ".join(f"{r:.2f}" for r in profile.get("conditional_accept_rates") or [])
+    more = len(profile.get("profiles") or [])
+    return [f"Measured acceptance profile: [{PROFILE_NAME}]({PROFILE_NAME}) (NVIDIA Model-Optimizer's "
+            f"speculation_profile schema): K = {profile.get('num_speculative_tokens')}, mean acceptance length "
+            f"{profile.get('mean_accept_length')}, conditional acceptance per position [{rates}]"
+            + (f"; {more} more profile(s) in it (other K, context lengths)" if more else "") + ".", ""]
 
 
 def _endpoint_lines(e: Any, thresholds: dict[str, Any]) -> list[str]:
@@ -303,6 +318,11 @@ def write_model_card(directory: str | Path, spec: DraftSpec | None = None, *, re
         chart_tmp = directory / f".{CHART_NAME}.tmp"
         chart_tmp.write_text(chart, encoding="utf-8")
         os.replace(chart_tmp, directory / CHART_NAME)
+    profile = (validation or {}).get("speculation_profile")
+    if isinstance(profile, dict):  # the measured acceptance, for deployment tools, uploaded with the card
+        profile_tmp = directory / f".{PROFILE_NAME}.tmp"
+        profile_tmp.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
+        os.replace(profile_tmp, directory / PROFILE_NAME)
     tmp = directory / f".{README_NAME}.tmp"
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, readme)

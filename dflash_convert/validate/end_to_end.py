@@ -16,11 +16,13 @@ from typing import Any, Callable
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
+from dflash_convert.validate.breakdown import (LongContexts, category_slices, context_slice, half_tau_length,
+                                               output_buckets)
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
-                                            PromptSetAcceptance, PromptStats, SamplingUsed, StepDecisions,
-                                            SyntheticAcceptance)
+                                            PromptSetAcceptance, PromptStats, SamplingUsed, SliceAcceptance,
+                                            StepDecisions, SyntheticAcceptance)
 from dflash_convert.validate.sampling import runtime_sampling
 from dflash_convert.validate.partings import PathParting
 from dflash_runtime.metrics import DecodeStats
@@ -49,6 +51,8 @@ class Prompts:
     sets: list[tuple[str, str, int, int]] = field(default_factory=list)
     format: str | None = None
     builtin: str | None = None  # prompts.BUILTIN_*_NOTE: neither the user's prompts nor a named set
+    long: LongContexts | None = None  # --context-lengths: the long prompts, decoded on their own
+    categories: list[str | None] = field(default_factory=list)  # each prompt's category (a JSONL field), or None
 
 
 @dataclass
@@ -139,7 +143,65 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
     stats.synthetic = synthetic_acceptance(stats)
     stats.round_step_times = _round_step_times(rounds)
     stats.per_request_histogram = request_histogram([p.acceptance_length for p in stats.per_prompt], block)
+    stats.per_output_bucket = [SliceAcceptance(**b) for b in output_buckets([r.accepted_per_step for r in runs], slots,
+                                                                           opts.max_new_tokens)]
+    if any(prompts.categories):
+        stats.per_category = [SliceAcceptance(**c) for c in category_slices(
+            prompts.categories, [r.accepted_per_step for r in runs], [r.stats.new_tokens for r in runs], same, slots)]
+        checks += _category_checks(stats.per_category, opts, block)
+    if prompts.long is not None:
+        checks.append(_context_curve(decode, prompts.long, stats, slots, greedy=sampling.temperature == 0, say=say))
     return checks, stats, [r.tokens for r in runs]
+
+
+def _category_checks(slices: list[SliceAcceptance], opts: ValidateOptions, block: int) -> list[Check]:
+    """--min-acceptance-length CATEGORY=X: one gate per category named, its name carrying the category."""
+    out = []
+    for s in slices:
+        need = opts.min_category_acceptance_length.get(s.category)
+        if need is not None:
+            out.append(make_check(f"acceptance_length[{s.category}]", s.acceptance_length >= need,
+                                  f"category {s.category}: tau {s.acceptance_length:.3f} over {s.num_drafts} draft "
+                                  f"steps of {s.prompts} prompts (block {block}); required >= {need}",
+                                  value=s.acceptance_length, threshold=need, level="end_to_end"))
+    return out
+
+
+def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, slots: int, *, greedy: bool,
+                   say) -> Check:
+    """--context-lengths: each length's long prompts decoded as the run's prompts are (and, greedy, checked
+    against the target's greedy output token by token), its figures in `stats`; the check fails on an output
+    that is not the target's, and warns where tau falls below half the short prompts' tau."""
+    target = decode.target
+    dtype = str(target.dtype).removeprefix("torch.")
+    slices, wrong = [], []
+    for length, windows in long.windows.items():
+        runs = []
+        for i, p in enumerate(windows, 1):
+            runs.append(decode.speculative(p))
+            say(f"end to end: context {length} tokens, prompt {i}/{len(windows)}: tau {runs[-1].stats.tau:.2f}")
+        equal = None
+        if greedy:
+            found = [_partings(target, p, r, None, dtype, decode.sampling.penalties, proposals=slots,
+                               max_new_tokens=decode.kw["max_new_tokens"]) for p, r in zip(windows, runs)]
+            _refuse_beyond_rounding([(i, x) for i, f in enumerate(found) for x in f], where=f"{length} tokens, ")
+            real = [any(not x.near_tie for x in f) for f in found]
+            equal = real.count(False)
+            wrong += [f"{length} tokens, prompt {i + 1}" for i, bad in enumerate(real) if bad]
+        slices.append(SliceAcceptance(**context_slice(length, [r.accepted_per_step for r in runs],
+                                    sum(r.stats.new_tokens for r in runs), slots, equal)))
+    stats.per_context_length, stats.context_source = slices, long.source
+    stats.context_half_tau_length = half = half_tau_length(stats.acceptance_length, slices)
+    curve = ", ".join(f"{s.acceptance_length:.2f} at {s.context_tokens}" for s in slices)
+    message = f"tau {curve} (short prompts {stats.acceptance_length:.2f})"
+    if wrong:
+        return make_check("context_lengths", False, f"the speculative output is not the target's greedy output at "
+                          f"{'; '.join(wrong[:3])}; {message}", value=curve, level="end_to_end")
+    if half is not None:
+        return make_check("context_lengths", False, f"{message}: below half the short-context tau from {half} tokens",
+                          value=half, threshold=round(stats.acceptance_length / 2, 4), level="end_to_end", bad="warn")
+    return make_check("context_lengths", True, message + ": at or above half the short-context tau at every length",
+                      level="end_to_end")
 
 
 def step_histogram(rates: list[float], num_drafts: int) -> list[int]:
@@ -384,13 +446,7 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, p
                 for i, (p, r) in enumerate(zip(prompt_ids, runs))]
     real = [(i, x) for i, found in enumerate(partings) for x in found if not x.near_tie]
     ties = [(i, x) for i, found in enumerate(partings) for x in found if x.near_tie]
-    beyond = next(((i, x) for i, x in real if x.beyond_rounding), None)
-    if beyond is not None:
-        i, x = beyond
-        raise DFlashError(f"cannot judge greedy_output_equal: at prompt {i + 1}, token {x.at + 1}, {x.describe()}: "
-                          "the target's verify block and its one-token decode disagree by more than rounding, so "
-                          "this runtime does not run this target exactly on this device and dtype (try --dtype "
-                          "float32 or another --device)")
+    _refuse_beyond_rounding(real)
     equal = sum(not found for found in partings)
     n = len(runs)
     if not real and not ties:
@@ -414,6 +470,17 @@ def _greedy_check(checks: list[Check], target, prompt_ids, runs, baselines, *, p
     return [not found for found in partings]
 
 
+def _refuse_beyond_rounding(partings: list[tuple[int, PathParting]], where: str = "") -> None:
+    """No verdict where the target's two paths disagree by more than rounding at a parting: DFlashError (exit 1)."""
+    beyond = next(((i, x) for i, x in partings if not x.near_tie and x.beyond_rounding), None)
+    if beyond is not None:
+        i, x = beyond
+        raise DFlashError(f"cannot judge greedy_output_equal: at {where}prompt {i + 1}, token {x.at + 1}, "
+                          f"{x.describe()}: the target's verify block and its one-token decode disagree by more than "
+                          "rounding, so this runtime does not run this target exactly on this device and dtype (try "
+                          "--dtype float32 or another --device)")
+
+
 def _partings(target, prompt: list[int], run, baseline: list[int] | None, dtype: str, penalties=None, *,
               proposals: int, max_new_tokens: int) -> list[PathParting]:
     """Where the speculative generation `run` is not the target's greedy output, each with the two tokens' logits
@@ -429,8 +496,11 @@ def _partings(target, prompt: list[int], run, baseline: list[int] | None, dtype:
     target.set_capture([])
     target.reset()
     ids = torch.tensor(prompt + tokens, dtype=torch.long)
-    logits, _ = target.forward(ids, 0)  # [P+N, V]
-    rows = penalize(logits[len(prompt) - 1:-1], penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
+    # the prompt's last row, then the output's rows in one block: logits for the N new tokens only (all P+N rows
+    # of a long prompt are gigabytes of float32 logits at a large vocabulary)
+    first, _ = target.forward(ids[:len(prompt)], 0, last_logits_only=True)  # [1, V]
+    rest = target.forward(ids[len(prompt):-1], len(prompt))[0] if len(tokens) > 1 else first[:0]  # [N-1, V]
+    rows = penalize(torch.cat([first[-1:], rest]), penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
     target.reset()
     suspects = any(t != g for t, g in zip(tokens, rows.argmax(dim=-1).tolist()))
     if not suspects and (baseline is None or baseline == tokens):

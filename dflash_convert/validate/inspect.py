@@ -177,11 +177,14 @@ def _verify_compute_check(gpu: str, serving: ServingConfig, target_config: Path 
 
 def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bool = False,
                        engine: str | None = None, serving: ServingConfig | None = None, gpu: str | None = None,
-                       target_config: Path | None = None) -> InspectReport:
+                       target_config: Path | None = None, max_model_len: int | None = None) -> InspectReport:
     """Inspect a checkpoint; `engine` (vllm, sglang, zlab) narrows the engine views to that engine; `serving`
     adds the checks of a launch's settings against that engine's rules (format/serving.py); `gpu` (with a
     serving launch's max_num_seqs) whether its full batch's verify is compute-bound there, for the target of
-    `target_config` when given (predict/)."""
+    `target_config` when given (predict/); `max_model_len`: the context a deployment serves, against the
+    positions the draft was trained for (trained_context.py)."""
+    from dflash_convert.validate.trained_context import trained_context_check
+
     from dflash_convert.validate.quantized_checks import catalogue_shapes
     from dflash_convert.validate.static import checkpoint_checks
 
@@ -206,6 +209,7 @@ def inspect_checkpoint(path: str | Path, *, scan: bool = False, allow_pickle: bo
         checks += serving_checks(spec, ckpt.raw_config, serving)
     if gpu is not None and serving is not None and serving.max_num_seqs is not None:
         checks.append(_verify_compute_check(gpu, serving, target_config))
+    checks.append(trained_context_check(spec, views, max_model_len=max_model_len))
     aux = mapping.aux_ids_from_target(spec.target_layer_ids) if spec.target_layer_ids is not None else None
     return InspectReport(
         path=str(ckpt.path),

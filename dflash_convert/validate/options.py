@@ -20,6 +20,7 @@ from dflash_convert.format.engines import ENGINE_NAMES
 from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
 
 LEVELS: tuple[str, ...] = get_args(Level)  # in the order they run
+MAX_CONTEXT_TOKENS = 1 << 20  # a --context-lengths value: the memory plan says whether it fits
 MAX_PROMPT_TOKENS = 8192  # token ids of one prompt, given or tokenized; also the cap on --max-new-tokens
 TIMING_ROUNDS = 3  # interleaved target-only / speculative rounds over the baseline prompts
 ENDPOINT_TIMEOUT_S = 600.0  # the whole --endpoint measurement
@@ -38,6 +39,7 @@ Dtype = Literal[DTYPE_CHOICES]
 SpeculativeTokens = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
 Concurrency = Annotated[int, Field(ge=1)]
 Rate = Annotated[float, Field(ge=0, le=1)]
+ContextLength = Annotated[int, Field(ge=2, le=MAX_CONTEXT_TOKENS)]
 # a prompt: text, token ids, or OpenAI-style chat messages ({"role", "content"} turns)
 Prompt = str | list[int] | list[dict[str, Any]]
 
@@ -87,7 +89,9 @@ class ValidateOptions(CommandOptions):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     # how `validate -h` groups the flags, the way users look for them (a field in none: "Options")
     HELP_PANELS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "levels", "allow_pickle"),
+        "Inputs": ("target", "prompts", "chat_template", "chat_template_kwargs", "compare_thinking", "levels",
+                   "allow_pickle"),
+        "Long contexts and outputs": ("context_lengths", "long_context_file", "max_model_len", "profile_out"),
         "Decoding": ("max_new_tokens", "num_speculative_tokens", "block_size", "sampling", "temperature", "top_k", "top_p", "min_p",
                      "repetition_penalty", "presence_penalty", "frequency_penalty", "draft_sampling", "seed"),
         "Runtime": ("device", "dtype", "backend", "target_backend", "causal", "compile", "device_map", "max_memory",
@@ -117,6 +121,22 @@ class ValidateOptions(CommandOptions):
         "it has one), none, or a Jinja FILE; as vLLM's chat endpoint.")
     chat_template_kwargs: Annotated[dict[str, Any] | None, Flag("--chat-template-kwargs", parse="json")] = Field(
         None, description='Template variables, as vLLM\'s chat_template_kwargs, e.g. \'{"enable_thinking": false}\'.')
+    context_lengths: Annotated[list[ContextLength] | None, Flag("--context-lengths", parse="lengths")] = Field(
+        None, description="End to end: also measure tau, per-position rates and outputs equal on prompts of exactly "
+        "these many tokens (1024, 2k, 32k; k = 1024) of a real long text, generation following it; reported as a "
+        "curve of tau against context length.")
+    long_context_file: Annotated[str | Path | None, Flag("--long-context-file", type=Path, metavar="FILE")] = Field(
+        None, description="The long text --context-lengths cuts its prompts from (a document, code; token ids when "
+        "the target ships no tokenizer). Default: the prompts' own texts joined in order.")
+    max_model_len: Annotated[int | None, Flag("--max-model-len", metavar="TOKENS")] = Field(
+        None, ge=1, le=1 << 30, description="The context the deployment serves (vLLM's max_model_len): the static "
+        "level warns where it exceeds the positions the draft was trained for.")
+    profile_out: Annotated[str | Path | None, Flag("--profile-out", type=Path, metavar="FILE")] = Field(
+        None, description="Write the measured acceptance as a speculation_profile.json (NVIDIA Model-Optimizer's "
+        "schema): one profile per K and per context length run.")
+    compare_thinking: Annotated[bool, Flag("--compare-thinking")] = Field(
+        False, description="Run end to end twice, the chat template rendered with enable_thinking true and false "
+        "(with --endpoint: sent to the server), and report tau per mode side by side.")
     levels: Annotated[list[Level], Flag("--levels", parse="levels")] = Field(
         default_factory=lambda: list(LEVELS),
         description=f"Comma-separated subset of {','.join(LEVELS)} (default: all the inputs allow).")
@@ -190,8 +210,13 @@ class ValidateOptions(CommandOptions):
         None, description="Per-device budget for --device-map, e.g. 0=20GiB,cpu=30GiB (implies --device-map auto).")
     threads: Annotated[int | None, Flag("--threads")] = Field(
         None, ge=1, description="CPU threads for torch (default: 1 for tiny pairs, else torch's; shown in the report).")
-    min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length")] = Field(
-        None, ge=0, allow_inf_nan=False, description="Fail when tau (mean tokens per step) is lower.")
+    min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length", parse="thresholds",
+                                                        metavar="X[,CATEGORY=X...]")] = Field(
+        None, ge=0, allow_inf_nan=False, description="Fail when tau (mean tokens per step) is lower; CATEGORY=X: "
+        "when the tau of the prompts of that category (a JSONL `category` field) is lower.")
+    min_category_acceptance_length: Annotated[dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]], Flag(
+        None, why="the CLI: --min-acceptance-length CATEGORY=X")] = Field(
+        default_factory=dict, description="category -> the tau its prompts must reach")
     min_position_rates: Annotated[list[Rate] | None, Flag("--min-position-rates", parse="floats")] = Field(
         None, description="Comma-separated minimum acceptance rate per draft position, e.g. 0.9,0.8,0.7.")
     min_speedup: Annotated[float | None, Flag("--min-speedup")] = Field(
@@ -250,7 +275,7 @@ class ValidateOptions(CommandOptions):
         validation, so validate() checks what it was handed before anything is read."""
         type(self).model_validate(dict(self))
 
-    @field_validator("num_speculative_tokens", "concurrency")
+    @field_validator("num_speculative_tokens", "concurrency", "context_lengths")
     @classmethod
     def _distinct(cls, values: list[int] | None) -> list[int] | None:
         if values and len(set(values)) != len(values):
@@ -296,6 +321,32 @@ class ValidateOptions(CommandOptions):
         if self.sampling == "greedy" and self.temperature not in (None, 0):
             raise UsageError(f"--sampling greedy decodes at temperature 0; drop --temperature {self.temperature} "
                              "or use --sampling auto")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _category_thresholds(cls, data: Any) -> Any:
+        """--min-acceptance-length as the CLI parses it ({"": X, CATEGORY: X}): the plain one and the categories'."""
+        if isinstance(data, dict) and isinstance(data.get("min_acceptance_length"), dict):
+            given = dict(data["min_acceptance_length"])
+            data = {**data, "min_acceptance_length": given.pop("", None),
+                    "min_category_acceptance_length": {**data.get("min_category_acceptance_length", {}), **given}}
+        return data
+
+    @model_validator(mode="after")
+    def _thinking(self) -> ValidateOptions:
+        if self.compare_thinking and "enable_thinking" in (self.chat_template_kwargs or {}):
+            raise UsageError("--compare-thinking sets enable_thinking itself (true, then false): drop it from "
+                             "--chat-template-kwargs")
+        if self.compare_thinking and self.chat_template == "none":
+            raise UsageError("--compare-thinking switches the chat template's enable_thinking: not with "
+                             "--chat-template none")
+        return self
+
+    @model_validator(mode="after")
+    def _long_contexts(self) -> ValidateOptions:
+        if self.long_context_file is not None and not self.context_lengths:
+            raise UsageError("--long-context-file is the text of --context-lengths: give --context-lengths with it")
         return self
 
     @model_validator(mode="after")

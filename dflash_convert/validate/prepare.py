@@ -98,11 +98,13 @@ def prepare(prep: Prepared) -> None:
         or kinds.of(prep.ckpt.spec.variant).drops_mask_embedding)
     prep.last_layer_post_norm = rule is not None and rule.last_layer == engines.LastLayer.POST_NORM
     prompts = opts.prompts
-    prompt_list = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
+    categories: list[str | None] = []  # each file prompt's JSONL `category` (None: none)
+    prompt_list = read_prompts(prompts, categories) if isinstance(prompts, (str, Path)) else prompts
     if opts.baseline is not None:
         prep.baseline = load_baseline(opts.baseline)
     if "end_to_end" in opts.levels and prep.target_has_weights:
         _prepare_decoding(prep, prompt_list, str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
+        prep.prompts.categories = _categories(opts, categories, len(prep.prompts.ids))
         if prep.baseline is not None and not prep.chats:  # else once the target answered the earlier turns
             check_same_settings(prep.baseline, opts.baseline, settings(prep))
 
@@ -148,11 +150,28 @@ def _prepare_decoding(prep: Prepared, prompt_list, source: str) -> None:
         if name is not None:
             prep.prompts.sets.append((name, described, first, first + len(ids)))
         prep.prompts.ids += ids
+    if opts.context_lengths:
+        from dflash_convert.validate.breakdown import long_contexts
+
+        prep.prompts.long = long_contexts(opts.context_lengths, opts.long_context_file, tokenizer, prompt_list,
+                                          prep.prompts.ids, info.vocab_size)
     gen, gen_path = generation_config(target_dir)
     prep.sampling = resolve_sampling(opts, gen, gen_path)
     stops = stop_token_ids(info.eos_token_ids, gen, gen_path, tokenizer)
     prep.sampling.stop_token_sources = stops
     prep.sampling.stop_token_ids = sorted({i for ids in stops.values() for i in ids})
+
+
+def _categories(opts: ValidateOptions, categories: list[str | None], n: int) -> list[str | None]:
+    """Each prompt's category (the prompts file's first, named sets' None), checked against the categories
+    --min-acceptance-length names: one it names that no prompt carries is an error (its gate would pass empty)."""
+    given = sorted({c for c in categories if c is not None})
+    missing = sorted(set(opts.min_category_acceptance_length) - set(given))
+    if missing:
+        raise DFlashError(f"--min-acceptance-length names categor{'ies' if len(missing) > 1 else 'y'} "
+                          f"{', '.join(missing)}, which no prompt carries (the prompts' `category` values: "
+                          f"{', '.join(given) or 'none'})", file=str(opts.prompts or "prompts"))
+    return (categories + [None] * n)[:n]
 
 
 def answer_earlier_turns(prep: Prepared, *, device: str, dtype) -> None:

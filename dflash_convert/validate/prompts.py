@@ -209,11 +209,12 @@ def content_format(template: str) -> str:
     return "openai" if any(is_content(loop.iter) for loop in tree.find_all(nodes.For)) else "string"
 
 
-def read_prompts(path: str | Path) -> list[str | list[int]]:
+def read_prompts(path: str | Path, categories: list[str | None] | None = None) -> list[str | list[int]]:
     """Prompts from a file: JSONL with a `prompt` field (text or a list of ids) or a `messages` field
     (OpenAI-style chat turns), or one per line (space-separated ints or a JSON list = token ids, anything
     else = text). Bounded and typed: a file that is not UTF-8 text, too big, or holds an oversized
-    prompt is one error naming it."""
+    prompt is one error naming it. `categories`, when given, receives each prompt's JSONL `category` field
+    (text, as SpecBench and SPEED-Bench files carry it; None where a line has none)."""
     path = Path(path)
     lines = read_text(path, "a prompts file (one prompt per line, as text or token ids)",
                       max_bytes=MAX_PROMPTS_BYTES).splitlines()
@@ -232,6 +233,11 @@ def read_prompts(path: str | Path) -> list[str | list[int]]:
                 value = json.loads(stripped)
             except (ValueError, RecursionError):  # JSONDecodeError, Python's integer-digit cap, deep nesting
                 raise DFlashError(f"line {n}: not valid JSON", file=path) from None
+            category = value.get("category") if isinstance(value, dict) else None
+            if category is not None and not (isinstance(category, str) and category.strip()):
+                raise DFlashError(f"line {n}: `category` must be non-empty text", file=path)
+            if categories is not None:  # this prompt's, after None for the plain lines before it
+                categories += [None] * (len(prompts) - len(categories)) + [category]
             if stripped.startswith("{"):
                 if not isinstance(value, dict) or ("prompt" in value) == ("messages" in value):
                     raise DFlashError(f"line {n}: JSONL prompt lines need a `prompt` field (text or token ids) "
@@ -258,6 +264,8 @@ def read_prompts(path: str | Path) -> list[str | list[int]]:
             prompts.append(line)
     if not prompts:
         raise DFlashError("no prompts in the file", file=path)
+    if categories is not None:
+        categories += [None] * (len(prompts) - len(categories))
     return prompts
 
 

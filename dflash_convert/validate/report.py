@@ -142,6 +142,24 @@ class StepDecisions(BaseModel):
     next_margin: list[float | None]
 
 
+class SliceAcceptance(Acceptance):
+    """Acceptance on one slice of an end-to-end run: the prompts of one --context-lengths value or of one category,
+    or the verify steps that began in one bucket of generated positions (validate/breakdown.py makes and renders
+    them)."""
+
+    label: str = Field(description="the slice as the report names it: `2048 tokens`, `64-256`, ...")
+    prompts: int
+    new_tokens: int
+    context_tokens: int | None = Field(None, description="a context-length slice: the prompt length in tokens")
+    category: str | None = Field(None, description="a category slice: the prompts' JSONL `category`")
+    first_position: int | None = Field(None, description="an output bucket: its first generated position")
+    end_position: int | None = Field(None, description="an output bucket: the position it ends before (None: open)")
+    outputs_equal: int | None = Field(None, description="prompts whose speculative output is the target's greedy "
+                                      "output (a context-length slice, greedy runs; None otherwise)")
+    accepted_histogram: list[int] = Field(default_factory=list, description="verify steps by drafts accepted: "
+                                          "entry a = steps that accepted exactly a")
+
+
 class AcceptanceStats(Acceptance):
     """End-to-end speculative decoding on the prompts (greedy unless temperature > 0)."""
 
@@ -192,6 +210,18 @@ class AcceptanceStats(Acceptance):
                                         "nor a named set (--dataset): which built-in ones, and what tau on them means")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(
         default_factory=dict, description="tau and per-position rates per named prompt set (--dataset)")
+    per_context_length: list[SliceAcceptance] = Field(
+        default_factory=list, description="--context-lengths: the same decoding on prompts of each length")
+    context_source: str | None = Field(None, description="--context-lengths: the text the long prompts were cut from")
+    context_half_tau_length: int | None = Field(
+        None, description="the first --context-lengths value whose tau is below half the run's own (short-context) "
+        "tau; None: none is")
+    per_category: list[SliceAcceptance] = Field(
+        default_factory=list, description="tau, per-position rates and outputs equal per prompt category (a JSONL "
+        "`category` field, as SpecBench and SPEED-Bench files carry)")
+    per_output_bucket: list[SliceAcceptance] = Field(
+        default_factory=list, description="the verify steps grouped by the generated position they began at "
+        "(0-64, 64-256, 256-1024, 1024-...): tau against output length")
     per_request_histogram: list[int] = Field(default_factory=list, description="prompts per tau band: entry i = "
                                              "prompts whose tau is in [i + 1, i + 2) (the last band includes block)")
     prompt_ids_sha256: str | None = Field(None, description="SHA-256 of the prompts' token ids (JSON, compact): "
@@ -318,6 +348,11 @@ class EndpointStats(BaseModel):
     accepted_histogram: list[int] = Field(default_factory=list, description="verify steps by draft tokens accepted "
                                           "(entry j: steps that accepted j); empty from counters")
     per_prompt_set: dict[str, PromptSetAcceptance] = Field(default_factory=dict)
+    per_category: dict[str, PromptSetAcceptance] = Field(
+        default_factory=dict, description="tau per prompt category, from the requests' own statistics")
+    per_prompt_length: dict[str, PromptSetAcceptance] = Field(
+        default_factory=dict, description="tau per group of prompt lengths (the server's usage.prompt_tokens: "
+        "<1024, 1024-2047, ...), from the requests' own statistics")
     per_request: list[EndpointRequest] = Field(default_factory=list)
     duration_s: float = Field(description="wall time of the measured round")
     tokens_per_s: float = Field(description="generated tokens / duration_s, at `concurrency` requests in flight")
@@ -401,6 +436,7 @@ class ValidationSummary(BaseModel):
     recommendation: list[KRecommendation] = Field(default_factory=list, description="the K recommended per "
                                                   "concurrency")
     prediction: PredictionReport | None = Field(None, description="--predict-gpu: the prediction on the GPUs named")
+    speculation_profile: dict[str, Any] | None = Field(None, description="the report's speculation_profile.json")
 
 
 class ValidationReport(BaseModel):
@@ -425,6 +461,12 @@ class ValidationReport(BaseModel):
     prediction: PredictionReport | None = Field(
         None, description="--predict-gpu: plain vs speculative tokens/s on each GPU named, from this run's tau per K "
         "and the configs (dflash-convert predict's model), with its error band")
+    per_thinking_mode: list[SliceAcceptance] = Field(
+        default_factory=list, description="--compare-thinking: the run with enable_thinking true, then false (its "
+        "end-to-end checks named `(thinking off)`)")
+    speculation_profile: dict[str, Any] | None = Field(
+        None, description="the measured acceptance in NVIDIA Model-Optimizer's speculation_profile.json schema "
+        "(validate/profile.py): the first K's on the run's prompts, `profiles` each other K's and context length's")
     environment: Environment
     options: dict[str, Any] | None = Field(None, description="the run's ValidateOptions, as given")
     duration_s: float
@@ -461,7 +503,8 @@ class ValidationReport(BaseModel):
                                  endpoint=self.endpoint.model_copy(update={"per_request": []}) if self.endpoint
                                  else None, thresholds=self.thresholds(),
                                  per_num_speculative_tokens=self.per_num_speculative_tokens,
-                                 recommendation=self.recommendation, prediction=self.prediction)
+                                 recommendation=self.recommendation, prediction=self.prediction,
+                                 speculation_profile=self.speculation_profile)
 
 
 def validation_report_schema() -> dict[str, Any]:
@@ -532,6 +575,11 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             compiled = {None: "", True: ", verify step compiled",
                         False: f", not compiled: {a.target_eager_reason}"}[a.target_compiled]
             console.print(f"target attention {a.target_attention}{compiled}", markup=False)
+    if not quiet:
+        from dflash_convert.validate.breakdown import breakdown_lines  # context length, output position, ...
+
+        for line in breakdown_lines(report):
+            console.print(line, markup=False)
     if a is not None and not quiet and (a.vllm_counting is not None or report.engine_run is not None):
         _render_counting(a, report.engine_run, console)
     if report.endpoint is not None and not quiet:
@@ -744,7 +792,8 @@ def endpoint_lines(report: ValidationReport) -> list[str]:
              f"  {e.tokens_per_s:.1f} tokens/s at concurrency {e.concurrency}; request latency mean "
              f"{e.latency_s_mean:.3f} s, p50 {e.latency_s_p50:.3f} s, p90 {e.latency_s_p90:.3f} s{server}",
              "  sampling: " + ", ".join(f"{k} {v}" for k, v in e.sampling.items()) + f"; max tokens {e.max_tokens}"]
-    for name, s in e.per_prompt_set.items():
+    for name, s in {**e.per_prompt_set, **{f"category {c}": v for c, v in e.per_category.items()},
+                    **{f"prompt tokens {g}": v for g, v in e.per_prompt_length.items()}}.items():
         lines.append(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} steps)")
     if e.accepted_histogram:
         lines.append("  verify steps by draft tokens accepted (0, 1, ...): " + " ".join(map(str, e.accepted_histogram)))
@@ -794,9 +843,12 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
                      + (" (unreliable: a busy machine)" if unreliable else "") + "; acceptance per draft position")
 
 
-def to_markdown(report: ValidationReport, image: str | None = None) -> str:
+def to_markdown(report: ValidationReport, image: str | None = None, curve: str | None = None,
+                outputs_curve: str | None = None) -> str:
     """A Markdown report (a GitHub step summary, a PR comment): verdict, figures, the chart (`image`, a
-    path to the SVG beside the file, else the unicode bars), the failed and warned checks, per-prompt table."""
+    path to the SVG beside the file, else the unicode bars; `curve`, `outputs_curve`: tau against context length's
+    and output position's), the failed
+    and warned checks, per-prompt table."""
     verdict = verdict_word(report)
     target = f" against `{report.target}`" if report.target else ""
     lines = [f"## dflash-convert validate: {verdict}", "",
@@ -829,6 +881,9 @@ def to_markdown(report: ValidationReport, image: str | None = None) -> str:
             lines += baseline_markdown(b)
         if a.vllm_counting is not None or report.engine_run is not None:
             lines += counting_markdown(a, report.engine_run)
+    from dflash_convert.validate.breakdown import breakdown_markdown  # context length, output position, ...
+
+    lines += breakdown_markdown(report, curve, outputs_curve)
     if report.endpoint is not None:
         lines += ["```text", *endpoint_lines(report), "```", ""]
     lines += per_k_markdown(report)

@@ -52,7 +52,8 @@ from dflash_convert.validate.baseline import load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
 from dflash_convert.validate.prepare import Prepared, answer_earlier_turns, prepare, target_name
 from dflash_convert.validate.prompts import BUILTIN_TEXT_PROMPTS, read_prompts
-from dflash_convert.validate.report import AcceptanceStats, EngineStats, Environment, ValidationReport
+from dflash_convert.validate.report import (AcceptanceStats, EngineStats, Environment, SliceAcceptance,
+                                            ValidationReport)
 
 TINY_MODEL_BYTES = 256 << 20  # below this (target + draft) one CPU thread is fastest: no hand-offs per small op
 EXPENSIVE = ("numeric", "end_to_end")
@@ -134,6 +135,8 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
     t0 = time.perf_counter()
     opts = opts or ValidateOptions()
     opts.check()
+    if opts.compare_thinking:
+        return _compare_thinking(checkpoint_path, opts, progress, report_interrupted)
     if checkpoint_path is None:
         return _endpoint_only(opts, progress or (lambda message: None), t0)
     if opts.endpoint is not None and opts.engine is None and opts.target is not None:
@@ -169,6 +172,45 @@ def validate(checkpoint_path: str | Path | None, opts: ValidateOptions | None = 
     return report
 
 
+THINKING_MODES = (("thinking on", True), ("thinking off", False))  # --compare-thinking, in the order run
+
+
+def _compare_thinking(path, opts: ValidateOptions, progress, report_interrupted: bool) -> ValidationReport:
+    """--compare-thinking: the run with enable_thinking true (every level asked for), then its end-to-end (and
+    endpoint) measurement again with enable_thinking false; the first report, with tau per mode side by side
+    and the second run's checks named `(thinking off)`."""
+    from dflash_convert.validate.breakdown import mode_slice
+
+    say = progress or (lambda message: None)
+    runs = []
+    for i, (label, on) in enumerate(THINKING_MODES):
+        say(f"--compare-thinking: {label} (enable_thinking {str(on).lower()})")
+        levels = opts.levels if i == 0 else [lv for lv in opts.levels if lv == "end_to_end"] or opts.levels
+        runs.append(validate(path, opts.model_copy(update={
+            "compare_thinking": False, "levels": levels,
+            "chat_template_kwargs": (opts.chat_template_kwargs or {}) | {"enable_thinking": on}}),
+            progress=progress, report_interrupted=report_interrupted))
+        if runs[-1].incomplete:
+            break
+    report = runs[0]
+    report.per_thinking_mode = [SliceAcceptance(**s) for s in (mode_slice(label, r) for (label, _), r in
+                                                              zip(THINKING_MODES, runs)) if s]
+    if len(runs) == 2:
+        off = runs[1]
+        report.checks += [c.model_copy(update={"name": f"{c.name} (thinking off)"}) for c in off.checks
+                          if c.level == "end_to_end"]
+        same = [r.acceptance.prompt_ids_sha256 for r in runs if r.acceptance is not None]
+        if len(same) == 2 and same[0] == same[1]:
+            report.checks.append(make_check(
+                "compare_thinking", False, "the chat template renders every prompt the same with enable_thinking "
+                "true and false (it has no such switch, or the prompts are token ids): the two modes are one run",
+                level="end_to_end", bad="warn"))
+        report.incomplete = off.incomplete
+    report.options = opts.model_dump(mode="json")
+    report.passed = report.incomplete is None and not any(c.status == "fail" for c in report.checks)
+    return report
+
+
 def _report(prep: Prepared, found: Found, t0: float) -> ValidationReport:
     """The report of what the levels found (the endpoint level and --baseline's gate are added after)."""
     opts = prep.opts
@@ -190,6 +232,7 @@ def _report(prep: Prepared, found: Found, t0: float) -> ValidationReport:
                                                 for kr in found.per_k) if r],
         recommendation=sweep.recommendations(per_k, sweep.device_name(found.resources.device), found.batch_times)
         if per_k else [],
+        speculation_profile=_profile(prep, found),
         environment=_environment(opts, found), options=opts.model_dump(mode="json"), incomplete=found.incomplete,
         duration_s=round(time.perf_counter() - t0, 3),
         passed=found.incomplete is None and not any(c.status == "fail" for c in found.checks))
@@ -211,6 +254,21 @@ def _gpu_prediction(prep: Prepared, report: ValidationReport) -> None:
         report.checks.append(skipped)
 
 
+def _profile(prep: Prepared, found: Found) -> dict[str, Any] | None:
+    """The measured acceptance as a speculation_profile.json (validate/profile.py), under the conditions it ran."""
+    from dflash_convert.validate.profile import run_profiles
+
+    opts = prep.opts
+    given = opts.prompts
+    dataset = (str(given) if isinstance(given, (str, Path)) else "prompts given by the caller" if given
+               else "built-in prompts" if not opts.prompt_sets else "")
+    dataset = " + ".join(filter(None, [dataset, *(f"{s.name} ({s.source})" for s in opts.prompt_sets)]))
+    engine = "dflash_runtime (PyTorch)" + (f", the draft as {opts.engine} serves it" if opts.engine else "")
+    parts = [p for p in str(prep.path).replace("\\", "/").split("/") if p]
+    return run_profiles([kr.stats for kr in found.per_k], method=prep.ckpt.spec.variant, draft="/".join(parts[-2:]),
+                        target=target_name(opts), engine=engine, dataset=dataset)
+
+
 def _run_levels(prep: Prepared, found: Found, duplicates: Check) -> None:
     prepare(prep)
     if "static" in found.wanted:
@@ -223,6 +281,14 @@ def _run_levels(prep: Prepared, found: Found, duplicates: Check) -> None:
             _numeric_level(prep, found)
         if "end_to_end" in found.wanted:
             _end_to_end_level(prep, found)
+
+
+def _endpoint_categories(opts: ValidateOptions) -> list[str | None]:
+    """Each prompt's category (a JSONL `category` of the prompts file), in the order _endpoint_prompts sends them."""
+    categories: list[str | None] = []
+    if isinstance(opts.prompts, (str, Path)):
+        read_prompts(opts.prompts, categories)
+    return categories
 
 
 def _endpoint_prompts(opts: ValidateOptions) -> list[tuple[str | None, Any]]:
@@ -253,7 +319,7 @@ def _endpoint_level(prep: Prepared, found: Found, report: ValidationReport) -> N
     offline = found.stats.vllm_counting if found.stats is not None else None
     steps = found.stats.vllm_steps if found.stats is not None else None
     checks, report.endpoint = endpoint_level(prep.opts, _endpoint_prompts(prep.opts), say=prep.say, offline=offline,
-                                             offline_steps=steps)
+                                             offline_steps=steps, categories=_endpoint_categories(prep.opts))
     report.checks += checks
     report.passed = not any(c.status == "fail" for c in report.checks)
 
@@ -266,7 +332,7 @@ def _endpoint_only(opts: ValidateOptions, say: Callable[[str], None], t0: float)
     if opts.endpoint is None:
         raise UsageError("give a CHECKPOINT, or --endpoint URL to measure a live server")
     baseline = load_baseline(opts.baseline) if opts.baseline is not None else None
-    checks, stats = endpoint_level(opts, _endpoint_prompts(opts), say=say)
+    checks, stats = endpoint_level(opts, _endpoint_prompts(opts), say=say, categories=_endpoint_categories(opts))
     report = ValidationReport(
         tool_version=__version__, checkpoint=None, target=target_name(opts), levels_run=["end_to_end"],
         levels_skipped={lv: "no checkpoint given (--endpoint alone)" for lv in LEVELS[:-1]}, checks=checks,
@@ -312,12 +378,35 @@ def _static_level(prep: Prepared, found: Found, duplicates: Check) -> None:
         named = verifier_against(prep.ckpt.spec, target_name(prep.opts), target.dir)
         checks = [named if c.name == "verifier" and named is not None else c for c in checks]
     checks += [c for c in (_causal_override_check(prep.ckpt, prep.opts.causal), prep.mask_check) if c is not None]
+    checks.append(_trained_context(prep))
     found.checks += checks
     found.levels_run.append("static")
     failed = [c.name for c in checks if c.status == "fail"]
     prep.say(f"static: {len(checks)} checks, " + (f"failed: {', '.join(failed)}" if failed else "none failed"))
     if failed and not prep.opts.keep_going:
         found.skip(EXPENSIVE, f"static checks failed ({', '.join(failed)}); --keep-going runs it anyway")
+
+
+def _trained_context(prep: Prepared) -> Check:
+    """The draft's trained positions, window and layer types against the target's and the served context."""
+    from dflash_convert.validate.trained_context import trained_context_check
+
+    raw = read_json(prep.target.config) if prep.target is not None else {}
+    raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+    positions = raw.get("max_position_embeddings")
+    return trained_context_check(prep.given.spec, engine_views.checkpoint_views(prep.given),
+                                 target_positions=positions if isinstance(positions, int) else None,
+                                 max_model_len=prep.opts.max_model_len, context_lengths=prep.opts.context_lengths)
+
+
+def _measured_past(found: Found) -> None:
+    """The trained_context check, told what the measured context-length curve shows past the trained positions."""
+    from dflash_convert.validate.breakdown import past_sentence, trained_positions
+
+    trained, stats = trained_positions(found), found.stats
+    check = next((c for c in found.checks if c.name == "trained_context"), None)
+    if check is not None and trained and stats is not None and stats.per_context_length:
+        check.message += "; measured:" + past_sentence(stats, trained).removeprefix(" ")
 
 
 def _engine_fidelity(prep: Prepared, found: Found) -> None:
@@ -367,7 +456,7 @@ def _memory_plan(prep: Prepared, found: Found) -> memory.MemoryPlan:
     draft_tensors = memory.draft_tensors(prep.ckpt)  # quantized: as dequantized
     block = max(prep.blocks)
     ids = prep.prompts.ids if prep.prompts is not None else None
-    sequence = (max(map(len, ids)) if ids else CONTEXT_TOKENS) + opts.max_new_tokens + block
+    sequence = max([*map(len, ids or [[0] * CONTEXT_TOKENS]), *(opts.context_lengths or [])]) + opts.max_new_tokens + block
     sequence += opts.max_new_tokens if prep.chats else 0  # an earlier turn's answer joins the prompt
     return memory.plan(draft_tensors, res.draft_dtype_name, device=res.device,
                        target_dir=prep.target.dir if e2e else None, target_dtype=res.target_dtype_name,
@@ -409,6 +498,7 @@ def _end_to_end_level(prep: Prepared, found: Found) -> None:
         found.checks += checks
         found.levels_run.append("end_to_end")
         found.per_k = [KRun(stats, outputs)] if stats is not None else []
+        _measured_past(found)
         for block in prep.blocks[1:] if found.per_k else ():
             _another_k(prep, found, placement, block)
         if found.per_k and set(prep.opts.concurrency) - {1}:

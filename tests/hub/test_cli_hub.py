@@ -123,6 +123,18 @@ def test_push_puts_the_end_to_end_results_and_chart_in_the_card(cli, hub, draft,
     failed = _report_file(cli, draft, tmp_path / "failed.json", passed=False)
     r = cli("push", draft, "org/card2", "--validation-report", failed)
     assert r.code == 3 and "acceptance_length" in r.err and "nothing was pushed" in r.err
+    # the measured acceptance profile goes beside the weights, and the card cites it
+    from dflash_convert.validate.profile import profile
+
+    report = json.loads((tmp_path / "e2e.json").read_text())
+    report["speculation_profile"] = profile([2, 3, 5, 0, 0, 0, 0, 10], 7, method="dflash", conditions={"dataset": "d"})
+    (tmp_path / "profiled.json").write_text(json.dumps(report))
+    r = cli("push", draft, "org/card3", "--validation-report", tmp_path / "profiled.json")
+    assert r.code == 0, r.err
+    files = hub.files_at("org/card3")
+    assert json.loads(files["speculation_profile.json"]) == report["speculation_profile"]
+    assert "Measured acceptance profile: [speculation_profile.json](speculation_profile.json)" in \
+        files["README.md"].decode()
     (tmp_path / "other.json").write_text('{"passed": true}')
     r = cli("push", draft, "org/card2", "--validation-report", tmp_path / "other.json")
     assert r.code == 1 and len(r.err.strip().splitlines()) == 1 and "other.json" in r.err and \

@@ -74,6 +74,13 @@ def test_sglang_shapes_and_chat_prompts(server, tmp_path, cli, per_choice):
     body = next(s.body for s in server.seen if s.path == "/v1/chat/completions")
     assert body["messages"] == [{"role": "user", "content": "hi"}] and body["return_spec_tokens_details"] is True
     assert "temperature" not in body  # --sampling auto: the server's default
+    assert "chat_template_kwargs" not in body
+    # --chat-template-kwargs go to the server as its chat endpoint takes them (vLLM's and SGLang's)
+    r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--chat-template-kwargs",
+            '{"enable_thinking": false}', "--json")
+    assert r.code == 0, r.err
+    body = [s.body for s in server.seen if s.path == "/v1/chat/completions"][-1]
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 def test_counters_summed_over_data_parallel_ranks(server, tmp_path, cli):
@@ -475,3 +482,24 @@ def test_counters_that_cannot_be_read(server, tmp_path, cli):
     assert r.code == 1 and "cannot measure" in r.err and "HTTP 404" in r.err and _one_error_line(r)
     server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
     assert cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path)).code == 0
+
+
+def test_each_request_grouped_by_category_and_prompt_length(server, tmp_path, cli):
+    """Per-request statistics grouped by the prompts' `category` and by the prompt length the server counted."""
+    def answer(body):
+        reply = vllm_completion([0, 0, 2] if body["prompt"][0] == 1 else [2, 0, 0], tokens=[1, 2])
+        reply["usage"]["prompt_tokens"] = len(body["prompt"])
+        return reply
+
+    server.answer("/v1/completions", Canned(body=answer))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in
+                               [([1] * 5, "code"), ([2] * 1500, "prose"), ([1] * 2000, "code")]))
+    r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--min-acceptance-length", "1", "--json")
+    assert r.code == 0, r.err
+    e = r.json()["endpoint"]
+    assert {k: (v["prompts"], v["acceptance_length"]) for k, v in e["per_category"].items()} == {
+        "code": (2, 3.0), "prose": (1, 1.0)}
+    assert {k: (v["prompts"], v["acceptance_length"]) for k, v in e["per_prompt_length"].items()} == {
+        "<1024": (1, 3.0), "1024-2047": (2, 2.0)}
+    assert "category code: tau 3.00 over 2 prompts" in r.err

@@ -31,9 +31,9 @@ def compare_endpoints(opts, prompts, endpoint: Endpoint, baseline: Endpoint, *, 
                       say: Callable[[str], None]) -> tuple[list[Check], EndpointComparison]:
     base_model, base_engine = _baseline_model(baseline, model)
     ours = bodies(prompts, model=model, engine=engine, sampling=sampling, max_tokens=opts.max_new_tokens, seed=seed,
-                  logprobs=greedy)
+                  logprobs=greedy, template_kwargs=opts.chat_template_kwargs)
     theirs = bodies(prompts, model=base_model, engine=base_engine, sampling=sampling, max_tokens=opts.max_new_tokens,
-                    seed=seed, logprobs=greedy)
+                    seed=seed, logprobs=greedy, template_kwargs=opts.chat_template_kwargs)
     rounds = max(opts.timing_rounds, 1)
     say(f"endpoint: {rounds} interleaved rounds against {baseline.url} (no speculation)")
     spec_runs, base_runs = [], []

@@ -17,9 +17,9 @@ from typing import Callable
 
 from dflash_convert.validate.static import Check, make_check
 from dflash_convert.validate.endpoint.client import Deadline, Endpoint, served_model
-from dflash_convert.validate.endpoint.measure import (as_counts, bodies, latency_figures, measured, per_request, per_set,
-                                                  prompts_sha256, read_counters, sampling_report, sampling_sent,
-                                                  send_all)
+from dflash_convert.validate.endpoint.measure import (as_counts, bodies, latency_figures, measured, per_group,
+                                                  per_request, per_set, prompt_length_group, prompts_sha256,
+                                                  read_counters, sampling_report, sampling_sent, send_all)
 from dflash_convert.validate.options import Prompt, ValidateOptions
 from dflash_convert.validate.report import AcceptanceCounts, EndpointStats, StepDecisions
 
@@ -27,11 +27,12 @@ LEVEL = "end_to_end"
 
 
 def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt]], *, say: Callable[[str], None],
-                   offline: AcceptanceCounts | None = None, offline_steps: list[StepDecisions] | None = None
-                   ) -> tuple[list[Check], EndpointStats]:
+                   offline: AcceptanceCounts | None = None, offline_steps: list[StepDecisions] | None = None,
+                   categories: list[str | None] | None = None) -> tuple[list[Check], EndpointStats]:
     """Measure the endpoint on `prompts` ((set name or None, prompt) each); raises EndpointError (exit 1) when
     nothing could be measured as this run's own. `offline`: the emulation's figures counted as vLLM counts, and
-    `offline_steps` its verify decisions (greedy), for endpoint_acceptance_agrees."""
+    `offline_steps` its verify decisions (greedy), for endpoint_acceptance_agrees. `categories`: each prompt's
+    category, for tau per category (as per prompt length) from the requests' own statistics."""
     deadline = Deadline(opts.endpoint_timeout)
     endpoint = Endpoint(opts.endpoint, key_variable=opts.endpoint_key_env, deadline=deadline,
                         concurrency=opts.endpoint_concurrency)
@@ -39,20 +40,21 @@ def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt
                          concurrency=opts.endpoint_concurrency, label="--baseline-endpoint")
                 if opts.baseline_endpoint else None)
     try:
-        return _measure(opts, prompts, endpoint, baseline, say, offline, offline_steps)
+        return _measure(opts, prompts, endpoint, baseline, say, offline, offline_steps, categories)
     finally:
         endpoint.close()
         if baseline is not None:
             baseline.close()
 
 
-def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, offline, offline_steps=None):
+def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, offline, offline_steps=None,
+             categories=None):
     model, engine = served_model(endpoint, opts.endpoint_model)
     sampling = sampling_sent(opts)
     greedy = sampling.get("temperature") == 0
     seed = opts.seed if sampling.get("temperature", 0) > 0 else None
     sent = bodies(prompts, model=model, engine=engine, sampling=sampling, max_tokens=opts.max_new_tokens, seed=seed,
-                  logprobs=False)
+                  logprobs=False, template_kwargs=opts.chat_template_kwargs)
     say(f"endpoint: {len(sent)} prompts to {engine} at {endpoint.url} ({model}), {opts.endpoint_concurrency} in flight")
     before = read_counters(endpoint)
     replies, wall = send_all(endpoint, sent, opts.endpoint_concurrency)
@@ -72,6 +74,9 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
         accepted_histogram=histogram or [],
         per_prompt_set=per_set(replies, {named.name: named.source for named in opts.prompt_sets}),
         per_request=per_request(replies),
+        per_category=per_group(replies, dict(enumerate(categories or [])), "the prompts' `category`"),
+        per_prompt_length=per_group(replies, {r.sent.index: prompt_length_group(r.prompt_tokens) for r in replies
+                                              if r.prompt_tokens is not None}, "the server's usage.prompt_tokens"),
         duration_s=round(wall, 4), tokens_per_s=round(new_tokens / wall, 3) if wall > 0 else 0.0,
         **latency_figures(replies), max_tokens=opts.max_new_tokens, sampling=sampling_report(sampling),
         prompts_sha256=prompts_sha256(sent), offline=offline)

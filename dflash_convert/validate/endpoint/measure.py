@@ -58,6 +58,7 @@ class Reply:
     ttft_ms: float | None = None
     itl_ms: float | None = None
     top: list[dict[str, float]] | None = None
+    prompt_tokens: int | None = None  # the server's usage.prompt_tokens
 
 
 def sampling_sent(opts) -> dict[str, Any]:
@@ -74,8 +75,10 @@ def sampling_report(sent: dict[str, Any]) -> dict[str, Any]:
 
 
 def bodies(prompts: list[tuple[str | None, Prompt]], *, model: str, engine: str, sampling: dict[str, Any],
-           max_tokens: int, seed: int | None, logprobs: bool) -> list[Sent]:
-    """The request of each (set name, prompt)."""
+           max_tokens: int, seed: int | None, logprobs: bool,
+           template_kwargs: dict[str, Any] | None = None) -> list[Sent]:
+    """The request of each (set name, prompt); `template_kwargs` (--chat-template-kwargs) go in each chat request's
+    `chat_template_kwargs`, as vLLM's and SGLang's chat endpoints take them."""
     out = []
     for i, (set_name, prompt) in enumerate(prompts):
         body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": False, "n": 1, **sampling}
@@ -92,6 +95,8 @@ def bodies(prompts: list[tuple[str | None, Prompt]], *, model: str, engine: str,
         else:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             path, body["messages"] = CHAT, messages
+            if template_kwargs:
+                body["chat_template_kwargs"] = dict(template_kwargs)
             if engine == "sglang":
                 body["return_output_ids_in_sglext"] = True
             if logprobs:
@@ -138,9 +143,10 @@ def parse_reply(sent: Sent, answer, where: str) -> Reply:
     except (KeyError, TypeError, ValueError) as exc:
         raise EndpointError(f"{where}: malformed speculative statistics ({exc})") from None
     metrics = body.get("metrics") or {}
+    prompt_tokens = (body.get("usage") or {}).get("prompt_tokens")
     return Reply(sent, [int(t) for t in ids] if ids is not None else None, text or "", new_tokens, spec,
                  answer.seconds, metrics.get("time_to_first_token_ms"), metrics.get("mean_itl_ms"),
-                 _top(choice, sent.path))
+                 _top(choice, sent.path), prompt_tokens if type(prompt_tokens) is int else None)
 
 
 def send_all(endpoint: Endpoint, sent: list[Sent], concurrency: int) -> tuple[list[Reply], float]:
@@ -237,6 +243,36 @@ def per_request(replies: list[Reply]) -> list[EndpointRequest]:
                             accepted=r.spec.accepted if r.spec else None,
                             acceptance_length=r.spec.tau if r.spec else None, latency_s=round(r.seconds, 4),
                             ttft_ms=r.ttft_ms, itl_ms=r.itl_ms) for r in replies]
+
+
+PROMPT_LENGTH_EDGES = tuple(1024 << i for i in range(11))  # 1k .. 1M: where a prompt-length group ends
+
+
+def prompt_length_group(tokens: int) -> str:
+    """The group of a prompt of `tokens` tokens: <1024, 1024-2047, 2048-4095, ..."""
+    end = next((e for e in PROMPT_LENGTH_EDGES if tokens < e), None)
+    if end is None:
+        return f">={PROMPT_LENGTH_EDGES[-1]}"
+    return f"<{end}" if end == PROMPT_LENGTH_EDGES[0] else f"{end // 2}-{end - 1}"
+
+
+def per_group(replies: list[Reply], group_of: dict[int, str | None], source: str) -> dict[str, PromptSetAcceptance]:
+    """tau per group of requests (`group_of`: prompt index -> its group, None: in none), from each request's own
+    statistics; empty where a request has none (counters cannot split a run)."""
+    if not all(r.spec is not None for r in replies):
+        return {}
+    out = {}
+    for name in dict.fromkeys(group_of.get(r.sent.index) for r in replies):
+        if name is None:
+            continue
+        total = SpecCounts()
+        mine = [r for r in replies if group_of.get(r.sent.index) == name]
+        for r in mine:
+            total = total + r.spec
+        out[name] = PromptSetAcceptance(source=source, prompts=len(mine), new_tokens=sum(r.new_tokens for r in mine),
+                                        num_drafts=total.steps, accepted=total.accepted, acceptance_length=total.tau,
+                                        per_position_rates=total.rates)
+    return out
 
 
 def per_set(replies: list[Reply], sources: dict[str, str]) -> dict[str, PromptSetAcceptance]:

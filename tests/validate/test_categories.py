@@ -1,0 +1,72 @@
+"""Prompt categories (a JSONL `category` field, as SpecBench and SPEED-Bench files carry): tau, per-position
+rates and outputs equal per category, and --min-acceptance-length CATEGORY=X gates that exit 3 naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_convert.errors import DFlashError
+from dflash_convert.validate.prompts import read_prompts
+
+PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
+CATEGORIES = ["code", "prose", "code", "code"]  # unequal groups: a category given another's prompts shows
+
+
+def test_categories_align_with_the_prompts_they_come_with(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("a plain line\n" + json.dumps({"prompt": "x", "category": "code"}) + "\n"
+                 + json.dumps({"prompt": [1, 2]}) + "\n[3, 4]\n" + json.dumps({"prompt": "y", "category": "qa"}) + "\n")
+    categories: list = []
+    assert len(read_prompts(f, categories)) == 5
+    assert categories == [None, "code", None, None, "qa"]
+    f.write_text(json.dumps({"prompt": "x", "category": 3}) + "\n")
+    with pytest.raises(DFlashError, match="line 1: `category` must be non-empty text"):
+        read_prompts(f, [])
+
+
+@pytest.fixture(scope="module")
+def categorized(tmp_path_factory) -> Path:
+    f = tmp_path_factory.mktemp("categories") / "prompts.jsonl"
+    lines = PAIR.joinpath("prompts.txt").read_text().splitlines()[:4]
+    f.write_text("".join(json.dumps({"prompt": [int(t) for t in line.split()], "category": CATEGORIES[i]})
+                         + "\n" for i, line in enumerate(lines)))
+    return f
+
+
+def _run(cli, prompts: Path, *thresholds: str):
+    return cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", prompts, "--levels",
+               "end_to_end", "--sampling", "greedy", "--max-new-tokens", "16", *thresholds, "--json")
+
+
+def test_per_category_figures_and_a_category_gate_that_fails_by_name(cli, categorized):
+    r = _run(cli, categorized, "--min-acceptance-length", "1.5,code=99,prose=1.5")
+    assert r.code == 3, r.err
+    a = r.json()["acceptance"]
+    assert list(r.failed_checks()) == ["acceptance_length[code]"]
+    assert "category code: tau" in r.failed_checks()["acceptance_length[code]"] and "over" in \
+        r.failed_checks()["acceptance_length[code]"] and "3 prompts (block 16); required >= 99" in \
+        r.failed_checks()["acceptance_length[code]"]
+    prose = next(c for c in r.json()["checks"] if c["name"] == "acceptance_length[prose]")
+    assert prose["status"] == "pass"
+    cats = {c["category"]: c for c in a["per_category"]}
+    assert list(cats) == ["code", "prose"]
+    for name in cats:  # each category's counts are its prompts' own, recomputed from them
+        mine = [p for p, c in zip(a["per_prompt"], CATEGORIES) if c == name]
+        assert cats[name]["prompts"] == cats[name]["outputs_equal"] == CATEGORIES.count(name)
+        assert cats[name]["num_drafts"] == sum(p["steps"] for p in mine)
+        assert cats[name]["accepted"] == sum(k * n for p in mine for k, n in enumerate(p["accepted_histogram"]))
+        assert cats[name]["accepted_histogram"] == [sum(h) for h in zip(*(p["accepted_histogram"] for p in mine))]
+    profile = r.json()["speculation_profile"]["per_category"]
+    assert profile["code"]["mean_accept_length"] == pytest.approx(cats["code"]["acceptance_length"], abs=1e-4)
+    assert "tau per prompt category" in r.err and "min 99 LOW" in r.err
+
+
+def test_a_category_no_prompt_carries_is_an_error_not_a_pass(cli, categorized):
+    r = _run(cli, categorized, "--min-acceptance-length", "math=3")
+    assert r.code == 1 and "names category math, which no prompt carries" in r.err
+    assert "code, prose" in r.err and len(r.err.strip().splitlines()) == 1
+    r = _run(cli, categorized, "--min-acceptance-length", "code=x")
+    assert r.code == 2 and "CATEGORY=X" in r.err
