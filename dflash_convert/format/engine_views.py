@@ -25,7 +25,7 @@ from dflash_convert.format.engine_reading import ORDER_IDS, ConfigReading, read_
 from dflash_convert.format.kinds.base import BACKBONE_RULES, RUNTIME_ONLY
 from dflash_convert.format.engines import (
     ENGINES_BY_KEY, MASK_EMBEDDING_FILE, RULE_TEXT, TRAINED_WINDOW, BlockSize, Causality, EngineRules,
-    FcWidth, IdsMissing, LastLayer, Mask, MaskEmbedding, Mixed, Verifier, Vocab, WindowMissing, WindowSemantics,
+    FcWidth, IdsMissing, LastLayer, NumTargetLayers, Mask, MaskEmbedding, Mixed, Verifier, Vocab, WindowMissing, WindowSemantics,
     rules_for,
 )
 
@@ -157,6 +157,7 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
             return view
     r = read_config(rules, raw)
     _view_target_layer_ids(view, rules, spec, r, num_target_layers)
+    _view_num_target_layers(view, rules, raw, num_target_layers)
     _view_fc_width(view, rules, spec, r, fc_shape)
     _view_attention(view, rules, spec, r)
     _view_causality(view, rules, spec, r)
@@ -173,6 +174,20 @@ def engine_view(rules: EngineRules, spec: DraftSpec, raw: dict[str, Any] | None 
                                              f"reads from the output of `{_fix_format(rules)}`",
                                  fix=_fix_format(rules)))
     return view
+
+
+def _view_num_target_layers(view: EngineView, rules: EngineRules, raw: dict[str, Any],
+                            num_target_layers: int | None) -> None:
+    """An engine that needs `num_target_layers` whatever the ids (z-lab's loader) and a config without it (a
+    conversion for it made knowing the target, `num_target_layers` given, records it)."""
+    known = view.via_conversion and num_target_layers is not None
+    if rules.num_target_layers == NumTargetLayers.REQUIRED and raw.get("num_target_layers") is None and not known:
+        view.loads = False
+        view.divergences.append(Divergence(
+            field="num_target_layers", severity="error", trained=None, applied=None,
+            consequence=f"{rules.title} needs `num_target_layers`: "
+                        f"{RULE_TEXT['num_target_layers'][rules.num_target_layers]}",
+            fix="convert with --verifier TARGET (it records the target's layer count)"))
 
 
 def _view_target_layer_ids(view: EngineView, rules: EngineRules, spec: DraftSpec, r: ConfigReading,
@@ -464,6 +479,13 @@ def format_cannot_hold(view: EngineView) -> bool:
     """The engine reads only a format that cannot hold this draft at all (transformers' own layout and a causal or
     pruned-vocab draft): it serves another kind of draft, rather than this one wrongly."""
     return not view.loads and any(d.field == "format" and d.severity == "error" for d in view.divergences)
+
+
+def lacks_target_layer_count(view: EngineView) -> bool:
+    """The engine needs `num_target_layers` beside the ids and the config has none (a conversion without
+    --verifier): the one thing it lacks is the target's layer count, which the draft cannot know."""
+    errors = [d.field for d in view.divergences if d.severity == "error"]
+    return not view.loads and errors == ["num_target_layers"]
 
 
 def runtime_only(view: EngineView) -> bool:

@@ -59,6 +59,13 @@ class IdsMissing(RuleKind):
     CLASS_DEFAULT = auto()
 
 
+class NumTargetLayers(RuleKind):
+    """Whether a config that gives its target layer ids must also give `num_target_layers`."""
+
+    NOT_NEEDED_WITH_IDS = auto()
+    REQUIRED = auto()
+
+
 class IdsOrder(RuleKind):
     SORTED_UNIQUE = auto()
     AS_LISTED = auto()
@@ -165,6 +172,7 @@ class EngineRules:
     reads: Format  # the checkpoint format this path reads
     layer_ids: LayerIds  # where the target layer ids come from
     ids_missing: IdsMissing  # what happens when the config has none
+    num_target_layers: NumTargetLayers  # whether the config must give num_target_layers beside its ids
     ids_order: IdsOrder  # order the target features are concatenated in
     last_layer: LastLayer  # what an id naming the target's last layer gets
     causality: Causality  # how per-layer block causality is resolved
@@ -208,7 +216,7 @@ def kinds_of(name: str) -> tuple:
 
 # What vLLM 0.33 does whichever format it reads: its two reading paths differ only in how they read a config.
 _VLLM: dict[str, Any] = dict(
-    engine="vllm", version="0.33.0", ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM,
+    engine="vllm", version="0.33.0", num_target_layers=NumTargetLayers.NOT_NEEDED_WITH_IDS, ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.PRE_NORM,
     window_semantics=WindowSemantics.PER_QUERY, window_missing=WindowMissing.REFUSE, vocab=Vocab.OWN_LM_HEAD_D2T,
     fc_width=FcWidth.TARGET_HIDDEN_SIZE, mask=Mask.REQUIRED, mask_embedding=MaskEmbedding.USED,
     native_layout=NativeLayout.READ)
@@ -228,6 +236,7 @@ ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
         key="sglang", engine="sglang", title="SGLang", version="0.5.23",
         reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.DERIVE,
+        num_target_layers=NumTargetLayers.NOT_NEEDED_WITH_IDS,
         ids_order=IdsOrder.SORTED_UNIQUE, last_layer=LastLayer.NOT_CAPTURED, causality=Causality.IS_CAUSAL_THEN_SLIDING,
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.REFUSE, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
@@ -236,6 +245,9 @@ ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
         key="zlab", engine="zlab", title="z-lab dflash (transformers)", version="HEAD",
         reads="hf", layer_ids=LayerIds.DFLASH_CONFIG_OR_TOP, ids_missing=IdsMissing.REFUSE,
+        # DFlashDraftModel.__init__ passes build_target_layer_ids(config.num_target_layers, ...) as the default of
+        # dflash_config.get("target_layer_ids", ...): evaluated, and failing on None, whatever the ids are
+        num_target_layers=NumTargetLayers.REQUIRED,
         ids_order=IdsOrder.AS_LISTED, last_layer=LastLayer.POST_NORM, causality=Causality.IS_CAUSAL_THEN_SLIDING,
         layer_types=LayerTypes.QWEN3, window=Window.QWEN3, window_semantics=WindowSemantics.PER_QUERY,
         window_missing=WindowMissing.FULL_CONTEXT, block_size=BlockSize.DFLASH_CONFIG_OR_TOP_DEFAULT_16,
@@ -246,6 +258,7 @@ ENGINES: tuple[EngineRules, ...] = (
     EngineRules(
         key="transformers", engine="transformers", title="transformers generate (speculation_type=dflash)",
         version="5.19.0", reads="transformers", layer_ids=LayerIds.TOP_LEVEL, ids_missing=IdsMissing.CLASS_DEFAULT,
+        num_target_layers=NumTargetLayers.NOT_NEEDED_WITH_IDS,
         ids_order=IdsOrder.AS_LISTED, last_layer=LastLayer.POST_NORM, causality=Causality.BIDIRECTIONAL,
         layer_types=LayerTypes.ALL_SLIDING_DEFAULT, window=Window.DEFAULT_2048,
         window_semantics=WindowSemantics.SYMMETRIC, window_missing=WindowMissing.CLASS_DEFAULT,
@@ -347,6 +360,12 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
         MaskEmbedding.IGNORED: "`mask_embedding.pt` ignored: the mask slots get the target's embedding of "
                                "`mask_token_id`",
     },
+    "num_target_layers": {
+        NumTargetLayers.NOT_NEEDED_WITH_IDS: "not needed where the ids are given",
+        NumTargetLayers.REQUIRED: "required even where the ids are given (the ids' default, "
+                                  "`build_target_layer_ids(num_target_layers, ...)`, is evaluated first): a config "
+                                  "without it does not load",
+    },
     "native_layout": {
         NativeLayout.READ: "read: `MuseGlimmerAssistantModel` is served by its DFlash model, `encoder.fc` / "
                            "`encoder.output_norm_enc` renamed on load; the V1 model runner takes the ids from "
@@ -366,6 +385,7 @@ RULE_TEXT: dict[str, dict[str, str]] = {  # keys: each field's kinds
 }
 FIELD_TITLES = {
     "reads": "format read", "layer_ids": "target layer ids", "ids_missing": "no ids in the config",
+    "num_target_layers": "`num_target_layers` beside the ids",
     "ids_order": "feature order", "last_layer": "id of the target's last layer", "causality": "block causality",
     "layer_types": "layer types", "window": "sliding window size", "window_semantics": "sliding window semantics",
     "window_missing": "sliding layers without a window size",

@@ -114,6 +114,10 @@ class InspectReport(BaseModel):
                 console.print("  " + next(d.consequence for d in view.divergences if d.field == "format"),
                               markup=False)
                 continue
+            if engine_views.lacks_target_layer_count(view) and len(self.engines) > 1:  # likewise
+                d = next(d for d in view.divergences if d.field == "num_target_layers")
+                console.print(f"  {d.consequence}. Fix: {d.fix}", markup=False)
+                continue
             if engine_views.runtime_only(view):  # the kind's, said once for every engine: a note, not a problem
                 notes.setdefault(next(d.consequence for d in view.divergences if d.field == "engine_support"),
                                  []).append(view.title)
@@ -253,10 +257,12 @@ def engine_checks(views: list[EngineView], *, asked: bool = False) -> list[Check
     and the exit code. Warnings (some deployments only) stay notes of the view. An engine whose own format
     cannot hold the draft at all (transformers' layout and a causal draft) serves another kind of draft: its view
     says so, and it is a problem only when that engine was `asked` for (`inspect --engine E`); so is a kind no engine
-    serves (runtime only), which the views note."""
+    serves (runtime only), which the views note, and a config without the target's layer count that only an engine
+    needing it beside the ids (z-lab's loader) misses."""
     checks = []
     for view in views:
-        if not asked and (engine_views.format_cannot_hold(view) or engine_views.runtime_only(view)):
+        if not asked and (engine_views.format_cannot_hold(view) or engine_views.runtime_only(view)
+                          or engine_views.lacks_target_layer_count(view)):
             continue
         errors = [d.field for d in view.divergences if d.severity == "error"]
         if errors or not view.loads:

@@ -458,3 +458,19 @@ def test_validate_engine_zlab_feeds_a_last_layer_id_after_the_final_norm(tmp_pat
     assert fidelity["zlab"].status == "fail" and "AFTER the final norm" in fidelity["zlab"].message
     assert all(r.acceptance.outputs_equal == r.acceptance.prompts for r in runs.values())
     assert runs["zlab"].acceptance.acceptance_length != runs["vllm"].acceptance.acceptance_length
+
+
+def test_zlab_needs_num_target_layers_beside_the_ids(cli, tmp_path):
+    """z-lab's DFlashDraftModel evaluates build_target_layer_ids(config.num_target_layers, ...) as the default of
+    dflash_config.get("target_layer_ids", ...), so a config without num_target_layers fails to load there even with
+    its ids: a conversion without --verifier. `inspect --engine zlab` fails naming it (exit 3) and the fix; the
+    other engines load it, so a plain inspect notes it without failing; with --verifier it is recorded."""
+    pair = ROOT / "examples" / "pair"
+    cli("convert", pair / "draft", "-o", tmp_path / "bare")
+    cli("convert", pair / "draft", "-o", tmp_path / "known", "--verifier", pair / "target")
+    r = cli("inspect", tmp_path / "bare", "--engine", "zlab")
+    assert r.code == 3 and "ERROR num_target_layers" in r.out and "--verifier" in r.out, r.out
+    r = cli("inspect", tmp_path / "bare")
+    assert r.code == 0 and "needs `num_target_layers`" in r.out, r.out
+    r = cli("inspect", tmp_path / "known", "--engine", "zlab")
+    assert r.code == 0 and "num_target_layers" not in r.out.split("z-lab", 1)[-1], r.out
