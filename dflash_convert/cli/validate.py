@@ -46,7 +46,7 @@ def validate(
     import time
 
     from dflash_convert.cli._errors import failure_of
-    from dflash_convert.validate.report import junit_error
+    from dflash_convert.validate.report_junit import junit_error
 
     if junit is not None:  # the file that reports every other failure: its own is said alone
         _report_files(junit, None)
@@ -149,7 +149,8 @@ def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out:
 
     from dflash_convert.errors import UsageError
     from dflash_convert.validate.breakdown import context_svg, output_svg
-    from dflash_convert.validate.report import acceptance_svg, to_junit, to_markdown
+    from dflash_convert.validate.report import acceptance_svg, to_markdown
+    from dflash_convert.validate.report_junit import to_junit
 
     files: list[tuple[str, Path, Callable]] = []
     if junit is not None:
