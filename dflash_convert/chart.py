@@ -143,6 +143,8 @@ def svg_series_chart(series: list[tuple[str, list[float]]], title: str = "", min
         x += 6.4 * len(label) + 28
     parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{y + 14}" text-anchor="middle">draft position (block slot); '
                  'bar: share of steps accepted' + ("; tick: minimum" if minimums else "") + '</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
 
 
 def text_curve(labels: list[str], values: list[float], top: float, width: int = 40,

@@ -46,7 +46,7 @@ def validate(
     import time
 
     from dflash_convert.cli._errors import failure_of
-    from dflash_convert.validate.report import junit_error
+    from dflash_convert.validate.report_junit import junit_error
 
     if junit is not None:  # the file that reports every other failure: its own is said alone
         _report_files(junit, None)
@@ -94,7 +94,8 @@ def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, a
     """Every report file that can be written, then the result (JSON: the report, and the error when a file could
     not be written), then the exit code: 130 interrupted, 1 a report not written, 3 a check failed, 0 passed."""
     from dflash_convert.errors import ValidationFailed
-    from dflash_convert.validate.report import render_table, to_json
+    from dflash_convert.validate.report import to_json
+    from dflash_convert.validate.report_terminal import render_table
 
     from dflash_convert.validate.report import verdict_word
 
@@ -149,7 +150,8 @@ def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out:
 
     from dflash_convert.errors import UsageError
     from dflash_convert.validate.breakdown import context_svg, output_svg
-    from dflash_convert.validate.report import acceptance_svg, to_junit, to_markdown
+    from dflash_convert.validate.report_markdown import acceptance_svg, to_markdown
+    from dflash_convert.validate.report_junit import to_junit
 
     files: list[tuple[str, Path, Callable]] = []
     if junit is not None:
@@ -202,7 +204,7 @@ def _prompt_sets(specs: list[str], num_prompts: Optional[int], seed: int, token:
 def _step_summary(report, summary: str) -> None:
     """The report appended to the GitHub Actions step summary (an image beside it is not served: the unicode
     chart stands in)."""
-    from dflash_convert.validate.report import to_markdown
+    from dflash_convert.validate.report_markdown import to_markdown
 
     with open(summary, "a", encoding="utf-8") as f:
         f.write(to_markdown(report) + "\n")

@@ -1,6 +1,7 @@
 """Layer 3, validation, as its levels: static (static.py), numeric, end to end, the real engine (engine/) and a
 live endpoint (endpoint/); prepare.py reads what a run needs before any slow work, run.py runs the levels in
-order, report.py is what they found. Imports the format and I/O layers and dflash_runtime.
+order, report.py is what they found (report_terminal, report_markdown and report_junit render it). Imports
+the format and I/O layers and dflash_runtime.
 
 `from dflash_convert.validate import validate, ValidateOptions` is the library entry point; names load
 on first use so that `inspect` (static checks only) never imports torch.

@@ -17,8 +17,9 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_text
 from dflash_convert.validate.prompts import BUILTIN_TEXT_PROMPTS, read_prompts
 
-# The figures are made here as the fields of report.SliceAcceptance (dicts: the report module renders with this one,
-# so this one does not import it); the rendering reads a report's AcceptanceStats and SliceAcceptance by attribute.
+# The figures are made here as the fields of report.SliceAcceptance (dicts: report_terminal and report_markdown
+# render with this one, so this one does not import the report); the rendering reads a report's AcceptanceStats
+# and SliceAcceptance by attribute.
 
 BUCKET_EDGES = (0, 64, 256, 1024)  # generated positions where an output bucket starts; the last is open
 CONTEXT_PROMPTS = 4  # windows of the long text per context length, where the text holds that many

@@ -1,13 +1,14 @@
-"""The validation report: one pydantic model, rendered as a rich table (stderr), JSON (stdout) or JUnit XML.
+"""The validation report: the pydantic models (the JSON: `--json`, `schemas/validation-report.schema.json`,
+generated from `ValidationReport`) and what every rendering of it says alike: the verdict line, the K a sweep
+headlines, the prompts note, the sampling line and the acceptance counted each way.
 
-The JSON shape is `schemas/validation-report.schema.json` (generated from `ValidationReport`);
-JUnit has one testcase per check so CI systems show failures natively (warnings pass, with the
-message in system-out; skipped checks are <skipped/>).
+Each other format has its own module: report_terminal (the rich table and lines on the console),
+report_markdown (`--report-md` and the GitHub step summary, with the SVG chart beside it) and report_junit
+(`--junit`); the model card is hub/card.py's.
 """
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -15,9 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from dflash_runtime import DRAFT_SAMPLING
 
-from dflash_convert.chart import bar, svg_chart, svg_series_chart, text_chart
-from dflash_convert.predict.prediction import PredictionReport, markdown_lines as prediction_markdown, \
-    text_lines as prediction_text
+from dflash_convert.predict.prediction import PredictionReport
 from dflash_convert.validate.static import Check, Level, Status
 from dflash_convert.validate.options import LEVELS, SamplingMode
 from dflash_convert.validate.prompts import BUILTIN_TEXT_NOTE
@@ -511,13 +510,12 @@ def validation_report_schema() -> dict[str, Any]:
     return ValidationReport.model_json_schema()
 
 
-# ----------------------------------------------------------------------------- renderings
+# ----------------------------------------------------------------------------- what every rendering says
 
-STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
 UNRELIABLE_TIMING = "timings are unreliable"  # the speedup check's words for a busy machine
 
 
-def _short(value: Any, limit: int = 48) -> str:
+def short(value: Any, limit: int = 48) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
@@ -532,136 +530,7 @@ def _short(value: Any, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_table(report: ValidationReport, console, quiet: bool = False) -> None:
-    """The report on `console` (stdout): per level one row per check (status, name, what it found), the
-    acceptance chart, and the verdict line. quiet: only the failed and warned checks and the verdict."""
-    from rich.markup import escape
-    from rich.table import Column, Table
-
-    if not quiet:
-        run = ", ".join(report.levels_run) or "none"
-        console.print(f"validate {report.checkpoint or report.endpoint.url} (levels run: {run})", markup=False)
-    # the name column never wraps; the message wraps on words (80-column logs)
-    table = Table(Column("status", no_wrap=True), Column("check", no_wrap=True), Column("message", ratio=1),
-                  box=None, show_header=False, pad_edge=False)
-    for level in LEVELS:
-        rows = [c for c in report.checks if c.level == level and (not quiet or c.status in ("fail", "warn"))]
-        if not rows:
-            continue
-        table.add_row("", f"[bold]{level}[/bold]", "")
-        for c in rows:
-            detail = c.message
-            if c.status == "fail" and (c.value is not None or c.threshold is not None):
-                detail += f" (value {_short(c.value)}, threshold {_short(c.threshold)})"
-            table.add_row(f"  [{STYLE[c.status]}]{c.status}[/]", escape(c.name), escape(detail))
-    if table.rows:
-        console.print(table)
-    if not quiet:
-        for level, why in report.levels_skipped.items():
-            console.print(f"{level} skipped: {why}", markup=False)
-    a = report.acceptance
-    if a is not None and not quiet:
-        console.print("", markup=False)
-        for line in acceptance_lines(report):
-            console.print(line, markup=False)
-        if a.sampling is not None:
-            u = a.sampling
-            console.print(sampling_line(u) + (f"; prompts: {a.prompt_format}" if a.prompt_format else ""),
-                          markup=False)
-        for name, s in a.per_prompt_set.items():
-            console.print(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} draft "
-                          f"steps), per-position {_short(s.per_position_rates, 200)}; {s.source}", markup=False)
-        if a.target_attention:
-            compiled = {None: "", True: ", verify step compiled",
-                        False: f", not compiled: {a.target_eager_reason}"}[a.target_compiled]
-            console.print(f"target attention {a.target_attention}{compiled}", markup=False)
-    if not quiet:
-        from dflash_convert.validate.breakdown import breakdown_lines  # context length, output position, ...
-
-        for line in breakdown_lines(report):
-            console.print(line, markup=False)
-    if a is not None and not quiet and (a.vllm_counting is not None or report.engine_run is not None):
-        _render_counting(a, report.engine_run, console)
-    if report.endpoint is not None and not quiet:
-        console.print("", markup=False)
-        for line in endpoint_lines(report):
-            console.print(line, markup=False)
-    if not quiet:
-        for line in per_k_lines(report):
-            console.print(line, markup=False)
-        if report.prediction is not None:
-            for line in ["", *prediction_text(report.prediction)]:
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
-    low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
-    if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
-        console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
-    word = verdict_word(report)
-    console.print(f"[{VERDICT_STYLE[word]}]{word}[/] {escape(verdict_text(report))}")
-
-
-def per_k_lines(report: ValidationReport) -> list[str]:
-    """The runs per num_speculative_tokens side by side (tau, rates, step costs, expected and measured speedup)
-    and the recommended K per concurrency, naming the device the costs are from."""
-    rows = report.per_num_speculative_tokens
-    if len(rows) < 2:  # one K: its figures are the acceptance lines above (its costs are in the JSON)
-        return []
-    served = _served_version(rows)
-    gpus = gpu_columns(report)
-    lines = ["", f"{'K':>3} {'block':>5} {'tau':>6} " + (f"{'as vLLM':>7} {'vLLM':>6} " if served else "")
-             + f"{'draft ms':>9} {'verify ms':>9} {'target ms':>9} {'expected':>14} {'measured':>8}  "
-             + "".join(f"{name[:12]:>12} " for name in gpus) + " per-position rates"]
-    for r in rows:
-        low, high = r.expected_speedup_range
-        lines.append(f"{r.num_speculative_tokens:>3} {r.block_size:>5} {r.acceptance_length:>6.2f} "
-                     + (f"{_tau(r.vllm_counting):>7} {_tau(r.engine_run and r.engine_run.counts):>6} "
-                        if served else "")
-                     + f"{r.draft_step_s * 1e3:>9.3f} {r.verify_step_s * 1e3:>9.3f} {r.target_step_s * 1e3:>9.3f} "
-                     f"{r.expected_speedup:>5.2f}x [{low:.2f}-{high:.2f}] {r.measured_speedup:>7.2f}x  "
-                     + "".join(f"{_predicted(x.get(r.num_speculative_tokens)):>12} " for x in gpus.values())
-                     + " " + _short(r.per_position_rates, 120))
-    if gpus:
-        p = report.prediction
-        lines.append(f"ms and expected: measured on {report.environment.device} (they do not transfer to a GPU); "
-                     f"{', '.join(gpus)}: the speedup predicted at concurrency {p.recommendation[0].concurrency} by "
-                     f"the cost model from this tau ({p.engine}; {p.error_band.line})")
-    for c in sorted({c.concurrency for r in rows for c in r.per_concurrency}):
-        at = [(r.num_speculative_tokens, _cost_at(r, c)) for r in rows if _cost_at(r, c) is not None]
-        lines.append(f"concurrency {c} (target steps timed at batch {c}; draft: {c} of its batch-1 steps, an upper "
-                     "bound): " + "; ".join(
-            f"K={k} verify {x.verify_step_s * 1e3:.3f} ms, target {x.target_step_s * 1e3:.3f} ms, expected "
-            f"{x.expected_speedup:.2f}x [{x.expected_speedup_range[0]:.2f}-{x.expected_speedup_range[1]:.2f}]"
-            for k, x in at))
-    if served:
-        lines.append(f"tau: the runtime's (last block shortened); as vLLM: the same runs counted as vLLM counts (full "
-                     f"last blocks); vLLM: the counters of {served} serving each K (one process)")
-    for rec in report.recommendation:
-        low, high = rec.expected_speedup_range
-        other = (f"; runner-up K={rec.runner_up} at {rec.runner_up_speedup:.2f}x"
-                 + ("" if rec.clear else " (within the rounds' spread: no clear winner)")) if rec.runner_up else ""
-        lines.append(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens {rec.num_speculative_tokens}"
-                     f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
-                     f"{rec.device}, which do not transfer to another device")
-    return lines
-
-
-def gpu_columns(report: ValidationReport) -> dict[str, dict[int, float]]:
-    """--predict-gpu: per GPU, the predicted speedup per K at the first concurrency predicted."""
-    p = report.prediction
-    if p is None or not p.predictions:
-        return {}
-    first = p.predictions[0].concurrency
-    out: dict[str, dict[int, float]] = {}
-    for row in p.predictions:
-        if row.concurrency == first:
-            out.setdefault(row.gpu, {})[row.num_speculative_tokens] = row.speedup
-    return out
-
-
-def _predicted(speedup: float | None) -> str:
-    return "-" if speedup is None else f"{speedup:.2f}x"
-
-
-def _cost_at(row: SpeculativeTokensRun, concurrency: int) -> ConcurrencyCost | None:
+def cost_at(row: SpeculativeTokensRun, concurrency: int) -> ConcurrencyCost | None:
     return next((c for c in row.per_concurrency if c.concurrency == concurrency), None)
 
 
@@ -669,16 +538,16 @@ def speedup_at(row: SpeculativeTokensRun, concurrency: int) -> float | None:
     """A row's expected speedup at a concurrency: batch 1's from the decode loop, others from --concurrency."""
     if concurrency == 1:
         return row.expected_speedup
-    at = _cost_at(row, concurrency)
+    at = cost_at(row, concurrency)
     return None if at is None else at.expected_speedup
 
 
-def _served_version(rows: list[SpeculativeTokensRun]) -> str | None:
+def served_version(rows: list[SpeculativeTokensRun]) -> str | None:
     """"vLLM V" where the engine served the K of these rows, else None."""
     return next((f"vLLM {r.engine_run.version}" for r in rows if r.engine_run is not None), None)
 
 
-def _tau(counts: AcceptanceCounts | None) -> str:
+def tau_text(counts: AcceptanceCounts | None) -> str:
     return "-" if counts is None else f"{counts.acceptance_length:.2f}"
 
 
@@ -690,9 +559,6 @@ def sampling_line(u: SamplingUsed) -> str:
     if u.not_applied:
         line += "; not applied: " + "; ".join(f"{k} {why}" for k, why in u.not_applied.items())
     return line
-
-
-VERDICT_STYLE = {"PASSED": "green", "FAILED": "bold red", "INCOMPLETE": "bold yellow"}
 
 
 def verdict_word(report: ValidationReport) -> str:
@@ -755,221 +621,6 @@ def prompts_note(report: ValidationReport) -> str | None:
     return None
 
 
-def acceptance_lines(report: ValidationReport) -> list[str]:
-    """tau, speedup and outputs in a few lines, then the chart of acceptance per draft position."""
-    a = report.acceptance
-    if a is None:
-        return []
-    t = report.thresholds()
-    spread = f", per round {a.speedup_range[0]:.2f}-{a.speedup_range[1]:.2f}x" if a.speedup_range else ""
-    threads = report.environment.threads
-    tau_min = f" (min {t['min_acceptance_length']})" if "min_acceptance_length" in t else ""
-    speed_min = f" (min {t['min_speedup']})" if "min_speedup" in t else ""
-    outputs = (f"outputs equal to the target's greedy output on {a.outputs_equal}/{a.prompts} prompts"
-               if a.outputs_equal is not None else f"sampled at temperature {a.temperature} ({a.draft_sampling} "
-               "drafting)")
-    return [f"tau {a.acceptance_length:.2f}{tau_min} tokens per step (block {a.block_size}, {a.prompts} prompts, "
-            f"{a.new_tokens} tokens); {outputs}",
-            f"speedup {a.speedup:.2f}x{speed_min} ({a.speculative_tokens_per_s:.1f} vs {a.target_tokens_per_s:.1f} "
-            f"tok/s over {a.timing_rounds} interleaved round(s){spread}"
-            + (f", {threads} thread(s)" if threads else "") + ")",
-            "acceptance per draft position (fraction of steps whose draft token there was accepted):",
-            *text_chart(a.per_position_rates, t.get("min_position_rates")),
-            *([f"the draft's confidence head predicted per position: {_short(a.predicted_position_rates, 200)}"]
-              if a.predicted_position_rates else [])]
-
-
-def endpoint_lines(report: ValidationReport) -> list[str]:
-    """The live endpoint's figures: tau both ways, throughput, latency, the comparison, the chart."""
-    e = report.endpoint
-    c = e.counts
-    sglang = f", {e.sglang_acceptance_length:.2f} in SGLang's" if e.sglang_acceptance_length is not None else ""
-    server = (f"; server-reported TTFT {e.ttft_ms_mean:.1f} ms, inter-token {e.itl_ms_mean:.2f} ms"
-              if e.ttft_ms_mean is not None and e.itl_ms_mean is not None else "")
-    lines = [f"endpoint {e.url} ({e.engine}, model {e.model}): tau {c.acceptance_length:.2f} in vLLM's counting"
-             f"{sglang}, {c.num_drafts} verify steps over {e.prompts} prompts ({e.new_tokens} tokens); from "
-             f"{e.counted}",
-             f"  {e.tokens_per_s:.1f} tokens/s at concurrency {e.concurrency}; request latency mean "
-             f"{e.latency_s_mean:.3f} s, p50 {e.latency_s_p50:.3f} s, p90 {e.latency_s_p90:.3f} s{server}",
-             "  sampling: " + ", ".join(f"{k} {v}" for k, v in e.sampling.items()) + f"; max tokens {e.max_tokens}"]
-    for name, s in {**e.per_prompt_set, **{f"category {c}": v for c, v in e.per_category.items()},
-                    **{f"prompt tokens {g}": v for g, v in e.per_prompt_length.items()}}.items():
-        lines.append(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} steps)")
-    if e.accepted_histogram:
-        lines.append("  verify steps by draft tokens accepted (0, 1, ...): " + " ".join(map(str, e.accepted_histogram)))
-    b = e.baseline_endpoint
-    if b is not None:
-        spread = f", per round {b.speedup_range[0]:.2f}-{b.speedup_range[1]:.2f}x" if b.speedup_range else ""
-        equal = (f"; greedy outputs equal on {b.outputs_equal}/{b.prompts} prompts" if b.outputs_equal is not None
-                 else "; sampled: outputs not compared")
-        lines.append(f"  against {b.url} (no speculation): speedup {b.speedup:.2f}x ({b.tokens_per_s:.1f} vs "
-                     f"{b.baseline_tokens_per_s:.1f} tokens/s over {b.rounds} interleaved rounds{spread}; latency "
-                     f"{b.latency_s:.3f} vs {b.baseline_latency_s:.3f} s){equal}")
-    if e.offline is not None:
-        lines.append(f"  offline emulation of the engine (vLLM's counting): tau {e.offline.acceptance_length:.2f}")
-    lines.append("endpoint acceptance per draft position:")
-    return lines + text_chart(c.per_position_rates, report.thresholds().get("min_position_rates"))
-
-
-def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
-    """The acceptance chart as SVG (None without end-to-end figures); an --endpoint run alone: the endpoint's."""
-    a = report.acceptance
-    e = getattr(report, "endpoint", None)
-    if a is None and e is not None:
-        return svg_chart(e.counts.per_position_rates, report.thresholds().get("min_position_rates"),
-                         title=f"acceptance per draft position at {e.url}: tau {e.counts.acceptance_length:.2f}")
-    if a is None:
-        return None
-    t = report.thresholds() if isinstance(report, ValidationReport) else report.thresholds
-    b = getattr(report, "baseline", None)
-    if b is not None:
-        return svg_chart(b.rates, t.get("min_position_rates"), baseline=b.baseline_rates,
-                         title=f"{verdict_word(report)}: tau {b.tau:.2f} (baseline {b.baseline_tau:.2f}); acceptance "
-                         "per draft position")
-    best = headline_k(report)
-    if best is not None:  # a K sweep: one chart, a series per K
-        return svg_series_chart(
-            [(f"K={r.num_speculative_tokens}: tau {r.acceptance_length:.2f}", r.per_position_rates)
-             for r in report.per_num_speculative_tokens], minimums=t.get("min_position_rates"),
-            highlight=f"K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}",
-            title=f"{verdict_word(report)}: recommended K={best.num_speculative_tokens}, tau "
-            f"{best.acceptance_length:.2f}, speedup {best.measured_speedup:.2f}x; acceptance per draft position per K")
-    tau_min = t.get("min_acceptance_length")
-    speedup = next((c for c in report.checks if c.name == "speedup"), None)
-    unreliable = speedup is not None and UNRELIABLE_TIMING in speedup.message
-    return svg_chart(a.per_position_rates, t.get("min_position_rates"), tau_minimum=tau_min,
-                     title=f"{verdict_word(report)}: tau {a.acceptance_length:.2f}"
-                     + (f" (min {tau_min:g})" if tau_min is not None else "") + f", speedup {a.speedup:.2f}x"
-                     + (" (unreliable: a busy machine)" if unreliable else "") + "; acceptance per draft position")
-
-
-def to_markdown(report: ValidationReport, image: str | None = None, curve: str | None = None,
-                outputs_curve: str | None = None) -> str:
-    """A Markdown report (a GitHub step summary, a PR comment): verdict, figures, the chart (`image`, a
-    path to the SVG beside the file, else the unicode bars; `curve`, `outputs_curve`: tau against context length's
-    and output position's), the failed
-    and warned checks, per-prompt table."""
-    verdict = verdict_word(report)
-    target = f" against `{report.target}`" if report.target else ""
-    lines = [f"## dflash-convert validate: {verdict}", "",
-             f"`{report.checkpoint or report.endpoint.url}`{target}, levels run: "
-             f"{', '.join(report.levels_run) or 'none'} "
-             f"({report.created_at})", "", f"**{verdict}** {_cell(verdict_text(report))}", ""]  # and why levels did not
-    a = report.acceptance
-    if a is not None and headline_k(report) is not None:
-        lines += [f"A K sweep: the figures below are the first K's (K="
-                  f"{report.per_num_speculative_tokens[0].num_speculative_tokens}); the chart shows every K, and the "
-                  "table after them every K's figures and the one recommended.", ""]
-    if a is not None:
-        t = report.thresholds()
-        lines += ["", "| tau (tokens per step) | speedup | outputs equal | prompts | block | max new tokens |",
-                  "|---|---|---|---|---|---|",
-                  f"| {a.acceptance_length:.2f}" + (f" (min {t['min_acceptance_length']})"
-                                                    if "min_acceptance_length" in t else "")
-                  + f" | {a.speedup:.2f}x" + (f" (min {t['min_speedup']})" if "min_speedup" in t else "")
-                  + f" | {'n/a (sampling)' if a.outputs_equal is None else f'{a.outputs_equal}/{a.prompts}'}"
-                  f" | {a.prompts} | {a.block_size} | {a.max_new_tokens} |", ""]
-        if a.sampling is not None:
-            lines += [_cell(sampling_line(a.sampling)), ""]
-        if image:
-            lines += [f"![acceptance per draft position]({image})", ""]
-        b = report.baseline
-        lines += ["Acceptance per draft position" + (" (`was`: the baseline's)" if b else "") + ":", "", "```text",
-                  *text_chart(b.rates if b else a.per_position_rates, t.get("min_position_rates"),
-                              baseline=b.baseline_rates if b else None), "```", ""]
-        if b is not None:
-            lines += baseline_markdown(b)
-        if a.vllm_counting is not None or report.engine_run is not None:
-            lines += counting_markdown(a, report.engine_run)
-    from dflash_convert.validate.breakdown import breakdown_markdown  # context length, output position, ...
-
-    lines += breakdown_markdown(report, curve, outputs_curve)
-    if report.endpoint is not None:
-        lines += ["```text", *endpoint_lines(report), "```", ""]
-    lines += per_k_markdown(report)
-    if report.prediction is not None:
-        lines += ["### Predicted on a GPU", "", *prediction_markdown(report.prediction), ""]
-    notable = [c for c in report.checks if c.status in ("fail", "warn")]
-    if notable:
-        lines += ["| check | level | status | message |", "|---|---|---|---|"]
-        lines += [f"| {c.name} | {c.level} | {c.status} | {_cell(c.message)} |" for c in notable]
-        lines.append("")
-    if a is not None and a.per_request_histogram:
-        lines += histogram_markdown(a)
-    if a is not None and a.per_prompt:
-        lines += ["<details><summary>Per prompt</summary>", "",
-                  "| prompt | prompt tokens | new tokens | steps | tau | output equal | steps by drafts accepted |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {p.prompt} | {p.prompt_tokens} | {p.new_tokens} | {p.steps} | {p.acceptance_length:.2f} | "
-                  f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} | "
-                  f"{' '.join(map(str, p.accepted_histogram))} |" for p in a.per_prompt]
-        lines += ["", "</details>", ""]
-    return "\n".join(lines)
-
-
-def per_k_markdown(report: ValidationReport) -> list[str]:
-    """The runs per num_speculative_tokens as a Markdown table, the expected speedup per K as bars (one chart
-    per concurrency measured) and the recommendation with the device its costs are from."""
-    rows = report.per_num_speculative_tokens
-    if len(rows) < 2:
-        return []
-    served = _served_version(rows)
-    lines = ["| num_speculative_tokens | block | tau | "
-             + ("tau as vLLM counts | " + served + " tau | " if served else "")
-             + "draft step | verify step | target step | expected speedup | measured speedup |",
-             "|---|---|---|" + ("---|---|" if served else "") + "---|---|---|---|---|"]
-    lines += [f"| {r.num_speculative_tokens} | {r.block_size} | {r.acceptance_length:.2f} | "
-              + (f"{_tau(r.vllm_counting)} | {_tau(r.engine_run and r.engine_run.counts)} | " if served else "")
-              + f"{r.draft_step_s * 1e3:.3f} ms | {r.verify_step_s * 1e3:.3f} ms | {r.target_step_s * 1e3:.3f} ms | "
-              f"{r.expected_speedup:.2f}x [{r.expected_speedup_range[0]:.2f}-{r.expected_speedup_range[1]:.2f}] | "
-              f"{r.measured_speedup:.2f}x |" for r in rows]
-    for rec in report.recommendation:
-        at = [(r.num_speculative_tokens, speedup_at(r, rec.concurrency)) for r in rows]
-        at = [(k, x) for k, x in at if x is not None]
-        top = max((x for _, x in at), default=0.0) or 1.0
-        batched = "" if rec.concurrency == 1 else (
-            f"; the target's steps timed at batch {rec.concurrency}, the draft's as {rec.concurrency} single-sequence "
-            "steps, an upper bound")
-        lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
-                  f"not transfer to another device{batched}):", "", "```text"]
-        lines += [f"K={k:<3} {bar(x / top, 40)} {x:.2f}x" for k, x in at]
-        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **num_speculative_tokens "
-                  f"{rec.num_speculative_tokens}** ({rec.expected_speedup:.2f}x, rounds "
-                  f"{rec.expected_speedup_range[0]:.2f}-{rec.expected_speedup_range[1]:.2f}x"
-                  + (f"; runner-up {rec.runner_up} at {rec.runner_up_speedup:.2f}x" if rec.runner_up else "")
-                  + ("" if rec.clear else ", within the rounds' spread") + ")."]
-    return lines + [""]
-
-
-def histogram_markdown(a: AcceptanceStats) -> list[str]:
-    """Prompts per tau band as a Markdown table with bars."""
-    most = max(a.per_request_histogram) or 1
-    last = len(a.per_request_histogram) - 1
-    lines = ["Per-request acceptance (prompts per tau band):", "", "| tau | prompts | |", "|---|---|---|"]
-    cells = [bar(n / most, 20).rstrip() for n in a.per_request_histogram]
-    lines += [f"| {i + 1}-{i + 2}{'' if i == last else ' (excl.)'} | {n} | {f'`{cell}`' if cell else ''} |"
-              for i, (n, cell) in enumerate(zip(a.per_request_histogram, cells))]
-    return lines + [""]
-
-
-def baseline_markdown(b: BaselineComparison) -> list[str]:
-    """The comparison with the baseline report as a Markdown table: both runs' figures, the allowed drops."""
-    verdict = "REGRESSED" if b.regressed else "no regression"
-    lines = [f"Against the baseline `{b.path}` ({b.created_at}, dflash-convert {b.tool_version}): **{verdict}**", "",
-             f"This run: {b.counted}, {b.num_drafts} draft steps; baseline: {b.baseline_counted}, "
-             f"{b.baseline_num_drafts} draft steps. Rule: {_cell(b.rule)}.", "",
-             "| figure | baseline | this run | drop | allowed drop |", "|---|---|---|---|---|",
-             f"| tau | {b.baseline_tau:.3f} | {b.tau:.3f} | {b.baseline_tau - b.tau:+.3f} | "
-             f"{b.tau_allowed_drop:.3f} |"]
-    lines += [f"| position {k + 1} | {x:.3f} | {y:.3f} | {x - y:+.3f} | {d:.3f} |"
-              for k, (x, y, d) in enumerate(zip(b.baseline_rates, b.rates, b.rates_allowed_drop))]
-    return lines + [""]
-
-
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
 def counting_rows(a: AcceptanceStats, engine: EngineStats | None) -> list[tuple[str, int, int, float, list[float]]]:
     """(counted how, drafts, accepted, tau, per-position rates): our figures both ways and the engine's own."""
     rows = [("runtime (last block shortened)", a.num_drafts, a.accepted, a.acceptance_length, a.per_position_rates)]
@@ -994,85 +645,5 @@ def engine_line(engine: EngineStats) -> str:
             f"tau +/- {engine.tolerance.get('tau')}")
 
 
-def _render_counting(a: AcceptanceStats, engine: EngineStats | None, console) -> None:
-    """Our figures both ways and the engine's own, side by side."""
-    from rich.table import Table
-
-    table = Table("counted", "drafts", "accepted", "tau", "per-position rates", title="acceptance, side by side",
-                  title_justify="left")
-    for name, drafts, accepted, tau, rates in counting_rows(a, engine):
-        table.add_row(name, str(drafts), str(accepted), f"{tau:.3f}", _short(rates, 200))
-    console.print(table)
-    if engine is not None:
-        console.print(engine_line(engine), markup=False)
-
-
-def counting_markdown(a: AcceptanceStats, engine: EngineStats | None) -> list[str]:
-    """The side-by-side table in Markdown, after a line on the engine run (when one ran)."""
-    lines = ([f"Served in real {engine.engine} {engine.version} (run by {engine.python}): "
-              f"{_cell(engine_line(engine))}.", ""] if engine is not None else [])
-    lines += ["Acceptance, side by side:", "", "| counted | drafts | accepted | tau | per-position rates |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {name} | {drafts} | {accepted} | {tau:.3f} | {_short(rates, 200)} |"
-              for name, drafts, accepted, tau, rates in counting_rows(a, engine)]
-    return lines + [""]
-
-
 def to_json(report: ValidationReport) -> dict[str, Any]:
     return report.model_dump(mode="json")
-
-
-def to_junit(report: ValidationReport) -> str:
-    """JUnit XML: one <testsuite> per level run, one <testcase> per check; a run stopped before its end (Ctrl-C)
-    adds an <error> testcase, so that CI never shows it green."""
-    n = report.counts()
-    stopped = report.incomplete is not None
-    root = ET.Element("testsuites", name="dflash-convert validate", tests=str(len(report.checks) + stopped),
-                      failures=str(n["fail"]), errors=str(int(stopped)), skipped=str(n["skip"]),
-                      time=f"{report.duration_s:.3f}")
-    if stopped:
-        _junit_error(root, "run_completed", f"{report.incomplete}: the checks below are what was measured until then",
-                     "Interrupted")
-    for level in LEVELS:
-        checks = [c for c in report.checks if c.level == level]
-        if not checks:
-            continue
-        suite = ET.SubElement(root, "testsuite", name=f"validate.{level}", tests=str(len(checks)),
-                              failures=str(sum(c.status == "fail" for c in checks)), errors="0",
-                              skipped=str(sum(c.status == "skip" for c in checks)))
-        props = ET.SubElement(suite, "properties")
-        ET.SubElement(props, "property", name="checkpoint", value=report.checkpoint or "")
-        if report.target:
-            ET.SubElement(props, "property", name="target", value=report.target)
-        if prompts_note(report):
-            ET.SubElement(props, "property", name="prompts", value=prompts_note(report))
-        for c in checks:
-            case = ET.SubElement(suite, "testcase", classname=f"dflash_convert.validate.run.{level}", name=c.name)
-            detail = f"value: {c.value!r}\nthreshold: {c.threshold!r}\n{c.message}"
-            if c.status == "fail":
-                ET.SubElement(case, "failure", message=c.message[:500], type="ValidationFailed").text = detail
-            elif c.status == "skip":
-                ET.SubElement(case, "skipped", message=c.message[:500])
-            else:
-                ET.SubElement(case, "system-out").text = ("warning: " if c.status == "warn" else "") + detail
-    return _xml(root)
-
-
-def junit_error(message: str, exit_code: int, duration_s: float = 0.0) -> str:
-    """JUnit XML of a run that ended in an error before it had a report (an endpoint refusing connections, a
-    checkpoint that cannot be read): one <error> testcase saying why, so that CI shows a failed test, not none."""
-    root = ET.Element("testsuites", name="dflash-convert validate", tests="1", failures="0", errors="1", skipped="0",
-                      time=f"{duration_s:.3f}")
-    _junit_error(root, "validate_ran", message, f"exit {exit_code}")
-    return _xml(root)
-
-
-def _junit_error(root: ET.Element, name: str, message: str, kind: str) -> None:
-    suite = ET.SubElement(root, "testsuite", name="validate.run", tests="1", failures="0", errors="1", skipped="0")
-    case = ET.SubElement(suite, "testcase", classname="dflash_convert.validate.run", name=name)
-    ET.SubElement(case, "error", message=message[:500], type=kind).text = message
-
-
-def _xml(root: ET.Element) -> str:
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -403,7 +403,8 @@ def test_validate_writes_the_markdown_report_and_the_step_summary(cli, tmp_path,
     assert "FAILED: tau " in svg and "below its minimum 0.99" in svg
     assert svg.count('fill="#d62728"') == text.count(" LOW") >= 1
     # an engine run is in the Markdown, with the side-by-side table the terminal shows
-    from dflash_convert.validate.report import EngineStats, ValidationReport, to_markdown
+    from dflash_convert.validate.report import EngineStats, ValidationReport
+    from dflash_convert.validate.report_markdown import to_markdown
 
     served = ValidationReport.model_validate(report)
     counts = {k: a[k] for k in ("num_drafts", "accepted", "acceptance_length", "per_position_rates")}
@@ -476,9 +477,9 @@ def test_the_verdict_line_names_the_levels_that_did_not_run(cli, monkeypatch):
 def test_a_long_list_of_rates_is_cut_between_numbers():
     """A failed position_rates row shows its value and threshold lists shortened: whole numbers and a count of
     the rest, never `0....` cut inside a number."""
-    from dflash_convert.validate.report import _short
+    from dflash_convert.validate.report import short
 
-    text = _short([0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25])
+    text = short([0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25])
     assert re.fullmatch(r"\[(\d\.\d\d, )+\+\d+ more\]", text) and len(text) <= 48, text
 
 

@@ -11,7 +11,8 @@ PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 def test_validate_predicts_on_the_named_gpus_from_its_measured_tau(cli, tmp_path):
     from dflash_convert.hub.card import model_card
     from dflash_convert.io.checkpoint import open_checkpoint
-    from dflash_convert.validate.report import ValidationReport, per_k_lines
+    from dflash_convert.validate.report import ValidationReport
+    from dflash_convert.validate.report_terminal import per_k_lines
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PAIR.joinpath("prompts.txt").read_text().splitlines()[:2]) + "\n")

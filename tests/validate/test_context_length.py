@@ -11,7 +11,8 @@ import typer
 from dflash_convert.validate.breakdown import (context_svg, context_windows, counts_of, half_tau_length,
                                                output_buckets)
 from dflash_convert.validate.options import ValidateOptions
-from dflash_convert.validate.report import SliceAcceptance, to_markdown
+from dflash_convert.validate.report import SliceAcceptance
+from dflash_convert.validate.report_markdown import to_markdown
 
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 

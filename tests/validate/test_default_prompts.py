@@ -9,7 +9,9 @@ from pathlib import Path
 
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.prompts import BUILTIN_RANDOM_NOTE
-from dflash_convert.validate.report import to_json, to_junit, to_markdown, verdict_text
+from dflash_convert.validate.report import to_json, verdict_text
+from dflash_convert.validate.report_junit import to_junit
+from dflash_convert.validate.report_markdown import to_markdown
 from dflash_convert.validate.run import validate
 
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"

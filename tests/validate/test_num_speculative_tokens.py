@@ -91,7 +91,7 @@ def test_spread_over_rounds_decides_whether_the_winner_is_clear():
 def test_markdown_and_model_card_carry_the_k_table_and_the_recommended_launch(sweep):
     from dflash_convert.hub.card import model_card
     from dflash_convert.io.checkpoint import open_checkpoint
-    from dflash_convert.validate.report import to_markdown
+    from dflash_convert.validate.report_markdown import to_markdown
 
     k = sweep.recommendation[0].num_speculative_tokens
     markdown = to_markdown(sweep)
@@ -197,7 +197,8 @@ def test_a_sweeps_headline_and_chart_show_the_recommended_k_and_every_k(sweep):
     neither the first K nor the last."""
     import xml.etree.ElementTree as ET
 
-    from dflash_convert.validate.report import acceptance_svg, verdict_text
+    from dflash_convert.validate.report import verdict_text
+    from dflash_convert.validate.report_markdown import acceptance_svg
 
     report = sweep.model_copy(deep=True)
     report.recommendation[0].num_speculative_tokens = 7

@@ -285,7 +285,8 @@ def test_cli_serves_each_k_in_one_vllm_process(cli, tmp_path):
     """--num-speculative-tokens 3,15: vLLM serves the draft at each K in one process, each K's counters against
     the emulation of that K counted as vLLM counts; each K's vLLM tau beside the runtime's (JSON, terminal,
     Markdown), equal to the emulation's where no decision sat near a tie."""
-    from dflash_convert.validate.report import ValidationReport, to_markdown
+    from dflash_convert.validate.report import ValidationReport
+    from dflash_convert.validate.report_markdown import to_markdown
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join((PAIR / "prompts.txt").read_text().splitlines()[:6]) + "\n")
