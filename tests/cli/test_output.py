@@ -509,9 +509,9 @@ def test_validate_help_groups_its_flags():
     from dflash_convert.validate.options import ValidateOptions
 
     r = run("validate", "-h", env={"COLUMNS": "80"})
-    headings = [line[:-1] for line in r.stdout.splitlines() if re.fullmatch(r"[A-Z][a-z ]+:", line)]
-    assert headings == ["Arguments", "Inputs", "Decoding", "Runtime", "Engine", "Live deployment", "Thresholds",
-                        "Reports"]
+    headings = [line[:-1] for line in r.stdout.splitlines() if re.fullmatch(r"[A-Z][A-Za-z ]+:", line)]
+    assert headings == ["Arguments", "Inputs", "Long contexts and outputs", "Decoding", "Runtime", "Engine",
+                        "Live deployment", "GPU prediction", "Thresholds", "Reports"]
     inputs = r.stdout.split("\nInputs:\n")[1].split("\n\n")[0]
     assert inputs.split()[:7] == ["-h,", "--help", "Show", "this", "message", "and", "exit."], inputs
     grouped = {n for names in ValidateOptions.HELP_PANELS.values() for n in names}
