@@ -720,8 +720,8 @@ def test_cross_engine_parting_is_judged_by_the_noise_measured_between_the_engine
 
     asked = []
 
-    def ours_top(i, k):
-        asked.append((i, k))
+    def ours_top(i, k, ids):
+        asked.append((i, k, ids))
         return ours_row
 
     checks, _ = served_checks(_engine_answer([90, 80, 70], top=_top(WIDE)), [[1, 2, 3], [4, 7]],
@@ -729,7 +729,7 @@ def test_cross_engine_parting_is_judged_by_the_noise_measured_between_the_engine
                               min_acceptance_length=None, min_position_rates=None, ours_top=ours_top)
     equal = next(c for c in checks if c.name == "engine_outputs_equal")
     assert (equal.status == "pass") is passes and says in equal.message, equal.message
-    assert asked == [(1, 1)]
+    assert asked == [(1, 1, [5, 7])]
 
 
 def test_paths_that_disagree_beyond_rounding_give_no_verdict():

@@ -53,8 +53,8 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
-from dflash_convert.validate.partings import (MANTISSA_BITS, MARGIN_ULPS, NOISE_CAP_RELATIVE, NOISE_CAP_ULPS, PathParting,
-                                           binade, ulp)
+from dflash_convert.validate.partings import (MANTISSA_BITS, MARGIN_ULPS, NOISE_CAP_RELATIVE, NOISE_CAP_ULPS,
+                                              PathParting, binade, ulp)
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.report import AcceptanceCounts, EngineStats, StepDecisions
 
@@ -503,11 +503,13 @@ def parting(base: list[int], other: list[int], top: list[dict[str, float]] | Non
 def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[int]],
                   top: list[list[dict[str, float]]] | None, dtype: str,
                   spec_top: list[list[dict[str, float]] | None] | None = None,
-                  ours_top: Callable[[int, int], dict[str, float] | None] | None = None) -> tuple[Check, int]:
+                  ours_top: Callable[[int, int, list[int]], dict[str, float] | None] | None = None
+                  ) -> tuple[Check, int]:
     """engine_outputs_equal: vLLM's speculative output, vLLM's target-only output and our target's greedy output
     per prompt, equal or parting first at a near-tie; and how many prompts are equal outright. `top`, `spec_top`:
-    the target-only and speculative runs' reported logits (Parting); `ours_top(i, k)`: our target's one-token
-    logits {token id: logit} for token k of prompt i after our output's tokens before it (None: not measured).
+    the target-only and speculative runs' reported logits (Parting); `ours_top(i, k, ids)`: our target's one-token
+    logits {token id: logit} of `ids` for token k of prompt i after our output's tokens before it (None: not
+    measured).
     A parting whose computations moved a logit beyond rounding: DFlashError (no verdict)."""
     n = len(ours)
     equal, ties, bad = 0, [], None
@@ -516,7 +518,8 @@ def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[
         ours_part = parting(base[i], ours[i], base_top, dtype)
         if ours_part is not None and not ours_part.near_tie and ours_part.other_logit is not None and ours_top:
             # measured only where the floor does not already decide: one teacher-forced pass of our target
-            ours_part = parting(base[i], ours[i], base_top, dtype, [None] * ours_part.at + [ours_top(i, ours_part.at)],
+            row = ours_top(i, ours_part.at, [ours_part.taken, ours_part.other])
+            ours_part = parting(base[i], ours[i], base_top, dtype, [None] * ours_part.at + [row],
                                 "our target's one-token decode")
         partings = [(p, side) for p, side in ((parting(base[i], spec[i], base_top, dtype, spec_top and spec_top[i],
                                                        "vLLM's speculative run (its verify block)"),
@@ -552,7 +555,7 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
                   min_position_rates: list[float] | None,
                   sampling: dict[str, Any] | None = None, steps: list[StepDecisions] | None = None,
                   emulated_dtypes: list[str] | None = None,
-                  ours_top: Callable[[int, int], dict[str, float] | None] | None = None
+                  ours_top: Callable[[int, int, list[int]], dict[str, float] | None] | None = None
                   ) -> tuple[list[Check], EngineStats]:
     """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting (`steps`:
     its verify decisions per prompt, run in `emulated_dtypes`, bfloat16 when not given). Greedy: outputs equal (or parting first at a
