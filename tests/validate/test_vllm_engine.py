@@ -1048,3 +1048,35 @@ def test_the_require_switch_fails_what_would_be_skipped(tmp_path, python, requir
     ran = "0 ran (0 passed, 0 failed), 1 could not run, 0 skipped" if require else \
         "0 ran (0 passed, 0 failed), 0 could not run, 1 skipped"
     assert f"real vLLM engine tests: {ran}, of 1 collected" in run.stdout, run.stdout[-3000:]
+
+
+def test_our_one_token_logits_are_the_targets_at_that_prefix_with_the_runs_penalties():
+    """The second computation of a parting from our output: our target's one-token decode after the prompt and our
+    output's tokens before the parting, penalized as the run penalizes (vLLM's processed logits are penalized), the
+    target loaded once on first use."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dflash_convert.validate.engine.level import OurOneTokenLogits
+    from dflash_convert.validate.report import SamplingUsed
+    from dflash_runtime import Penalties, load_target
+    from dflash_runtime.paths import one_token_logits
+
+    prompt = [int(t) for t in (PAIR / "prompts.txt").read_text().splitlines()[0].split()]
+    used = SamplingUsed(mode="greedy", temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.3,
+                        sources={})
+    said = []
+    prep = SimpleNamespace(target=SimpleNamespace(dir=PAIR / "target"), prompts=SimpleNamespace(ids=[[1], prompt]),
+                           opts=SimpleNamespace(max_new_tokens=8), sampling=used, say=said.append)
+    ours = OurOneTokenLogits(prep, "cpu", torch.float32)
+    with _restored_threads():
+        got = ours(1, [409, 399, 63], [63, 466])
+        again = ours(1, [409, 399], [399])
+        target = load_target(PAIR / "target", dtype=torch.float32)
+        want = one_token_logits(target, prompt, [409, 399, 63], max_new_tokens=8, penalties=Penalties(repetition=1.3))
+        plain = one_token_logits(target, prompt, [409, 399, 63], max_new_tokens=8)
+    assert got == {"63": float(want[2, 63]), "466": float(want[2, 466])}
+    assert again == {"399": float(want[1, 399])}
+    assert got["63"] != float(plain[2, 63])  # penalized: 63 is in the prompt
+    assert len(said) == 1 and "loading our target" in said[0]
