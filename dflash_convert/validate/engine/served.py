@@ -530,7 +530,8 @@ def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[
         if beyond is not None:
             raise DFlashError(f"cannot judge engine_outputs_equal: at prompt {i + 1}, "
                               f"{beyond.describe(beyond.second)}: the two computations of the target disagree by more "
-                              "than rounding, so this engine does not run this target exactly on this device and dtype")
+                              "than rounding, so they do not run this target alike on this device and dtype (no "
+                              "verdict on the draft)")
         if not partings:
             equal += 1
         elif all(p.near_tie for p, _ in partings):
