@@ -555,7 +555,8 @@ def _engine_level(prep: Prepared, found: Found) -> None:
     res = found.resources
     if prep.opts.engine_python is not None:
         checks, runs, why = vllm_level(prep, [(kr.stats, kr.outputs) for kr in found.per_k],
-                                       emulated_dtypes=[d for d in (res.draft_dtype_name, res.target_dtype_name) if d])
+                                       emulated_dtypes=[d for d in (res.draft_dtype_name, res.target_dtype_name) if d],
+                                       device=res.device, target_dtype=res.target_load_dtype)
         for i, (kr, k_checks, k_run) in enumerate(zip(found.per_k, checks, runs)):
             k_checks = activation_caveat(prep.ckpt, k_checks)  # a W8A8 draft: the runtime's activations are float
             found.checks += k_checks if i == 0 else _named_k(k_checks, len(kr.stats.per_position_rates))

@@ -415,6 +415,36 @@ def test_baseline_endpoint_outputs_judged_at_near_ties(server, tmp_path, cli, ot
                "speculative endpoint 8 (values 10 and 7: not a near-tie))" in message
 
 
+@pytest.mark.parametrize(("spec_token_3", "code", "says"), [
+    # the speculative server's verify row puts 8 an ulp over 7: its computation moved the gap 0.375 = 6 ulps
+    ({8: 9.875, 7: 9.75}, 0, "the speculative endpoint computes them 9.75 and 9.875: the computations moved the gap "
+     "by 0.375 = 6.0 ulps"),
+    # its row computes them as the baseline did: it took 8 where its own logits put 7 4 ulps above
+    ({7: 10.0, 8: 9.75}, 3, "the computations moved the gap by 0 = 0.0 ulps (largest logit move 0): not a near-tie"),
+    # no candidates from the speculative server: nothing measured, and 4 ulps are over the 2-ulp floor
+    (None, 3, "(values 10 and 9.75: not a near-tie)"),
+    # log-probabilities (a server without --logprobs-mode processed_logits): not measured, the floor alone
+    ({8: -0.5, 7: -0.75}, 3, "(values 10 and 9.75: not a near-tie)"),
+])
+def test_baseline_parting_judged_by_the_servers_measured_noise(server, tmp_path, cli, spec_token_3, code, says):
+    """Outputs parting at token 3, 4 bf16 ulps apart by the baseline's logits (wider than the 2-ulp floor): a
+    near-tie where the speculative server's own reported logits moved the gap that far; a failure where they did
+    not, or where nothing was measured. A fixed 2-ulp rule fails the first case."""
+    spec_tops = None if spec_token_3 is None else [{5: 10.0}, {6: 10.0}, spec_token_3, {9: 10.0}]
+    spec = vllm_completion([0, 3], tokens=[5, 6, 8, 9])
+    server.answer("/v1/completions", Canned(body=_with_top(spec, spec_tops) if spec_tops else spec))
+    with FakeEndpoint() as plain:
+        plain.answer("/v1/models", Canned(body=models("m")))
+        tops = [{5: 10.0}, {6: 10.0}, {7: 10.0, 8: 9.75}, {9: 10.0}]
+        plain.answer("/v1/completions", Canned(body=_with_top(plain_completion([5, 6, 7, 9]), tops)))
+        r = cli("validate", "--endpoint", server.url, "--baseline-endpoint", plain.url, "--prompts",
+                _ids_prompts(tmp_path, n=1), "--sampling", "greedy", "--json")
+    assert r.code == code, r.err
+    b = r.json()["endpoint"]["baseline_endpoint"]
+    message = b["near_ties"][0] if code == 0 else r.failed_checks()["endpoint_outputs_equal"]
+    assert "token 3: the baseline took 7, the speculative endpoint 8" in message and says in message, message
+
+
 def test_ctrl_c_cancels_in_flight_requests(server, tmp_path):
     """Ctrl-C while requests hang on the server: exit 130 at once (nothing waits for their answers)."""
     import os

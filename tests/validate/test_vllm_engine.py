@@ -533,12 +533,14 @@ def _decisions(*prompts):
                           next_margin=[gap(n) for _, _, n in p]) for p in prompts]
 
 
-def _greedy_agreement(engine_steps, decisions):
+def _greedy_agreement(engine_steps, decisions, *, base_top=None, spec_top=None):
     from dflash_convert.validate.engine.served import served_checks
 
-    answer = _engine_answer([90, 80, 70])
+    answer = _engine_answer([90, 80, 70], spec=[[1, 2], [4]], base=[[1, 2], [4]], top=base_top)
     answer["drafts"][0]["steps"] = engine_steps
-    checks, stats = served_checks(answer, [[1, 2, 3], [4, 5]], _emulated([90, 80, 70]), block=4, engine_args={},
+    if spec_top is not None:
+        answer["drafts"][0]["top_logits"] = spec_top
+    checks, stats = served_checks(answer, [[1, 2], [4]], _emulated([90, 80, 70]), block=4, engine_args={},
                                   python="py", min_acceptance_length=None, min_position_rates=None, steps=decisions,
                                   emulated_dtypes=["bfloat16"])
     return next(c for c in checks if c.name == "engine_acceptance_agrees"), stats.tolerance
@@ -650,10 +652,11 @@ def _top(second: dict[str, float]) -> list:
     ([[1, 2, 3], [4, 7]], None, {"5": 24.23, "7": 24.125}, True, "vLLM's speculative run 7, a near-tie"),
     # 0.3 apart: more than 2 ulps, so a real difference, named with both logits
     (None, [[1, 2, 3], [4, 7]], {"5": 24.43, "7": 24.125}, False, "prompt 2: vLLM's target-only output is not our "
-     "target's greedy output (token 2: vLLM's target-only run took 5, our target 7 (logits 24.43 and 24.12: not a "
-     "near-tie))"),
+     "target's greedy output (token 2: vLLM's target-only run took 5, our target 7 (logits 24.43 and 24.12; the "
+     "other run did not report both tokens' logits: nothing measured: not a near-tie))"),
     # vLLM took a token 0.5 below the other one (its greedy pick against its own logits): no tie either
-    (None, [[1, 2, 3], [4, 7]], {"5": 24.23, "7": 24.73}, False, "(logits 24.23 and 24.73: not a near-tie)"),
+    (None, [[1, 2, 3], [4, 7]], {"5": 24.23, "7": 24.73}, False, "(logits 24.23 and 24.73; the other run did not "
+     "report both tokens' logits: nothing measured: not a near-tie)"),
     # the other token is not among vLLM's top candidates at all
     (None, [[1, 2, 3], [4, 7]], {"5": 24.23}, False, "(token 2: vLLM's target-only run took 5, our target 7)"),
 ])
@@ -670,6 +673,105 @@ def test_greedy_outputs_may_part_only_at_a_near_tie(spec, ours, second, passes, 
     assert stats.outputs_equal == 1 and equal.value == "1/2"
 
 
+# prompt 2's token 2 as vLLM's target-only run computes it: 5 at 24.5, 7 at 24.125, 3 bf16 ulps apart (one ulp
+# at 24 is 0.125): wider than the 2-ulp floor
+WIDE = {"5": 24.5, "7": 24.125}
+
+
+@pytest.mark.parametrize("spec_row, passes, says", [
+    # the speculative run's verify block computes 5 at 24.125 and 7 at 24.25: its own rounding put 7 on top
+    ({"5": 24.125, "7": 24.25}, True, "vLLM's speculative run 7, a near-tie (logits 24.5 and 24.12; vLLM's "
+     "speculative run (its verify block) computes them 24.12 and 24.25: the computations moved the gap by 0.5 = "
+     "4.0 ulps (largest logit move 0.375): the gap within that noise + 1 ulp)"),
+    # the verify block computes them as the one-token decode did: the run took 7 where its own logits put 5
+    # 3 ulps above it (a token accepted against the target's argmax): not explained by rounding
+    ({"5": 24.5, "7": 24.125}, False, "vLLM's speculative and target-only outputs differ (token 2: vLLM's "
+     "target-only run took 5, vLLM's speculative run 7 (logits 24.5 and 24.12; vLLM's speculative run (its verify "
+     "block) computes them 24.5 and 24.12: the computations moved the gap by 0 = 0.0 ulps"),
+    # the speculative run's logits do not name the token not taken: nothing measured, and 3 ulps are over the floor
+    ({"7": 24.25}, False, "did not report both tokens' logits: nothing measured: not a near-tie"),
+])
+def test_speculative_parting_is_judged_by_vllms_own_measured_noise(spec_row, passes, says):
+    """vLLM's speculative output parting from its target-only output 3 ulps apart (wider than the 2-ulp floor):
+    a near-tie where the speculative run's own reported logits (its verify block) moved the gap that far, a
+    failure where they did not move it or were not reported. A fixed 2-ulp rule fails the first case."""
+    from dflash_convert.validate.engine.served import served_checks
+
+    answer = _engine_answer([90, 80, 70], spec=[[1, 2, 3], [4, 7]], top=_top(WIDE))
+    answer["drafts"][0]["top_logits"] = [_top(WIDE)[0], [{"4": 24.0}, spec_row]]
+    checks, _ = served_checks(answer, [[1, 2, 3], [4, 5]], _emulated([90, 80, 70]), block=4, engine_args={},
+                              python="py", min_acceptance_length=None, min_position_rates=None)
+    equal = next(c for c in checks if c.name == "engine_outputs_equal")
+    assert (equal.status == "pass") is passes and says in equal.message, equal.message
+
+
+@pytest.mark.parametrize("ours_row, passes, says", [
+    # our target's one-token decode at the same prefix puts 7 at 24.375 over 5 at 24.25: a move of 0.25
+    ({"5": 24.25, "7": 24.375}, True, "our target 7, a near-tie (logits 24.5 and 24.12; our target's one-token "
+     "decode computes them 24.25 and 24.38"),
+    # our target computes them as vLLM did: our greedy output took 7 against its own logits
+    ({"5": 24.5, "7": 24.125}, False, "vLLM's target-only output is not our target's greedy output"),
+    # not measured (no target to ask): the floor alone, and 3 ulps are over it
+    (None, False, "nothing measured: not a near-tie"),
+])
+def test_cross_engine_parting_is_judged_by_the_noise_measured_between_the_engines(ours_row, passes, says):
+    """vLLM's target-only output parting from our target's greedy output 3 ulps apart: judged by our target's
+    one-token logits at the same prefix against vLLM's (the noise between the two engines), asked only there."""
+    from dflash_convert.validate.engine.served import served_checks
+
+    asked = []
+
+    def ours_top(i, k, ids):
+        asked.append((i, k, ids))
+        return ours_row
+
+    checks, _ = served_checks(_engine_answer([90, 80, 70], top=_top(WIDE)), [[1, 2, 3], [4, 7]],
+                              _emulated([90, 80, 70]), block=4, engine_args={}, python="py",
+                              min_acceptance_length=None, min_position_rates=None, ours_top=ours_top)
+    equal = next(c for c in checks if c.name == "engine_outputs_equal")
+    assert (equal.status == "pass") is passes and says in equal.message, equal.message
+    assert asked == [(1, 1, [5, 7])]
+
+
+def test_paths_that_disagree_beyond_rounding_give_no_verdict():
+    """vLLM's two computations of the target moving a logit by 16 at 24 (128 bf16 ulps, past rounding's cap): the
+    engine does not run this target exactly, said as an error (exit 1), not a verdict on the draft."""
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.validate.engine.served import served_checks
+
+    answer = _engine_answer([90, 80, 70], spec=[[1, 2, 3], [4, 7]], top=_top(WIDE))
+    answer["drafts"][0]["top_logits"] = [_top(WIDE)[0], [{"4": 24.0}, {"5": 8.5, "7": 24.125}]]
+    with pytest.raises(DFlashError, match="disagree by more than rounding"):
+        served_checks(answer, [[1, 2, 3], [4, 5]], _emulated([90, 80, 70]), block=4, engine_args={}, python="py",
+                      min_acceptance_length=None, min_position_rates=None)
+
+
+def test_the_count_tie_bound_is_the_measured_noise_above_its_floor():
+    """The step comparison's tie bound: the largest logit move measured between vLLM's target-only and
+    speculative runs over their common prefix, never under 4 ulps nor over rounding's cap; the check names it.
+    A decision 6 ulps from another outcome is compared under the floor (and differs: a failure) and is a stop at
+    a near-tie where the runs' logits moved 8 ulps."""
+    from dflash_convert.validate.engine.served import acceptance_tie, measured_noise
+
+    rows = [[{"1": 16.0, "9": 15.0}, {"2": 16.0}], [{"4": 16.0}]]
+    moved = [[{"1": 16.0, "9": 16.0 - 1 + 1.0}, {"2": 16.0}], [{"4": 16.0}]]  # token 9 moved by 1.0 = 8 ulps at 16
+    assert measured_noise([[1, 2], [4]], rows, [[1, 2], [4]], moved) == 1.0 / 16
+    assert measured_noise([[1, 2], [4]], rows, [[1, 3], [4]], None) is None
+    # rows after the outputs part are not the same function: not measured
+    assert measured_noise([[9, 2], [4]], moved, [[1, 2], [4]], rows) == 0.0
+    assert acceptance_tie(["bfloat16"], 1.0 / 16) == (8 * BF16_ULP, "bfloat16")
+    assert acceptance_tie(["bfloat16"], 0.001) == (4 * BF16_ULP, "bfloat16")  # the floor
+    assert acceptance_tie(["bfloat16"], 3.0) == (64 * BF16_ULP, "bfloat16")  # the cap: not rounding
+    engine_steps, decisions = [[1], [2]], _decisions([(0, 6, 6)], [(2, 128, 128)])
+    agrees, tolerance = _greedy_agreement(engine_steps, decisions)
+    assert agrees.status == "fail" and "within 4 bfloat16 ulps (no logit move measured" in agrees.message
+    agrees, tolerance = _greedy_agreement(engine_steps, decisions, spec_top=moved, base_top=rows)
+    assert agrees.status == "pass" and "1 stop at a near-tie (prompt 1 step 1)" in agrees.message
+    assert "within 8 bfloat16 ulps (the largest logit move measured between vLLM's " \
+        "target-only and speculative runs 0.0625 of the row's binade = 8.0 ulps" in agrees.message, agrees.message
+    assert tolerance["tie_ulps"] == 8 and tolerance["measured_noise"] == 0.0625
+
+
 def test_a_float32_served_answer_is_judged_in_float32():
     """The near-tie is judged in the dtype vLLM served (engine_config.dtype), not bf16 always: 24.23 and 24.125
     are within 2 bf16 ulps (0.25) but 2 float32 ulps at 24 are 4e-6, so parting there is a real difference."""
@@ -680,7 +782,7 @@ def test_a_float32_served_answer_is_judged_in_float32():
     checks, _ = served_checks(answer, [[1, 2, 3], [4, 7]], _emulated([90, 80, 70]), block=4, engine_args={},
                               python="py", min_acceptance_length=None, min_position_rates=None)
     equal = next(c for c in checks if c.name == "engine_outputs_equal")
-    assert equal.status == "fail" and "(logits 24.23 and 24.12: not a near-tie)" in equal.message, equal.message
+    assert equal.status == "fail" and "(logits 24.23 and 24.12; " in equal.message, equal.message
 
 
 def test_tie_tolerance_is_two_ulps_of_the_served_dtype():
@@ -708,6 +810,11 @@ def test_cli_compares_penalized_runs_with_vllm(cli):
     assert run["sampling"] == {"temperature": 0.0, "repetition_penalty": 1.3}
     assert run["outputs_equal"] == 16 or "near-tie" in checks["engine_outputs_equal"]["message"]
     assert run["tolerance"]["mode"] == "greedy" and run["tolerance"]["steps_compared"] > 0, run["tolerance"]
+    # vLLM reported the speculative run's processed logits too, so its two computations were measured against
+    # each other (0.32 CPU in bf16: no logit moved, and the bound stays at its floor)
+    assert run["tolerance"]["measured_noise"] is not None, run["tolerance"]
+    assert "the largest logit move measured between vLLM's target-only and speculative runs" in \
+        checks["engine_acceptance_agrees"]["message"]
 
 
 # ----------------------------------------------------------------------------- sampled runs, parallel layouts
@@ -892,8 +999,8 @@ def test_greedy_comparison_is_recorded_with_its_rule_and_figures():
     steps were compared, how many prompts to their end and how many steps were left after a near-tie."""
     _, tolerance = _greedy_agreement([[3, 1], [2, 2]], _decisions([(3, 128, 128), (1, 128, 128)],
                                                                   [(2, 128, 1), (2, 128, 128)]))
-    assert tolerance == {"mode": "greedy", "tie_ulps": 4, "dtype": "bfloat16", "steps_compared": 3,
-                         "prompts_whole": 1, "steps_not_compared": 1}
+    assert tolerance == {"mode": "greedy", "tie_ulps": 4, "dtype": "bfloat16", "measured_noise": None,
+                         "steps_compared": 3, "prompts_whole": 1, "steps_not_compared": 1}
 
 
 def test_broken_sampler_answer_is_a_one_line_error_not_a_verdict():
@@ -947,3 +1054,35 @@ def test_the_require_switch_fails_what_would_be_skipped(tmp_path, python, requir
     ran = "0 ran (0 passed, 0 failed), 1 could not run, 0 skipped" if require else \
         "0 ran (0 passed, 0 failed), 0 could not run, 1 skipped"
     assert f"real vLLM engine tests: {ran}, of 1 collected" in run.stdout, run.stdout[-3000:]
+
+
+def test_our_one_token_logits_are_the_targets_at_that_prefix_with_the_runs_penalties():
+    """The second computation of a parting from our output: our target's one-token decode after the prompt and our
+    output's tokens before the parting, penalized as the run penalizes (vLLM's processed logits are penalized), the
+    target loaded once on first use."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dflash_convert.validate.engine.level import OurOneTokenLogits
+    from dflash_convert.validate.report import SamplingUsed
+    from dflash_runtime import Penalties, load_target
+    from dflash_runtime.paths import one_token_logits
+
+    prompt = [int(t) for t in (PAIR / "prompts.txt").read_text().splitlines()[0].split()]
+    used = SamplingUsed(mode="greedy", temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.3,
+                        sources={})
+    said = []
+    prep = SimpleNamespace(target=SimpleNamespace(dir=PAIR / "target"), prompts=SimpleNamespace(ids=[[1], prompt]),
+                           opts=SimpleNamespace(max_new_tokens=8), sampling=used, say=said.append)
+    ours = OurOneTokenLogits(prep, "cpu", torch.float32)
+    with _restored_threads():
+        got = ours(1, [409, 399, 63], [63, 466])
+        again = ours(1, [409, 399], [399])
+        target = load_target(PAIR / "target", dtype=torch.float32)
+        want = one_token_logits(target, prompt, [409, 399, 63], max_new_tokens=8, penalties=Penalties(repetition=1.3))
+        plain = one_token_logits(target, prompt, [409, 399, 63], max_new_tokens=8)
+    assert got == {"63": float(want[2, 63]), "466": float(want[2, 466])}
+    assert again == {"399": float(want[1, 399])}
+    assert got["63"] != float(plain[2, 63])  # penalized: 63 is in the prompt
+    assert len(said) == 1 and "loading our target" in said[0]

@@ -2,10 +2,15 @@
 
 Outputs (greedy only: samples of two servers' random streams are not compared): each prompt's output token ids
 from both servers, equal, or parting first at a near-tie, judged as the in-process engine check judges it
-(served.parting: the token not taken within TIE_ULPS units in the last place of the one the baseline took, by
-the baseline's top candidates). The candidates' values are what the server reports per token: its logits when
-started with `--logprobs-mode processed_logits` (the in-process check's values), log-probabilities otherwise;
-a log-probability is near 0, so its units in the last place are smaller and the judgement stricter.
+(served.parting): both servers are asked for their top candidates per token, and the speculative server's come
+from the verify rows its tokens were taken from, so where the outputs part the two servers' computations of the
+target are measured against each other (validate.partings: a near-tie where the gap in the baseline is within
+how far the speculative server's computation moved it; a move beyond rounding gives no verdict, exit 1), with
+the floor of TIE_ULPS units in the last place of the baseline's pick for a parting nothing measured. The
+candidates' values are what the server reports per token: its logits when started with `--logprobs-mode
+processed_logits` (the in-process check's values), log-probabilities otherwise. Log-probabilities are not
+measured (their units in the last place are those of values near 0, not of the logits the servers rounded): the
+floor alone judges them, and it is stricter there.
 
 Speed: both endpoints get every prompt in `timing_rounds` interleaved rounds (speculative first in even rounds,
 the baseline first in odd ones), at the same concurrency; tokens/s over all rounds, the speedup of each round as
@@ -80,6 +85,7 @@ def _speed(url: str, model: str, prompts: int, spec_runs, base_runs) -> Endpoint
 
 def outputs_check(spec: list[Reply], base: list[Reply]) -> tuple[Check, int, list[str]]:
     """endpoint_outputs_equal: each prompt's greedy output from both servers, equal or parting at a near-tie."""
+    from dflash_convert.errors import DFlashError
     from dflash_convert.validate.engine.served import parting
 
     equal, ties, bad = 0, [], None
@@ -89,7 +95,12 @@ def outputs_check(spec: list[Reply], base: list[Reply]) -> tuple[Check, int, lis
             if s.text != b.text and bad is None:
                 bad = f"prompt {s.sent.index + 1}: the outputs' texts differ (no token ids to say where)"
             continue
-        part = parting(b.output_ids, s.output_ids, b.top, "bfloat16")
+        part = parting(b.output_ids, s.output_ids, b.top, "bfloat16", s.top, "the speculative endpoint")
+        if part is not None and not _logits(part):  # log-probabilities: the floor alone (see the module)
+            part = parting(b.output_ids, s.output_ids, b.top, "bfloat16")
+        if part is not None and part.beyond_rounding:
+            raise DFlashError(f"cannot judge endpoint_outputs_equal: at prompt {s.sent.index + 1}, {_describe(part)}: "
+                              "the two servers' computations of the target disagree by more than rounding")
         if part is None:
             equal += 1
         elif part.near_tie:
@@ -107,9 +118,15 @@ def outputs_check(spec: list[Reply], base: list[Reply]) -> tuple[Check, int, lis
     return check, equal, ties
 
 
+def _logits(part) -> bool:
+    """Whether the values the servers reported at a parting are logits (a log-probability is never above 0)."""
+    return all(v is not None and v > 0 for v in (part.taken_logit, part.second_taken))
+
+
 def _describe(part) -> str:
     where = f"token {part.at + 1}: the baseline took {part.taken}, the speculative endpoint {part.other}"
     if part.taken_logit is None or part.other_logit is None:
         return where + " (not among the baseline's top candidates)"
     kind = "a near-tie" if part.near_tie else "not a near-tie"
-    return f"{where} (values {part.taken_logit:.4g} and {part.other_logit:.4g}: {kind})"
+    measured = part.measured_words() if part.path.measured else ""
+    return f"{where} (values {part.taken_logit:.4g} and {part.other_logit:.4g}{measured}: {kind})"

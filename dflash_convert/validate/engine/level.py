@@ -26,9 +26,11 @@ from dflash_convert.validate.static import Check
 
 
 def vllm_level(prep: Prepared, per_k: list[tuple[AcceptanceStats, list[list[int]]]], *,
-               emulated_dtypes: list[str]) -> tuple[list[list[Check]], list[EngineStats], str | None]:
+               emulated_dtypes: list[str], device: str = "cpu", target_dtype: Any = None
+               ) -> tuple[list[list[Check]], list[EngineStats], str | None]:
     """(each K's checks, each K's run in vLLM, None) for the (figures, our outputs) of each K; ([], [], why)
-    where vLLM cannot serve the draft here."""
+    where vLLM cannot serve the draft here. Our target (on `device`, in `target_dtype`) is loaded again only where
+    vLLM's target-only output parts from ours beyond the floor, to measure the two engines' noise there."""
     opts, spec = prep.opts, prep.ckpt.spec
     python = served.engine_python(opts.engine_python)
     refused = engine_views.vllm_cannot_serve_here(spec)
@@ -47,9 +49,11 @@ def vllm_level(prep: Prepared, per_k: list[tuple[AcceptanceStats, list[list[int]
     answer = served.run_vllm(request, python=python, timeout_s=opts.engine_timeout,
                              kv_cache_gib=opts.engine_kv_cache_gib, say=prep.say)
     checks, runs = [], []
+    ours = OurOneTokenLogits(prep, device, target_dtype)
     for (stats, outputs), engine_run in zip(per_k, answer["drafts"]):
         k_checks, k_run = _vllm_k(prep, {**answer, "drafts": [engine_run]}, stats, outputs, request, python,
-                                  several=len(per_k) > 1, emulated_dtypes=emulated_dtypes)
+                                  several=len(per_k) > 1, emulated_dtypes=emulated_dtypes,
+                                  ours_top=lambda i, k, ids, outputs=outputs: ours(i, outputs[i][:k + 1], ids))
         checks.append(k_checks)
         runs.append(k_run)
     return checks, runs, None
@@ -57,18 +61,44 @@ def vllm_level(prep: Prepared, per_k: list[tuple[AcceptanceStats, list[list[int]
 
 def _vllm_k(prep: Prepared, answer: dict[str, Any], stats: AcceptanceStats, outputs: list[list[int]],
             request: served.EngineRequest, python: str, *, several: bool,
-            emulated_dtypes: list[str]) -> tuple[list[Check], EngineStats]:
+            emulated_dtypes: list[str], ours_top=None) -> tuple[list[Check], EngineStats]:
     """vLLM's run of one K (`answer` holds that draft's run alone) against the emulation of that K."""
     opts = prep.opts
     checks, engine_run = served.served_checks(
         answer, outputs, stats.vllm_counting, block=stats.block_size, engine_args=opts.engine_args, python=python,
         min_acceptance_length=opts.min_acceptance_length, min_position_rates=opts.min_position_rates,
-        sampling=request.sampling, steps=stats.vllm_steps, emulated_dtypes=emulated_dtypes)
+        sampling=request.sampling, steps=stats.vllm_steps, emulated_dtypes=emulated_dtypes, ours_top=ours_top)
     equal = engine_run.outputs_equal
     k = f" at num_speculative_tokens {len(stats.per_position_rates)}" if several else ""
     prep.say(f"engine: vLLM {engine_run.version}{k}: tau {engine_run.counts.acceptance_length:.3f}, "
              + (f"outputs equal on {equal}/{engine_run.prompts} prompts" if equal is not None else "sampled"))
     return checks, engine_run
+
+
+class OurOneTokenLogits:
+    """Our target's one-token decode logits (dflash_runtime.paths) at a token of our output, the second computation
+    where vLLM's target-only output parts from ours (served.outputs_check); the target is loaded on first use."""
+
+    def __init__(self, prep: Prepared, device: str, dtype: Any):
+        self.prep, self.device, self.dtype, self.target = prep, device, dtype, None
+
+    def __call__(self, i: int, tokens: list[int], ids: list[int]) -> dict[str, float]:
+        """{token id: logit} of `ids` for the last of `tokens`, prompt i's output up to it."""
+        import torch
+
+        from dflash_convert.validate.sampling import runtime_sampling
+        from dflash_runtime import load_target
+        from dflash_runtime.paths import one_token_logits
+
+        if self.target is None:
+            self.prep.say("engine: loading our target to measure where vLLM's target-only output parts from ours")
+            with no_library_bar():
+                self.target = load_target(self.prep.target.dir, device=self.device,
+                                          dtype=self.dtype if self.dtype is not None else torch.float32)
+        penalties = runtime_sampling(self.prep.sampling).penalties
+        row = one_token_logits(self.target, self.prep.prompts.ids[i], tokens,
+                               max_new_tokens=self.prep.opts.max_new_tokens, penalties=penalties)[-1]
+        return {str(t): float(row[t]) for t in ids}
 
 
 def transformers_level(prep: Prepared, *, draft: Any, dtype: Any,

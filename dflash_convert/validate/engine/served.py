@@ -9,15 +9,26 @@ vLLM counts acceptance over full blocks: it always drafts block - 1 tokens and c
 max_tokens, where our loop shortens the last block. Its figures are compared with the emulation
 counted the same way (`full_last_block`).
 
-Greedy, the outputs: equal, or differing first at a near-tie: where two greedy outputs part, the token not
-taken is within TIE_ULPS units in the last place (of the dtype vLLM served in) of the one vLLM's target-only
-run took, by the processed logits that run reports. Kernels that round one ulp apart pick either (seen with
-vLLM 0.32 CPU in bf16, where a repetition penalty brought a penalized and an unpenalized logit within one ulp).
+Greedy, the outputs: equal, or differing first at a near-tie. vLLM's target-only run takes each token from a
+one-token decode, its speculative run from a row of a verify block: two computations of the same function, whose
+kernels round differently. Both runs report their processed logits (vLLM's rejection sampler reports the rows
+its tokens came from), so where the two outputs part, the parting is judged by the noise measured between
+vLLM's own two computations there (validate.partings.PathParting, the rule the runtime's greedy_output_equal
+applies to its own two paths): a near-tie where the gap of the two tokens in the target-only run is within how
+far the speculative run's computation moved it, plus a margin; paths that moved a logit beyond rounding give
+no verdict (exit 1). Where vLLM's target-only output parts from our target's greedy output, the second
+computation is our target's one-token decode at the same prefix (`ours_top`, when the caller measured it).
+Under both rules lies a floor: a gap within TIE_ULPS units in the last place (of the dtype vLLM served in) is a
+near-tie with nothing measured (seen with vLLM 0.32 CPU in bf16, where a repetition penalty brought a penalized
+and an unpenalized logit within one ulp); nothing wider passes unmeasured.
 
 Greedy, the counts: step by step, where they are defined (`compare_steps`). vLLM lists each request's accepted
 count per verify step; the emulation records how near each of its decisions sat to another outcome
 (dflash_runtime.ties). Each prompt is compared step by step, exactly, up to its first step whose decision sat
-within ACCEPTANCE_TIE_ULPS of another outcome (in the coarser of the two runs' dtypes): there, other kernels may
+within the tie bound of another outcome: the largest logit move measured between vLLM's two computations of the
+target's rows (`measured_noise`: its target-only and speculative runs' logits over each prompt's common prefix),
+never less than ACCEPTANCE_TIE_ULPS ulps of the coarser of the two runs' dtypes (the floor, also the bound where
+nothing was measured) and never more than rounding's cap (validate.partings). There, other kernels may
 take the other outcome, and every later step of that prompt follows from it. Any difference before that is the
 draft served otherwise than emulated; the steps after are not compared, and the check says how many. A fixed
 tolerance on the totals held on one machine's kernels and failed on another's (low-confidence drafts, penalized
@@ -42,7 +53,8 @@ from typing import Any, Callable
 
 from dflash_convert.errors import DFlashError, Interrupted, UsageError
 from dflash_convert.io.staging import STOP_SIGNALS
-from dflash_convert.validate.partings import MANTISSA_BITS, ulp
+from dflash_convert.validate.partings import (MANTISSA_BITS, MARGIN_ULPS, NOISE_CAP_RELATIVE, NOISE_CAP_ULPS,
+                                              PathParting, binade, ulp)
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.report import AcceptanceCounts, EngineStats, StepDecisions
 
@@ -51,9 +63,12 @@ ENGINE_TAU_TOLERANCE = 0.02  # sampled: the least tolerance on tau, relative (ne
 ENGINE_RATE_TOLERANCE = 0.02  # sampled: the least tolerance per draft position, absolute
 SAMPLED_ALPHA = 0.01  # sampled: chance that agreeing runs fail the check, split over tau and the positions
 LOG_TAIL = 2000  # characters of the engine's stderr kept for an error message
-TIE_ULPS = 2  # greedy outputs: a token within this many units in the last place of the top logit is a near-tie
-# greedy counts: a decision within this many ulps of another outcome is a near-tie. More than for the outputs:
-# the draft's logits come through layers whose kernels differ between engines, not from the target's last row.
+# greedy outputs: the floor: a token within this many units in the last place of the top logit is a near-tie even
+# where no second computation was measured (above it, only the measured noise makes a near-tie)
+TIE_ULPS = 2
+# greedy counts: the floor of the tie bound: a decision within this many ulps of another outcome is a near-tie
+# whatever was measured. More than for the outputs: the draft's logits come through layers whose kernels differ
+# between engines, not from the target's last row.
 ACCEPTANCE_TIE_ULPS = 4
 
 
@@ -224,12 +239,39 @@ def sampled_agreement(counts: AcceptanceCounts, emulated: AcceptanceCounts) -> t
     return agrees, detail, {"mode": "sampled", "tau": round(tau_tol, 4), "per_position": rate_tols, "z": z}
 
 
-def acceptance_tie(dtypes: list[str]) -> tuple[float, str]:
-    """(ACCEPTANCE_TIE_ULPS in dflash_runtime.ties' relative units, the dtype they are ulps of): the coarsest of
-    `dtypes` (the runs' dtypes), bfloat16 for one not known."""
+def acceptance_tie(dtypes: list[str], measured: float | None = None) -> tuple[float, str]:
+    """(the tie bound in dflash_runtime.ties' relative units, the dtype its ulps are of): the coarsest of `dtypes`
+    (the runs' dtypes), bfloat16 for one not known. The bound is the `measured` noise (relative units, see
+    measured_noise), at least ACCEPTANCE_TIE_ULPS ulps (the floor; the bound where nothing was measured) and at
+    most rounding's cap (validate.partings: larger moves are not rounding, and must not widen the bound)."""
     dtype = min(dtypes, key=lambda d: MANTISSA_BITS.get(d, MANTISSA_BITS["bfloat16"]))
     bits = MANTISSA_BITS.get(dtype, MANTISSA_BITS["bfloat16"])
-    return ACCEPTANCE_TIE_ULPS * 2.0 ** -bits, dtype if dtype in MANTISSA_BITS else "bfloat16"
+    floor = ACCEPTANCE_TIE_ULPS * 2.0 ** -bits
+    cap = max(NOISE_CAP_ULPS * 2.0 ** -bits, NOISE_CAP_RELATIVE)
+    gap = floor if measured is None else max(floor, min(measured, cap))
+    return gap, dtype if dtype in MANTISSA_BITS else "bfloat16"
+
+
+def measured_noise(base: list[list[int]], base_top: list | None, spec: list[list[int]], spec_top: list | None
+                   ) -> float | None:
+    """The largest move of a logit between vLLM's two computations of the target, in dflash_runtime.ties'
+    relative units (over the binade of the row's largest logit): the target-only run's reported logits
+    (`base_top`, per prompt, per token, {token id: logit}) against the speculative run's (`spec_top`) at each
+    token both outputs share with all the tokens before it (the same prefix, so the same function), over the
+    token ids both report. None: nothing measured (a run without logits, or no shared row)."""
+    largest = None
+    for b_out, s_out, b_rows, s_rows in zip(base, spec, base_top or [], spec_top or []):
+        if not b_rows or not s_rows:
+            continue
+        same = next((k for k, (x, y) in enumerate(zip(b_out, s_out)) if x != y), min(len(b_out), len(s_out)))
+        for b_row, s_row in zip(b_rows[:same], s_rows[:same]):
+            shared = [t for t in b_row if t in s_row]
+            if not shared:
+                continue
+            scale = binade(max(b_row.values()))
+            move = max(abs(b_row[t] - s_row[t]) for t in shared) / scale
+            largest = move if largest is None else max(largest, move)
+    return largest
 
 
 @dataclass
@@ -311,16 +353,29 @@ def totals_interval(steps: list[StepDecisions], gap: float, proposals: int, max_
     return (steps_lo, steps_hi), (acc_lo, acc_hi)
 
 
+def tie_rule(gap: float, dtype: str, measured: float | None) -> str:
+    """The tie bound in words, with the figure measured (or that nothing was)."""
+    units = gap * 2.0 ** MANTISSA_BITS.get(dtype, MANTISSA_BITS["bfloat16"])
+    why = ("no logit move measured between vLLM's target-only and speculative runs: the floor" if measured is None
+           else f"the largest logit move measured between vLLM's target-only and speculative runs "
+                f"{measured:.3g} of the row's binade = {measured * units / gap:.1f} ulps, floor "
+                f"{ACCEPTANCE_TIE_ULPS} ulps, cap rounding's")
+    return (f"each prompt step by step up to its first decision within {units:.3g} {dtype} ulps ({why}) of another "
+            "outcome, where other kernels may decide otherwise")
+
+
 def greedy_agreement(run: dict[str, Any], counts: AcceptanceCounts, emulated: AcceptanceCounts,
-                     steps: list[StepDecisions] | None, dtypes: list[str], max_new_tokens: int | None = None
-                     ) -> tuple[bool | None, str, dict]:
+                     steps: list[StepDecisions] | None, dtypes: list[str], max_new_tokens: int | None = None,
+                     measured: float | None = None) -> tuple[bool | None, str, dict]:
     """Whether a greedy run's counts agree with the emulation's, step by step where they are defined
     (compare_steps); without the engine's steps, its totals within what the emulation's near-ties let them move
-    (totals_interval, given `max_new_tokens`). None (a warning, no verdict) where nothing could be compared."""
-    gap, dtype = acceptance_tie(dtypes)
-    rule = (f"each prompt step by step up to its first decision within {ACCEPTANCE_TIE_ULPS} {dtype} ulps of another "
-            "outcome, where other kernels may decide otherwise")
-    tolerance = {"mode": "greedy", "tie_ulps": ACCEPTANCE_TIE_ULPS, "dtype": dtype}
+    (totals_interval, given `max_new_tokens`). None (a warning, no verdict) where nothing could be compared.
+    `measured`: the noise measured between vLLM's two computations of the target (measured_noise), by which the
+    tie bound widens past its floor (acceptance_tie)."""
+    gap, dtype = acceptance_tie(dtypes, measured)
+    rule = tie_rule(gap, dtype, measured)
+    tolerance = {"mode": "greedy", "tie_ulps": round(gap * 2.0 ** MANTISSA_BITS.get(dtype, 7), 3), "dtype": dtype,
+                 "measured_noise": None if measured is None else round(measured, 6)}
     engine_steps = run.get("steps")
     if steps is None or engine_steps is None:
         ties = 0 if steps is None else sum(_near(m, gap) or _near(n, gap) for p in steps
@@ -356,14 +411,16 @@ def greedy_agreement(run: dict[str, Any], counts: AcceptanceCounts, emulated: Ac
 
 
 def tie_tolerance(logit: float, dtype: str) -> float:
-    """TIE_ULPS units in the last place of `logit` in `dtype` (bfloat16 when vLLM did not say)."""
+    """TIE_ULPS units in the last place of `logit` in `dtype` (bfloat16 when vLLM did not say): the floor."""
     return TIE_ULPS * ulp(logit, dtype)
 
 
 @dataclass
 class Parting:
-    """Where two greedy outputs of one prompt part: token `at` (0-based), the token vLLM's target-only run took
-    and the other one, with their logits in that run (None: not among its top candidates)."""
+    """Where two greedy outputs of one prompt part: token `at` (0-based), the token the reference run (vLLM's
+    target-only run, or the baseline endpoint) took and the other one, with their logits in that run (None: not
+    among its top candidates), and in the second computation, the one that took `other` (`second_taken`,
+    `second_other`; None: not measured), named `second`."""
 
     at: int
     taken: int | None
@@ -371,50 +428,110 @@ class Parting:
     dtype: str
     taken_logit: float | None = None
     other_logit: float | None = None
+    second_taken: float | None = None
+    second_other: float | None = None
+    second: str = "the other run"
 
     @property
     def tolerance(self) -> float | None:
         return None if self.taken_logit is None else tie_tolerance(self.taken_logit, self.dtype)
 
     @property
-    def near_tie(self) -> bool:
+    def path(self) -> PathParting:
+        """The parting as validate.partings judges two computations of one target (the reference as the
+        one-token decode, the second computation as the verify block)."""
+        return PathParting(self.at, self.taken, self.other, self.dtype, self.taken_logit, self.other_logit,
+                           self.second_taken, self.second_other)
+
+    @property
+    def within_floor(self) -> bool:
         return (self.taken_logit is not None and self.other_logit is not None
                 and abs(self.taken_logit - self.other_logit) <= self.tolerance)
 
+    @property
+    def near_tie(self) -> bool:
+        # a reference run that took a token below another by its own logits (gap < 0) is no tie, measured or not
+        gap = self.path.gap
+        return self.within_floor or (gap is not None and gap >= 0 and self.path.near_tie)
+
+    @property
+    def beyond_rounding(self) -> bool:
+        """Not a near-tie, and the two computations moved a logit further than rounding (no verdict)."""
+        return not self.near_tie and self.path.beyond_rounding
+
+    def measured_words(self) -> str:
+        path = self.path
+        if not path.measured:
+            return f"; {self.second} did not report both tokens' logits: nothing measured"
+        u = ulp(self.taken_logit, self.dtype)
+        return (f"; {self.second} computes them {self.second_taken:.4g} and {self.second_other:.4g}: the computations "
+                f"moved the gap by {path.moved:.3g} = {path.moved / u:.1f} ulps (largest logit move {path.noise:.3g})")
+
     def describe(self, other_side: str) -> str:
         where = f"token {self.at + 1}: vLLM's target-only run took {self.taken}, {other_side} {self.other}"
-        if self.near_tie:
+        if self.within_floor:
             return (f"{where}, a near-tie (logits {self.taken_logit:.4g} and {self.other_logit:.4g}, within "
                     f"{TIE_ULPS} {self.dtype} ulps = {self.tolerance:.3g}): numerics, not the draft")
         if self.other_logit is not None:
-            return f"{where} (logits {self.taken_logit:.4g} and {self.other_logit:.4g}: not a near-tie)"
+            logits = f"logits {self.taken_logit:.4g} and {self.other_logit:.4g}"
+            if self.near_tie:
+                return (f"{where}, a near-tie ({logits}{self.measured_words()}: the gap within that noise + "
+                        f"{MARGIN_ULPS} ulp): numerics, not the draft")
+            if self.path.beyond_rounding:
+                return f"{where} ({logits}{self.measured_words()}: beyond rounding, cap {self.path.cap:.3g})"
+            return f"{where} ({logits}{self.measured_words()}: not a near-tie)"
         return where
 
 
-def parting(base: list[int], other: list[int], top: list[dict[str, float]] | None, dtype: str) -> Parting | None:
-    """Where `other` parts from vLLM's target-only output `base` (None: equal), judged by `top`, that run's
-    processed logits per generated token ({token id: logit}, as the driver reports them)."""
+def parting(base: list[int], other: list[int], top: list[dict[str, float]] | None, dtype: str,
+            other_top: list[dict[str, float]] | None = None, second: str = "the other run") -> Parting | None:
+    """Where `other` parts from the reference output `base` (None: equal), judged by `top`, the reference run's
+    processed logits per generated token ({token id: logit}, as the driver reports them), and `other_top`, the
+    second computation's at the same tokens (the run that took `other`; None: not measured)."""
     if base == other:
         return None
     at = first_difference(base, other)
     taken, alt = (base[at] if at < len(base) else None), (other[at] if at < len(other) else None)
     step = (top[at] if top is not None and at < len(top) else None) or {}
     if taken is None or alt is None or str(taken) not in step:
-        return Parting(at, taken, alt, dtype)
-    return Parting(at, taken, alt, dtype, step[str(taken)], step.get(str(alt)))
+        return Parting(at, taken, alt, dtype, second=second)
+    row = (other_top[at] if other_top is not None and at < len(other_top) else None) or {}
+    return Parting(at, taken, alt, dtype, step[str(taken)], step.get(str(alt)), row.get(str(taken)),
+                   row.get(str(alt)), second=second)
 
 
 def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[int]],
-                  top: list[list[dict[str, float]]] | None, dtype: str) -> tuple[Check, int]:
+                  top: list[list[dict[str, float]]] | None, dtype: str,
+                  spec_top: list[list[dict[str, float]] | None] | None = None,
+                  ours_top: Callable[[int, int, list[int]], dict[str, float] | None] | None = None
+                  ) -> tuple[Check, int]:
     """engine_outputs_equal: vLLM's speculative output, vLLM's target-only output and our target's greedy output
-    per prompt, equal or parting first at a near-tie; and how many prompts are equal outright."""
+    per prompt, equal or parting first at a near-tie; and how many prompts are equal outright. `top`, `spec_top`:
+    the target-only and speculative runs' reported logits (Parting); `ours_top(i, k, ids)`: our target's one-token
+    logits {token id: logit} of `ids` for token k of prompt i after our output's tokens before it (None: not
+    measured).
+    A parting whose computations moved a logit beyond rounding: DFlashError (no verdict)."""
     n = len(ours)
     equal, ties, bad = 0, [], None
     for i in range(n):
-        partings = [(p, side) for p, side in ((parting(base[i], spec[i], top and top[i], dtype),
+        base_top = top and top[i]
+        ours_part = parting(base[i], ours[i], base_top, dtype)
+        if ours_part is not None and not ours_part.near_tie and ours_part.other_logit is not None and ours_top:
+            # measured only where the floor does not already decide: one teacher-forced pass of our target
+            row = ours_top(i, ours_part.at, [ours_part.taken, ours_part.other])
+            ours_part = parting(base[i], ours[i], base_top, dtype, [None] * ours_part.at + [row],
+                                "our target's one-token decode")
+        partings = [(p, side) for p, side in ((parting(base[i], spec[i], base_top, dtype, spec_top and spec_top[i],
+                                                       "vLLM's speculative run (its verify block)"),
                                                "vLLM's speculative run"),
-                                              (parting(base[i], ours[i], top and top[i], dtype), "our target"))
+                                              (ours_part, "our target"))
                     if p is not None]
+        beyond = next((p for p, _ in partings if p.beyond_rounding), None)
+        if beyond is not None:
+            raise DFlashError(f"cannot judge engine_outputs_equal: at prompt {i + 1}, "
+                              f"{beyond.describe(beyond.second)}: the two computations of the target disagree by more "
+                              "than rounding, so they do not run this target alike on this device and dtype (no "
+                              "verdict on the draft)")
         if not partings:
             equal += 1
         elif all(p.near_tie for p, _ in partings):
@@ -438,7 +555,9 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
                   engine_args: dict[str, Any], python: str, min_acceptance_length: float | None,
                   min_position_rates: list[float] | None,
                   sampling: dict[str, Any] | None = None, steps: list[StepDecisions] | None = None,
-                  emulated_dtypes: list[str] | None = None) -> tuple[list[Check], EngineStats]:
+                  emulated_dtypes: list[str] | None = None,
+                  ours_top: Callable[[int, int, list[int]], dict[str, float] | None] | None = None
+                  ) -> tuple[list[Check], EngineStats]:
     """The checks of one draft's engine run against our outputs and the emulation under vLLM's counting (`steps`:
     its verify decisions per prompt, run in `emulated_dtypes`, bfloat16 when not given). Greedy: outputs equal (or parting first at a
     near-tie) and counts equal step by step where defined (greedy_agreement). Sampled: the counts within an
@@ -459,10 +578,12 @@ def served_checks(answer: dict[str, Any], ours: list[list[int]], emulated: Accep
         agrees, detail, tolerance = sampled_agreement(counts, emulated)
     else:
         target_only = answer["target_only"]
-        check, equal = outputs_check(spec, target_only["outputs"], ours, target_only.get("top_logits"), served_dtype)
+        check, equal = outputs_check(spec, target_only["outputs"], ours, target_only.get("top_logits"), served_dtype,
+                                     run.get("top_logits"), ours_top)
         checks.append(check)
-        agrees, detail, tolerance = greedy_agreement(run, counts, emulated, steps,
-                                                   [served_dtype, *(emulated_dtypes or ["bfloat16"])])
+        agrees, detail, tolerance = greedy_agreement(
+            run, counts, emulated, steps, [served_dtype, *(emulated_dtypes or ["bfloat16"])],
+            measured=measured_noise(target_only["outputs"], target_only.get("top_logits"), spec, run.get("top_logits")))
         detail = f"counts per step: {detail}"
     checks.append(make_check(  # None: nothing could be compared, said as a warning, never a verdict on the draft
         "engine_acceptance_agrees", bool(agrees),

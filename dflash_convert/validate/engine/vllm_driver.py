@@ -11,8 +11,11 @@ One JSON request on stdin:
 One JSON object on the original stdout (everything else the engine prints goes to stderr):
 
     {"vllm_version": V, "drafts": [RUN or ERROR, ...], "target_only": RUN}    (no target_only when sampled)
-    target_only also has "top_logits": per prompt, per generated token, {token id: logit} of the
-    TIE_CANDIDATES largest processed logits (after penalties), by which the caller tells a near-tie
+    greedy, each RUN (target-only and speculative) also has "top_logits": per prompt, per generated token, {token
+    id: logit} of the TIE_CANDIDATES largest processed logits (after penalties) and of the token taken. The
+    speculative run's are its verify rows' (vLLM's rejection sampler reports the logits of the rows its tokens
+    came from), the target-only run's its one-token decode's: where the two outputs part, the caller measures
+    how far vLLM's own two computations of the target moved the two tokens (a near-tie, or not)
     RUN = {"outputs": [[ids]], "engine_config": {...}, "num_drafts": ..., "num_draft_tokens": ..., "num_accepted_tokens": ...,
            "num_accepted_tokens_per_pos": [...], "steps": [[accepted per verify step] or None per prompt] or None}
     ERROR = {"error": MESSAGE, "cannot_run": bool}
@@ -84,7 +87,7 @@ def generate(request: dict, draft: dict | None) -> dict:
     if no_triton_hybrid(request):  # prefix caching puts linear-attention state in vLLM's "align" mode: Triton only
         kwargs["enable_prefix_caching"] = False
     kwargs.update(request.get("engine_args") or {})
-    ties = draft is None and not sampled(request)
+    ties = not sampled(request)
     if ties:  # logprobs as the logits the sampler picked from (penalties applied); the tokens do not change
         kwargs["logprobs_mode"] = "processed_logits"
     if draft is not None:
@@ -105,7 +108,8 @@ def generate(request: dict, draft: dict | None) -> dict:
     results = llm.generate([{"prompt_token_ids": p} for p in request["prompts"]], params, use_tqdm=False)
     run = {"outputs": [list(r.outputs[0].token_ids) for r in results], "engine_config": engine_config(llm)}
     if ties:
-        run["top_logits"] = [[{str(t): float(lp.logprob) for t, lp in step.items()} for step in r.outputs[0].logprobs]
+        run["top_logits"] = [None if r.outputs[0].logprobs is None else
+                             [{str(t): float(lp.logprob) for t, lp in step.items()} for step in r.outputs[0].logprobs]
                              for r in results]
     if draft is not None:
         run.update(since(before, counters(llm)))
