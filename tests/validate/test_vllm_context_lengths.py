@@ -107,3 +107,32 @@ def test_the_report_shows_vllms_figures_per_context_length(runs):
     version = report.engine_run.version
     assert f"vllm {version}'s tau per context length (runtime beside): {SHORT} tokens" in lines, lines
     assert f"### vllm {version}: tau per context length" in to_markdown(report)
+
+
+def _context_case(dtype: str, vllm_steps: list[list[int]]):
+    """context_check on one length of one prompt whose emulation accepted [3, 2] (no near-tie) and whose vLLM
+    run accepted `vllm_steps`, vLLM and the runtime both in `dtype`; outputs equal."""
+    from dflash_convert.validate.breakdown import context_slice
+    from dflash_convert.validate.engine.level import context_check
+    from dflash_convert.validate.report import AcceptanceStats, EngineStats, SliceAcceptance, StepDecisions
+
+    stats = AcceptanceStats.model_construct(per_position_rates=[0.0] * 3, vllm_context_counting=[
+        SliceAcceptance(**context_slice(8, [[3, 2]], 7, 3, None))], vllm_context_steps=[[StepDecisions(
+            accepted=[3, 2], margin=[None, None], next_margin=[None, None])]])
+    stats._context_outputs = [[[1, 2, 3]]]
+    engine = EngineStats.model_construct(per_context_length=[])
+    run = {"steps": [[1, 1, 1]] + vllm_steps, "outputs": [[9]] + [[1, 2, 3]], "engine_config": {"dtype": dtype}}
+    check = context_check(engine, stats, run, {"outputs": [[9], [1, 2, 3]]}, 1, [(8, [[5] * 8])], sampled=False,
+                          emulated_dtypes=[dtype], max_new_tokens=3)
+    return check, engine
+
+
+@pytest.mark.parametrize("dtype, steps, status", [("float32", [3, 2], "pass"), ("float32", [3, 1], "fail"),
+                                                  ("bfloat16", [3, 1], "warn"), ("bfloat16", [3, 2], "pass")])
+def test_a_long_context_difference_fails_in_float32_and_warns_in_half_precision(dtype, steps, status):
+    """The length's prompts are the rows after the run's own (one here); vLLM's steps of them grouped as that
+    length's figures; a difference fails in float32 and is a warning saying how to compare exactly in bfloat16."""
+    check, engine = _context_case(dtype, [steps])
+    assert check.status == status, check.message
+    assert [(s.label, s.num_drafts, s.accepted) for s in engine.per_context_length] == [("8 tokens", 2, sum(steps))]
+    assert ("--dtype float32" in check.message) == (status == "warn"), check.message
