@@ -266,7 +266,31 @@ def breakdown_lines(report) -> list[str]:
     a = report.acceptance
     minimums = (report.options or {}).get("min_category_acceptance_length")
     return thinking_lines(report) + ([] if a is None else (category_lines(a, minimums) + context_lines(
-        a, trained_positions(report)) + output_lines(a)))
+        a, trained_positions(report)) + output_lines(a))) + engine_lines(report)
+
+
+def engine_pairs(report) -> list[tuple[str, list, list]]:
+    """(what, the engine's slices, the runtime's) for each breakdown the real engine's run has (--engine vllm)."""
+    e, a = report.engine_run, report.acceptance
+    if e is None or a is None:
+        return []
+    pairs = [("context length", e.per_context_length, a.vllm_context_counting or a.per_context_length),
+             ("prompt category", e.per_category, a.per_category),
+             ("output position", e.per_output_bucket, a.per_output_bucket)]
+    return [(what, mine, ours) for what, mine, ours in pairs if mine and (what != "output position" or len(mine) > 1)]
+
+
+def engine_lines(report) -> list[str]:
+    """The real engine's own per-request counts per context length, category and output bucket, beside the
+    runtime's (per context length: the runtime's counted as vLLM counts, what they are compared with)."""
+    lines = []
+    for what, mine, ours in engine_pairs(report):
+        by_label = {x.label: x for x in ours}
+        lines.append(f"{report.engine_run.engine} {report.engine_run.version}'s tau per {what} (runtime beside): "
+                     + ", ".join(f"{x.label} {x.acceptance_length:.2f}" + (
+                         f" ({by_label[x.label].acceptance_length:.2f})" if x.label in by_label else "")
+                                 for x in mine))
+    return lines
 
 
 def _table(rows: list, head: str) -> list[str]:
@@ -301,6 +325,16 @@ def breakdown_markdown(report, image: str | None = None, outputs_image: str | No
         lines += [f"![tau against output position]({outputs_image})", ""] if outputs_image else [
             "```text", *output_lines(a)[1:], "```", ""]
         lines += _table(a.per_output_bucket, "generated positions")
+    for what, mine, ours in engine_pairs(report):
+        lines += [f"### {report.engine_run.engine} {report.engine_run.version}: tau per {what}", "",
+                  "The engine's own per-request counts; the runtime's tau beside"
+                  + (" (counted as vLLM counts: full last blocks)" if what == "context length" and
+                     a.vllm_context_counting else "") + ".", ""]
+        by_label = {x.label: x for x in ours}
+        lines += [f"| {what} | prompts | steps | tau | runtime tau | per position |", "|---|---|---|---|---|---|"]
+        lines += [f"| {x.label} | {x.prompts} | {x.num_drafts} | {x.acceptance_length:.2f} | "
+                  f"{f'{by_label[x.label].acceptance_length:.2f}' if x.label in by_label else 'n/a'} | "
+                  f"{' '.join(f'{r:.2f}' for r in x.per_position_rates)} |" for x in mine] + [""]
     return lines
 
 

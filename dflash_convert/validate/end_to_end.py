@@ -150,7 +150,8 @@ def end_to_end(ckpt: Checkpoint, target_dir: Path, prompts: Prompts, opts: Valid
             prompts.categories, [r.accepted_per_step for r in runs], [r.stats.new_tokens for r in runs], same, slots)]
         checks += _category_checks(stats.per_category, opts, block)
     if prompts.long is not None:
-        checks.append(_context_curve(decode, prompts.long, stats, slots, greedy=sampling.temperature == 0, say=say))
+        checks.append(_context_curve(decode, prompts.long, stats, slots, greedy=sampling.temperature == 0, say=say,
+                                     vllm_counting=opts.engine == "vllm"))
     return checks, stats, [r.tokens for r in runs]
 
 
@@ -168,10 +169,12 @@ def _category_checks(slices: list[SliceAcceptance], opts: ValidateOptions, block
 
 
 def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, slots: int, *, greedy: bool,
-                   say) -> Check:
+                   say, vllm_counting: bool = False) -> Check:
     """--context-lengths: each length's long prompts decoded as the run's prompts are (and, greedy, checked
     against the target's greedy output token by token), its figures in `stats`; the check fails on an output
-    that is not the target's, and warns where tau falls below half the short prompts' tau."""
+    that is not the target's, and warns where tau falls below half the short prompts' tau. `vllm_counting`
+    (--engine vllm): each length's prompts decoded again counted as vLLM counts (full last blocks, with their
+    verify decisions), what the engine level compares vLLM's figures per length with."""
     target = decode.target
     dtype = str(target.dtype).removeprefix("torch.")
     slices, wrong = [], []
@@ -190,6 +193,15 @@ def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, s
             wrong += [f"{length} tokens, prompt {i + 1}" for i, bad in enumerate(real) if bad]
         slices.append(SliceAcceptance(**context_slice(length, [r.accepted_per_step for r in runs],
                                     sum(r.stats.new_tokens for r in runs), slots, equal)))
+        if vllm_counting:
+            say(f"end to end: context {length} tokens again, counted as vLLM counts (full last blocks)")
+            full = [decode.speculative(p, full_last_block=True, record_decisions=True) for p in windows]
+            stats.vllm_context_counting.append(SliceAcceptance(**context_slice(
+                length, [g.accepted_per_step for g in full], sum(g.stats.new_tokens for g in full), slots, None)))
+            if greedy and all(g.decisions is not None for g in full):
+                stats.vllm_context_steps = (stats.vllm_context_steps or []) + [[_step_decisions(g.decisions)
+                                                                                 for g in full]]
+            stats._context_outputs.append([r.tokens for r in runs])
     stats.per_context_length, stats.context_source = slices, long.source
     stats.context_half_tau_length = half = half_tau_length(stats.acceptance_length, slices)
     curve = ", ".join(f"{s.acceptance_length:.2f} at {s.context_tokens}" for s in slices)

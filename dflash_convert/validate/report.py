@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from dflash_runtime import DRAFT_SAMPLING
 
@@ -225,6 +225,14 @@ class AcceptanceStats(Acceptance):
                                              "prompts whose tau is in [i + 1, i + 2) (the last band includes block)")
     prompt_ids_sha256: str | None = Field(None, description="SHA-256 of the prompts' token ids (JSON, compact): "
                                           "--baseline checks that two runs decoded the same prompts")
+    vllm_context_counting: list[SliceAcceptance] = Field(
+        default_factory=list, description="--context-lengths with --engine vllm: each length's prompts decoded again "
+        "counted as vLLM counts (full last blocks), what vLLM's figures per length are compared with")
+    vllm_context_steps: list[list[StepDecisions]] | None = Field(
+        None, description="greedy, --context-lengths with --engine vllm: per length, each long prompt's verify steps "
+        "counted as vLLM counts, with how near each decision sat to a tie (compared with vLLM's step by step)")
+    # our speculative outputs of the long prompts per length (not in the JSON: the engine level compares vLLM's)
+    _context_outputs: list[list[list[int]]] = PrivateAttr(default_factory=list)
 
 
 class EngineStats(BaseModel):
@@ -251,6 +259,13 @@ class EngineStats(BaseModel):
                                               "where that is not vLLM's counting (transformers)")
     steps_equal: int | None = Field(None, description="prompts whose acceptance equals the emulation's step for "
                                     "step (transformers, greedy)")
+    per_context_length: list[SliceAcceptance] = Field(
+        default_factory=list, description="--context-lengths: the engine's own per-request counts grouped per length")
+    per_category: list[SliceAcceptance] = Field(
+        default_factory=list, description="the engine's own per-request counts grouped per prompt category")
+    per_output_bucket: list[SliceAcceptance] = Field(
+        default_factory=list, description="the engine's own verify steps grouped by the generated position they "
+        "began at")
 
 
 class ConcurrencyCost(BaseModel):
