@@ -100,7 +100,7 @@ def test_the_window_changes_the_counts(runs):
 @needs_vllm
 def test_the_report_shows_vllms_figures_per_context_length(runs):
     from dflash_convert.validate.breakdown import breakdown_lines
-    from dflash_convert.validate.report import to_markdown
+    from dflash_convert.validate.report_markdown import to_markdown
 
     report = runs["window"]
     lines = "\n".join(breakdown_lines(report))
