@@ -14,8 +14,9 @@ EIGHTHS = " ▏▎▍▌▋▊▉█"  # a bar's last cell to 1/8 of a character
 
 
 
-def _svg_frame(title: str, width: int, height: int, left: int, top: int, plot_w: float, plot_h: float) -> list[str]:
-    """The opening of a rate chart's SVG: the canvas, the title and the 0..1 grid with its tick labels."""
+def _svg_frame(title: str, width: int, height: int, left: int, top: int, plot_w: float, plot_h: float,
+               scale: float = 1.0) -> list[str]:
+    """The opening of a chart's SVG: the canvas, the title and the grid at 0, 1/4, ... 1 of `scale`, labelled."""
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
              f'<rect width="{width}" height="{height}" fill="white"/>',
@@ -23,7 +24,7 @@ def _svg_frame(title: str, width: int, height: int, left: int, top: int, plot_w:
     for tick in (0, 0.25, 0.5, 0.75, 1.0):
         y = top + plot_h * (1 - tick)
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick * scale:g}</text>')
     return parts
 
 def bar(fraction: float, width: int) -> str:
@@ -176,14 +177,7 @@ def svg_curve(labels: list[str], values: list[float], top: float, title: str = "
     width, height = left + plot_w + 16, top_px + plot_h + 26 + 14 * len(legend)
     step = plot_w / n
     scale = top or 1.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="8" y="18" font-size="13">{escape(title)}</text>']
-    for tick in (0, 0.25, 0.5, 0.75, 1.0):
-        y = top_px + plot_h * (1 - tick)
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick * scale:g}</text>')
+    parts = _svg_frame(title, width, height, left, top_px, plot_w, plot_h, scale)
     for k, (label, v) in enumerate(zip(labels, values)):
         x = left + k * step
         h = plot_h * max(0.0, min(1.0, v / scale))
