@@ -196,3 +196,19 @@ def test_inspect_says_when_a_full_batch_makes_the_verify_compute_bound(cli):
                         (("--max-num-seqs", "4", "--gpu", "nope"), "unknown GPU; known:")):
         bad = cli("inspect", PAIR / "draft", *launch, *args)
         assert bad.code == 2 and words in bad.err, bad.err
+
+
+def test_an_engine_with_one_case_takes_the_pooled_fixed_costs():
+    """One throughput case fits both of an engine's fixed costs exactly, whatever else made it slow: vLLM's one
+    case (a hybrid target at 1.2x) alone set an 11.6 ms speculative cost that predicted no speculation for every
+    small target. With fewer than MIN_OWN_CASES cases an engine takes the serving engines' pooled costs."""
+    from dflash_convert.predict.calibration import CASES, EngineConstants, _fixed_costs, fit
+
+    fitted = fit()
+    vllm = [c for c in CASES if c.engine == "vllm" and c.kind == "throughput"]
+    assert len(vllm) < calibration.MIN_OWN_CASES  # else this test no longer tests the rule
+    serving = [c for c in CASES if c.engine != "runtime"]
+    base = EngineConstants(fitted["vllm"].bandwidth_efficiency, calibration.ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0)
+    pooled = _fixed_costs(serving, base)
+    assert (fitted["vllm"].fixed_step_s, fitted["vllm"].speculative_step_s) == pytest.approx(pooled)
+    assert fitted["vllm"].speculative_step_s < _fixed_costs(vllm, base)[1] / 2
