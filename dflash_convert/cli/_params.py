@@ -67,9 +67,15 @@ def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
         return None
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
-        name, _, number = item.rpartition("=")
+        name, equals, number = item.rpartition("=")
+        name = name.strip()
+        if equals and not name:
+            raise typer.BadParameter(f"{item!r} names no category: give X or CATEGORY=X")
+        if name in out:  # a second value for the same gate would replace the first, silently lowering it
+            which = f"category {name}" if name else "the whole run"
+            raise typer.BadParameter(f"two thresholds for {which} ({out[name]:g} and {number.strip()})")
         try:
-            out[name.strip()] = float(number)
+            out[name] = float(number)
         except ValueError:
             raise typer.BadParameter(f"expected X or CATEGORY=X (numbers), got {item!r}") from None
     return out

@@ -104,6 +104,9 @@ def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, a
         try:
             text = render(report)
             if text is None:  # no chart: no end-to-end figures
+                if flag == "--profile-out":  # a file CI will look for: say why it is not there
+                    out.info(f"--profile-out {path}: not written: the end-to-end level did not run, so there is "
+                             "no measured acceptance to profile")
                 continue
             write_text(path, text)
         except Exception as exc:  # noqa: BLE001 - checked before the run; the disk can still fill, the directory go
@@ -169,6 +172,13 @@ def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out:
     if profile_out is not None:  # no end-to-end figures: nothing to profile, no file
         files.append(("--profile-out", profile_out, lambda report: None if report.speculation_profile is None
                       else json.dumps(report.speculation_profile, indent=2) + "\n"))
+    seen: dict[str, str] = {}
+    for flag, path, _ in files:  # one file written by two reports would hold the last one's, silently
+        where = os.path.realpath(path)
+        if where in seen:
+            raise UsageError(f"{flag.split()[0]} {path}: {seen[where]} writes that file too; give each report its "
+                             "own path; nothing was run")
+        seen[where] = flag.split()[0]
     for flag, path, _ in sorted(files, key=lambda file: "(chart)" in file[0]):  # the file named on the line first
         problem = unwritable(path)
         if problem is not None:

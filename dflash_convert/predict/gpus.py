@@ -9,6 +9,8 @@ turns them into what an engine reaches.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from dflash_convert.errors import UsageError
@@ -89,7 +91,7 @@ def gpu_from_spec(text: str) -> GPU:
         numbers = {k: float(v) for k, v in fields.items() if k != "name"}
     except ValueError:
         raise UsageError(f"--gpu-spec {text}: bw, bf16, fp8, mem and link are numbers") from None
-    if any(v <= 0 for v in numbers.values()):
-        raise UsageError(f"--gpu-spec {text}: every figure must be positive")
+    if any(not math.isfinite(v) or v <= 0 for v in numbers.values()):  # nan passes a `<= 0` test
+        raise UsageError(f"--gpu-spec {text}: every figure must be a positive finite number")
     return GPU(fields.get("name", "custom"), numbers["bw"], numbers["bf16"], numbers.get("fp8"),
                numbers.get("mem", 0.0), numbers.get("link", 64.0))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 MARGIN_ULPS = 1  # a parting within the measured noise plus this many ulps of the top logit is a near-tie
-NOISE_CAP_ULPS = 64  # path noise above this many ulps (and NOISE_CAP_RELATIVE of the binade) is not rounding
+NOISE_CAP_ULPS = 32  # path noise above this many ulps (and NOISE_CAP_RELATIVE of the binade) is not rounding
 NOISE_CAP_RELATIVE = 2.0 ** -10
 
 

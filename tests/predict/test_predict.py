@@ -172,6 +172,8 @@ def test_the_command_reads_tau_from_a_validate_report(cli, tmp_path):
     (["--gpu", "H100", "--tau", "7=4", "--concurrency", "-3"], "--concurrency must be positive"),
     (["--gpu", "H100"], "no tau"),
     (["--gpu-spec", "bw=100", "--tau", "7=4"], "bf16 missing"),
+    (["--gpu-spec", "bw=nan,bf16=1", "--tau", "7=4"], "positive finite number"),
+    (["--gpu-spec", "bw=inf,bf16=1", "--tau", "7=4"], "positive finite number"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, words):
     r = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", *args)

@@ -70,3 +70,18 @@ def test_a_category_no_prompt_carries_is_an_error_not_a_pass(cli, categorized):
     assert "code, prose" in r.err and len(r.err.strip().splitlines()) == 1
     r = _run(cli, categorized, "--min-acceptance-length", "code=x")
     assert r.code == 2 and "CATEGORY=X" in r.err
+
+
+@pytest.mark.parametrize("value", ["9,3", "3,code=4,code=5", "3,=4"])
+def test_a_threshold_given_twice_or_unnamed_is_a_usage_error(cli, value):
+    """A second value for the same gate would replace the first (9,3 gated at 3: a draft at tau 7 passed): exit 2,
+    before anything runs."""
+    r = cli("validate", "examples/pair/draft", "--min-acceptance-length", value)
+    assert r.code == 2 and "--min-acceptance-length" in r.err, r.err
+
+
+def test_two_reports_on_one_path_are_a_usage_error(cli, tmp_path):
+    """--junit and --profile-out on one file: the JUnit would hold the profile (CI cannot read it): exit 2."""
+    same = tmp_path / "same.xml"
+    r = cli("validate", "examples/pair/draft", "--junit", same, "--profile-out", same)
+    assert r.code == 2 and "writes that file too" in r.err, r.err

@@ -416,11 +416,16 @@ def test_baseline_endpoint_outputs_judged_at_near_ties(server, tmp_path, cli, ot
 
 
 @pytest.mark.parametrize(("spec_token_3", "code", "says"), [
-    # the speculative server's verify row puts 8 an ulp over 7: its computation moved the gap 0.375 = 6 ulps
-    ({8: 9.875, 7: 9.75}, 0, "the speculative endpoint computes them 9.75 and 9.875: the computations moved the gap "
-     "by 0.375 = 6.0 ulps"),
+    # the speculative server's verify row puts 8 an ulp over 7: its computation moved the gap 0.375 = 6 ulps, and
+    # its rounding before moved token 2's logit by 0.125 (2 ulps): a gap of 4 ulps is within twice that
+    ({8: 9.875, 7: 9.75, "prefix": 9.875}, 0, "the speculative endpoint computes them 9.75 and 9.875: the "
+     "computations moved the gap by 0.375 = 6.0 ulps"),
+    # the same row, but the two servers computed the tokens before alike: nothing measured explains 4 ulps (the
+    # speculative server's own row always orders the two its way)
+    ({8: 9.875, 7: 9.75}, 3, "the runs' rounding before it moved a logit by 0 at most: not a near-tie"),
     # its row computes them as the baseline did: it took 8 where its own logits put 7 4 ulps above
-    ({7: 10.0, 8: 9.75}, 3, "the computations moved the gap by 0 = 0.0 ulps (largest logit move 0): not a near-tie"),
+    ({7: 10.0, 8: 9.75}, 3, "the computations moved the gap by 0 = 0.0 ulps (largest logit move 0); the runs' "
+     "rounding before it moved a logit by 0 at most: not a near-tie"),
     # no candidates from the speculative server: nothing measured, and 4 ulps are over the 2-ulp floor
     (None, 3, "(values 10 and 9.75: not a near-tie)"),
     # log-probabilities (a server without --logprobs-mode processed_logits): not measured, the floor alone
@@ -428,9 +433,13 @@ def test_baseline_endpoint_outputs_judged_at_near_ties(server, tmp_path, cli, ot
 ])
 def test_baseline_parting_judged_by_the_servers_measured_noise(server, tmp_path, cli, spec_token_3, code, says):
     """Outputs parting at token 3, 4 bf16 ulps apart by the baseline's logits (wider than the 2-ulp floor): a
-    near-tie where the speculative server's own reported logits moved the gap that far; a failure where they did
-    not, or where nothing was measured. A fixed 2-ulp rule fails the first case."""
-    spec_tops = None if spec_token_3 is None else [{5: 10.0}, {6: 10.0}, spec_token_3, {9: 10.0}]
+    near-tie where the speculative server's own reported logits moved the gap that far and the servers' rounding
+    on the tokens before is wide enough to explain it; a failure where either is missing, or where nothing was
+    measured. A fixed 2-ulp rule fails the first case."""
+    spec_tops = None
+    if spec_token_3 is not None:
+        row = {t: v for t, v in spec_token_3.items() if t != "prefix"}
+        spec_tops = [{5: 10.0}, {6: spec_token_3.get("prefix", 10.0)}, row, {9: 10.0}]
     spec = vllm_completion([0, 3], tokens=[5, 6, 8, 9])
     server.answer("/v1/completions", Canned(body=_with_top(spec, spec_tops) if spec_tops else spec))
     with FakeEndpoint() as plain:

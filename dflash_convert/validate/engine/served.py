@@ -265,6 +265,8 @@ def measured_noise(base: list[list[int]], base_top: list | None, spec: list[list
             continue
         same = next((k for k, (x, y) in enumerate(zip(b_out, s_out)) if x != y), min(len(b_out), len(s_out)))
         for b_row, s_row in zip(b_rows[:same], s_rows[:same]):
+            if not b_row or not s_row:  # a row not reported
+                continue
             shared = [t for t in b_row if t in s_row]
             if not shared:
                 continue
@@ -431,6 +433,11 @@ class Parting:
     second_taken: float | None = None
     second_other: float | None = None
     second: str = "the other run"
+    # the largest logit move between the two runs over the tokens before `at` (the same prefix, so the same
+    # function): the rounding the second run is measured to add. The second run's own row at the parting is the
+    # one it took `other` from, so it always orders the two its way; the gap must also be within twice this.
+    prefix_noise: float | None = None
+    independent: bool = False  # the second computation is a recomputation of its own (our target), not the run's
 
     @property
     def tolerance(self) -> float | None:
@@ -452,7 +459,9 @@ class Parting:
     def near_tie(self) -> bool:
         # a reference run that took a token below another by its own logits (gap < 0) is no tie, measured or not
         gap = self.path.gap
-        return self.within_floor or (gap is not None and gap >= 0 and self.path.near_tie)
+        return self.within_floor or (gap is not None and gap >= 0 and self.path.near_tie
+                                     and (self.independent or (self.prefix_noise is not None
+                                                               and gap <= 2 * self.prefix_noise + self.path.margin)))
 
     @property
     def beyond_rounding(self) -> bool:
@@ -464,8 +473,12 @@ class Parting:
         if not path.measured:
             return f"; {self.second} did not report both tokens' logits: nothing measured"
         u = ulp(self.taken_logit, self.dtype)
+        prefix = ("" if self.independent else "; no shared token before it to measure the runs' rounding on"
+                  if self.prefix_noise is None else
+                  f"; the runs' rounding before it moved a logit by {self.prefix_noise:.3g} at most")
         return (f"; {self.second} computes them {self.second_taken:.4g} and {self.second_other:.4g}: the computations "
-                f"moved the gap by {path.moved:.3g} = {path.moved / u:.1f} ulps (largest logit move {path.noise:.3g})")
+                f"moved the gap by {path.moved:.3g} = {path.moved / u:.1f} ulps (largest logit move {path.noise:.3g})"
+                f"{prefix}")
 
     def describe(self, other_side: str) -> str:
         where = f"token {self.at + 1}: vLLM's target-only run took {self.taken}, {other_side} {self.other}"
@@ -484,7 +497,8 @@ class Parting:
 
 
 def parting(base: list[int], other: list[int], top: list[dict[str, float]] | None, dtype: str,
-            other_top: list[dict[str, float]] | None = None, second: str = "the other run") -> Parting | None:
+            other_top: list[dict[str, float]] | None = None, second: str = "the other run",
+            independent: bool = False) -> Parting | None:
     """Where `other` parts from the reference output `base` (None: equal), judged by `top`, the reference run's
     processed logits per generated token ({token id: logit}, as the driver reports them), and `other_top`, the
     second computation's at the same tokens (the run that took `other`; None: not measured)."""
@@ -496,8 +510,11 @@ def parting(base: list[int], other: list[int], top: list[dict[str, float]] | Non
     if taken is None or alt is None or str(taken) not in step:
         return Parting(at, taken, alt, dtype, second=second)
     row = (other_top[at] if other_top is not None and at < len(other_top) else None) or {}
+    prefix = measured_noise([base], [top], [other], [other_top]) if other_top is not None and not independent \
+        else None
     return Parting(at, taken, alt, dtype, step[str(taken)], step.get(str(alt)), row.get(str(taken)),
-                   row.get(str(alt)), second=second)
+                   row.get(str(alt)), second=second, independent=independent,
+                   prefix_noise=None if prefix is None else prefix * binade(step[str(taken)]))
 
 
 def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[int]],
@@ -520,7 +537,7 @@ def outputs_check(spec: list[list[int]], base: list[list[int]], ours: list[list[
             # measured only where the floor does not already decide: one teacher-forced pass of our target
             row = ours_top(i, ours_part.at, [ours_part.taken, ours_part.other])
             ours_part = parting(base[i], ours[i], base_top, dtype, [None] * ours_part.at + [row],
-                                "our target's one-token decode")
+                                "our target's one-token decode", independent=True)
         partings = [(p, side) for p, side in ((parting(base[i], spec[i], base_top, dtype, spec_top and spec_top[i],
                                                        "vLLM's speculative run (its verify block)"),
                                                "vLLM's speculative run"),
