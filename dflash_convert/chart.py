@@ -27,6 +27,15 @@ def _svg_frame(title: str, width: int, height: int, left: int, top: int, plot_w:
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick * scale:g}</text>')
     return parts
 
+
+def _svg_close(parts: list[str], legend: list[str], left: int, bottom: float, plot_w: float) -> str:
+    """A chart's legend lines centred under the plot (whose bottom edge is `bottom`), and the SVG closed."""
+    for i, line in enumerate(legend):
+        parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{bottom + 32 + 14 * i}" text-anchor="middle">'
+                     f'{escape(line)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
 def bar(fraction: float, width: int) -> str:
     """`fraction` (clamped to [0, 1]) of `width` cells in unicode block characters."""
     eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
@@ -97,11 +106,7 @@ def svg_chart(rates: list[float], minimums: list[float] | None = None, title: st
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="{TAU_MINIMUM}" '
                      f'stroke-width="1.5" stroke-dasharray="6 4"><title>tau minimum {tau_minimum:g}: a mean rate of '
                      f'{level:.3f}</title></line>')
-    for i, line in enumerate(legend):
-        parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32 + 14 * i}" text-anchor="middle">'
-                     f'{escape(line)}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return _svg_close(parts, legend, left, top + plot_h, plot_w)
 
 
 SERIES = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d", "#eeca3b")
@@ -194,8 +199,4 @@ def svg_curve(labels: list[str], values: list[float], top: float, title: str = "
             y = top_px + plot_h * (1 - max(0.0, min(1.0, level / scale)))
             parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="{TAU_MINIMUM}" '
                          f'stroke-width="1.5" stroke-dasharray="{dash}"/>')
-    for i, line in enumerate(legend):
-        parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top_px + plot_h + 32 + 14 * i}" text-anchor="middle">'
-                     f'{escape(line)}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return _svg_close(parts, legend, left, top_px + plot_h, plot_w)
