@@ -475,6 +475,13 @@ def rules_label(view: EngineView) -> str:
     return f"{view.title}, by {view.version}'s rules"
 
 
+def problem_only_when_asked(view: EngineView) -> bool:
+    """A view that does not load for a reason of the engine's, not of this draft's (its format cannot hold the draft,
+    no engine serves the kind, or the engine needs the target's layer count the draft cannot know): noted, and a
+    problem only where that engine was asked for."""
+    return format_cannot_hold(view) or runtime_only(view) or lacks_target_layer_count(view)
+
+
 def format_cannot_hold(view: EngineView) -> bool:
     """The engine reads only a format that cannot hold this draft at all (transformers' own layout and a causal or
     pruned-vocab draft): it serves another kind of draft, rather than this one wrongly."""

@@ -261,8 +261,7 @@ def engine_checks(views: list[EngineView], *, asked: bool = False) -> list[Check
     needing it beside the ids (z-lab's loader) misses."""
     checks = []
     for view in views:
-        if not asked and (engine_views.format_cannot_hold(view) or engine_views.runtime_only(view)
-                          or engine_views.lacks_target_layer_count(view)):
+        if not asked and engine_views.problem_only_when_asked(view):
             continue
         errors = [d.field for d in view.divergences if d.severity == "error"]
         if errors or not view.loads:
