@@ -192,13 +192,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from dflash_runtime.device import resolve_device, resolve_dtype
-
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    device, dtype = rb.setup(args)
     bandwidth = rb.copy_bandwidth(device)
     figures: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                      "dtype": str(dtype)[6:], "shape": args.shape, "torch": torch.__version__,

@@ -512,15 +512,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def setup(args) -> tuple[torch.device, torch.dtype]:
+    """(device, dtype) of a benchmark's --device / --dtype (bfloat16 on CUDA, else float32 by default), its
+    --threads applied and the seed fixed: the start every benchmark script shares."""
     from dflash_runtime.device import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    if args.threads:
+    if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    return device, dtype
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device, dtype = setup(args)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}"
     bandwidth = copy_bandwidth(device)
