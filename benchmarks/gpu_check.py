@@ -159,7 +159,8 @@ def recorded_tests(jsonl: list[Path]) -> dict:
     """passed / failed / skipped, each failure's message and first traceback lines, the slowest tests with the
     graphs torch.compile built in each, and the tests collected but never reached (a shard stopped at the
     budget), from the lines gpu_check_plugin wrote."""
-    counts: dict = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "failure_details": [], "not_reached": []}
+    counts: dict = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "failure_details": [], "not_reached": [],
+                    "notes": []}
     done, collected = [], []
     for path in jsonl:
         if not path.exists():
@@ -171,6 +172,7 @@ def recorded_tests(jsonl: list[Path]) -> dict:
             else:
                 done.append(record)
     for record in done:
+        counts["notes"].extend({"test": record["test"], "note": note} for note in record.get("notes", []))
         if record["outcome"] in ("passed", "skipped"):
             counts[record["outcome"]] += 1
             continue
@@ -286,6 +288,7 @@ def test_lines(tests: dict) -> list[str]:
         if detail:
             lines.append(f"            {detail['outcome']} at {detail['where']}: {detail['message']}")
             lines += [f"            | {line}" for line in detail["traceback"]]
+    lines += [f"          note {n['test']}: {n['note']}" for n in tests.get("notes", [])]
     lines += [f"          not reached: {name}" for name in tests.get("not_reached", [])]
     lines += [f"          slowest: {t['seconds']:7.1f} s, {t['compiled_graphs']} graphs  {t['test']}"
               for t in tests.get("slowest", []) if t["seconds"] >= 1]

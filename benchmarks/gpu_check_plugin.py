@@ -1,8 +1,8 @@
 """A pytest plugin for the GPU check's tests part (pytest -p gpu_check_plugin, benchmarks/ on the path): one JSON
 line per test as it finishes, written and flushed at once, to the file GPU_CHECK_TESTS_JSONL names. A run stopped
 at its budget (its whole process group killed, so pytest writes no report of its own) still leaves every finished
-test's outcome, how long it took, how many graphs torch.compile built in it, and for a failure its message and the
-first lines of its traceback: what a short GPU loan must bring back in figures.json / figures.txt.
+test's outcome, how long it took, how many graphs torch.compile built in it, what it recorded with pytest's
+record_property (a near-tie's logits and noise), and for a failure its message and the first lines of its traceback: what a short GPU loan must bring back in figures.json / figures.txt.
 
 The first line lists every collected test id ("collected"), so the check can name the tests never reached."""
 
@@ -43,6 +43,8 @@ class Recorder:
     def pytest_runtest_logreport(self, report):
         record = self.tests.setdefault(report.nodeid, {"test": report.nodeid, "outcome": "passed", "seconds": 0.0})
         record["seconds"] = round(record["seconds"] + report.duration, 2)
+        if report.when == "call" and report.user_properties:  # what a passing test recorded (a near-tie's figures)
+            record["notes"] = [f"{key}: {value}"[:MESSAGE_CHARS] for key, value in report.user_properties]
         if report.failed:
             record["outcome"] = "failed" if report.when == "call" else f"error in {report.when}"
             record.update(failure(report))

@@ -293,3 +293,33 @@ def first_proposals(draft, target, prompt: list[int], *, room: int = 32):
     draft.reset(room, draft.block_size)
     draft.add_context(features, 0)
     return draft.propose(9, len(prompt), embed=target.embed, lm_head=target.lm_head)
+
+
+def greedy_or_near_tie(target, prompt: list[int], gen, ref: list[int], *, proposals: int,
+                       max_new_tokens: int) -> tuple[bool, str]:
+    """Whether the speculative generation `gen` is transformers' greedy output `ref`, or parts from it only at a
+    near-tie of the target's own two computations (validate's rule, dflash_convert.validate.partings: the verify
+    block and the one-token decode recomputed teacher-forced, the gap within the noise measured between them).
+    The message names the first parting with both tokens' logits in each path and the measured noise: on a GPU
+    the kernels of a block (flash-linear-attention's chunked Gated DeltaNet, say) and of one token differ, and
+    that is how a rollback defect is told from the target's rounding."""
+    from dflash_convert.validate.partings import PathParting
+    from dflash_runtime.paths import one_token_logits, verify_logits
+
+    if gen.tokens == ref:
+        return True, ""
+    k = next((i for i, (a, b) in enumerate(zip(gen.tokens, ref)) if a != b), min(len(gen.tokens), len(ref)))
+    if k >= min(len(gen.tokens), len(ref)):
+        return False, f"{len(gen.tokens)} tokens where transformers' generate gives {len(ref)}"
+    dtype = str(target.dtype).removeprefix("torch.")
+    one = one_token_logits(target, prompt, gen.tokens, max_new_tokens=max_new_tokens)  # [N, V]
+    verify = verify_logits(target, prompt, gen.tokens, gen.accepted_per_step, proposals=proposals,
+                           max_new_tokens=max_new_tokens)  # [N, V]
+    taken, other = ref[k], gen.tokens[k]
+    parting = PathParting(k, taken, other, dtype, float(one[k, taken]), float(one[k, other]),
+                          verify_taken=float(verify[k, taken]), verify_other=float(verify[k, other]))
+    where = f"token {k + 1} of prompt {prompt[:4]}...: "
+    if int(one[k].argmax()) != taken:
+        return False, where + (f"transformers' generate takes {taken} where the runtime's one-token decode takes "
+                               f"{int(one[k].argmax())}; " + parting.describe())
+    return parting.near_tie and not parting.beyond_rounding, where + parting.describe()

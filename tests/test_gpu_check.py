@@ -116,10 +116,11 @@ def test_goals_are_read_off_the_figures():
 
 
 def test_a_failing_cuda_test_comes_back_with_its_message_and_traceback(tmp_path):
-    """The tests part's record (gpu_check_plugin) holds each failure's message and first traceback lines, and
-    figures.txt shows them: a loan brings back figures.txt and figures.json, not always the log."""
+    """The tests part's record (gpu_check_plugin) holds each failure's message and first traceback lines, and what
+    a passing test recorded (a near-tie's figures), and figures.txt shows them: a loan brings back figures.txt and figures.json, not always the log."""
     (tmp_path / "test_x.py").write_text(
         "def helper(v):\n    assert v == 3, f'logits {v} and 3 part'\n\n"
+        "def test_near_tie_cuda(record_property):\n    record_property('near_tie', 'gap 3 ulps, moved 4')\n\n"
         "def test_fails_cuda():\n    helper(2)\n\ndef test_passes_cuda():\n    pass\n\n"
         "def test_never_reached_cuda():\n    pass\n")
     record = tmp_path / "tests.jsonl"
@@ -128,17 +129,19 @@ def test_a_failing_cuda_test_comes_back_with_its_message_and_traceback(tmp_path)
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu_check_plugin",
                     "-x", str(tmp_path / "test_x.py")], env=env, cwd=tmp_path, capture_output=True, timeout=300)
     tests = gpu_check.recorded_tests([record, tmp_path / "a-shard-that-never-started.jsonl"])
-    assert (tests["passed"], tests["failed"]) == (0, 1) and tests["failures"] == ["test_x.py::test_fails_cuda"]
+    assert (tests["passed"], tests["failed"]) == (1, 1) and tests["failures"] == ["test_x.py::test_fails_cuda"]
+    assert tests["notes"] == [{"test": "test_x.py::test_near_tie_cuda", "note": "near_tie: gap 3 ulps, moved 4"}]
     assert tests["not_reached"] == ["test_x.py::test_passes_cuda", "test_x.py::test_never_reached_cuda"]
     detail = tests["failure_details"][0]
     assert detail["message"].startswith("AssertionError: logits 2 and 3 part") and detail["where"].endswith(":2")
-    assert any("test_x.py:5" in line for line in detail["traceback"])  # the frames, the test's own first
+    assert any("test_x.py:8" in line for line in detail["traceback"])  # the frames, the test's own first
     assert any(line.startswith("E ") and "logits 2 and 3 part" in line for line in detail["traceback"])
     text = gpu_check.table({"dry_run": False, "python": "3", "device": "a GPU"},
                            {"tests": {"status": "ok", "seconds": 1.0, "budget_s": 150, "what": "CUDA tests",
                                       "tests": tests}})
     assert "FAILED test_x.py::test_fails_cuda\n            failed at " in text and "logits 2 and 3 part" in text
     assert "not reached: test_x.py::test_never_reached_cuda" in text
+    assert "note test_x.py::test_near_tie_cuda: near_tie: gap 3 ulps, moved 4" in text  # a passing test's figures
 
 
 def test_the_one_loan_run_fits_its_budget_and_leaves_the_long_tests_to_a_second():

@@ -12,7 +12,8 @@ import torch
 import target_zoo
 from dflash_convert.errors import DFlashError
 from dflash_runtime import Sampling, load_draft, load_target, speculative_generate, target_generate
-from runtime_helpers import _ROOT, DEVICES, close, one_torch_thread, write_hf_draft  # noqa: F401 (autouse fixture)
+from runtime_helpers import (_ROOT, DEVICES, close, greedy_or_near_tie, one_torch_thread,  # noqa: F401 (autouse fixture)
+                             write_hf_draft)
 
 PROMPTS = ([3, 17, 250, 9], list(range(40, 61)))
 N = 16
@@ -59,23 +60,32 @@ def scripted(draft, script):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", target_zoo.KINDS)
-def test_speculative_greedy_equals_transformers_generate(kind, device, tmp_path):
+def test_speculative_greedy_equals_transformers_generate(kind, device, tmp_path, record_property):
     """A real random draft (mostly rejected) and a scripted one (accepted up to a moving slot, then
     rejected) against each architecture, on each device present: both emit exactly transformers' greedy
-    generate."""
+    generate, or part from it only where the target's own verify block and one-token decode, recomputed,
+    disagree within rounding (validate's near-tie rule); such a parting is recorded with its logits and noise."""
     target = load_target(zoo(kind), device=device)
     assert target.unrollable is None
     draft = draft_for(tmp_path, device=device)
     for prompt in PROMPTS:
         ref = reference(target.model, prompt)
-        assert speculative_generate(draft, target, prompt, max_new_tokens=N).tokens == ref, prompt
+        expect_greedy(target, prompt, speculative_generate(draft, target, prompt, max_new_tokens=N), ref,
+                      record_property)
     for prompt in PROMPTS:
         ref = reference(target.model, prompt)
         gen = speculative_generate(scripted(draft_for(tmp_path, device=device), {"prompt_len": len(prompt),
                                                                                  "tokens": ref}),
                                    target, prompt, max_new_tokens=N)
-        assert gen.tokens == ref, prompt
+        expect_greedy(target, prompt, gen, ref, record_property)
         assert 0 < gen.stats.accepted < gen.stats.drafted  # partial blocks really happened
+
+
+def expect_greedy(target, prompt, gen, ref, record_property) -> None:
+    equal, why = greedy_or_near_tie(target, prompt, gen, ref, proposals=BLOCK - 1, max_new_tokens=N)
+    assert equal, why
+    if why:  # a near-tie: the test passes, and the GPU check brings the figures back
+        record_property("near_tie", why)
 
 
 def test_attention_is_chosen_from_what_the_model_supports():
