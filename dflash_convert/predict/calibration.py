@@ -1,10 +1,13 @@
 """The measurements the cost model is calibrated on, as data, the fit of each engine's constants to them, and
 the model's error on every one.
 
-A case is a published engine measurement (plain and speculative tokens/s at a tau, K and concurrency) or one
-of the bundled runtime's own step times on a lent GPU (docs/performance.md). Targets that cannot be
-downloaded here are written as the few config.json values the model reads (their published config.json);
-drafts as the dimensions the model reads. docs/performance.md cites each case's source and numbers.
+A case is a published engine measurement (plain and speculative tokens/s at a tau, K, concurrency and
+tensor-parallel size) or one of the bundled runtime's own step times on a lent GPU (docs/performance.md). A
+direction case is a source that states only the pay-off (faster or slower than no speculation, or which K wins)
+at a tau range: it counts in the directions, never in the error median. Targets that cannot be downloaded here
+are written as the few config.json values the model reads (their published config.json, as the Hub card or
+public code that validates the checkpoint states them); drafts as the dimensions the model reads.
+docs/performance.md cites each case's source and numbers.
 
 The fit (`fit`) is the same for every engine and never per case: a grid over the bandwidth efficiency shared
 by the serving engines (they run the same kinds of kernels), and, at each, every engine's fixed step cost and
@@ -36,12 +39,35 @@ QWEN3_5_4B = {"text_config": {
     "head_dim": 256, "intermediate_size": 9216, "vocab_size": 248320, "full_attention_interval": 4,
     "attn_output_gate": True, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
     "linear_value_head_dim": 128, "dtype": "bfloat16"}}
+# https://huggingface.co/Qwen/Qwen3-32B-FP8 config.json: block-wise fp8 weights (the lm_head kept in bf16)
+QWEN3_32B_FP8 = {"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+                 "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936, "torch_dtype": "bfloat16",
+                 "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                         "weight_block_size": [128, 128]}}
+# https://huggingface.co/Qwen/Qwen3.5-35B-A3B config.json text_config: 40 layers, every 4th full attention, the
+# rest Gated DeltaNet; 256 experts, 8 routed and one shared per token
+QWEN3_5_35B_A3B = {"text_config": {
+    "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "vocab_size": 248320, "full_attention_interval": 4,
+    "attn_output_gate": True, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "dtype": "bfloat16"}}
+# Qwen/Qwen3.8-27B-FP8 config.json text_config (the Qwen3.5-27B layout: 64 layers, every 4th full attention), as
+# public loaders of Qwen3.8-27B check it; the block-wise fp8 quantization_config of Qwen's -FP8 checkpoints
+QWEN3_8_27B_FP8 = {"text_config": {
+    "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4,
+    "head_dim": 256, "intermediate_size": 17408, "vocab_size": 248320, "full_attention_interval": 4,
+    "attn_output_gate": True, "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "dtype": "bfloat16"},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]}}
 
 
 def _draft(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, vocab: int,
-           features: int) -> ModelFacts:
+           features: int, window: int = 0) -> ModelFacts:
     return ModelFacts(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                      intermediate=intermediate, vocab=vocab, context_features=features * hidden)
+                      intermediate=intermediate, vocab=vocab, context_features=features * hidden,
+                      sliding_layers=layers if window else 0, sliding_window=window)
 
 
 # z-lab's Qwen3-8B-DFlash-b16: 5 layers at the target's width, reading 5 target layers (its config.json)
@@ -50,6 +76,13 @@ QWEN3_8B_DFLASH = _draft(4096, 5, 32, 8, 128, 12288, 151936, 5)
 # at the target's width, its MLP width, 5 target layers read) is assumed
 QWEN3_30B_A3B_DFLASH = _draft(2048, 5, 32, 4, 128, 6144, 151936, 5)
 QWEN3_5_4B_DFLASH = _draft(2560, 5, 32, 8, 128, 9216, 248320, 5)
+QWEN3_5_35B_A3B_DFLASH = _draft(2048, 5, 32, 4, 128, 6144, 248320, 5)  # assumed as the Qwen3-30B-A3B draft's
+# chutesai/Qwen3-32B-FP8-DFLASH (its card's architecture table): 5 layers at 5120, 32 heads (8 KV) of 128, MLP 9728,
+# 5 target layers read, the target's embeddings and lm_head
+QWEN3_32B_FP8_DFLASH = _draft(5120, 5, 32, 8, 128, 9728, 151936, 5)
+# incoai/Qwen3.8-27B-DFlash2 config.json (z-lab's byte-identical): 5 sliding-window (2048) layers at 5120, 32 heads
+# (8 KV) of 128, MLP 17408, 5 target layers read, block 8; its candidate selector (rank 256) is not counted
+QWEN3_8_27B_DFLASH2 = _draft(5120, 5, 32, 8, 128, 17408, 248320, 5, window=2048)
 
 
 @dataclass(frozen=True)
@@ -72,6 +105,7 @@ class Case:
     speculative_tokens_per_s: float | None = None
     step_s: float | None = None
     notes: str = ""
+    tp: int = 1  # tensor-parallel size: bytes and FLOPs split over tp GPUs, plus the all-reduces
 
     @property
     def measured_speedup(self) -> float | None:
@@ -93,6 +127,10 @@ CASES: tuple[Case, ...] = (
          "H100-SXM", QWEN3_5_4B, QWEN3_5_4B_DFLASH, k=15, concurrency=1, tau=5.602, context=300,
          baseline_tokens_per_s=285, speculative_tokens_per_s=347,
          notes="vLLM nightly 0.23.1rc1, GSM8K; K 15 as z-lab's card launches it (assumed); hybrid target"),
+    Case("Qwen3-32B-FP8 on RTX PRO 6000, SGLang, concurrency 8", "https://huggingface.co/chutesai/Qwen3-32B-FP8-DFLASH",
+         "sglang", "RTX-PRO-6000", QWEN3_32B_FP8, QWEN3_32B_FP8_DFLASH, k=15, concurrency=8, tau=2.46, context=512,
+         baseline_tokens_per_s=229.1, speculative_tokens_per_s=423.0,
+         notes="SGLang 0.5.13.post1, ShareGPT, 200 prompts, up to 1,024 out; block 16 (K 15); context assumed 512"),
     Case("runtime draft step, Qwen3-8B-DFlash-b16 shape, H100", "docs/performance.md (scripts/gpu-check.sh)",
          "runtime", "H100-SXM", QWEN3_8B, QWEN3_8B_DFLASH, k=15, concurrency=1, tau=1.0, context=512,
          kind="draft step", step_s=2.07e-3, notes="compiled with CUDA graphs, block 16 after 512 positions"),
@@ -101,10 +139,55 @@ CASES: tuple[Case, ...] = (
          step_s=10.6e-3, notes="compiled, 16 tokens after 512 cached"),
 )
 
+
+@dataclass(frozen=True)
+class DirectionCase:
+    """A source that states the pay-off without a full table: speculation `faster` or slower than none, or (with
+    `versus_k`) K `k` faster than K `versus_k`. tau as the source gives it, a range (low, high); the model is right
+    only where it holds over the whole range (for a ranking: `k` at its lowest tau against `versus_k` at its
+    highest). Counted in the pay-off directions, never in the error median (no figures to compare)."""
+
+    name: str
+    source: str
+    engine: str
+    gpu: str
+    target: dict[str, Any]
+    draft: ModelFacts
+    k: int
+    concurrency: int
+    tau: tuple[float, float]
+    context: float
+    faster: bool = True
+    versus_k: int | None = None
+    versus_tau: tuple[float, float] | None = None
+    tp: int = 1
+    notes: str = ""
+
+
+DIRECTION_CASES: tuple[DirectionCase, ...] = (
+    DirectionCase("Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 16",
+                  "https://github.com/vllm-project/vllm/issues/42505", "vllm", "RTX-PRO-6000", QWEN3_5_35B_A3B,
+                  QWEN3_5_35B_A3B_DFLASH, k=4, concurrency=16, tau=(2.0, 3.0), context=1024, faster=False,
+                  notes="vLLM 0.20.1, --max-num-seqs 16: 'slower than the baseline at concurrency > 8'; tau 2-3 from "
+                  "the same reporter's z-lab/dflash#118 (K 4 or 16); context assumed 1,024"),
+    DirectionCase("Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 1",
+                  "https://github.com/vllm-project/vllm/issues/42505", "vllm", "RTX-PRO-6000", QWEN3_5_35B_A3B,
+                  QWEN3_5_35B_A3B_DFLASH, k=4, concurrency=1, tau=(2.0, 3.0), context=1024, faster=True,
+                  notes="the same report: at concurrency 1 'the speedup is much lower than reported' (a speedup, "
+                  "smaller than the paper's)"),
+    DirectionCase("Qwen3.8-27B-FP8 on H20, vLLM, DFlash2 K 5 against K 7, 64k in",
+                  "https://github.com/vllm-project/recipes/pull/839", "vllm", "H20", QWEN3_8_27B_FP8,
+                  QWEN3_8_27B_DFLASH2, k=5, concurrency=10, tau=(2.6, 2.7), context=64000 + 1500, versus_k=7,
+                  versus_tau=(2.5, 2.7),
+                  notes="vllm bench serve, random 64,000 in / 3,000 out, 10 prompts at 10 req/s: decode median 304.1 "
+                  "tok/s at K 5 against 255.5 at K 7; no run without speculation"),
+)
+
 # The result of fit(CASES), rounded as printed; tests/predict checks fit(CASES) still gives it.
 ENGINES: dict[str, EngineConstants] = {
-    "sglang": EngineConstants(0.9, ASSUMED_COMPUTE_EFFICIENCY, 3.30e-3, 0.0),
-    "vllm": EngineConstants(0.9, ASSUMED_COMPUTE_EFFICIENCY, 3.09e-3, 4.10e-3),  # pooled: one vLLM case (MIN_OWN_CASES)
+    "sglang": EngineConstants(0.625, ASSUMED_COMPUTE_EFFICIENCY, 2.05e-3, 0.69e-3),
+    # pooled: vLLM has one throughput case (fewer than MIN_OWN_CASES)
+    "vllm": EngineConstants(0.625, ASSUMED_COMPUTE_EFFICIENCY, 0.75e-3, 5.92e-3),
     "runtime": EngineConstants(0.46, ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0),
 }
 
@@ -137,9 +220,9 @@ def evaluate(case: Case, constants: EngineConstants) -> CaseResult:
         seconds = p.seconds + constants.fixed_step_s
         return CaseResult(case, {"step_s": seconds}, {"step_s": abs(seconds / case.step_s - 1)})
     b = case.concurrency
-    plain = plain_step(target, batch=b, context=case.context, gpu=g, constants=constants)
+    plain = plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp)
     spec = speculative_step(target, case.draft, batch=b, k=case.k, tau=case.tau, context=case.context, gpu=g,
-                            constants=constants)
+                            constants=constants, tp=case.tp)
     base, fast = b / plain.seconds, b * case.tau / spec.seconds
     predicted = {"baseline_tokens_per_s": base, "speculative_tokens_per_s": fast, "speedup": fast / base}
     errors = {"baseline_tokens_per_s": abs(base / case.baseline_tokens_per_s - 1),
@@ -159,18 +242,48 @@ class ErrorBand:
     directions_right: int
     directions: int
     results: list[CaseResult] = field(default_factory=list)
+    stated: list[DirectionResult] = field(default_factory=list)  # the direction-only cases
 
     def line(self) -> str:
         return (f"model error on {self.cases} calibration cases: median {self.median:.0%}, worst {self.worst:.0%}; "
-                f"pay-off direction right in {self.directions_right} of {self.directions}")
+                f"pay-off direction right in {self.directions_right} of {self.directions}"
+                + (f" ({len(self.stated)} stated without figures)" if self.stated else ""))
 
 
-def error_band(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstants] | None = None) -> ErrorBand:
+@dataclass(frozen=True)
+class DirectionResult:
+    case: DirectionCase
+    predicted: dict[str, float]  # the speedups (or, for a ranking, K's over versus_k's throughput) at each tau end
+    right: bool
+
+
+def evaluate_direction(case: DirectionCase, constants: EngineConstants) -> DirectionResult:
+    target, g = target_facts(case.target, f"calibration case {case.name!r}"), gpu(case.gpu)
+    b = case.concurrency
+
+    def tokens_per_s(k: int, tau: float) -> float:
+        step = speculative_step(target, case.draft, batch=b, k=k, tau=tau, context=case.context, gpu=g,
+                                constants=constants, tp=case.tp)
+        return b * tau / step.seconds
+
+    if case.versus_k is not None:
+        versus = case.versus_tau or case.tau
+        ratio = tokens_per_s(case.k, case.tau[0]) / tokens_per_s(case.versus_k, versus[1])
+        return DirectionResult(case, {"ratio": ratio}, ratio > 1.0)
+    plain = b / plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp).seconds
+    speedups = {f"speedup at tau {tau:g}": tokens_per_s(case.k, tau) / plain for tau in case.tau}
+    return DirectionResult(case, speedups, all((s > 1.0) == case.faster for s in speedups.values()))
+
+
+def error_band(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstants] | None = None,
+               direction_cases: tuple[DirectionCase, ...] = DIRECTION_CASES) -> ErrorBand:
     engines = ENGINES if engines is None else engines
     results = [evaluate(c, engines[c.engine]) for c in cases]
     errors = [e for r in results for k, e in r.errors.items() if k != "speedup"]
     directions = [r.direction_right for r in results if r.direction_right is not None]
-    return ErrorBand(median(errors), max(errors), len(cases), sum(directions), len(directions), results)
+    stated = [evaluate_direction(c, engines[c.engine]) for c in direction_cases]
+    directions += [r.right for r in stated]
+    return ErrorBand(median(errors), max(errors), len(cases), sum(directions), len(directions), results, stated)
 
 
 # ----------------------------------------------------------------------------- the fit
@@ -184,9 +297,9 @@ def _fixed_costs(cases: list[Case], constants: EngineConstants) -> tuple[float, 
         target, g = target_facts(c.target), gpu(c.gpu)
         if c.kind != "throughput":
             continue
-        plain = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=zero).seconds
+        plain = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=zero, tp=c.tp).seconds
         spec = speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context, gpu=g,
-                                constants=zero).seconds
+                                constants=zero, tp=c.tp).seconds
         plain_left.append(c.concurrency / c.baseline_tokens_per_s - plain)
         spec_left.append(c.concurrency * c.tau / c.speculative_tokens_per_s - spec)
     fixed = max(0.0, median(plain_left)) if plain_left else 0.0

@@ -1,0 +1,104 @@
+"""The calibration set beyond the band: the pay-off direction of every published case as the docs state it (the
+measured ones and those whose source states only the direction or a K ranking), the rule that a direction holds over
+a source's whole tau range, and a case served with tensor parallelism."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from dflash_convert.predict import calibration
+from dflash_convert.predict.calibration import (CASES, DIRECTION_CASES, ENGINES, Case, DirectionCase, error_band,
+                                                evaluate, evaluate_direction)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = (ROOT / "docs" / "performance.md").read_text()
+
+# What docs/performance.md's table says of each direction-only case: right, or the model's documented miss.
+STATED = {
+    "Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 16": False,  # slower at tau 2, faster at tau 3
+    "Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 1": False,  # predicted slower over tau 2-3
+    "Qwen3.8-27B-FP8 on H20, vLLM, DFlash2 K 5 against K 7, 64k in": True,
+}
+
+
+def test_every_measured_case_has_its_pay_off_direction_right():
+    for r in error_band().results:
+        if r.direction_right is not None:
+            assert r.direction_right, (r.case.name, r.predicted["speedup"], r.case.measured_speedup)
+    assert sum(c.kind == "throughput" for c in CASES) == 4
+
+
+def test_the_direction_only_cases_come_out_as_the_docs_state():
+    band = error_band()
+    assert {r.case.name: r.right for r in band.stated} == STATED
+    assert (band.directions_right, band.directions) == (4 + 1, 4 + 3)
+    assert band.line() in DOCS
+    for case in DIRECTION_CASES:  # each one is in the docs' table with its source
+        assert case.name in DOCS and case.source in DOCS, case.name
+    # the miss at concurrency 16 is the tau range's: slower at its low end (right), faster at its high end
+    busy = next(r for r in band.stated if "concurrency 16" in r.case.name)
+    assert busy.predicted["speedup at tau 2"] < 1.0 < busy.predicted["speedup at tau 3"]
+
+
+def test_the_ranking_at_64k_is_the_verify_s_kv_cache_and_compute():
+    """recipes#839: on an H20 (296 fp8 TFLOP/s, 4 TB/s) at 64k context, K 5 beats K 7 at about the same tau: the
+    verify of 10 x (K+1) tokens reads 10 64k caches (about the same bytes at either K), and attention over them
+    makes the K 7 verify compute-bound, so its two more slots cost more than they return."""
+    from dflash_convert.predict.cost import target_pass
+    from dflash_convert.predict.facts import target_facts
+    from dflash_convert.predict.gpus import gpu
+
+    h20 = next(c for c in DIRECTION_CASES if c.versus_k is not None)
+    r = evaluate_direction(h20, ENGINES[h20.engine])
+    assert r.right and r.predicted["ratio"] > 1.0
+
+    def verify(k: int):
+        return target_pass(target_facts(h20.target), batch=h20.concurrency, tokens_per_seq=k + 1,
+                           context=h20.context, gpu=gpu(h20.gpu), constants=ENGINES[h20.engine], tp=1)
+
+    five, seven = verify(h20.k), verify(h20.versus_k)
+    assert max(seven.bytes_by_term, key=seven.bytes_by_term.get) == "KV cache"
+    assert five.memory_s == pytest.approx(seven.memory_s, rel=0.05)  # + the linear state per verified slot
+    assert seven.compute_s > seven.memory_s > five.compute_s
+
+
+def test_a_direction_must_hold_over_the_whole_tau_range():
+    dense = dataclasses.replace(DIRECTION_CASES[1], target=calibration.QWEN3_8B, draft=calibration.QWEN3_8B_DFLASH,
+                                gpu="A800", engine="sglang", k=15, concurrency=1)
+    wide = dataclasses.replace(dense, tau=(1.0, 6.0))  # slower at tau 1 (nothing accepted), faster at 6
+    r = evaluate_direction(wide, ENGINES["sglang"])
+    low, high = r.predicted.values()
+    assert low < 1.0 < high and not r.right
+    assert evaluate_direction(dataclasses.replace(dense, tau=(5.0, 6.0)), ENGINES["sglang"]).right
+    assert not evaluate_direction(dataclasses.replace(dense, tau=(5.0, 6.0), faster=False), ENGINES["sglang"]).right
+    # a ranking is judged on the winner's lowest tau against the loser's highest
+    ranking = dataclasses.replace(dense, k=7, versus_k=15, tau=(4.0, 4.0), versus_tau=(4.0, 9.0))
+    assert not evaluate_direction(ranking, ENGINES["sglang"]).right
+    assert evaluate_direction(dataclasses.replace(ranking, versus_tau=(3.5, 3.5)), ENGINES["sglang"]).right
+
+
+def test_a_case_served_with_tensor_parallelism_splits_the_bytes_and_pays_the_all_reduces():
+    one = next(c for c in CASES if c.name.startswith("Qwen3-8B on A800"))
+    four = dataclasses.replace(one, tp=4)
+    r1, r4 = evaluate(one, ENGINES["sglang"]), evaluate(four, ENGINES["sglang"])
+    # a quarter of the bytes each, plus 2 x 36 all-reduces of 8 us and up: faster, but not 4x (the fixed cost stays)
+    assert r1.predicted["baseline_tokens_per_s"] < r4.predicted["baseline_tokens_per_s"] \
+        < 4 * r1.predicted["baseline_tokens_per_s"]
+    no_links = dataclasses.replace(four, gpu="L4")  # 32 GB/s PCIe against the A800's 200 GB/s NVLink
+    assert evaluate(no_links, ENGINES["sglang"]).predicted["speculative_tokens_per_s"] \
+        < r4.predicted["speculative_tokens_per_s"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.kind == "throughput"], ids=lambda c: c.name)
+def test_every_measured_case_cites_its_source_and_figures_in_the_docs(case: Case):
+    assert case.source in DOCS
+    assert f"{case.baseline_tokens_per_s:g} -> {case.speculative_tokens_per_s:g} tok/s" in DOCS, case.name
+
+
+def test_direction_cases_are_not_in_the_error_median():
+    with_them, without = error_band(), error_band(direction_cases=())
+    assert (with_them.median, with_them.worst) == (without.median, without.worst)
+    assert isinstance(DIRECTION_CASES[0], DirectionCase)
