@@ -8,13 +8,13 @@ the target's). Nothing else of a checkpoint is read: a prediction needs no weigh
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 from dflash_convert.errors import DFlashError
 from dflash_convert.format.configs import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS,
                                            MAX_POSITIONS, MAX_VOCAB)
-from dflash_convert.format.mapping import _short
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
 LINEAR_STATE_BYTES = 4  # linear-attention (Gated DeltaNet) recurrent state, kept in float32 by the engines
@@ -160,6 +160,15 @@ SIZES: dict[str, Size] = {
     "group_size": Size(("group_size", "q_group_size"), -1, MAX_INTERMEDIATE),  # -1: one scale per output channel
 }
 FLAGS = ("attn_output_gate", "tie_word_embeddings")  # JSON booleans where present
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 60, 60, 6, 4, 2
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for an error line (a hostile value may be megabytes long)."""
+    return _REPR.repr(value)
 
 
 class Reader:
