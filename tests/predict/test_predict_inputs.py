@@ -79,6 +79,22 @@ def test_the_draft_block_s_last_proposal_is_accepted(cli):
     assert set(r.json()["taus"]) == {"1", "15"}
 
 
+def test_a_draft_whose_anchor_slot_proposes_reaches_its_whole_block(cli, tmp_path):
+    """DSpark with sample_from_anchor: every slot of the block of 16 proposes, so K 16 is within it."""
+    config = json.loads(DRAFT_CONFIG.read_text())
+    config.update(speculators_model_type="dspark", markov_rank=16, sample_from_anchor=True,
+                  architectures=["DSparkDraftModel"])
+    config["speculators_config"]["algorithm"] = "dspark"
+    config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 16
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ok = cli("predict", "--target", PAIR / "target", "--draft", tmp_path, "--gpu", "H200", "--tau", "16=9", "--json")
+    assert ok.code == 0 and set(ok.json()["taus"]) == {"16"}, ok.err
+    past = cli("predict", "--target", PAIR / "target", "--draft", tmp_path, "--gpu", "H200", "--tau", "17=9")
+    assert past.code == 2 and past.err.strip().splitlines() == [
+        f"Error: --tau 17=9: K 17 is past the draft's block: {tmp_path / 'config.json'} has block_size 16, which "
+        "proposes at most 16 tokens per step (K 1 to 16)"], past.err
+
+
 # ----------------------------------------------------------------------------- config.json sizes
 
 @pytest.mark.parametrize("config, fields", [
