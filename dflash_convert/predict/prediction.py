@@ -108,13 +108,15 @@ class PredictionRow(BaseModel):
                        "cache, lm_head, draft, compute, all-reduce or fixed cost; or 'does not fit: ...' with the "
                        "memory needed and the memory usable per GPU")
     baseline_bound: str = Field(description="the same for the plain step")
-    memory_per_gpu_gb: float = Field(description="what one GPU holds serving the speculative deployment, a lower "
-                                     "bound: the target's and the draft's weights and KV caches (concurrency x "
-                                     "(input_len + output_len) positions), divided by the tensor-parallel size")
-    baseline_memory_per_gpu_gb: float = Field(description="the same for the target alone")
-    fits: bool | None = Field(description=f"memory_per_gpu_gb within {USABLE_FRACTION:.0%} of the GPU's memory "
-                              "(vLLM's default gpu_memory_utilization); None: the GPU's memory is not known")
-    baseline_fits: bool | None = Field(description="the same for the target alone")
+    # defaults: a report written before memory was checked still reads (validate --baseline, push's model card)
+    memory_per_gpu_gb: float | None = Field(None, description="what one GPU holds serving the speculative "
+                                            "deployment, a lower bound: the target's and the draft's weights and KV "
+                                            "caches (concurrency x (input_len + output_len) positions), divided by "
+                                            "the tensor-parallel size")
+    baseline_memory_per_gpu_gb: float | None = Field(None, description="the same for the target alone")
+    fits: bool | None = Field(None, description=f"memory_per_gpu_gb within {USABLE_FRACTION:.0%} of the GPU's "
+                              "memory (vLLM's default gpu_memory_utilization); None: the GPU's memory is not known")
+    baseline_fits: bool | None = Field(None, description="the same for the target alone")
 
 
 class ConcurrencyRecommendation(BaseModel):
@@ -292,9 +294,9 @@ def text_lines(report: PredictionReport) -> list[str]:
         lines += ["", f"{g['name']} ({g['memory_bandwidth_gbps']:g} GB/s, {g['bf16_tflops']:g} bf16 TFLOP/s{memory}):",
                   head]
         for r in (r for r in report.predictions if r.gpu == g["name"]):
-            lines.append(f"{r.num_speculative_tokens:>3} {r.concurrency:>5} {r.tau:>6.2f} "
-                         f"{_figure(r.baseline_tokens_per_s, 12, '.1f')} {_figure(r.speculative_tokens_per_s, 11, '.1f')} "
-                         f"{_figure(r.speedup, 7, '.2f')}{' ' if r.speedup is None else 'x'} {r.memory_per_gpu_gb:>7.1f}  "
+            plain, fast, speedup, memory = _figures(r)
+            lines.append(f"{r.num_speculative_tokens:>3} {r.concurrency:>5} {r.tau:>6.2f} {plain:>12} {fast:>11} "
+                         f"{speedup:>8} {memory:>7}  "
                          + (r.bound if r.baseline_fits is False else f"{r.bound} / {r.baseline_bound}"))
         for rec in (r for r in report.recommendation if r.gpu == g["name"]):
             band_text = "" if rec.speedup is None else (f" (model error: median {band.median:.0%}, worst "
@@ -312,9 +314,12 @@ def _verdict(rec: ConcurrencyRecommendation) -> str:
     return "no speculation" if rec.target_fits else "does not fit"
 
 
-def _figure(value: float | None, width: int, spec: str) -> str:
-    """A row's figure, or '-' where the deployment does not fit (no figure is predicted)."""
-    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+def _figures(r: PredictionRow) -> tuple[str, ...]:
+    """A row's plain and speculative tokens/s, speedup and GB per GPU as text; '-' where there is none (the
+    deployment does not fit)."""
+    return tuple("-" if value is None else f"{value:{spec}}" + unit for value, spec, unit in (
+        (r.baseline_tokens_per_s, ".1f", ""), (r.speculative_tokens_per_s, ".1f", ""), (r.speedup, ".2f", "x"),
+        (r.memory_per_gpu_gb, ".1f", "")))
 
 
 def markdown_lines(report: PredictionReport) -> list[str]:
@@ -325,9 +330,7 @@ def markdown_lines(report: PredictionReport) -> list[str]:
              "| GPU | K | concurrency | tau | plain tok/s | speculative tok/s | speedup | GB per GPU | bound |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.gpu} | {r.num_speculative_tokens} | {r.concurrency} | {r.tau:.2f} | "
-              f"{_figure(r.baseline_tokens_per_s, 0, '.1f')} | {_figure(r.speculative_tokens_per_s, 0, '.1f')} | "
-              f"{_figure(r.speedup, 0, '.2f')}{'' if r.speedup is None else 'x'} | {r.memory_per_gpu_gb:.1f} | "
-              f"{r.bound} |" for r in report.predictions]
+              + " | ".join(_figures(r)) + f" | {r.bound} |" for r in report.predictions]
     lines.append("")
     for rec in report.recommendation:
         lines.append(f"- {rec.gpu}, concurrency {rec.concurrency}: **{_verdict(rec)}**: {rec.reason}")

@@ -279,3 +279,18 @@ def test_every_architecture_as_transformers_writes_its_config_reads(kind):
     assert facts.layers == target_zoo.LAYERS and facts.hidden == target_zoo.HIDDEN
     assert (facts.linear_layers > 0) == (kind in target_zoo.HYBRID)
     assert (facts.mla_kv_per_token > 0) == (kind in ("deepseek_v3", "kimi_k25"))
+
+
+def test_a_prediction_written_before_the_memory_check_still_reads(cli):
+    """validate --baseline and push's model card read earlier reports: their rows have no memory fields."""
+    from dflash_convert.predict.prediction import PredictionReport, markdown_lines
+
+    r = cli("predict", "--target", PAIR / "target", "--draft", DRAFT_CONFIG, "--gpu", "H200", "--tau", "7=4", "--json")
+    old = r.json()
+    for row in old["predictions"]:
+        for key in ("memory_per_gpu_gb", "baseline_memory_per_gpu_gb", "fits", "baseline_fits"):
+            del row[key]
+    for rec in old["recommendation"]:
+        del rec["target_fits"]
+    lines = markdown_lines(PredictionReport.model_validate(old))
+    assert any(line.startswith("| H200 | 7 | 1 | 4.00 |") and line.count(" | - | ") == 1 for line in lines), lines
