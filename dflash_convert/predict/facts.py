@@ -159,7 +159,6 @@ SIZES: dict[str, Size] = {
     "bits": Size(("bits", "w_bit"), 1, 16),
     "group_size": Size(("group_size", "q_group_size"), -1, MAX_INTERMEDIATE),  # -1: one scale per output channel
 }
-FLAGS = ("attn_output_gate", "tie_word_embeddings")  # JSON booleans where present
 
 
 _REPR = reprlib.Repr()
