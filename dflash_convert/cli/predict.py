@@ -47,7 +47,8 @@ def predict(
     from dflash_convert.errors import UsageError
     from dflash_convert.io.reading import read_json
     from dflash_convert.predict.gpus import gpu as known_gpu, gpu_from_spec
-    from dflash_convert.predict.prediction import load_inputs, parse_taus, predict as run, taus_from_report
+    from dflash_convert.predict.prediction import (check_taus_within_block, load_inputs, parse_taus, predict as run,
+                                                   taus_from_report)
 
     out = Output(as_json, quiet)
     gpus = [known_gpu(n) for n in (gpu or "").split(",") if n.strip()]
@@ -70,6 +71,9 @@ def predict(
         raise UsageError(f"--concurrency {concurrency}: {exc}") from None
     t_path, _ = out.local(target, revision=revision, token=token, config_only=True)
     d_path, _ = out.local(draft, revision=revision, token=token, config_only=True)
-    report = run(load_inputs(t_path, d_path, target, draft), gpus, taus, concurrency=batches, input_len=input_len,
+    inputs = load_inputs(t_path, d_path, target, draft)
+    if tau:
+        check_taus_within_block(given, inputs.draft, tau)
+    report = run(inputs, gpus, taus, concurrency=batches, input_len=input_len,
                  output_len=output_len, engine=value(engine), tp=tp, tau_source=source)
     out.result(report.model_dump(mode="json"), render=report.render)

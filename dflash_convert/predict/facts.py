@@ -8,10 +8,13 @@ the target's). Nothing else of a checkpoint is read: a prediction needs no weigh
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 from dflash_convert.errors import DFlashError
+from dflash_convert.format.configs import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS,
+                                           MAX_POSITIONS, MAX_VOCAB)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
 LINEAR_STATE_BYTES = 4  # linear-attention (Gated DeltaNet) recurrent state, kept in float32 by the engines
@@ -49,6 +52,9 @@ class ModelFacts:
     kv_cache_bytes: float = 2.0
     lm_head_rows: int = 0  # a draft's own lm_head rows (draft_vocab_size); 0: it logits through the target's
     context_features: int = 0  # a draft: the width of the target features it projects (layers x target hidden)
+    tied_embeddings: bool = True  # a target: its lm_head is its embedding's rows (stored once)
+    max_proposals: int = 0  # a draft: the most tokens its trained block proposes per step (0: not stated)
+    block_size: int = 0  # a draft: its trained block, as its config states it
     source: str = "config.json"
 
     # --- derived, per layer
@@ -107,17 +113,110 @@ class ModelFacts:
 
 # ----------------------------------------------------------------------------- reading a config.json
 
-def _int(cfg: dict[str, Any], *keys: str, default: int | None = None, file: str = "config.json") -> int:
-    for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    if default is not None:
-        return default
-    raise DFlashError(f"field `{keys[0]}` missing or not a non-negative integer: a prediction needs it", file=file)
+# The most experts a MoE layer may have (real ones: 8 to 512); the other bounds are the ones every command
+# applies to a config (format/configs.py). A value outside them is an error naming the field, not a figure.
+MAX_EXPERTS = 1 << 16
 
 
-def _storage(raw: dict[str, Any], text: dict[str, Any]) -> tuple[float, float, str]:
+@dataclass(frozen=True)
+class Size:
+    """An integer field of a config: its key and the other spellings configs give it (the first present wins),
+    and its bounds, inclusive. `high` may name another fact (top-k at most the experts)."""
+
+    keys: tuple[str, ...]
+    low: int
+    high: int | str
+
+
+# What the cost model reads of a target's config.json, one declaration each. A JSON null is an absent field;
+# a bool, a string, a float or a value out of bounds is refused, naming the file and the field.
+SIZES: dict[str, Size] = {
+    "hidden": Size(("hidden_size", "n_embd"), 1, MAX_HIDDEN),
+    "layers": Size(("num_hidden_layers", "n_layer"), 1, MAX_LAYERS),
+    "heads": Size(("num_attention_heads", "n_head"), 1, MAX_HEADS),
+    "kv_heads": Size(("num_key_value_heads",), 1, "heads"),
+    "head_dim": Size(("head_dim",), 1, MAX_HEAD_DIM),
+    "intermediate": Size(("intermediate_size", "ffn_hidden_size"), 0, MAX_INTERMEDIATE),
+    "vocab": Size(("vocab_size",), 1, MAX_VOCAB),
+    "experts": Size(("num_experts", "num_local_experts", "n_routed_experts"), 0, MAX_EXPERTS),
+    "top_k": Size(("num_experts_per_tok", "num_experts_per_token", "moe_topk"), 1, "experts"),
+    "expert_intermediate": Size(("moe_intermediate_size",), 1, MAX_INTERMEDIATE),
+    "shared_intermediate": Size(("shared_expert_intermediate_size",), 0, MAX_INTERMEDIATE),
+    "shared_experts": Size(("n_shared_experts",), 0, MAX_EXPERTS),
+    "dense_layers": Size(("first_k_dense_replace",), 0, "layers"),
+    "full_attention_interval": Size(("full_attention_interval",), 1, MAX_LAYERS),
+    "linear_key_heads": Size(("linear_num_key_heads",), 0, MAX_HEADS),
+    "linear_value_heads": Size(("linear_num_value_heads",), 0, MAX_HEADS),
+    "linear_key_dim": Size(("linear_key_head_dim",), 0, MAX_HEAD_DIM),
+    "linear_value_dim": Size(("linear_value_head_dim",), 0, MAX_HEAD_DIM),
+    "sliding_window": Size(("sliding_window",), 0, MAX_POSITIONS),
+    "kv_lora_rank": Size(("kv_lora_rank",), 1, MAX_INTERMEDIATE),
+    "q_lora_rank": Size(("q_lora_rank",), 1, MAX_INTERMEDIATE),
+    "qk_rope_head_dim": Size(("qk_rope_head_dim",), 0, MAX_HEAD_DIM),
+    "qk_nope_head_dim": Size(("qk_nope_head_dim",), 0, MAX_HEAD_DIM),
+    "v_head_dim": Size(("v_head_dim",), 1, MAX_HEAD_DIM),
+    # quantization_config's
+    "bits": Size(("bits", "w_bit"), 1, 16),
+    "group_size": Size(("group_size", "q_group_size"), -1, MAX_INTERMEDIATE),  # -1: one scale per output channel
+}
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 60, 60, 6, 4, 2
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for an error line (a hostile value may be megabytes long)."""
+    return _REPR.repr(value)
+
+
+class Reader:
+    """Reads a config's fields as SIZES declares them, keeping what it read so that a bound may name it."""
+
+    def __init__(self, cfg: dict[str, Any], file: str, prefix: str = ""):
+        self.cfg, self.file, self.prefix = cfg, file, prefix
+        self.read: dict[str, int] = {}
+        self.keys: dict[str, str] = {}  # the key each value was read from (or the declared one, a default's)
+
+    def present(self, name: str) -> bool:
+        return any(self.cfg.get(k) is not None for k in SIZES[name].keys)
+
+    def __call__(self, name: str, default: int | None = None) -> int:
+        """The field's value; `default` where it is absent (None: the field is required)."""
+        size = SIZES[name]
+        key = next((k for k in size.keys if self.cfg.get(k) is not None), None)
+        if key is None:
+            if default is None:
+                raise DFlashError(f"field `{self.prefix}{size.keys[0]}` is missing: a prediction needs it",
+                                  file=self.file)
+            self.read[name], self.keys[name] = default, f"{self.prefix}{size.keys[0]}"
+            return default
+        value = self.cfg[key]
+        high = self.read[size.high] if isinstance(size.high, str) else size.high
+        if type(value) is not int or not size.low <= value <= high:  # a bool is an int subclass: refused too
+            bound = f"{self.keys[size.high]} ({high})" if isinstance(size.high, str) else high
+            raise DFlashError(f"field `{self.prefix}{key}` is {_short(value)}, not an integer in [{size.low}, "
+                              f"{bound}]", file=self.file)
+        self.read[name], self.keys[name] = value, f"{self.prefix}{key}"
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.cfg.get(key)
+        if value is not None and type(value) is not bool:
+            raise DFlashError(f"field `{self.prefix}{key}` is {_short(value)}, not true or false", file=self.file)
+        return bool(value)
+
+    def layer_types(self, layers: int) -> list[str] | None:
+        value = self.cfg.get("layer_types")
+        if value is None:
+            return None
+        if not (isinstance(value, list) and len(value) == layers and all(isinstance(t, str) for t in value)):
+            raise DFlashError(f"field `{self.prefix}layer_types` is {_short(value)}, not a list of "
+                              f"num_hidden_layers ({layers}) layer type names", file=self.file)
+        return value
+
+
+def _storage(raw: dict[str, Any], text: dict[str, Any], file: str = "config.json") -> tuple[float, float, str]:
     """(bytes per weight, bytes per expert weight, compute type) from quantization_config, else the dtype."""
     q = raw.get("quantization_config") or text.get("quantization_config")
     dtype = str(text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
@@ -125,12 +224,13 @@ def _storage(raw: dict[str, Any], text: dict[str, Any]) -> tuple[float, float, s
     plain = float(DTYPE_BYTES.get(dtype, 2))
     if not isinstance(q, dict):
         return plain, plain, "bf16"
+    read = Reader(q, file, "quantization_config.")
     method = str(q.get("quant_method", "")).lower()
     if method in ("fp8", "modelopt", "fbgemm_fp8") or "fp8" in str(q.get("quant_algo", "")).lower():
         return 1.0, 1.0, "fp8"
     if method == "mxfp4":  # gpt-oss: the experts in 4-bit blocks (a shared 8-bit scale per 32), the rest as stored
         return plain, 4.25 / 8, "bf16"
-    bits = q.get("bits") or q.get("w_bit")
+    bits = read("bits", 0) if read.present("bits") else None
     if bits is None and isinstance(q.get("config_groups"), dict):  # compressed-tensors
         for group in q["config_groups"].values():
             weights = (group or {}).get("weights") or {}
@@ -138,9 +238,9 @@ def _storage(raw: dict[str, Any], text: dict[str, Any]) -> tuple[float, float, s
             if str(weights.get("type", "")).lower() == "float" and bits == 8:
                 return 1.0, 1.0, "fp8" if ((group or {}).get("input_activations") or {}).get("num_bits") == 8 \
                     else "bf16"
-    if isinstance(bits, int) and 0 < bits < 16:
-        group = q.get("group_size") or 128
-        per = bits / 8 + (2 / group if isinstance(group, int) and group > 0 else 0)  # a bf16 scale per group
+    if type(bits) is int and 0 < bits < 16:
+        group = read("group_size", 128)
+        per = bits / 8 + (2 / group if group > 0 else 0)  # a bf16 scale per group
         compute = "fp8" if bits == 8 and method == "compressed-tensors" else "bf16"
         return per, per, compute
     return plain, plain, "bf16"
@@ -148,63 +248,77 @@ def _storage(raw: dict[str, Any], text: dict[str, Any]) -> tuple[float, float, s
 
 def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     """A target's facts from its config.json (a multimodal config's text_config is its decoder)."""
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    hidden = _int(text, "hidden_size", "n_embd", file=file)
-    layers = _int(text, "num_hidden_layers", "n_layer", file=file)
-    heads = _int(text, "num_attention_heads", "n_head", file=file)
-    if hidden == 0 or layers == 0 or heads == 0:
-        raise DFlashError("hidden_size, num_hidden_layers and num_attention_heads must be positive", file=file)
-    kv = _int(text, "num_key_value_heads", default=heads, file=file)
-    head_dim = _int(text, "head_dim", default=hidden // heads, file=file)
-    experts = _int(text, "num_experts", "num_local_experts", "n_routed_experts", default=0, file=file)
-    top_k = _int(text, "num_experts_per_tok", "num_experts_per_token", "moe_topk", default=0, file=file)
-    if experts and not top_k:
-        raise DFlashError("field `num_experts_per_tok` missing: a MoE target's cost depends on it", file=file)
-    inter = _int(text, "intermediate_size", "ffn_hidden_size", default=0, file=file)
-    expert_inter = _int(text, "moe_intermediate_size", default=inter, file=file) if experts else 0
-    shared = _int(text, "shared_expert_intermediate_size", default=0, file=file)
-    if experts and not shared and text.get("n_shared_experts"):
-        shared = int(text["n_shared_experts"]) * expert_inter
+    nested = isinstance(raw.get("text_config"), dict)
+    text = raw["text_config"] if nested else raw
+    read = Reader(text, file, "text_config." if nested else "")
+    hidden, layers, heads = read("hidden"), read("layers"), read("heads")
+    kv = read("kv_heads", heads)
+    head_dim = read("head_dim", max(1, hidden // heads))
+    experts = read("experts", 0)
+    top_k = read("top_k") if experts else 0  # a MoE target's cost depends on it: required
+    inter = read("intermediate", 0)
+    expert_inter = read("expert_intermediate", inter or None) if experts else 0
+    shared = read("shared_intermediate", 0)
+    shared_experts = read("shared_experts", 0)
+    if experts and not shared:
+        shared = shared_experts * expert_inter
     if not experts and not inter:
-        raise DFlashError("field `intermediate_size` missing: a prediction needs the MLP width", file=file)
-    layer_types = text.get("layer_types") if isinstance(text.get("layer_types"), list) else None
-    if layer_types is None and isinstance(text.get("full_attention_interval"), int) and text.get(
-            "linear_num_value_heads"):
-        every = text["full_attention_interval"]
+        raise DFlashError(f"field `{read.prefix}intermediate_size` is missing or 0: a prediction needs the MLP "
+                          "width", file=file)
+    dense_layers = read("dense_layers", 0) if experts else 0
+    linear_value_heads = read("linear_value_heads", 0)
+    layer_types = read.layer_types(layers)
+    if layer_types is None and read.present("full_attention_interval") and linear_value_heads:
+        every = read("full_attention_interval")
         layer_types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
     linear = sum(1 for t in (layer_types or []) if t == "linear_attention")
     sliding = sum(1 for t in (layer_types or []) if t == "sliding_attention")
-    window = _int(text, "sliding_window", default=0, file=file) if sliding else 0
+    window = read("sliding_window", 0) if sliding else 0
     mla_kv, mla_params = 0, 0
-    if isinstance(text.get("kv_lora_rank"), int):
-        rope, nope = _int(text, "qk_rope_head_dim", default=0), _int(text, "qk_nope_head_dim", default=head_dim)
-        v_dim, q_rank = _int(text, "v_head_dim", default=head_dim), text.get("q_lora_rank")
-        kv_rank = text["kv_lora_rank"]
-        q = (hidden * q_rank + q_rank * heads * (nope + rope)) if isinstance(q_rank, int) else hidden * heads * (nope + rope)
+    if read.present("kv_lora_rank"):
+        kv_rank = read("kv_lora_rank")
+        rope, nope = read("qk_rope_head_dim", 0), read("qk_nope_head_dim", head_dim)
+        v_dim = read("v_head_dim", head_dim)
+        q_rank = read("q_lora_rank") if read.present("q_lora_rank") else None  # null: q projected directly
+        q = hidden * q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
         mla_params = q + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
         mla_kv = kv_rank + rope
-    wb, ewb, compute = _storage(raw, text)
+    wb, ewb, compute = _storage(raw, text, file)
     return ModelFacts(
-        hidden=hidden, layers=layers, heads=heads, kv_heads=kv or heads, head_dim=head_dim, intermediate=inter,
-        vocab=_int(text, "vocab_size", file=file), experts=experts, top_k=top_k, expert_intermediate=expert_inter,
-        shared_intermediate=shared, dense_layers=_int(text, "first_k_dense_replace", default=0) if experts else 0,
-        linear_layers=linear, linear_key_heads=_int(text, "linear_num_key_heads", default=0),
-        linear_value_heads=_int(text, "linear_num_value_heads", default=0),
-        linear_key_dim=_int(text, "linear_key_head_dim", default=0),
-        linear_value_dim=_int(text, "linear_value_head_dim", default=0), sliding_layers=sliding,
-        sliding_window=window, attention_gate=bool(text.get("attn_output_gate")), mla_kv_per_token=mla_kv,
-        mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb, compute=compute, source=file)
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, intermediate=inter,
+        vocab=read("vocab"), experts=experts, top_k=top_k, expert_intermediate=expert_inter,
+        shared_intermediate=shared, dense_layers=dense_layers,
+        linear_layers=linear, linear_key_heads=read("linear_key_heads", 0), linear_value_heads=linear_value_heads,
+        linear_key_dim=read("linear_key_dim", 0), linear_value_dim=read("linear_value_dim", 0),
+        sliding_layers=sliding, sliding_window=window, attention_gate=read.flag("attn_output_gate"),
+        mla_kv_per_token=mla_kv, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
+        compute=compute, tied_embeddings=_tied(raw, text, read), source=file)
+
+
+def _tied(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
+    """tie_word_embeddings, the decoder's or (a multimodal wrapper's) the top level's; absent: transformers'
+    default, tied."""
+    if text.get("tie_word_embeddings") is not None:
+        return read.flag("tie_word_embeddings")
+    if raw.get("tie_word_embeddings") is not None:
+        return Reader(raw, read.file).flag("tie_word_embeddings")
+    return True
 
 
 def draft_facts(raw: dict[str, Any], target: ModelFacts, file: str = "config.json") -> ModelFacts:
     """A DFlash draft's facts from its config.json (either format), through the project's one config reader."""
     from dflash_convert.format.mapping import spec_from_config
 
+    from dflash_convert.format.serving import anchor_proposes
+
     spec = spec_from_config(raw, file)
     n_features = len(spec.target_layer_ids or []) or 1
-    wb, _, compute = _storage(raw, spec.decoder)
+    wb, _, compute = _storage(raw, spec.decoder, file)
+    block = spec.block_size or 0
+    proposals = (block if anchor_proposes(spec) else block - 1) if block else 0
     return ModelFacts(
         hidden=spec.hidden_size, layers=spec.num_layers, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim, intermediate=spec.intermediate_size, vocab=spec.vocab_size, weight_bytes=wb,
         expert_weight_bytes=wb, compute=compute, lm_head_rows=spec.draft_vocab_size or 0,
-        context_features=n_features * (spec.target_hidden_size or target.hidden), source=file)
+        context_features=n_features * (spec.target_hidden_size or target.hidden), max_proposals=proposals,
+        block_size=block, source=file)

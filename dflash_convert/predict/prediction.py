@@ -23,6 +23,7 @@ from dflash_convert.predict.calibration import ENGINES, error_band
 from dflash_convert.predict.cost import plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
 from dflash_convert.predict.gpus import GPU
+from dflash_convert.predict.memory import GB, USABLE_FRACTION, memory_need
 
 
 def taus_from_rates(rates: list[float]) -> dict[int, float]:
@@ -55,6 +56,16 @@ def parse_taus(text: str) -> dict[int, float]:
     if not out:
         raise UsageError(f"--tau {text}: no K=TAU given")
     return out
+
+
+def check_taus_within_block(taus: dict[int, float], draft: ModelFacts, given: str) -> None:
+    """K given by hand (--tau) past the draft's trained block is refused: the draft proposes at most
+    `max_proposals` tokens a step (block_size - 1; block_size when its anchor slot proposes)."""
+    over = sorted(k for k in taus if draft.max_proposals and k > draft.max_proposals)
+    if over:
+        raise UsageError(f"--tau {given}: K {over[0]} is past the draft's block: {draft.source} has block_size "
+                         f"{draft.block_size}, which proposes at most {draft.max_proposals} tokens per step (K 1 to "
+                         f"{draft.max_proposals})")
 
 
 def taus_from_report(report: dict[str, Any], file: str) -> tuple[dict[int, float], str]:
@@ -90,12 +101,22 @@ class PredictionRow(BaseModel):
     num_speculative_tokens: int
     concurrency: int
     tau: float
-    baseline_tokens_per_s: float
-    speculative_tokens_per_s: float
-    speedup: float
+    baseline_tokens_per_s: float | None = Field(description="None: the target alone does not fit on the GPU")
+    speculative_tokens_per_s: float | None = Field(description="None: the target and the draft do not fit")
+    speedup: float | None = Field(description="None: either deployment does not fit")
     bound: str = Field(description="the term most of the speculative step's time goes to: weights, experts, KV "
-                       "cache, lm_head, draft, compute, all-reduce or fixed cost")
+                       "cache, lm_head, draft, compute, all-reduce or fixed cost; or 'does not fit: ...' with the "
+                       "memory needed and the memory usable per GPU")
     baseline_bound: str = Field(description="the same for the plain step")
+    # defaults: a report written before memory was checked still reads (validate --baseline, push's model card)
+    memory_per_gpu_gb: float | None = Field(None, description="what one GPU holds serving the speculative "
+                                            "deployment, a lower bound: the target's and the draft's weights and KV "
+                                            "caches (concurrency x (input_len + output_len) positions), divided by "
+                                            "the tensor-parallel size")
+    baseline_memory_per_gpu_gb: float | None = Field(None, description="the same for the target alone")
+    fits: bool | None = Field(None, description=f"memory_per_gpu_gb within {USABLE_FRACTION:.0%} of the GPU's "
+                              "memory (vLLM's default gpu_memory_utilization); None: the GPU's memory is not known")
+    baseline_fits: bool | None = Field(None, description="the same for the target alone")
 
 
 class ConcurrencyRecommendation(BaseModel):
@@ -103,9 +124,12 @@ class ConcurrencyRecommendation(BaseModel):
     concurrency: int
     num_speculative_tokens: int | None = Field(description="the K with the best predicted speedup; None: no "
                                                "speculation (no K reaches 1.0)")
-    speedup: float = Field(description="that K's predicted speedup (the best one when no K reaches 1.0)")
+    speedup: float | None = Field(description="that K's predicted speedup (the best one when no K reaches 1.0); "
+                                  "None: the deployment does not fit on the GPU")
     reason: str
     launch: str | None = Field(None, description="the serving command at that K")
+    target_fits: bool = Field(True, description="False: the target alone does not fit on the GPU at this "
+                              "concurrency and context (nothing is predicted)")
 
 
 class ModelError(BaseModel):
@@ -188,6 +212,8 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     recommendations: list[ConcurrencyRecommendation] = []
     for g in gpus:
         for b in concurrency:
+            need = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp)
+            plain_fits, spec_fits = need.fits(need.plain), need.fits(need.speculative)
             plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp)
             base = b / plain.seconds
             here = []
@@ -195,11 +221,26 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                 spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
                                         gpu=g, constants=constants, tp=tp)
                 fast = b * taus[k] / spec.seconds
-                row = PredictionRow(gpu=g.name, num_speculative_tokens=k, concurrency=b, tau=round(taus[k], 4),
-                                    baseline_tokens_per_s=round(base, 1), speculative_tokens_per_s=round(fast, 1),
-                                    speedup=round(fast / base, 3), bound=spec.bound, baseline_bound=plain.bound)
+                row = PredictionRow(
+                    gpu=g.name, num_speculative_tokens=k, concurrency=b, tau=round(taus[k], 4),
+                    baseline_tokens_per_s=None if plain_fits is False else round(base, 1),
+                    speculative_tokens_per_s=None if spec_fits is False else round(fast, 1),
+                    speedup=None if spec_fits is False else round(fast / base, 3),
+                    bound=need.refusal(need.speculative) if spec_fits is False else spec.bound,
+                    baseline_bound=need.refusal(need.plain) if plain_fits is False else plain.bound,
+                    memory_per_gpu_gb=round(need.speculative / GB, 2), baseline_memory_per_gpu_gb=round(
+                        need.plain / GB, 2), fits=spec_fits, baseline_fits=plain_fits)
                 here.append(row)
             rows += here
+            if spec_fits is False:  # no K is predicted: the rows carry no tokens/s
+                what = ("the target alone " + need.refusal(need.plain) + " (fewer sequences, a shorter context or "
+                        "more GPUs: --tp)") if plain_fits is False else (
+                    f"the target alone fits ({need.plain / GB:.1f} GB per GPU) but not with the draft: target and "
+                    f"draft {need.refusal(need.speculative)}")
+                recommendations.append(ConcurrencyRecommendation(
+                    gpu=g.name, concurrency=b, num_speculative_tokens=None, speedup=None, reason=what,
+                    target_fits=plain_fits is not False))
+                continue
             best = max(here, key=lambda r: (r.speedup, -r.num_speculative_tokens))
             if best.speedup >= 1.0:
                 recommendations.append(ConcurrencyRecommendation(
@@ -220,6 +261,10 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                      f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
                      f"{inputs.target.distinct_experts(1):.0f} at N=1, {inputs.target.distinct_experts(16):.0f} "
                      "at N=16; real routing is less uniform, so this overstates the experts a verify reads")
+    unknown = [g.name for g in gpus if not g.memory_gb]
+    if unknown:
+        notes.append(f"{', '.join(unknown)}: memory not given (--gpu-spec mem=GB), so whether the deployment fits "
+                     "is not checked")
     if inputs.target.linear_layers:
         notes.append(f"hybrid target: {inputs.target.linear_layers} linear-attention layers, their state read and "
                      "written per verified token")
@@ -238,25 +283,43 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
 def text_lines(report: PredictionReport) -> list[str]:
     """The table per GPU, the recommendation per concurrency, the error band beside them."""
     band = report.error_band
-    head = (f"{'K':>3} {'conc':>5} {'tau':>6} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8}  bound "
-            f"(speculative / plain)")
+    head = (f"{'K':>3} {'conc':>5} {'tau':>6} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} "
+            f"{'GB/GPU':>7}  bound (speculative / plain)")
     lines = [f"predicted for {report.target} + {report.draft} on {report.engine}"
              + (f", TP {report.tensor_parallel}" if report.tensor_parallel > 1 else "")
              + f", context {report.input_len} in + {report.output_len} out (tau: {report.tau_source})",
              f"datasheet GPU figures, calibrated efficiencies; {band.line}"]
     for g in report.gpus:
-        lines += ["", f"{g['name']} ({g['memory_bandwidth_gbps']:g} GB/s, {g['bf16_tflops']:g} bf16 TFLOP/s):", head]
+        memory = f", {g['memory_gb']:g} GB" if g.get("memory_gb") else ""
+        lines += ["", f"{g['name']} ({g['memory_bandwidth_gbps']:g} GB/s, {g['bf16_tflops']:g} bf16 TFLOP/s{memory}):",
+                  head]
         for r in (r for r in report.predictions if r.gpu == g["name"]):
-            lines.append(f"{r.num_speculative_tokens:>3} {r.concurrency:>5} {r.tau:>6.2f} {r.baseline_tokens_per_s:>12.1f} "
-                         f"{r.speculative_tokens_per_s:>11.1f} {r.speedup:>7.2f}x  {r.bound} / {r.baseline_bound}")
+            plain, fast, speedup, memory = _figures(r)
+            lines.append(f"{r.num_speculative_tokens:>3} {r.concurrency:>5} {r.tau:>6.2f} {plain:>12} {fast:>11} "
+                         f"{speedup:>8} {memory:>7}  "
+                         + (r.bound if r.baseline_fits is False else f"{r.bound} / {r.baseline_bound}"))
         for rec in (r for r in report.recommendation if r.gpu == g["name"]):
-            what = f"K={rec.num_speculative_tokens}" if rec.num_speculative_tokens is not None else "no speculation"
-            lines.append(f"  concurrency {rec.concurrency}: {what}: {rec.reason} "
-                         f"(model error: median {band.median:.0%}, worst {band.worst:.0%})")
+            band_text = "" if rec.speedup is None else (f" (model error: median {band.median:.0%}, worst "
+                                                        f"{band.worst:.0%})")
+            lines.append(f"  concurrency {rec.concurrency}: {_verdict(rec)}: {rec.reason}{band_text}")
             if rec.launch:
                 lines.append(f"    {rec.launch}")
     lines += [f"note: {n}" for n in report.notes]
     return lines
+
+
+def _verdict(rec: ConcurrencyRecommendation) -> str:
+    if rec.num_speculative_tokens is not None:
+        return f"K={rec.num_speculative_tokens}"
+    return "no speculation" if rec.target_fits else "does not fit"
+
+
+def _figures(r: PredictionRow) -> tuple[str, ...]:
+    """A row's plain and speculative tokens/s, speedup and GB per GPU as text; '-' where there is none (the
+    deployment does not fit)."""
+    return tuple("-" if value is None else f"{value:{spec}}" + unit for value, spec, unit in (
+        (r.baseline_tokens_per_s, ".1f", ""), (r.speculative_tokens_per_s, ".1f", ""), (r.speedup, ".2f", "x"),
+        (r.memory_per_gpu_gb, ".1f", "")))
 
 
 def markdown_lines(report: PredictionReport) -> list[str]:
@@ -264,14 +327,13 @@ def markdown_lines(report: PredictionReport) -> list[str]:
     band = report.error_band
     lines = [f"Predicted on {', '.join(g['name'] for g in report.gpus)} ({report.engine}, context {report.input_len} "
              f"in + {report.output_len} out; datasheet figures, calibrated constants; {band.line}):", "",
-             "| GPU | K | concurrency | tau | plain tok/s | speculative tok/s | speedup | bound |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r.gpu} | {r.num_speculative_tokens} | {r.concurrency} | {r.tau:.2f} | {r.baseline_tokens_per_s:.1f} "
-              f"| {r.speculative_tokens_per_s:.1f} | {r.speedup:.2f}x | {r.bound} |" for r in report.predictions]
+             "| GPU | K | concurrency | tau | plain tok/s | speculative tok/s | speedup | GB per GPU | bound |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.gpu} | {r.num_speculative_tokens} | {r.concurrency} | {r.tau:.2f} | "
+              + " | ".join(_figures(r)) + f" | {r.bound} |" for r in report.predictions]
     lines.append("")
     for rec in report.recommendation:
-        what = f"K={rec.num_speculative_tokens}" if rec.num_speculative_tokens is not None else "no speculation"
-        lines.append(f"- {rec.gpu}, concurrency {rec.concurrency}: **{what}**: {rec.reason}")
+        lines.append(f"- {rec.gpu}, concurrency {rec.concurrency}: **{_verdict(rec)}**: {rec.reason}")
         if rec.launch:
             lines += ["", f"  `{rec.launch}`", ""]
     return lines

@@ -13,6 +13,15 @@ from dflash_convert.predict.prediction import Inputs, PredictionReport, predict,
 from dflash_convert.validate.static import Check, make_check
 
 
+def check_prediction_configs(opts: Any, target_config: Path, draft_raw: dict[str, Any], draft_file: str) -> None:
+    """--predict-gpu: read both configs as the cost model reads them before any work, so that a config it cannot
+    read fails the run at once (exit 1, the file and the field named) instead of after the whole run."""
+    from dflash_convert.io.reading import read_json
+
+    if opts.predict_gpu:
+        draft_facts(draft_raw, target_facts(read_json(target_config), str(target_config)), draft_file)
+
+
 def gpu_prediction(report: Any, opts: Any, target_config: Path | None, target_raw: dict[str, Any] | None,
                    draft_raw: dict[str, Any], draft_file: str) -> tuple[PredictionReport | None, Check | None]:
     """The prediction for opts.predict_gpu, or None and a warning saying why it could not be made."""

@@ -23,6 +23,7 @@ from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.reading import read_json
 from dflash_convert.validate.baseline import SAMPLING_KEYS, check_same_settings, load_baseline, prompt_ids_sha256
 from dflash_convert.validate.end_to_end import Prompts
+from dflash_convert.validate.gpu_prediction import check_prediction_configs
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.prompts import (chat_template, load_tokenizer, pending_turn, read_prompts, render_chat,
                                              tokenize_prompts)
@@ -86,6 +87,8 @@ def prepare(prep: Prepared) -> None:
         prep.view = engine_views.serving_view(prep.ckpt, opts.engine, num_target_layers=prep.target.info.num_layers
                                               if prep.target is not None else None)
         prep.ckpt = engine_views.applied_checkpoint(prep.ckpt, prep.view)
+    if "end_to_end" in opts.levels and prep.target_has_weights:  # where --predict-gpu will have a tau to predict
+        check_prediction_configs(opts, prep.target.config, prep.ckpt.raw_config, str(prep.ckpt.config_file))
     own = prep.ckpt.spec.block_size
     prep.blocks = [b or own for b in opts.blocks(serving.anchor_proposes(prep.given.spec))]
     rule = engines.ENGINES_BY_KEY[prep.view.engine] if prep.view is not None else None
