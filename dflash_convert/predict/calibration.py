@@ -10,9 +10,11 @@ public code that validates the checkpoint states them); drafts as the dimensions
 docs/performance.md cites each case's source and numbers.
 
 The fit (`fit`) is the same for every engine and never per case: a grid over the bandwidth efficiency shared
-by the serving engines (they run the same kinds of kernels), and, at each, every engine's fixed step cost and
-speculative step cost as the median of what its cases leave unexplained. The compute efficiency is not fitted
-(no case is compute-bound): ASSUMED_COMPUTE_EFFICIENCY of the datasheet peak, as large GEMMs reach.
+by the serving engines (they run the same kinds of kernels), and, at each, every engine's fixed step cost as the
+median of what its cases leave unexplained of a plain step, and its speculative step cost as the median, over the
+same cases, of each case's speculative residual less that case's own plain residual (`fixed_costs_from_residuals`).
+The compute efficiency is not fitted (no case is compute-bound): ASSUMED_COMPUTE_EFFICIENCY of the datasheet peak,
+as large GEMMs reach.
 `ENGINES` holds the result; a test checks that fitting again gives it.
 """
 
@@ -185,9 +187,9 @@ DIRECTION_CASES: tuple[DirectionCase, ...] = (
 
 # The result of fit(CASES), rounded as printed; tests/predict checks fit(CASES) still gives it.
 ENGINES: dict[str, EngineConstants] = {
-    "sglang": EngineConstants(0.625, ASSUMED_COMPUTE_EFFICIENCY, 2.05e-3, 0.69e-3),
+    "sglang": EngineConstants(0.64, ASSUMED_COMPUTE_EFFICIENCY, 2.165e-3, 3.355e-3),
     # pooled: vLLM has one throughput case (fewer than MIN_OWN_CASES)
-    "vllm": EngineConstants(0.625, ASSUMED_COMPUTE_EFFICIENCY, 0.75e-3, 5.92e-3),
+    "vllm": EngineConstants(0.64, ASSUMED_COMPUTE_EFFICIENCY, 0.948e-3, 5.771e-3),
     "runtime": EngineConstants(0.46, ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0),
 }
 
@@ -288,23 +290,35 @@ def error_band(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstan
 
 # ----------------------------------------------------------------------------- the fit
 
+def fixed_costs_from_residuals(residuals: list[tuple[float, float]]) -> tuple[float, float]:
+    """An engine's fixed step cost and speculative step cost from its cases' residuals, each case a pair (what the
+    model leaves unexplained of its plain step, of its speculative step), in seconds. The fixed cost is the median of
+    the plain residuals; the speculative cost the median of each case's speculative residual less its own plain one.
+    Paired, because a speculative step's extra is measured against the plain step of the same engine, GPU and host:
+    whatever a case's setting adds to both of its steps cancels in its difference, where medians taken separately
+    can set one case's plain residual against another's speculative one. Never below zero."""
+    if not residuals:
+        return 0.0, 0.0
+    fixed = max(0.0, median(plain for plain, _ in residuals))
+    extra = max(0.0, median(spec - plain for plain, spec in residuals))
+    return fixed, extra
+
+
 def _fixed_costs(cases: list[Case], constants: EngineConstants) -> tuple[float, float]:
-    """An engine's fixed step cost and speculative step cost: the medians of what its cases leave unexplained
-    (never below zero)."""
+    """An engine's fixed step cost and speculative step cost from what its throughput cases leave unexplained at
+    `constants`' efficiencies (fixed_costs_from_residuals)."""
     zero = EngineConstants(constants.bandwidth_efficiency, constants.compute_efficiency, 0.0, 0.0)
-    plain_left, spec_left = [], []
+    residuals = []
     for c in cases:
-        target, g = target_facts(c.target), gpu(c.gpu)
         if c.kind != "throughput":
             continue
+        target, g = target_facts(c.target), gpu(c.gpu)
         plain = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=zero, tp=c.tp).seconds
         spec = speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context, gpu=g,
                                 constants=zero, tp=c.tp).seconds
-        plain_left.append(c.concurrency / c.baseline_tokens_per_s - plain)
-        spec_left.append(c.concurrency * c.tau / c.speculative_tokens_per_s - spec)
-    fixed = max(0.0, median(plain_left)) if plain_left else 0.0
-    extra = max(0.0, median(spec_left) - fixed) if spec_left else 0.0
-    return fixed, extra
+        residuals.append((c.concurrency / c.baseline_tokens_per_s - plain,
+                          c.concurrency * c.tau / c.speculative_tokens_per_s - spec))
+    return fixed_costs_from_residuals(residuals)
 
 
 def _log_error(cases: list[Case], engines: dict[str, EngineConstants]) -> float:
@@ -315,16 +329,18 @@ def _log_error(cases: list[Case], engines: dict[str, EngineConstants]) -> float:
     return total
 
 
-# An engine's own fixed costs need at least this many throughput cases; with fewer it takes the serving engines'
-# pooled ones. One case fits both of its fixed costs exactly, whatever else made it slow (vllm#49730's 1.2x on a
-# hybrid target set an 11.6 ms speculative cost that predicted no speculation at tau 14.6 for every small target).
+# An engine's own fixed costs need at least this many throughput cases; with fewer it takes the fixed costs of the
+# serving engines' cases pooled, its own among them (the same paired rule over the group's cases). One case alone
+# sets both of an engine's fixed costs from its own residuals, whatever else made it slow (vllm#49730's 1.2x on a
+# hybrid target, alone, sets an 11.2 ms speculative cost); taking another engine's constants instead would drop the
+# engine's own case.
 MIN_OWN_CASES = 2
 
 
 def fit(cases: tuple[Case, ...] = CASES) -> dict[str, EngineConstants]:
     """Every engine's constants from the cases: the bandwidth efficiency on a grid of 0.005 from 0.2 to 0.9 (shared by the serving
     engines; the runtime's its own), fixed costs as _fixed_costs says at each: an engine's own from its cases where
-    it has MIN_OWN_CASES throughput cases, else the group's pooled."""
+    it has MIN_OWN_CASES throughput cases, else from the group's cases pooled (its own among them)."""
     by_engine: dict[str, list[Case]] = {}
     for c in cases:
         by_engine.setdefault("runtime" if c.engine == "runtime" else "serving", []).append(c)

@@ -102,3 +102,18 @@ def test_direction_cases_are_not_in_the_error_median():
     with_them, without = error_band(), error_band(direction_cases=())
     assert (with_them.median, with_them.worst) == (without.median, without.worst)
     assert isinstance(DIRECTION_CASES[0], DirectionCase)
+
+
+def test_the_speculative_fixed_cost_is_the_median_of_each_case_s_own_difference():
+    """Worked by hand, residuals in ms (plain, speculative): (1, 2), (3, 10), (5, 7). The fixed cost is the median
+    plain residual, 3; the speculative cost the median of each case's own difference (1, 7, 2), 2 ms. Medians taken
+    separately would give 7 - 3 = 4 ms: the second case's speculative residual set against the first's plain one."""
+    from dflash_convert.predict.calibration import fixed_costs_from_residuals
+
+    fixed, extra = fixed_costs_from_residuals([(1e-3, 2e-3), (3e-3, 10e-3), (5e-3, 7e-3)])
+    assert (fixed, extra) == (pytest.approx(3e-3), pytest.approx(2e-3))
+    # a case that runs faster than the model leaves a negative residual; the costs never go below zero
+    assert fixed_costs_from_residuals([(-1e-3, -4e-3)]) == (0.0, 0.0)
+    assert fixed_costs_from_residuals([]) == (0.0, 0.0)
+    # one case: the pair fits it exactly (fixed + extra = its speculative residual when its plain one is not negative)
+    assert sum(fixed_costs_from_residuals([(2e-3, 9e-3)])) == pytest.approx(9e-3)
