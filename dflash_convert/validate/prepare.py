@@ -82,6 +82,11 @@ def prepare(prep: Prepared) -> None:
         target_dir, config, weights = _target_paths(opts.target)
         prep.target = Target(target_dir, config, weights,
                              mapping.target_info(read_json(config), target_name(opts), file=str(config)))
+        if opts.context_lengths and opts.max_model_len is None:  # past the target's own positions: exit 2 now
+            from dflash_convert.validate.trained_context import check_context_lengths, target_positions
+
+            positions, stated = target_positions(read_json(config))
+            check_context_lengths(opts.context_lengths, opts.max_new_tokens, positions=positions, stated=stated)
     if opts.engine is not None:
         prep.view = engine_views.serving_view(prep.ckpt, opts.engine, num_target_layers=prep.target.info.num_layers
                                               if prep.target is not None else None)
