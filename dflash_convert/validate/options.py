@@ -215,7 +215,8 @@ class ValidateOptions(CommandOptions):
     min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length", parse="thresholds",
                                                         metavar="X[,CATEGORY=X...]")] = Field(
         None, ge=0, allow_inf_nan=False, description="Fail when tau (mean tokens per step) is lower; CATEGORY=X: "
-        "when the tau of the prompts of that category (a JSONL `category` field) is lower.")
+        "when the tau of the prompts of that category (a JSONL `category` field) is lower. A category holding `,` or "
+        "`=`: give a JSON object, '{\"\": 3, \"qa, misc\": 4}' (key \"\": the whole run).")
     min_category_acceptance_length: Annotated[dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]], Flag(
         None, why="the CLI: --min-acceptance-length CATEGORY=X")] = Field(
         default_factory=dict, description="category -> the tau its prompts must reach")
