@@ -49,9 +49,10 @@ def measure(directory: Path, tokens: int, way: str) -> dict:
     target = load_target(directory)
     prompt = [11, 22, 33, 44]
     out = target_generate(target, prompt, max_new_tokens=tokens, sampling=Sampling(temperature=0.0)).tokens
-    # two tokens off the greedy choice, near the end (the outputs after them stay the target's own): each parting
-    # is then judged by both paths
-    out = out[:tokens - 8] + [(out[tokens - 8] + 1) % VOCAB] + out[tokens - 7:tokens - 3] + [(out[tokens - 3] + 1) % VOCAB] + out[tokens - 2:]
+    # two tokens off the greedy choice near the end (the tokens after them are no longer the greedy ones either):
+    # each parting is judged by both paths
+    for k in (tokens - 8, tokens - 3):
+        out[k] = (out[k] + 1) % VOCAB
     steps = [3] * ((tokens - 1) // 4) + ([tokens - 1 - 4 * ((tokens - 1) // 4) - 1] if (tokens - 1) % 4 else [])
     run = SimpleNamespace(tokens=out, accepted_per_step=steps)
     kw = dict(proposals=3, max_new_tokens=tokens)

@@ -126,8 +126,8 @@ def svg_series_chart(series: list[tuple[str, list[float]]], title: str = "", min
     ticks = list(labels) if labels is not None else [str(k + 1) for k in range(n)]
     left, top, plot_h = 44, 34, 180
     legend_w = sum(6.4 * len(label) + 28 for label in names)
-    plot_w = max(10 * m * n, 7 * max(map(len, ticks)) * n if labels is not None else 0, 380, round(7 * len(title)) - left,
-                 round(legend_w) - left)
+    tick_w = 7 * max(map(len, ticks)) * n if labels is not None else 0  # labels such as `1024 tokens`
+    plot_w = max(10 * m * n, tick_w, 380, round(7 * len(title)) - left, round(legend_w) - left)
     width, height = left + plot_w + 16, top + plot_h + 26 + 28
     step = plot_w / n
     parts = _svg_frame(title, width, height, left, top, plot_w, plot_h, top_value)
