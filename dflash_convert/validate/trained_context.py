@@ -63,10 +63,10 @@ def target_positions(raw: dict) -> tuple[int | None, str]:
 
 
 def check_context_lengths(lengths: list[int], max_new_tokens: int, *, max_model_len: int | None = None,
-                          positions: int | None = None, stated: str = "") -> None:
+                          positions: int | None = None, stated: str = "", served: str = "--max-model-len") -> None:
     """UsageError (exit 2) where the longest --context-lengths value and the tokens generated after it pass
-    `max_model_len` (--max-model-len, or the served one an endpoint reports), or, none given, the target's own
-    `positions` (`stated`: how its config states them, target_positions)."""
+    `max_model_len` (`served` names it: --max-model-len, or the max_model_len an endpoint reports), or, none
+    given, the target's own `positions` (`stated`: how its config states them, target_positions)."""
     if not lengths:
         return
     longest = max(lengths)
@@ -75,7 +75,7 @@ def check_context_lengths(lengths: list[int], max_new_tokens: int, *, max_model_
     if max_model_len is not None:
         if need > max_model_len:
             fits = max_model_len - max_new_tokens
-            raise UsageError(f"{what} pass --max-model-len {max_model_len}: vLLM refuses a prompt longer than "
+            raise UsageError(f"{what} pass {served} {max_model_len}: vLLM refuses a prompt longer than "
                              "max_model_len and stops a generation at it, so those positions are never decoded; "
                              + (f"measure lengths up to {fits}" if fits >= 2 else "lower --max-new-tokens"))
         return
