@@ -113,42 +113,48 @@ SERIES = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d
 
 
 def svg_series_chart(series: list[tuple[str, list[float]]], title: str = "", minimums: list[float] | None = None,
-                     highlight: str | None = None) -> str:
-    """One bar chart of several runs' rates per draft position (a K sweep: a series per K, the shorter runs
-    ending where their blocks end): per position a group of bars, one per series in its own colour, the
-    legend naming each (`highlight`, the recommended one, marked); minimums as dark ticks across the group."""
+                     highlight: str | None = None, labels: list[str] | None = None, top_value: float = 1.0,
+                     axis: str = "draft position (block slot); bar: share of steps accepted") -> str:
+    """One bar chart of several runs' values per point (a K sweep: a series per K; the points are draft positions,
+    the shorter runs ending where their blocks end, or the `labels` given, context lengths with tau up to
+    `top_value`): per point a group of bars, one per series in its own colour, the legend naming each
+    (`highlight`, the recommended one, marked); minimums as dark ticks across the group."""
     minimums = list(minimums or [])
     n = max((len(rates) for _, rates in series), default=0) or 1
     m = max(len(series), 1)
-    labels = [f"{name}{' (recommended)' if name == highlight else ''}" for name, _ in series]
+    names = [f"{name}{' (recommended)' if name == highlight else ''}" for name, _ in series]
+    ticks = list(labels) if labels is not None else [str(k + 1) for k in range(n)]
     left, top, plot_h = 44, 34, 180
-    legend_w = sum(6.4 * len(label) + 28 for label in labels)
-    plot_w = max(10 * m * n, 380, round(7 * len(title)) - left, round(legend_w) - left)
+    legend_w = sum(6.4 * len(label) + 28 for label in names)
+    tick_w = 7 * max(map(len, ticks)) * n if labels is not None else 0  # labels such as `1024 tokens`
+    plot_w = max(10 * m * n, tick_w, 380, round(7 * len(title)) - left, round(legend_w) - left)
     width, height = left + plot_w + 16, top + plot_h + 26 + 28
     step = plot_w / n
-    parts = _svg_frame(title, width, height, left, top, plot_w, plot_h)
+    parts = _svg_frame(title, width, height, left, top, plot_w, plot_h, top_value)
     bw = step * 0.8 / m
     for s, (name, rates) in enumerate(series):
         colour = SERIES[s % len(SERIES)]
         for k, rate in enumerate(rates):
-            h = plot_h * max(0.0, min(1.0, rate))
+            h = plot_h * max(0.0, min(1.0, rate / top_value))
             x = left + k * step + step * 0.1 + s * bw
             parts.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bw:.1f}" height="{h:.1f}" '
-                         f'fill="{colour}"><title>{escape(name)}, position {k + 1}: {rate:.3f}</title></rect>')
+                         f'fill="{colour}"><title>{escape(name)}, {"position " if labels is None else ""}'
+                         f'{escape(ticks[k])}: {rate:.3f}</title></rect>')
     for k in range(n):
         x = left + k * step
         if k < len(minimums):
             y = top + plot_h * (1 - max(0.0, min(1.0, minimums[k])))
             parts.append(f'<line x1="{x + step * 0.05:.1f}" y1="{y:.1f}" x2="{x + step * 0.95:.1f}" y2="{y:.1f}" '
                          f'stroke="{MINIMUM}" stroke-width="2"/>')
-        parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{k + 1}</text>')
+        parts.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">'
+                     f'{escape(ticks[k])}</text>')
     x, y = left, top + plot_h + 34
-    for s, label in enumerate(labels):
+    for s, label in enumerate(names):
         parts.append(f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{SERIES[s % len(SERIES)]}"/>')
         parts.append(f'<text x="{x + 14:.1f}" y="{y}">{escape(label)}</text>')
         x += 6.4 * len(label) + 28
-    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{y + 14}" text-anchor="middle">draft position (block slot); '
-                 'bar: share of steps accepted' + ("; tick: minimum" if minimums else "") + '</text>')
+    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{y + 14}" text-anchor="middle">{escape(axis)}'
+                 + ("; tick: minimum" if minimums else "") + '</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

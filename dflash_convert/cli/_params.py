@@ -62,9 +62,11 @@ token_count.__name__ = "token count (1024, 2k, 32k)"
 
 def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
     """--min-acceptance-length "3" or "3,code=2.5,prose=4": {"": 3.0, "code": 2.5, "prose": 4.0} (the plain value
-    keyed "")."""
+    keyed ""); or the same as a JSON object, '{"": 3, "qa, misc": 4}', for category names holding `,` or `=`."""
     if text is None:
         return None
+    if text.lstrip().startswith("{"):
+        return _json_thresholds(text)
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, equals, number = item.rpartition("=")
@@ -79,6 +81,28 @@ def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
         except ValueError:
             raise typer.BadParameter(f"expected X or CATEGORY=X (numbers), got {item!r}") from None
     return out
+
+
+def _json_thresholds(text: str) -> dict[str, float]:
+    """A JSON object of thresholds: key "" the whole run's (as the plain X), any other key a category's; a key given
+    twice is refused as in the plain form (JSON would keep the last one, silently)."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for name, number in items:
+            if name in seen:
+                which = f"category {name!r}" if name else "the whole run"
+                raise typer.BadParameter(f"two thresholds for {which} ({seen[name]} and {number})")
+            seen[name] = number
+        return seen
+
+    try:
+        parsed = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc.msg} at character {exc.pos}") from None
+    bad = [f"{k!r}: {v!r}" for k, v in parsed.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad:
+        raise typer.BadParameter(f'expected {{"": X, "CATEGORY": X}} (numbers), got {bad[0]}')
+    return {k: float(v) for k, v in parsed.items()}
 
 
 def one_of(allowed: tuple[str, ...]):

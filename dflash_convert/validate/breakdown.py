@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_convert.chart import svg_curve, text_curve
+from dflash_convert.chart import svg_curve, svg_series_chart, text_curve
 from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_text
 from dflash_convert.validate.prompts import BUILTIN_TEXT_PROMPTS, read_prompts
@@ -203,6 +203,42 @@ def past_sentence(a, trained: int) -> str:
         f"{x.acceptance_length:.2f} at {x.context_tokens}" for x in beyond) + f" (short prompts {a.acceptance_length:.2f})")
 
 
+def k_context_runs(report) -> list:
+    """A K sweep's runs (report.SpeculativeTokensRun) that measured --context-lengths; empty unless two or more."""
+    runs = [r for r in report.per_num_speculative_tokens if r.per_context_length]
+    return runs if len(runs) > 1 else []
+
+
+def _k_grid(runs: list) -> tuple[list[str], list[list[float | None]]]:
+    """(the lengths' labels, per K its tau at each, None where that K did not measure it)."""
+    labels = list(dict.fromkeys(x.label for r in runs for x in r.per_context_length))
+    taus = [[{x.label: x.acceptance_length for x in r.per_context_length}.get(label) for label in labels]
+            for r in runs]
+    return labels, taus
+
+
+def k_half_sentence(runs: list) -> str:
+    return "tau falls below half its short-context value: " + "; ".join(
+        f"K={r.num_speculative_tokens} at " + (f"{r.context_half_tau_length} tokens" if r.context_half_tau_length
+                                               is not None else "none of the lengths") for r in runs)
+
+
+def k_context_lines(report) -> list[str]:
+    """A K sweep's tau against context length, one column per K, and where each K falls below half its own
+    short-context tau (empty without a sweep that measured --context-lengths)."""
+    runs = k_context_runs(report)
+    if not runs:
+        return []
+    labels, taus = _k_grid(runs)
+    span = max(map(len, [*labels, "context"]))
+    lines = ["tau against context length per K (short prompts: " + ", ".join(
+        f"K={r.num_speculative_tokens} {r.acceptance_length:.2f}" for r in runs) + "):",
+             f"  {'context':<{span}}" + "".join(f" {'K=' + str(r.num_speculative_tokens):>7}" for r in runs)]
+    lines += [f"  {label:<{span}}" + "".join(f" {'n/a' if t[i] is None else f'{t[i]:.2f}':>7}" for t in taus)
+              for i, label in enumerate(labels)]
+    return lines + ["  " + k_half_sentence(runs)]
+
+
 def output_lines(a) -> list[str]:
     """tau against generated position (empty when every step fell in the first bucket)."""
     b = a.per_output_bucket
@@ -266,7 +302,7 @@ def breakdown_lines(report) -> list[str]:
     a = report.acceptance
     minimums = (report.options or {}).get("min_category_acceptance_length")
     return thinking_lines(report) + ([] if a is None else (category_lines(a, minimums) + context_lines(
-        a, trained_positions(report)) + output_lines(a))) + engine_lines(report)
+        a, trained_positions(report)) + k_context_lines(report) + output_lines(a))) + engine_lines(report)
 
 
 def engine_pairs(report) -> list[tuple[str, list, list]]:
@@ -319,7 +355,7 @@ def breakdown_markdown(report, image: str | None = None, outputs_image: str | No
             "```text", *context_lines(a)[1:-1], "```", ""]
         lines += _table(a.per_context_length, "context")
         lines += [half_sentence(a).strip() + "."] + ([past_sentence(a, trained).strip() + "."] if trained else [])
-        lines += [""]
+        lines += [""] + k_context_markdown(report)
     if len(a.per_output_bucket) > 1:
         lines += ["### tau against output position", ""]
         lines += [f"![tau against output position]({outputs_image})", ""] if outputs_image else [
@@ -338,12 +374,38 @@ def breakdown_markdown(report, image: str | None = None, outputs_image: str | No
     return lines
 
 
+def k_context_markdown(report) -> list[str]:
+    """A K sweep's tau per context length as a Markdown table, a column per K (empty without one)."""
+    runs = k_context_runs(report)
+    if not runs:
+        return []
+    labels, taus = _k_grid(runs)
+    lines = ["Per K (the figures above are the first K's):", "",
+             "| context | " + " | ".join(f"K={r.num_speculative_tokens} (short {r.acceptance_length:.2f})"
+                                        for r in runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {label} | " + " | ".join("n/a" if t[i] is None else f"{t[i]:.2f}" for t in taus) + " |"
+              for i, label in enumerate(labels)]
+    return lines + ["", k_half_sentence(runs) + ".", ""]
+
+
 def context_svg(report) -> str | None:
     """The tau-against-context-length curve as SVG (None without --context-lengths); the first length past
-    the draft's trained positions marked."""
+    the draft's trained positions marked. A K sweep: one series per K (chart.svg_series_chart)."""
     a, trained = report.acceptance, trained_positions(report)
     if a is None or not a.per_context_length:
         return None
+    runs = k_context_runs(report)
+    if runs:
+        labels, taus = _k_grid(runs)
+        tokens = {x.label: x.context_tokens or 0 for r in runs for x in r.per_context_length}
+        past = next((x for x in labels if trained is not None and tokens[x] > trained), None)
+        return svg_series_chart(
+            [(f"K={r.num_speculative_tokens} (short {r.acceptance_length:.2f})", [t or 0.0 for t in tau])
+             for r, tau in zip(runs, taus)], labels=labels,
+            top_value=max(len(r.per_position_rates) + 1 for r in runs),
+            title="tau against context length per K; " + k_half_sentence(runs),
+            axis="context length (prompt tokens); bar: tau, tokens per verify step"
+            + (f"; past the draft's trained positions ({trained}) from {past}" if past else ""))
     s = a.per_context_length
     marked = next((x.label for x in s if trained is not None and (x.context_tokens or 0) > trained), None)
     return svg_curve([x.label for x in s], [x.acceptance_length for x in s], _top(a),

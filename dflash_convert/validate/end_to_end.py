@@ -501,25 +501,25 @@ def _partings(target, prompt: list[int], run, baseline: list[int] | None, dtype:
     target-only decoding `baseline` took another token) is recomputed both ways, and the one-token decode is the
     reference."""
     import torch
-    from dflash_runtime.paths import one_token_logits, verify_logits
-    from dflash_runtime.sampling import penalize
+    from dflash_runtime.paths import one_token_partings, verify_logits
 
     tokens = run.tokens
     target.set_capture([])
     target.reset()
     ids = torch.tensor(prompt + tokens, dtype=torch.long)
     # the prompt's last row, then the output's rows in one block: logits for the N new tokens only (all P+N rows
-    # of a long prompt are gigabytes of float32 logits at a large vocabulary)
+    # of a long prompt are gigabytes of float32 logits at a large vocabulary); each kept only until its argmax
     first, _ = target.forward(ids[:len(prompt)], 0, last_logits_only=True)  # [1, V]
     rest = target.forward(ids[len(prompt):-1], len(prompt))[0] if len(tokens) > 1 else first[:0]  # [N-1, V]
-    rows = penalize(torch.cat([first[-1:], rest]), penalties, ids[:len(prompt)], ids[len(prompt):], 0)  # [N, V]
     target.reset()
-    suspects = any(t != g for t, g in zip(tokens, rows.argmax(dim=-1).tolist()))
+    suspects = _teacher_forced_suspects(first[-1:], rest, ids[:len(prompt)], ids[len(prompt):], penalties)
+    del first, rest
     if not suspects and (baseline is None or baseline == tokens):
         return []
-    one = one_token_logits(target, prompt, tokens, max_new_tokens=max_new_tokens, penalties=penalties)  # [N, V]
-    greedy = one.argmax(dim=-1).tolist()
-    found = [k for k, (t, g) in enumerate(zip(tokens, greedy)) if t != g]
+    # the one-token decode is the reference; of both paths only the rows where it parts from the output are kept
+    greedy, one = one_token_partings(target, prompt, tokens, max_new_tokens=max_new_tokens,
+                                     penalties=penalties)  # {k: [V]}
+    found = sorted(one)
     if not found:
         if baseline is None or baseline == tokens:
             return []
@@ -528,17 +528,37 @@ def _partings(target, prompt: list[int], run, baseline: list[int] | None, dtype:
                             dtype)]
     try:
         verify = verify_logits(target, prompt, tokens, run.accepted_per_step, proposals=proposals,
-                               max_new_tokens=max_new_tokens, penalties=penalties)  # [N, V]
+                               max_new_tokens=max_new_tokens, penalties=penalties, rows=found)  # [len(found), V]
     except ValueError:  # steps not recorded as the tokens need (a truncated run): judged without the verify path
         verify = None
 
-    def at(k: int) -> PathParting:
+    def at(j: int, k: int) -> PathParting:
         taken, other = greedy[k], tokens[k]
-        both = {} if verify is None else dict(verify_taken=float(verify[k, taken]),
-                                              verify_other=float(verify[k, other]))
-        return PathParting(k, taken, other, dtype, float(one[k, taken]), float(one[k, other]), **both)
+        both = {} if verify is None else dict(verify_taken=float(verify[j, taken]),
+                                              verify_other=float(verify[j, other]))
+        return PathParting(k, taken, other, dtype, float(one[k][taken]), float(one[k][other]), **both)
 
-    return [at(k) for k in found]
+    return [at(j, k) for j, k in enumerate(found)]
+
+
+SUSPECT_ROWS = 256  # teacher-forced rows penalized and argmaxed at a time: the penalties' int64 counts stay small
+
+
+def _teacher_forced_suspects(first, rest, prompt, out, penalties) -> bool:
+    """Whether any row of the teacher-forced block ([first; rest]: row k the logits for out[k], penalized as the
+    loop penalizes them) takes another token than the output: SUSPECT_ROWS rows at a time, each row's values
+    those of the whole block penalized at once (penalize works row by row)."""
+    import torch
+    from dflash_runtime.sampling import penalize
+
+    tokens = out.tolist()
+    for a in range(0, len(tokens), SUSPECT_ROWS):
+        b = min(a + SUSPECT_ROWS, len(tokens))
+        block = torch.cat([first, rest[:b - 1]]) if a == 0 else rest[a - 1:b - 1]  # [b - a, V]
+        greedy = penalize(block, penalties, prompt, out, a).argmax(dim=-1).tolist()
+        if any(t != g for t, g in zip(tokens[a:b], greedy)):
+            return True
+    return False
 
 
 def _acceptance_checks(checks: list[Check], whole: DecodeStats, block: int, opts: ValidateOptions,

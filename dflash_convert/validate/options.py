@@ -122,15 +122,17 @@ class ValidateOptions(CommandOptions):
     chat_template_kwargs: Annotated[dict[str, Any] | None, Flag("--chat-template-kwargs", parse="json")] = Field(
         None, description='Template variables, as vLLM\'s chat_template_kwargs, e.g. \'{"enable_thinking": false}\'.')
     context_lengths: Annotated[list[ContextLength] | None, Flag("--context-lengths", parse="lengths")] = Field(
-        None, description="End to end: also measure tau, per-position rates and outputs equal on prompts of exactly "
+        None, min_length=1, description="End to end: also measure tau, per-position rates and outputs equal on prompts of exactly "
         "these many tokens (1024, 2k, 32k; k = 1024) of a real long text, generation following it; reported as a "
-        "curve of tau against context length.")
+        "curve of tau against context length. Each length + --max-new-tokens must fit --max-model-len, else the "
+        "target's own positions.")
     long_context_file: Annotated[str | Path | None, Flag("--long-context-file", type=Path, metavar="FILE")] = Field(
         None, description="The long text --context-lengths cuts its prompts from (a document, code; token ids when "
         "the target ships no tokenizer). Default: the prompts' own texts joined in order.")
     max_model_len: Annotated[int | None, Flag("--max-model-len", metavar="TOKENS")] = Field(
         None, ge=1, le=1 << 30, description="The context the deployment serves (vLLM's max_model_len): the static "
-        "level warns where it exceeds the positions the draft was trained for.")
+        "level warns where it exceeds the positions the draft was trained for; --context-lengths past the target's "
+        "own positions need it.")
     profile_out: Annotated[str | Path | None, Flag("--profile-out", type=Path, metavar="FILE")] = Field(
         None, description="Write the measured acceptance as a speculation_profile.json (NVIDIA Model-Optimizer's "
         "schema): one profile per K and per context length run.")
@@ -213,7 +215,8 @@ class ValidateOptions(CommandOptions):
     min_acceptance_length: Annotated[float | None, Flag("--min-acceptance-length", parse="thresholds",
                                                         metavar="X[,CATEGORY=X...]")] = Field(
         None, ge=0, allow_inf_nan=False, description="Fail when tau (mean tokens per step) is lower; CATEGORY=X: "
-        "when the tau of the prompts of that category (a JSONL `category` field) is lower.")
+        "when the tau of the prompts of that category (a JSONL `category` field) is lower. A category holding `,` or "
+        "`=`: give a JSON object, '{\"\": 3, \"qa, misc\": 4}' (key \"\": the whole run).")
     min_category_acceptance_length: Annotated[dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]], Flag(
         None, why="the CLI: --min-acceptance-length CATEGORY=X")] = Field(
         default_factory=dict, description="category -> the tau its prompts must reach")
@@ -347,6 +350,10 @@ class ValidateOptions(CommandOptions):
     def _long_contexts(self) -> ValidateOptions:
         if self.long_context_file is not None and not self.context_lengths:
             raise UsageError("--long-context-file is the text of --context-lengths: give --context-lengths with it")
+        if self.context_lengths:  # the target's own positions are checked once its config is read (prepare)
+            from dflash_convert.validate.trained_context import check_context_lengths
+
+            check_context_lengths(self.context_lengths, self.max_new_tokens, max_model_len=self.max_model_len)
         return self
 
     @model_validator(mode="after")

@@ -12,12 +12,13 @@ the same prompts.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from dflash_convert.errors import DFlashError
+from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.format import catalogue, engine_views, engines, kinds, mapping, serving
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.reading import read_json
@@ -83,6 +84,11 @@ def prepare(prep: Prepared) -> None:
         target_dir, config, weights = _target_paths(opts.target)
         prep.target = Target(target_dir, config, weights,
                              mapping.target_info(read_json(config), target_name(opts), file=str(config)))
+        if opts.context_lengths and opts.max_model_len is None:  # past the target's own positions: exit 2 now
+            from dflash_convert.validate.trained_context import check_context_lengths, target_positions
+
+            positions, stated = target_positions(read_json(config))
+            check_context_lengths(opts.context_lengths, opts.max_new_tokens, positions=positions, stated=stated)
     if opts.engine is not None:
         prep.view = engine_views.serving_view(prep.ckpt, opts.engine, num_target_layers=prep.target.info.num_layers
                                               if prep.target is not None else None)
@@ -103,6 +109,7 @@ def prepare(prep: Prepared) -> None:
     prompts = opts.prompts
     categories: list[str | None] = []  # each file prompt's JSONL `category` (None: none)
     prompt_list = read_prompts(prompts, categories) if isinstance(prompts, (str, Path)) else prompts
+    _check_gated_categories(opts, categories)
     if opts.baseline is not None:
         prep.baseline = load_baseline(opts.baseline)
     if "end_to_end" in opts.levels and prep.target_has_weights:
@@ -166,15 +173,23 @@ def _prepare_decoding(prep: Prepared, prompt_list, source: str) -> None:
 
 
 def _categories(opts: ValidateOptions, categories: list[str | None], n: int) -> list[str | None]:
-    """Each prompt's category (the prompts file's first, named sets' None), checked against the categories
-    --min-acceptance-length names: one it names that no prompt carries is an error (its gate would pass empty)."""
+    """Each prompt's category (the prompts file's first, named sets' None)."""
+    return (categories + [None] * n)[:n]
+
+
+def _check_gated_categories(opts: ValidateOptions, categories: list[str | None]) -> None:
+    """The categories --min-acceptance-length names, against the prompts': one that no prompt carries is a usage
+    error naming it, with the closest name carried (its gate would pass empty)."""
     given = sorted({c for c in categories if c is not None})
     missing = sorted(set(opts.min_category_acceptance_length) - set(given))
-    if missing:
-        raise DFlashError(f"--min-acceptance-length names categor{'ies' if len(missing) > 1 else 'y'} "
-                          f"{', '.join(missing)}, which no prompt carries (the prompts' `category` values: "
-                          f"{', '.join(given) or 'none'})", file=str(opts.prompts or "prompts"))
-    return (categories + [None] * n)[:n]
+    if missing:  # a usage error: the flag names what the file does not hold
+        where = opts.prompts if isinstance(opts.prompts, (str, Path)) else "the prompts"
+        close = {m: difflib.get_close_matches(m, given, n=1) for m in missing}
+        raise UsageError(f"--min-acceptance-length names categor{'ies' if len(missing) > 1 else 'y'} "
+                         + ", ".join(repr(m) + (f" (did you mean {close[m][0]!r}?)" if close[m] else "")
+                                     for m in missing)
+                         + f", which no prompt in {where} carries (its `category` values: "
+                         f"{', '.join(map(repr, given)) or 'none'})")
 
 
 def answer_earlier_turns(prep: Prepared, *, device: str, dtype) -> None:

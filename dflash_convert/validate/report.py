@@ -308,6 +308,11 @@ class SpeculativeTokensRun(BaseModel):
     per_concurrency: list[ConcurrencyCost] = Field(
         default_factory=list, description="--concurrency: the costs and expected speedup at each batch size other "
         "than 1, timed with the target's batched forward (validate/batch_costs.py)")
+    per_context_length: list[SliceAcceptance] = Field(
+        default_factory=list, description="--context-lengths: this K's decoding of the prompts of each length")
+    context_half_tau_length: int | None = Field(
+        None, description="the first --context-lengths value whose tau at this K is below half this K's own "
+        "(short-context) tau; None: none is")
 
 
 class EndpointRequest(BaseModel):

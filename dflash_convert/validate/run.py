@@ -389,13 +389,11 @@ def _static_level(prep: Prepared, found: Found, duplicates: Check) -> None:
 
 def _trained_context(prep: Prepared) -> Check:
     """The draft's trained positions, window and layer types against the target's and the served context."""
-    from dflash_convert.validate.trained_context import trained_context_check
+    from dflash_convert.validate.trained_context import target_positions, trained_context_check
 
-    raw = read_json(prep.target.config) if prep.target is not None else {}
-    raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
-    positions = raw.get("max_position_embeddings")
+    positions, _ = target_positions(read_json(prep.target.config)) if prep.target is not None else (None, "")
     return trained_context_check(prep.given.spec, engine_views.checkpoint_views(prep.given),
-                                 target_positions=positions if isinstance(positions, int) else None,
+                                 target_positions=positions,
                                  max_model_len=prep.opts.max_model_len, context_lengths=prep.opts.context_lengths)
 
 

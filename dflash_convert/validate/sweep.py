@@ -76,7 +76,8 @@ def k_run(stats: AcceptanceStats, engine: EngineStats | None = None,
         verify_step_s=median(t.verify_s for t in times), target_step_s=median(t.target_s for t in times),
         expected_speedup=round(estimate.speedup, 4),
         expected_speedup_range=[round(estimate.low, 4), round(estimate.high, 4)], synthetic=stats.synthetic,
-        vllm_counting=stats.vllm_counting, engine_run=engine, per_concurrency=concurrency_costs(stats, batches or []))
+        vllm_counting=stats.vllm_counting, engine_run=engine, per_concurrency=concurrency_costs(stats, batches or []),
+        per_context_length=stats.per_context_length, context_half_tau_length=stats.context_half_tau_length)
 
 
 def recommendations(runs: list[AcceptanceStats], device: str,

@@ -64,10 +64,12 @@ def test_per_category_figures_and_a_category_gate_that_fails_by_name(cli, catego
     assert "tau per prompt category" in r.err and "min 99 LOW" in r.err
 
 
-def test_a_category_no_prompt_carries_is_an_error_not_a_pass(cli, categorized):
+def test_a_category_no_prompt_carries_is_a_usage_error_not_a_pass(cli, categorized):
     r = _run(cli, categorized, "--min-acceptance-length", "math=3")
-    assert r.code == 1 and "names category math, which no prompt carries" in r.err
-    assert "code, prose" in r.err and len(r.err.strip().splitlines()) == 1
+    assert r.code == 2 and "names category 'math', which no prompt in" in r.err, r.err
+    assert "'code', 'prose'" in r.err and len(r.err.strip().splitlines()) == 1 and "did you mean" not in r.err
+    r = _run(cli, categorized, "--min-acceptance-length", '{"": 1, "Code": 3}')
+    assert r.code == 2 and "'Code' (did you mean 'code'?)" in r.err, r.err
     r = _run(cli, categorized, "--min-acceptance-length", "code=x")
     assert r.code == 2 and "CATEGORY=X" in r.err
 
@@ -85,3 +87,30 @@ def test_two_reports_on_one_path_are_a_usage_error(cli, tmp_path):
     same = tmp_path / "same.xml"
     r = cli("validate", "examples/pair/draft", "--junit", same, "--profile-out", same)
     assert r.code == 2 and "writes that file too" in r.err, r.err
+
+
+def test_thresholds_as_a_json_object_name_any_category():
+    """A category holding `,` or `=` cannot be named in X,CATEGORY=X; a JSON object names it, key "" the whole run."""
+    import typer
+
+    from dflash_convert.cli._params import thresholds
+
+    assert thresholds('{"": 3, "qa, misc": 4, "a=b": 2.5}') == {"": 3.0, "qa, misc": 4.0, "a=b": 2.5}
+    assert thresholds("3,code=4") == {"": 3.0, "code": 4.0}  # the plain form unchanged
+    for bad, words in (('{"qa": 4, "qa": 3}', "two thresholds for category 'qa'"), ('{"qa": "4"}', "numbers"),
+                       ('{"qa": true}', "numbers"), ('{"qa": 4', "not JSON")):
+        with pytest.raises(typer.BadParameter, match=words):
+            thresholds(bad)
+
+
+def test_a_category_named_with_a_comma_is_gated_by_json(cli, tmp_path):
+    f = tmp_path / "prompts.jsonl"
+    lines = PAIR.joinpath("prompts.txt").read_text().splitlines()[:2]
+    f.write_text("".join(json.dumps({"prompt": [int(t) for t in line.split()], "category": name}) + "\n"
+                         for line, name in zip(lines, ["qa, misc", "x=y"])))
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", f, "--levels", "end_to_end",
+            "--sampling", "greedy", "--max-new-tokens", "8", "--min-acceptance-length",
+            '{"": 1, "qa, misc": 99, "x=y": 1}', "--json")
+    assert r.code == 3 and list(r.failed_checks()) == ["acceptance_length[qa, misc]"], r.err
+    assert next(c for c in r.json()["checks"] if c["name"] == "acceptance_length[x=y]")["status"] == "pass"
+    assert r.json()["options"]["min_category_acceptance_length"] == {"qa, misc": 99.0, "x=y": 1.0}

@@ -76,7 +76,7 @@ def pair_report():
 
     return validate(PAIR / "draft", ValidateOptions(
         target=PAIR / "target", prompts=_pair_prompts(), levels=["static", "end_to_end"], max_new_tokens=32,
-        sampling="greedy", timing_rounds=1, context_lengths=[256, 1024]))
+        sampling="greedy", timing_rounds=1, context_lengths=[256, 1024], max_model_len=1024 + 32))
 
 
 def test_bundled_pair_curve_and_the_warning_past_its_512_positions(pair_report):
@@ -101,8 +101,8 @@ def test_bundled_pair_curve_and_the_warning_past_its_512_positions(pair_report):
 
 
 def test_rope_range_1024_is_warned_at_2048_and_8k_is_not(tmp_path, tiny_target, speculators_drafts):
-    """A draft whose positions end at 1024, served at 2048 (--max-model-len) and measured there: warned by name,
-    with the curve measured at 2048; one trained to 8192 is not warned. Random weights accept nothing at any
+    """A draft whose positions end at 1024, served at 2048 (--max-model-len) and measured there (2044 + 4 new
+    tokens): warned by name, with the curve measured past 1024; one trained to 8192 is not warned. Random weights accept nothing at any
     length, so the fall of tau itself cannot be shown here: the bundled pair's curve is the measured one."""
     from factories import copy_draft, read_config
 
@@ -115,7 +115,7 @@ def test_rope_range_1024_is_warned_at_2048_and_8k_is_not(tmp_path, tiny_target, 
                            spec_update={"decoder": decoder | {"max_position_embeddings": positions}})
         reports[positions] = validate(draft, ValidateOptions(
             target=tiny_target, levels=["static", "end_to_end"], max_new_tokens=4, sampling="greedy",
-            timing_rounds=1, context_lengths=[2048], max_model_len=2048))
+            timing_rounds=1, context_lengths=[2044], max_model_len=2048))
     short = next(c for c in reports[1024].checks if c.name == "trained_context")
     assert short.status == "warn" and "--max-model-len: 2048 tokens" in short.message
     assert "passes the 1024 positions the draft was trained for" in short.message
@@ -124,7 +124,7 @@ def test_rope_range_1024_is_warned_at_2048_and_8k_is_not(tmp_path, tiny_target, 
     assert long.status == "pass" and long.value["draft"] == 8192
     for r in reports.values():
         s = r.acceptance.per_context_length
-        assert [x.context_tokens for x in s] == [2048] and s[0].outputs_equal == s[0].prompts
+        assert [x.context_tokens for x in s] == [2044] and s[0].outputs_equal == s[0].prompts
         assert "random ids" in r.acceptance.context_source
 
 
@@ -136,3 +136,44 @@ def test_inspect_warns_where_max_model_len_passes_the_trained_positions(cli):
     warned = trained(2048)
     assert warned["status"] == "warn" and "--max-model-len: 2048 tokens" in warned["message"]
     assert trained(512)["status"] == "pass"
+
+
+@pytest.mark.parametrize("value", ["", ",", "0", "-1", "1.5k", "2m"])
+def test_context_lengths_that_are_no_lengths_are_a_usage_error(cli, value):
+    r = cli("validate", PAIR / "draft", f"--context-lengths={value}", "--levels", "static")
+    last = r.err.strip().splitlines()[-1]  # click's usage lines, then one error line naming the flag
+    assert r.code == 2 and last.startswith("Error:") and "--context-lengths" in last, r.err
+
+
+def test_context_lengths_past_max_model_len_or_the_targets_positions_are_refused_before_any_work(cli):
+    """vLLM refuses a prompt longer than max_model_len and stops a generation at it; past the target's own 512
+    positions the target is out of range: exit 2 naming both numbers, nothing measured. An explicit
+    --max-model-len measures past the target's positions (as VLLM_ALLOW_LONG_MAX_MODEL_LEN does)."""
+    def run(*flags):
+        return cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "static", "--json", *flags)
+
+    r = run("--context-lengths", "4k", "--max-model-len", "4096")
+    assert r.code == 2 and "4096 + --max-new-tokens 64 = 4160 tokens pass --max-model-len 4096" in r.err, r.err
+    assert "up to 4032" in r.err and "checks" not in r.out
+    r = run("--context-lengths", "1k")
+    assert r.code == 2 and "1088 tokens pass the target's own 512 positions" in r.err, r.err
+    assert "max_position_embeddings 512" in r.err and "--max-model-len 1088" in r.err
+    assert run("--context-lengths", "448").code == 0  # 448 + 64 new tokens: the target's 512 exactly
+    assert run("--context-lengths", "1k", "--max-model-len", "1088").code == 0
+
+
+def test_target_positions_are_vllms_derived_max_model_len():
+    from dflash_convert.validate.trained_context import target_positions
+
+    assert target_positions({"max_position_embeddings": 4096}) == (4096, "max_position_embeddings 4096")
+    linear = {"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+    assert target_positions(linear)[0] == 16384 and "factor 4" in target_positions(linear)[1]
+    yarn = {"max_position_embeddings": 131072, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                                "original_max_position_embeddings": 32768}}
+    assert target_positions(yarn)[0] == 131072  # yarn states the extended range itself
+    per_layer = {"text_config": {"max_position_embeddings": 8192, "seq_length": 2048,
+                                 "rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2}}}}
+    assert target_positions(per_layer) == (4096, "seq_length 2048 x RoPE dynamic factor 2")
+    assert target_positions({"model_type": "gemma3_text", "max_position_embeddings": 131072,
+                             "rope_scaling": {"rope_type": "linear", "factor": 8.0}})[0] == 131072
+    assert target_positions({"hidden_size": 8}) == (None, "")

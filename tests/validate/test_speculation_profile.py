@@ -45,12 +45,22 @@ def test_vectors_follow_the_histogram_with_gaps_and_a_dead_tail():
     assert dead["conditional_accept_rates"] == [0.0, 0.0] and dead["mean_accept_length"] == 1.0
 
 
-def test_pair_profile_per_k_and_per_context_length(tmp_path, cli):
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory):
+    """The bundled pair at K 7 and 3 with --context-lengths 128,256 (one run, shared)."""
+    from conftest import run_cli
+
+    tmp_path = tmp_path_factory.mktemp("sweep")
     out, prompts = tmp_path / "speculation_profile.json", tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PAIR.joinpath("prompts.txt").read_text().splitlines()[:4]) + "\n")
-    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", prompts,
-            "--levels", "end_to_end", "--sampling", "greedy", "--max-new-tokens", "24", "--num-speculative-tokens",
-            "7,3", "--context-lengths", "256", "--profile-out", out, "--json")
+    r = run_cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", prompts,
+                "--levels", "end_to_end", "--sampling", "greedy", "--max-new-tokens", "24",
+                "--num-speculative-tokens", "7,3", "--context-lengths", "128,256", "--profile-out", out, "--json")
+    return r, out, prompts
+
+
+def test_pair_profile_per_k_and_per_context_length(sweep_run):
+    r, out, prompts = sweep_run
     assert r.code == 0, r.err
     report, written = r.json(), json.loads(out.read_text())
     assert written == report["speculation_profile"]
@@ -65,8 +75,38 @@ def test_pair_profile_per_k_and_per_context_length(tmp_path, cli):
     assert "dflash_runtime" in c["engine"] and set(written["accept_length_by_k"]) == {"3", "7"}
     ks = [(p["num_speculative_tokens"], p["measurement_conditions"]["context_length"]["max"])
           for p in written["profiles"]]
-    assert ks == [(3, 40), (7, 256), (3, 256)]
+    assert ks == [(3, 40), (7, 128), (7, 256), (3, 128), (3, 256)]
     for p in [written, *written["profiles"]]:
         _assert_consistent(p)
-    at_256 = a["per_context_length"][0]
-    assert written["profiles"][1]["mean_accept_length"] == pytest.approx(at_256["acceptance_length"], abs=1e-4)
+    at_256 = a["per_context_length"][1]
+    assert written["profiles"][2]["mean_accept_length"] == pytest.approx(at_256["acceptance_length"], abs=1e-4)
+
+
+def test_a_k_sweep_shows_the_context_curve_of_every_k(sweep_run):
+    """Each K's own tau per context length and where it falls below half, in the JSON, the terminal, the Markdown
+    and the SVG (one series per K), not only the first K's."""
+    from dflash_convert.validate.breakdown import context_svg
+    from dflash_convert.validate.report import ValidationReport
+    from dflash_convert.validate.report_markdown import to_markdown
+
+    r, out, _ = sweep_run
+    report = ValidationReport.model_validate(r.json())
+    rows = report.per_num_speculative_tokens
+    assert [x.num_speculative_tokens for x in rows] == [7, 3]
+    profiles = json.loads(out.read_text())["profiles"][1:]  # K=7 at 128, 256, then K=3 at 128, 256
+    for k, row in enumerate(rows):
+        assert [s.context_tokens for s in row.per_context_length] == [128, 256]
+        assert [s.acceptance_length for s in row.per_context_length] == pytest.approx(
+            [p["mean_accept_length"] for p in profiles[2 * k:2 * k + 2]], abs=1e-4)
+        assert max(s.acceptance_length for s in row.per_context_length) <= row.num_speculative_tokens + 1
+    assert rows[0].per_context_length == report.acceptance.per_context_length
+    taus = [f"{row.per_context_length[1].acceptance_length:.2f}" for row in rows]
+    assert "tau against context length per K" in r.err
+    assert f"256 tokens {taus[0]:>7} {taus[1]:>7}" in r.err, r.err
+    half = [f"K={x.num_speculative_tokens} at " + (f"{x.context_half_tau_length} tokens"
+                                                   if x.context_half_tau_length else "none of the lengths") for x in rows]
+    assert "tau falls below half its short-context value: " + "; ".join(half) in r.err
+    md = to_markdown(report, curve="r-context-length.svg")
+    assert f"| 256 tokens | {taus[0]} | {taus[1]} |" in md
+    svg = context_svg(report)
+    assert "K=7 (short" in svg and "K=3 (short" in svg and f"K=3 (short {rows[1].acceptance_length:.2f}), 256 tokens: " in svg

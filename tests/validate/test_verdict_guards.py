@@ -187,3 +187,52 @@ def test_greedy_output_equal_refuses_a_verdict_where_the_target_paths_differ_bey
 
     with pytest.raises(DFlashError, match=r"cannot judge greedy_output_equal: at prompt 1, token 2.*beyond rounding"):
         _greedy_verdict(_rows({5: 8.0, 4: 7.0}), _rows({5: 2.0, 4: 7.0}))
+
+
+def test_partings_keep_only_the_parting_rows_and_equal_the_whole_tensors(runtime_target, monkeypatch):
+    """A 6-token output off the target's greedy choice at tokens 3 and 6 (penalties on; each the second row of its
+    verify block): the partings are those the
+    whole [N, V] tensors of both paths give, bit for bit, with the teacher-forced rows argmaxed 2 at a time; of each
+    path only the parting rows are kept ([V] each)."""
+    from types import SimpleNamespace
+
+    from dflash_convert.validate import end_to_end
+    from dflash_runtime.paths import one_token_logits, one_token_partings, verify_logits
+    from dflash_runtime.sampling import Penalties
+
+    target, prompt, penalties = runtime_target, [3, 17, 250, 9], Penalties(repetition=1.3, frequency=0.2)
+    target.set_capture([])
+
+    def output(parted: tuple[int, ...]) -> list[int]:
+        """6 tokens, each the target's greedy choice after the ones before, but at `parted` its second choice."""
+        tokens: list[int] = []
+        for k in range(6):
+            row = one_token_logits(target, prompt, tokens + [0], max_new_tokens=8, penalties=penalties)[-1]
+            tokens.append(int(row.topk(2).indices[1 if k in parted else 0]))
+        return tokens
+
+    tokens = output((2, 5))
+    run = SimpleNamespace(tokens=tokens, accepted_per_step=[2, 2])  # 1 + 3 + 2 tokens
+    kw = dict(max_new_tokens=8, penalties=penalties)
+    one = one_token_logits(target, prompt, tokens, **kw)
+    verify = verify_logits(target, prompt, tokens, run.accepted_per_step, proposals=3, **kw)
+    greedy, kept = one_token_partings(target, prompt, tokens, **kw)
+    assert greedy == one.argmax(dim=-1).tolist() and sorted(kept) == [2, 5]
+    assert all(row.shape == (one.shape[1],) and torch.equal(row, one[k]) for k, row in kept.items())
+    rows = verify_logits(target, prompt, tokens, run.accepted_per_step, proposals=3, rows=[2, 5], **kw)
+    assert rows.shape == (2, one.shape[1]) and torch.equal(rows, verify[[2, 5]])
+    monkeypatch.setattr(end_to_end, "SUSPECT_ROWS", 2)
+    found = end_to_end._partings(target, prompt, run, None, "float32", penalties, proposals=3, max_new_tokens=8)
+    want = [end_to_end.PathParting(k, greedy[k], tokens[k], "float32", float(one[k, greedy[k]]),
+                                   float(one[k, tokens[k]]), float(verify[k, greedy[k]]), float(verify[k, tokens[k]]))
+            for k in (2, 5)]
+    assert found == want
+    import dflash_runtime.paths
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the one-token path recomputed an output that is the target's greedy output")
+
+    monkeypatch.setattr(dflash_runtime.paths, "one_token_partings", refused)  # the chunked gate lets it through
+    greedy_run = SimpleNamespace(tokens=output(()), accepted_per_step=[2, 2])
+    assert end_to_end._partings(target, prompt, greedy_run, None, "float32", penalties, proposals=3,
+                                max_new_tokens=8) == []
