@@ -6,6 +6,7 @@ fault: one line, exit 1, nothing written. The live vLLM server is in test_valida
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -606,16 +607,18 @@ def test_context_lengths_counted_per_phase_from_counters(server, tmp_path, cli):
                   Canned(body=prometheus(4, 8, 6, [4, 2], 2)),  # the run's 2 prompts: tau 2.5
                   Canned(body=prometheus(4, 8, 6, [4, 2], 2)),
                   Canned(body=prometheus(8, 16, 7, [5, 2], 3)),  # the 1 prompt of 8 tokens: tau 1.25
-                  Canned(body=prometheus(8, 16, 7, [5, 2], 3)))
+                  Canned(body=prometheus(8, 16, 7, [5, 2], 3)),
+                  Canned(body=prometheus(10, 20, 11, [7, 4], 4)))  # the 1 prompt of 12 tokens: tau 3
     ids = tmp_path / "long.txt"
     ids.write_text(" ".join(str(5 + i) for i in range(12)) + "\n")
-    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "8",
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "8,12",
             "--long-context-file", ids, "--json")
     assert r.code == 0, r.err
-    (s,) = r.json()["endpoint"]["per_context_length"]
-    assert (s["context_tokens"], s["prompts"], s["num_drafts"], s["acceptance_length"]) == (8, 1, 4, 1.25)
-    assert s["per_position_rates"] == [0.25, 0.0]
-    assert [x.body["prompt"] for x in server.seen if x.path == "/v1/completions"][-1] == list(range(5, 13))
+    assert [(s["context_tokens"], s["prompts"], s["num_drafts"], s["acceptance_length"], s["per_position_rates"])
+            for s in r.json()["endpoint"]["per_context_length"]] == [(8, 1, 4, 1.25, [0.25, 0.0]),
+                                                                     (12, 1, 2, 3.0, [1.0, 1.0])]
+    assert [x.body["prompt"] for x in server.seen if x.path == "/v1/completions"][-2:] == [list(range(5, 13)),
+                                                                                           list(range(5, 17))]
 
 
 def test_context_lengths_beyond_the_served_context_refused(server, tmp_path, cli):
@@ -671,3 +674,44 @@ def test_category_gates_and_output_buckets(server, tmp_path, cli):
     server.answer("/metrics", Canned(body=prometheus(0, 0, 0, [0, 0], 0)), Canned(body=prometheus(4, 8, 6, [4, 2], 2)))
     r = cli(*args, "--min-acceptance-length", "code=1")
     assert r.code == 1 and "cannot gate category code" in r.json()["error"]["message"]
+
+
+def test_context_lengths_at_the_endpoint_equal_the_runtimes_on_the_same_pair(server):
+    """A CHECKPOINT with --target: the endpoint is sent the very windows the end-to-end level decoded, and a server
+    that serves the pair exactly (here the runtime itself, counted as vLLM counts: full last blocks) gives each
+    length the tau the runtime counted as vLLM counts."""
+    import torch
+
+    from dflash_runtime import Sampling, load_draft, load_target, speculative_generate
+
+    from dflash_convert.validate.breakdown import half_tau_length
+    from dflash_convert.validate.options import ValidateOptions
+    from dflash_convert.validate.run import validate
+
+    pair = Path(__file__).resolve().parents[2] / "examples" / "pair"
+    draft = load_draft(pair / "draft", dtype=torch.float32)
+    target = load_target(pair / "target", dtype=torch.float32)
+    stop = Sampling(stop_token_ids=(510,))  # the target's generation_config eos, as validate stops at it
+    served: dict[int, list[list[int]]] = {}
+
+    def serve(body):
+        g = speculative_generate(draft, target, body["prompt"], max_new_tokens=body["max_tokens"], sampling=stop,
+                                 full_last_block=True)
+        hist = [g.accepted_per_step.count(a) for a in range(16)]
+        served.setdefault(len(body["prompt"]), []).append(body["prompt"])
+        reply = vllm_completion(hist, tokens=g.tokens, per_step=g.accepted_per_step)
+        reply["usage"]["prompt_tokens"] = len(body["prompt"])
+        return reply
+
+    server.answer("/v1/completions", Canned(body=serve))
+    prompts = [[int(t) for t in line.split()] for line in (pair / "prompts.txt").read_text().splitlines()[:1]]
+    report = validate(pair / "draft", ValidateOptions(
+        target=pair / "target", endpoint=server.url, prompts=prompts, levels=["static", "end_to_end"],
+        max_new_tokens=16, sampling="greedy", timing_rounds=1, dtype="float32", context_lengths=[96, 160]))
+    a, e = report.acceptance, report.endpoint
+    assert [s.context_tokens for s in e.per_context_length] == [96, 160]
+    assert [(s.num_drafts, s.accepted, s.acceptance_length) for s in e.per_context_length] == \
+        [(s.num_drafts, s.accepted, s.acceptance_length) for s in a.vllm_context_counting]
+    assert served[96] and all(len(p) == 96 for p in served[96]) and len(served[160]) == e.per_context_length[1].prompts
+    assert e.context_half_tau_length == half_tau_length(e.counts.acceptance_length, e.per_context_length)
+    assert "token ids joined in order" in e.context_source and "sent to" in e.context_source
