@@ -43,7 +43,7 @@ class ServerTokenizer:
         self.endpoint, self.model = endpoint, model
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        where = self.endpoint._where(TOKENIZE)
+        where = f"{self.endpoint.label} {self.endpoint.url}{TOKENIZE}"
         body = self.endpoint.post(TOKENIZE, {"model": self.model, "prompt": text,
                                              "add_special_tokens": add_special_tokens}).body
         tokens = field_of(body, "tokens", where)
