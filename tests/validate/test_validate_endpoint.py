@@ -578,7 +578,7 @@ def test_context_lengths_cut_with_the_servers_tokenizer(server, tmp_path, cli):
     assert [(s["context_tokens"], s["prompts"], s["num_drafts"], s["acceptance_length"])
             for s in e["per_context_length"]] == [(64, 4, 12, 2.0), (128, 4, 12, 1.0)]
     assert e["counts"]["acceptance_length"] == 3.0 and e["context_half_tau_length"] == 128
-    assert "the tokenizer" in e["context_source"] and "sent to" in e["context_source"]
+    assert "cut with the server's own tokenizer" in e["context_source"] and "sent to" in e["context_source"]
     check = next(c for c in r.json()["checks"] if c["name"] == "endpoint_context_lengths")
     assert check["status"] == "warn" and "below half the short-context tau from 128 tokens" in check["message"]
     # exactly the windows the runtime cuts from the text with the same tokenizer, BOS first

@@ -74,7 +74,7 @@ def endpoint_long_contexts(opts: ValidateOptions, endpoint: Endpoint, model: str
         why = str(exc)
         tokenizer, whose = _local_tokenizer(opts), f"the local tokenizer of --target {opts.target}"
     else:
-        whose = f"the tokenizer {endpoint.url} serves ({len(prefix)} special token(s) first)"
+        whose = f"the server's own tokenizer (POST /tokenize; {len(prefix)} special token(s) first)"
     own = [p for name, p in prompts if name is None]
     ids = [p for p in own if isinstance(p, list) and all(type(t) is int for t in p)]
     vocab = ANY_VOCAB if tokenizer is None or isinstance(tokenizer, ServerTokenizer) else len(tokenizer)
