@@ -552,8 +552,10 @@ def _by_length(taus: dict[int, list[int]], short: list[int], per_step: bool = Fa
         n = len(body["prompt"])
         hist = taus.get(n, short)
         steps = [a for a, h in enumerate(hist) for _ in range(h)]
-        reply = vllm_completion(hist, tokens=[7] * (len(steps) + sum(steps)), per_step=steps if per_step else None)
+        made = len(steps) + sum(steps)
+        reply = vllm_completion(hist, tokens=[7] * min(made, body["max_tokens"]), per_step=steps if per_step else None)
         reply["usage"]["prompt_tokens"] = n
+        reply["choices"][0]["finish_reason"] = "length" if made >= body["max_tokens"] else "stop"
         return reply
     return answer
 
@@ -612,7 +614,7 @@ def test_context_lengths_counted_per_phase_from_counters(server, tmp_path, cli):
     ids = tmp_path / "long.txt"
     ids.write_text(" ".join(str(5 + i) for i in range(12)) + "\n")
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "8,12",
-            "--long-context-file", ids, "--json")
+            "--long-context-file", ids, "--max-new-tokens", "4", "--json")
     assert r.code == 0, r.err
     assert [(s["context_tokens"], s["prompts"], s["num_drafts"], s["acceptance_length"], s["per_position_rates"])
             for s in r.json()["endpoint"]["per_context_length"]] == [(8, 1, 4, 1.25, [0.25, 0.0]),
@@ -629,6 +631,15 @@ def test_context_lengths_beyond_the_served_context_refused(server, tmp_path, cli
             "--max-new-tokens", "8")
     assert r.code == 2 and "96 + --max-new-tokens 8 = 104 tokens exceeds the max_model_len 100" in r.err
     assert _one_error_line(r) and not [s for s in server.seen if s.path != "/v1/models"]
+    # a card without max_model_len: an answer ended for length short of the tokens asked is the context's limit
+    server.answer("/v1/models", Canned(body=models("m")))
+    server.answer("/v1/completions", Canned(body=lambda body: vllm_completion([1, 1, 0], tokens=[3] * 3) | {
+        "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 3}}))
+    doc = tmp_path / "ids.txt"
+    doc.write_text(" ".join(map(str, range(3, 200))) + "\n")
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "96",
+            "--long-context-file", doc, "--max-new-tokens", "8")
+    assert r.code == 1 and "got 3 of --max-new-tokens 8 tokens, ended for length" in r.err and _one_error_line(r)
 
 
 def test_context_lengths_without_a_tokenizer(server, tmp_path, cli):

@@ -12,8 +12,9 @@ Where the prompts come from, first found:
   saying what to give (never prompts of other lengths).
 
 Each length must fit: L + --max-new-tokens within the max_model_len the server's /v1/models card gives, else a usage
-error before anything is sent (vLLM cuts max_tokens short to fit, silently). Every answer's usage.prompt_tokens,
-where given, must be L.
+error before anything is sent (vLLM cuts max_tokens short to fit, silently); where the card does not say, an
+answer ended for length short of --max-new-tokens is an error. Every answer's usage.prompt_tokens, where given,
+must be L.
 
 A phase's counts are exact either way: per-request statistics summed, else the deltas of the server's counters
 around the phase when no other request ran (measure.measured, as for the run's prompts)."""
@@ -114,6 +115,12 @@ def measure_lengths(endpoint: Endpoint, long: LongContexts, *, model: str, engin
         if other is not None:
             raise EndpointError(f"{endpoint.label} {endpoint.url}: the server counted {other} prompt tokens for a "
                                 f"--context-lengths prompt of {length} token ids: it did not serve them as sent")
+        cut = next((r.new_tokens for r in replies if r.finish_reason == "length" and
+                    r.new_tokens < opts.max_new_tokens), None)
+        if cut is not None:  # vLLM shortens max_tokens to what its context leaves, and says "length"
+            raise EndpointError(f"{endpoint.label} {endpoint.url}: a --context-lengths prompt of {length} tokens got "
+                                f"{cut} of --max-new-tokens {opts.max_new_tokens} tokens, ended for length: the "
+                                "served context is shorter than the prompt and its new tokens; give shorter lengths")
         counts, _ = measured(endpoint, replies, before, after)
         say(f"endpoint: context {length} tokens, {len(replies)} prompt(s): tau {counts.tau:.2f}")
         slices.append(SliceAcceptance(label=f"{length} tokens", prompts=len(replies), context_tokens=length,

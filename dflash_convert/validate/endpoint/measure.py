@@ -60,6 +60,7 @@ class Reply:
     top: list[dict[str, float]] | None = None
     prompt_tokens: int | None = None  # the server's usage.prompt_tokens
     steps: list[int] | None = None  # draft tokens accepted per verify step, in order (vLLM's detailed level)
+    finish_reason: str | None = None  # "length": max_tokens reached (or cut to fit the served context)
 
 
 def sampling_sent(opts) -> dict[str, Any]:
@@ -148,7 +149,8 @@ def parse_reply(sent: Sent, answer, where: str) -> Reply:
     prompt_tokens = (body.get("usage") or {}).get("prompt_tokens")
     return Reply(sent, [int(t) for t in ids] if ids is not None else None, text or "", new_tokens, spec,
                  answer.seconds, metrics.get("time_to_first_token_ms"), metrics.get("mean_itl_ms"),
-                 _top(choice, sent.path), prompt_tokens if type(prompt_tokens) is int else None, steps)
+                 _top(choice, sent.path), prompt_tokens if type(prompt_tokens) is int else None, steps,
+                 choice.get("finish_reason") if isinstance(choice, dict) else None)
 
 
 def send_all(endpoint: Endpoint, sent: list[Sent], concurrency: int) -> tuple[list[Reply], float]:
