@@ -657,6 +657,18 @@ def test_context_lengths_without_a_tokenizer(server, tmp_path, cli):
             "--long-context-file", doc, "--json")
     assert r.code == 0, r.err
     assert r.json()["endpoint"]["per_context_length"][0]["acceptance_length"] == 1.5
+    # a local --target directory's tokenizer cuts a text (its word `t<i>` is id i, no BOS)
+    from factories import token_words_target
+
+    target = token_words_target(Path(__file__).resolve().parents[2] / "examples" / "pair" / "target",
+                                tmp_path / "target")
+    doc.write_text(" ".join(f"t{i}" for i in range(100, 140)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--long-context-file", doc, "--target", target, "--json")
+    assert r.code == 0, r.err
+    assert "the local tokenizer of --target" in r.json()["endpoint"]["context_source"]
+    sent = [s.body["prompt"] for s in server.seen if s.path == "/v1/completions"][-2:]
+    assert sent == [list(range(100, 116)), list(range(116, 132))]
 
 
 def test_category_gates_and_output_buckets(server, tmp_path, cli):
