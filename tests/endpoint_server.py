@@ -104,20 +104,38 @@ class FakeEndpoint:
         return Handler
 
 
-def models(*ids: str, owned_by: str = "vllm") -> dict:
-    return {"object": "list", "data": [{"id": i, "object": "model", "owned_by": owned_by} for i in ids]}
+def models(*ids: str, owned_by: str = "vllm", max_model_len: int | None = None) -> dict:
+    """/v1/models; `max_model_len`: the context each card says it is served with (vLLM's and SGLang's cards)."""
+    extra = {} if max_model_len is None else {"max_model_len": max_model_len}
+    return {"object": "list", "data": [{"id": i, "object": "model", "owned_by": owned_by, **extra} for i in ids]}
+
+
+BOS = 1  # the special token char_tokenize adds first
+
+
+def char_tokenize(text: str, add_special_tokens: bool = True) -> list[int]:
+    """The fake server's tokenizer: a BOS where special tokens are added, then one id per character."""
+    return [BOS] * add_special_tokens + [2 + ord(c) % 500 for c in text]
+
+
+def vllm_tokenize(request: dict, max_model_len: int = 4096) -> dict:
+    """vLLM 0.33's POST /tokenize answer to a completion-style request (TokenizeResponse: count, max_model_len,
+    tokens, token_strs), tokenized by char_tokenize; `add_special_tokens` defaults to true, as vLLM's does."""
+    tokens = char_tokenize(request["prompt"], request.get("add_special_tokens", True))
+    return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": None}
 
 
 def vllm_completion(histogram: list[int], *, tokens: list[int], chat: bool = False, drafted: int | None = None,
-                    ttft_ms: float | None = None) -> dict:
-    """A vLLM 0.32 answer with per-request statistics (--per-request-spec-decode-metrics summary)."""
+                    ttft_ms: float | None = None, per_step: list[int] | None = None) -> dict:
+    """A vLLM 0.32 answer with per-request statistics (--per-request-spec-decode-metrics summary; `per_step`: the
+    accepted count of each step, in order, as the `detailed` level adds them with the drafted counts)."""
     k = len(histogram) - 1
     steps, accepted = sum(histogram), sum(j * h for j, h in enumerate(histogram))
     spec = {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
             "draft_acceptance_rate": accepted / (steps * k) if steps else 0.0, "acceptance_histogram": histogram,
             "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
             "num_draft_tokens": steps * k if drafted is None else drafted, "num_spec_tokens": k,
-            "per_step_accepted": None, "per_step_drafted": None}
+            "per_step_accepted": per_step, "per_step_drafted": None if per_step is None else [k] * len(per_step)}
     choice = {"index": 0, "token_ids": tokens, "finish_reason": "length"}
     choice |= {"message": {"role": "assistant", "content": "x"}} if chat else {"text": "x"}
     return {"id": "c", "object": "chat.completion" if chat else "text_completion", "model": "m", "choices": [choice],

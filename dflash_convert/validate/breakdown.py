@@ -16,6 +16,7 @@ from dflash_convert.chart import svg_curve, svg_series_chart, text_curve
 from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_text
 from dflash_convert.validate.prompts import BUILTIN_TEXT_PROMPTS, read_prompts
+from dflash_convert.validate.static import Check, make_check
 
 # The figures are made here as the fields of report.SliceAcceptance (dicts: report_terminal and report_markdown
 # render with this one, so this one does not import the report); the rendering reads a report's AcceptanceStats
@@ -160,6 +161,22 @@ def half_tau_length(short_tau: float, slices: list) -> int | None:
     """The first context length whose tau is below half `short_tau`, else None."""
     return next((s.context_tokens for s in sorted(slices, key=lambda s: s.context_tokens or 0)
                  if s.acceptance_length < short_tau / 2), None)
+
+
+def context_check(name: str, short_tau: float, slices: list, half: int | None, wrong: list[str] | None = None
+                  ) -> Check:
+    """The check of a context curve: fails on an output that is not the target's (`wrong`: where), warns where tau
+    falls below half `short_tau` (from `half` tokens), passes otherwise."""
+    curve = ", ".join(f"{s.acceptance_length:.2f} at {s.context_tokens}" for s in slices)
+    message = f"tau {curve} (short prompts {short_tau:.2f})"
+    if wrong:
+        return make_check(name, False, f"the speculative output is not the target's greedy output at "
+                          f"{'; '.join(wrong[:3])}; {message}", value=curve, level="end_to_end")
+    if half is not None:
+        return make_check(name, False, f"{message}: below half the short-context tau from {half} tokens",
+                          value=half, threshold=round(short_tau / 2, 4), level="end_to_end", bad="warn")
+    return make_check(name, True, message + ": at or above half the short-context tau at every length",
+                      level="end_to_end")
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -345,17 +362,10 @@ def breakdown_markdown(report, image: str | None = None, outputs_image: str | No
     if report.per_thinking_mode:
         lines += ["### tau per thinking mode", ""] + _table(report.per_thinking_mode, "mode")
     if a is None:
-        return lines
+        return lines + _context_markdown(report, image)
     if a.per_category:
         lines += ["### tau per prompt category", ""] + _table(a.per_category, "category")
-    if a.per_context_length:
-        trained = trained_positions(report)
-        lines += ["### tau against context length", "", f"Long prompts cut from {a.context_source}.", ""]
-        lines += [f"![tau against context length]({image})", ""] if image else [
-            "```text", *context_lines(a)[1:-1], "```", ""]
-        lines += _table(a.per_context_length, "context")
-        lines += [half_sentence(a).strip() + "."] + ([past_sentence(a, trained).strip() + "."] if trained else [])
-        lines += [""] + k_context_markdown(report)
+    lines += _context_markdown(report, image)
     if len(a.per_output_bucket) > 1:
         lines += ["### tau against output position", ""]
         lines += [f"![tau against output position]({outputs_image})", ""] if outputs_image else [
@@ -388,11 +398,35 @@ def k_context_markdown(report) -> list[str]:
     return lines + ["", k_half_sentence(runs) + ".", ""]
 
 
+def curve_of(report):
+    """The figures whose context curve the report draws: the end-to-end run's, else the endpoint's (--endpoint
+    alone); None when neither measured --context-lengths."""
+    for a in (report.acceptance, getattr(report, "endpoint", None)):
+        if a is not None and a.per_context_length:
+            return a
+    return None
+
+
+def _context_markdown(report, image: str | None) -> list[str]:
+    """The context-length section of the Markdown report (the curve of curve_of)."""
+    a = curve_of(report)
+    if a is None:
+        return []
+    trained = trained_positions(report)
+    at = f" at {a.url}" if a is not report.acceptance else ""
+    lines = [f"### tau against context length{at}", "", f"Long prompts cut from {a.context_source}.", ""]
+    lines += [f"![tau against context length]({image})", ""] if image else [
+        "```text", *context_lines(a)[1:-1], "```", ""]
+    lines += _table(a.per_context_length, "context")
+    lines += [half_sentence(a).strip() + "."] + ([past_sentence(a, trained).strip() + "."] if trained else [])
+    return lines + [""] + (k_context_markdown(report) if a is report.acceptance else [])
+
+
 def context_svg(report) -> str | None:
     """The tau-against-context-length curve as SVG (None without --context-lengths); the first length past
     the draft's trained positions marked. A K sweep: one series per K (chart.svg_series_chart)."""
-    a, trained = report.acceptance, trained_positions(report)
-    if a is None or not a.per_context_length:
+    a, trained = curve_of(report), trained_positions(report)
+    if a is None:
         return None
     runs = k_context_runs(report)
     if runs:

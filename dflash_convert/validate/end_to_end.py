@@ -16,8 +16,8 @@ from typing import Any, Callable
 from dflash_convert.errors import DFlashError, NotRunnable
 from dflash_convert.io.checkpoint import Checkpoint
 from dflash_convert.io.progress import Step
-from dflash_convert.validate.breakdown import (LongContexts, category_slices, context_slice, half_tau_length,
-                                               output_buckets)
+from dflash_convert.validate.breakdown import (LongContexts, category_slices, context_check, context_slice,
+                                               half_tau_length, output_buckets)
 from dflash_convert.validate.static import Check, first_difference, make_check
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceCounts, AcceptanceStats,
@@ -203,17 +203,8 @@ def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, s
                                                                                  for g in full]]
             stats._context_outputs.append([r.tokens for r in runs])
     stats.per_context_length, stats.context_source = slices, long.source
-    stats.context_half_tau_length = half = half_tau_length(stats.acceptance_length, slices)
-    curve = ", ".join(f"{s.acceptance_length:.2f} at {s.context_tokens}" for s in slices)
-    message = f"tau {curve} (short prompts {stats.acceptance_length:.2f})"
-    if wrong:
-        return make_check("context_lengths", False, f"the speculative output is not the target's greedy output at "
-                          f"{'; '.join(wrong[:3])}; {message}", value=curve, level="end_to_end")
-    if half is not None:
-        return make_check("context_lengths", False, f"{message}: below half the short-context tau from {half} tokens",
-                          value=half, threshold=round(stats.acceptance_length / 2, 4), level="end_to_end", bad="warn")
-    return make_check("context_lengths", True, message + ": at or above half the short-context tau at every length",
-                      level="end_to_end")
+    stats.context_half_tau_length = half_tau_length(stats.acceptance_length, slices)
+    return context_check("context_lengths", stats.acceptance_length, slices, stats.context_half_tau_length, wrong)
 
 
 def step_histogram(rates: list[float], num_drafts: int) -> list[int]:

@@ -114,7 +114,7 @@ def prepare(prep: Prepared) -> None:
         prep.baseline = load_baseline(opts.baseline)
     if "end_to_end" in opts.levels and prep.target_has_weights:
         _prepare_decoding(prep, prompt_list, str(prompts) if isinstance(prompts, (str, Path)) else "prompts")
-        prep.prompts.categories = _categories(opts, categories, len(prep.prompts.ids))
+        prep.prompts.categories = checked_categories(opts, categories, len(prep.prompts.ids))
         if prep.baseline is not None and not prep.chats:  # else once the target answered the earlier turns
             check_same_settings(prep.baseline, opts.baseline, settings(prep))
 
@@ -172,8 +172,10 @@ def _prepare_decoding(prep: Prepared, prompt_list, source: str) -> None:
     prep.sampling.stop_token_ids = sorted({i for ids in stops.values() for i in ids})
 
 
-def _categories(opts: ValidateOptions, categories: list[str | None], n: int) -> list[str | None]:
-    """Each prompt's category (the prompts file's first, named sets' None)."""
+def checked_categories(opts: ValidateOptions, categories: list[str | None], n: int) -> list[str | None]:
+    """Each prompt's category (the prompts file's first, named sets' None), checked against the categories
+    --min-acceptance-length names (_check_gated_categories)."""
+    _check_gated_categories(opts, categories)
     return (categories + [None] * n)[:n]
 
 

@@ -373,6 +373,16 @@ class EndpointStats(BaseModel):
         default_factory=dict, description="tau per group of prompt lengths (the server's usage.prompt_tokens: "
         "<1024, 1024-2047, ...), from the requests' own statistics")
     per_request: list[EndpointRequest] = Field(default_factory=list)
+    per_context_length: list[SliceAcceptance] = Field(
+        default_factory=list, description="--context-lengths: tau per prompt length, each length's requests measured "
+        "on their own (token ids of exactly that many tokens)")
+    context_source: str | None = Field(None, description="the text the --context-lengths prompts were cut from, and "
+                                       "whose tokenizer cut it")
+    context_half_tau_length: int | None = Field(None, description="the first context length whose tau is below half "
+                                                "the endpoint's tau on the prompts (None: none)")
+    per_output_bucket: list[SliceAcceptance] = Field(
+        default_factory=list, description="the verify steps by the generated position they began at, from vLLM's "
+        "per-step lists (--per-request-spec-decode-metrics detailed; empty otherwise)")
     duration_s: float = Field(description="wall time of the measured round")
     tokens_per_s: float = Field(description="generated tokens / duration_s, at `concurrency` requests in flight")
     latency_s_mean: float
@@ -387,6 +397,16 @@ class EndpointStats(BaseModel):
     baseline_endpoint: EndpointComparison | None = None
     offline: AcceptanceCounts | None = Field(None, description="with CKPT and --target: the runtime's emulation of "
                                              "the engine, counted as vLLM counts")
+
+    # the figures the breakdowns' renderers (validate/breakdown.py) read of an end-to-end run, so that they draw
+    # the endpoint's curves too
+    @property
+    def acceptance_length(self) -> float:
+        return self.counts.acceptance_length
+
+    @property
+    def per_position_rates(self) -> list[float]:
+        return self.counts.per_position_rates
 
 
 class BaselineComparison(BaseModel):

@@ -188,6 +188,9 @@ def endpoint_lines(report: ValidationReport) -> list[str]:
         lines.append(f"  {name}: tau {s.acceptance_length:.2f} over {s.prompts} prompts ({s.num_drafts} steps)")
     if e.accepted_histogram:
         lines.append("  verify steps by draft tokens accepted (0, 1, ...): " + " ".join(map(str, e.accepted_histogram)))
+    from dflash_convert.validate.breakdown import context_lines, output_lines, trained_positions
+
+    lines += context_lines(e, trained_positions(report)) + output_lines(e)
     b = e.baseline_endpoint
     if b is not None:
         spread = f", per round {b.speedup_range[0]:.2f}-{b.speedup_range[1]:.2f}x" if b.speedup_range else ""

@@ -50,7 +50,7 @@ from dflash_convert.validate.compare import compare_to_source
 from dflash_convert.validate.quantized_checks import activation_caveat
 from dflash_convert.validate.baseline import load_baseline, prompt_ids_sha256
 from dflash_convert.validate.baseline import compare as compare_baseline
-from dflash_convert.validate.prepare import Prepared, answer_earlier_turns, prepare, target_name
+from dflash_convert.validate.prepare import Prepared, answer_earlier_turns, checked_categories, prepare, target_name
 from dflash_convert.validate.prompts import BUILTIN_TEXT_PROMPTS, read_prompts
 from dflash_convert.validate.report import (AcceptanceStats, EngineStats, Environment, SliceAcceptance,
                                             ValidationReport)
@@ -288,7 +288,7 @@ def _endpoint_categories(opts: ValidateOptions) -> list[str | None]:
     categories: list[str | None] = []
     if isinstance(opts.prompts, (str, Path)):
         read_prompts(opts.prompts, categories)
-    return categories
+    return checked_categories(opts, categories, len(_endpoint_prompts(opts)))  # a category gate names one carried
 
 
 def _endpoint_prompts(opts: ValidateOptions) -> list[tuple[str | None, Any]]:
@@ -318,8 +318,10 @@ def _endpoint_level(prep: Prepared, found: Found, report: ValidationReport) -> N
 
     offline = found.stats.vllm_counting if found.stats is not None else None
     steps = found.stats.vllm_steps if found.stats is not None else None
+    long = prep.prompts.long if found.stats is not None else None  # the windows the runtime decoded
     checks, report.endpoint = endpoint_level(prep.opts, _endpoint_prompts(prep.opts), say=prep.say, offline=offline,
-                                             offline_steps=steps, categories=_endpoint_categories(prep.opts))
+                                             offline_steps=steps, categories=_endpoint_categories(prep.opts),
+                                             long=long)
     report.checks += checks
     report.passed = not any(c.status == "fail" for c in report.checks)
 

@@ -6,6 +6,7 @@ fault: one line, exit 1, nothing written. The live vLLM server is in test_valida
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -542,3 +543,198 @@ def test_each_request_grouped_by_category_and_prompt_length(server, tmp_path, cl
     assert {k: (v["prompts"], v["acceptance_length"]) for k, v in e["per_prompt_length"].items()} == {
         "<1024": (1, 3.0), "1024-2047": (2, 2.0)}
     assert "category code: tau 3.00 over 2 prompts" in r.err
+
+
+def _by_length(taus: dict[int, list[int]], short: list[int], per_step: bool = False):
+    """An answer whose histogram depends on the prompt's length (`taus`: length -> histogram; else `short`), its
+    usage.prompt_tokens that length, as vLLM counts a prompt of token ids."""
+    def answer(body):
+        n = len(body["prompt"])
+        hist = taus.get(n, short)
+        steps = [a for a, h in enumerate(hist) for _ in range(h)]
+        made = len(steps) + sum(steps)
+        reply = vllm_completion(hist, tokens=[7] * min(made, body["max_tokens"]), per_step=steps if per_step else None)
+        reply["usage"]["prompt_tokens"] = n
+        reply["choices"][0]["finish_reason"] = "length" if made >= body["max_tokens"] else "stop"
+        return reply
+    return answer
+
+
+def test_context_lengths_cut_with_the_servers_tokenizer(server, tmp_path, cli):
+    """--context-lengths against --endpoint: prompts of exactly L tokens of the server's own tokenizer (/tokenize,
+    as vLLM answers it), cut from the text as the runtime cuts it, sent as token ids; each length's figures are
+    its requests' own counts, and the curve, the half-tau length and the check are reported as the runtime's."""
+    from endpoint_server import char_tokenize, vllm_tokenize
+
+    from dflash_convert.validate.breakdown import long_contexts
+
+    server.answer("/tokenize", Canned(body=vllm_tokenize))
+    server.answer("/v1/completions", Canned(body=_by_length({64: [0, 3, 0], 128: [3, 0, 0]}, [0, 0, 3])))
+    doc = tmp_path / "doc.md"
+    doc.write_text("A design document, long enough for four windows of each length. " * 9)
+    report = tmp_path / "r.md"
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "64,128",
+            "--long-context-file", doc, "--max-new-tokens", "8", "--report-md", report, "--json")
+    assert r.code == 0, r.err
+    e = r.json()["endpoint"]
+    assert [(s["context_tokens"], s["prompts"], s["num_drafts"], s["acceptance_length"])
+            for s in e["per_context_length"]] == [(64, 4, 12, 2.0), (128, 4, 12, 1.0)]
+    assert e["counts"]["acceptance_length"] == 3.0 and e["context_half_tau_length"] == 128
+    assert "cut with the server's own tokenizer" in e["context_source"] and "sent to" in e["context_source"]
+    check = next(c for c in r.json()["checks"] if c["name"] == "endpoint_context_lengths")
+    assert check["status"] == "warn" and "below half the short-context tau from 128 tokens" in check["message"]
+    # exactly the windows the runtime cuts from the text with the same tokenizer, BOS first
+    def tokenizer(text, add_special_tokens=True):
+        return {"input_ids": char_tokenize(text, add_special_tokens)}
+    want = long_contexts([64, 128], doc, tokenizer, None, [], 1 << 20).windows
+    sent = [s.body["prompt"] for s in server.seen if s.path == "/v1/completions" and len(s.body["prompt"]) > 4]
+    assert sent == want[64] + want[128] and all(p[0] == 1 for p in sent)
+    asked = [s.body for s in server.seen if s.path == "/tokenize"]
+    assert asked[0] == {"model": "m", "prompt": "", "add_special_tokens": True}
+    assert asked[1]["add_special_tokens"] is False and asked[1]["prompt"] == doc.read_text()
+    md = report.read_text()
+    assert "### tau against context length at" in md and "tau falls below half its short-context value (1.50) at " \
+        "128 tokens" in md and (tmp_path / "r-context-length.svg").exists()
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "64,128",
+            "--long-context-file", doc, "--max-new-tokens", "8")
+    assert "tau falls below half its short-context value (1.50) at 128 tokens" in r.out
+
+
+def test_context_lengths_counted_per_phase_from_counters(server, tmp_path, cli):
+    """Without per-request statistics each length's requests are their own phase, counted from the counters'
+    deltas around it (nothing else ran), exactly."""
+    server.answer("/v1/completions", Canned(body=lambda body: plain_completion([1] * 4) | {
+        "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 4}}))
+    server.answer("/metrics", Canned(body=prometheus(0, 0, 0, [0, 0], 0)),
+                  Canned(body=prometheus(4, 8, 6, [4, 2], 2)),  # the run's 2 prompts: tau 2.5
+                  Canned(body=prometheus(4, 8, 6, [4, 2], 2)),
+                  Canned(body=prometheus(8, 16, 7, [5, 2], 3)),  # the 1 prompt of 8 tokens: tau 1.25
+                  Canned(body=prometheus(8, 16, 7, [5, 2], 3)),
+                  Canned(body=prometheus(10, 20, 11, [7, 4], 4)))  # the 1 prompt of 12 tokens: tau 3
+    ids = tmp_path / "long.txt"
+    ids.write_text(" ".join(str(5 + i) for i in range(12)) + "\n")
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "8,12",
+            "--long-context-file", ids, "--max-new-tokens", "4", "--json")
+    assert r.code == 0, r.err
+    assert [(s["context_tokens"], s["prompts"], s["num_drafts"], s["acceptance_length"], s["per_position_rates"])
+            for s in r.json()["endpoint"]["per_context_length"]] == [(8, 1, 4, 1.25, [0.25, 0.0]),
+                                                                     (12, 1, 2, 3.0, [1.0, 1.0])]
+    assert [x.body["prompt"] for x in server.seen if x.path == "/v1/completions"][-2:] == [list(range(5, 13)),
+                                                                                           list(range(5, 17))]
+
+
+def test_context_lengths_beyond_the_served_context_refused(server, tmp_path, cli):
+    """A length that with its new tokens passes the max_model_len /v1/models gives: exit 2 naming both numbers,
+    before anything is generated."""
+    server.answer("/v1/models", Canned(body=models("m", max_model_len=100)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "96",
+            "--max-new-tokens", "8")
+    assert r.code == 2 and "96 + --max-new-tokens 8 = 104 tokens exceeds the max_model_len 100" in r.err
+    assert _one_error_line(r) and not [s for s in server.seen if s.path != "/v1/models"]
+    # a card without max_model_len: an answer ended for length short of the tokens asked is the context's limit
+    server.answer("/v1/models", Canned(body=models("m")))
+    server.answer("/v1/completions", Canned(body=lambda body: vllm_completion([1, 1, 0], tokens=[3] * 3) | {
+        "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 3}}))
+    doc = tmp_path / "ids.txt"
+    doc.write_text(" ".join(map(str, range(3, 200))) + "\n")
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "96",
+            "--long-context-file", doc, "--max-new-tokens", "8")
+    assert r.code == 1 and "got 3 of --max-new-tokens 8 tokens, ended for length" in r.err and _one_error_line(r)
+
+
+def test_context_lengths_without_a_tokenizer(server, tmp_path, cli):
+    """No /tokenize (a router) and no local --target: exit 1 saying what to give, nothing generated; a
+    --long-context-file of token ids needs no tokenizer."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("plain prose " * 40)
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--long-context-file", doc)
+    assert r.code == 1 and "no tokenizer to cut prompts of exact lengths" in r.err and "give --target DIR" in r.err
+    assert _one_error_line(r) and not [s for s in server.seen if s.path == "/v1/completions"]
+    server.answer("/v1/completions", Canned(body=_by_length({16: [1, 1, 0]}, [0, 0, 3])))
+    doc.write_text(" ".join(map(str, range(3, 40))) + "\n")
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--long-context-file", doc, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["endpoint"]["per_context_length"][0]["acceptance_length"] == 1.5
+    # a local --target directory's tokenizer cuts a text (its word `t<i>` is id i, no BOS)
+    from factories import token_words_target
+
+    target = token_words_target(Path(__file__).resolve().parents[2] / "examples" / "pair" / "target",
+                                tmp_path / "target")
+    doc.write_text(" ".join(f"t{i}" for i in range(100, 140)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--long-context-file", doc, "--target", target, "--json")
+    assert r.code == 0, r.err
+    assert "the local tokenizer of --target" in r.json()["endpoint"]["context_source"]
+    sent = [s.body["prompt"] for s in server.seen if s.path == "/v1/completions"][-2:]
+    assert sent == [list(range(100, 116)), list(range(116, 132))]
+
+
+def test_category_gates_and_output_buckets(server, tmp_path, cli):
+    """--min-acceptance-length CATEGORY=X gates each category's requests at the endpoint (exit 3 below it); a gate
+    naming a category no prompt carries, or one the counters cannot split, is an error; vLLM's per-step lists
+    (detailed) group the verify steps by the output position they began at."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in
+                               [([1] * 5, "code"), ([2] * 6, "prose")]))
+    server.answer("/v1/completions", Canned(body=_by_length({5: [0, 0, 40]}, [30, 10, 0], per_step=True)))
+    args = ("validate", "--endpoint", server.url, "--prompts", prompts, "--max-new-tokens", "200", "--json")
+    r = cli(*args, "--min-acceptance-length", "code=2.5")
+    assert r.code == 0, r.err
+    gate = next(c for c in r.json()["checks"] if c["name"] == "endpoint_acceptance_length[code]")
+    assert gate["status"] == "pass" and gate["value"] == 3.0
+    buckets = r.json()["endpoint"]["per_output_bucket"]
+    # code: 40 steps of 2 accepted begin at positions 1, 4, ..., 61 (21) then 64, ..., 118 (19); prose: 30 steps of
+    # 0 at 1..30, then 10 of 1 at 31, 33, ..., 49
+    assert [(b["label"], b["num_drafts"], b["accepted"]) for b in buckets] == [("0-64", 61, 52), ("64-", 19, 38)]
+    r = cli(*args, "--min-acceptance-length", "prose=1.5")
+    assert r.code == 3 and any(c["name"] == "endpoint_acceptance_length[prose]" and c["status"] == "fail"
+                               for c in r.json()["checks"])
+    r = cli(*args, "--min-acceptance-length", "math=1")
+    assert r.code == 2 and "'math', which no prompt in" in r.json()["error"]["message"]  # a usage error, as end to end
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 4)))
+    server.answer("/metrics", Canned(body=prometheus(0, 0, 0, [0, 0], 0)), Canned(body=prometheus(4, 8, 6, [4, 2], 2)))
+    r = cli(*args, "--min-acceptance-length", "code=1")
+    assert r.code == 1 and "cannot gate category code" in r.json()["error"]["message"]
+
+
+def test_context_lengths_at_the_endpoint_equal_the_runtimes_on_the_same_pair(server):
+    """A CHECKPOINT with --target: the endpoint is sent the very windows the end-to-end level decoded, and a server
+    that serves the pair exactly (here the runtime itself, counted as vLLM counts: full last blocks) gives each
+    length the tau the runtime counted as vLLM counts."""
+    import torch
+
+    from dflash_runtime import Sampling, load_draft, load_target, speculative_generate
+
+    from dflash_convert.validate.breakdown import half_tau_length
+    from dflash_convert.validate.options import ValidateOptions
+    from dflash_convert.validate.run import validate
+
+    pair = Path(__file__).resolve().parents[2] / "examples" / "pair"
+    draft = load_draft(pair / "draft", dtype=torch.float32)
+    target = load_target(pair / "target", dtype=torch.float32)
+    stop = Sampling(stop_token_ids=(510,))  # the target's generation_config eos, as validate stops at it
+    served: dict[int, list[list[int]]] = {}
+
+    def serve(body):
+        g = speculative_generate(draft, target, body["prompt"], max_new_tokens=body["max_tokens"], sampling=stop,
+                                 full_last_block=True)
+        hist = [g.accepted_per_step.count(a) for a in range(16)]
+        served.setdefault(len(body["prompt"]), []).append(body["prompt"])
+        reply = vllm_completion(hist, tokens=g.tokens, per_step=g.accepted_per_step)
+        reply["usage"]["prompt_tokens"] = len(body["prompt"])
+        return reply
+
+    server.answer("/v1/completions", Canned(body=serve))
+    prompts = [[int(t) for t in line.split()] for line in (pair / "prompts.txt").read_text().splitlines()[:1]]
+    report = validate(pair / "draft", ValidateOptions(
+        target=pair / "target", endpoint=server.url, prompts=prompts, levels=["static", "end_to_end"],
+        max_new_tokens=16, sampling="greedy", timing_rounds=1, dtype="float32", context_lengths=[96, 160]))
+    a, e = report.acceptance, report.endpoint
+    assert [s.context_tokens for s in e.per_context_length] == [96, 160]
+    assert [(s.num_drafts, s.accepted, s.acceptance_length) for s in e.per_context_length] == \
+        [(s.num_drafts, s.accepted, s.acceptance_length) for s in a.vllm_context_counting]
+    assert served[96] and all(len(p) == 96 for p in served[96]) and len(served[160]) == e.per_context_length[1].prompts
+    assert e.context_half_tau_length == half_tau_length(e.counts.acceptance_length, e.per_context_length)
+    assert "token ids joined in order" in e.context_source and "sent to" in e.context_source

@@ -234,3 +234,24 @@ def _running(text: str) -> float:
     from dflash_convert.validate.endpoint.counts import parse_metrics
 
     return parse_metrics(text).in_flight
+
+
+def test_context_lengths_cut_by_the_servers_tokenizer(servers, cli, monkeypatch, tmp_path):
+    """--context-lengths against the served pair: the text cut with the server's own /tokenize (its word `t<i>` is
+    id i, so the windows are known), each length's requests counted on their own; a length past the served
+    max_model_len (384) refused before anything is generated."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    server = servers["spec"]
+    ids = [int(t) for line in (PAIR / "prompts.txt").read_text().splitlines() for t in line.split()][:200]
+    doc = tmp_path / "doc.txt"
+    doc.write_text(" ".join(f"t{i}" for i in ids))
+    r = cli("validate", "--endpoint", server.url, "--prompts", PAIR / "prompts.txt", "--sampling", "greedy",
+            "--max-new-tokens", 16, "--context-lengths", "96,192", "--long-context-file", doc, "--json")
+    assert r.code == 0, r.err
+    e = r.json()["endpoint"]
+    assert [(s["context_tokens"], s["prompts"]) for s in e["per_context_length"]] == [(96, 2), (192, 1)]
+    assert all(s["num_drafts"] > 0 for s in e["per_context_length"])
+    assert "cut with the server's own tokenizer" in e["context_source"]
+    r = cli("validate", "--endpoint", server.url, "--prompts", PAIR / "prompts.txt", "--max-new-tokens", 16,
+            "--context-lengths", "380", "--long-context-file", doc)
+    assert r.code == 2 and "380 + --max-new-tokens 16 = 396 tokens exceeds the max_model_len 384" in r.err

@@ -257,12 +257,24 @@ def field_of(body: Any, path: str, where: str) -> Any:
     return node
 
 
+def model_cards(endpoint: Endpoint) -> dict[str, dict[str, Any]]:
+    """The model cards /v1/models lists, by id."""
+    listed = field_of(endpoint.get("/v1/models").body, "data", endpoint._where("/v1/models"))
+    return {m["id"]: m for m in listed if isinstance(m, dict) and m.get("id")} if isinstance(listed, list) else {}
+
+
+def served_max_model_len(endpoint: Endpoint, model: str) -> int | None:
+    """The context `model` is served with: its /v1/models card's max_model_len (vLLM's and SGLang's cards carry
+    it; None: the card does not say)."""
+    value = model_cards(endpoint).get(model, {}).get("max_model_len")
+    return value if type(value) is int and value > 0 else None
+
+
 def served_model(endpoint: Endpoint, wanted: str | None) -> tuple[str, str]:
     """(the model to ask for, the engine serving it: vllm, sglang or unknown, from its `owned_by`): `wanted`
     (checked against /v1/models), else the only one listed."""
     where = endpoint._where("/v1/models")
-    listed = field_of(endpoint.get("/v1/models").body, "data", where)
-    cards = {m["id"]: m for m in listed if isinstance(m, dict) and m.get("id")} if isinstance(listed, list) else {}
+    cards = model_cards(endpoint)
     if wanted is not None and wanted not in cards:
         raise EndpointError(f"{where} does not serve {wanted!r} (it lists {', '.join(cards) or 'nothing'})")
     if wanted is None and len(cards) != 1:

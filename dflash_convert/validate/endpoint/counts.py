@@ -4,7 +4,8 @@ Prometheus counters around the run.
 Per request (exact, ours only):
 - vLLM (--per-request-spec-decode-metrics summary|detailed) puts `metrics.speculative_decoding` in each
   response: `acceptance_histogram` (entry j: verify steps that accepted exactly j draft tokens, length
-  num_spec_tokens + 1), `num_spec_steps`, `num_accepted_draft_tokens`, `num_draft_tokens`, `num_spec_tokens`.
+  num_spec_tokens + 1), `num_spec_steps`, `num_accepted_draft_tokens`, `num_draft_tokens`, `num_spec_tokens`;
+  at `detailed`, `per_step_accepted` too (the accepted count of each verify step, in order: the output buckets).
 - SGLang (a request with `return_spec_tokens_details`) puts `sglext.spec_tokens_details` in each response:
   `spec_verify_ct` (verify steps), `spec_num_correct_drafts` (accepted draft tokens),
   `spec_num_proposed_drafts` (steps x (speculative_num_draft_tokens - 1)), `spec_correct_drafts_histogram`
@@ -87,6 +88,17 @@ def vllm_request_counts(body: dict[str, Any]) -> SpecCounts | None:
         raise ValueError("metrics.speculative_decoding: the histogram disagrees with num_spec_steps / "
                          "num_accepted_draft_tokens")
     return counts
+
+
+def vllm_request_steps(body: dict[str, Any]) -> list[int] | None:
+    """The draft tokens accepted at each verify step of one response, in order: vLLM's `per_step_accepted`
+    (--per-request-spec-decode-metrics detailed); None where it is absent or disagrees with the histogram."""
+    spec = ((body.get("metrics") or {}) if isinstance(body, dict) else {}).get("speculative_decoding")
+    steps = spec.get("per_step_accepted") if isinstance(spec, dict) else None
+    if not isinstance(steps, list) or not all(type(a) is int and a >= 0 for a in steps):
+        return None
+    counts = vllm_request_counts(body)
+    return steps if (len(steps), sum(steps)) == (counts.steps, counts.accepted) else None
 
 
 def sglang_request_counts(body: dict[str, Any]) -> SpecCounts | None:

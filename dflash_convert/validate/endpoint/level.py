@@ -8,31 +8,38 @@ Checks (level end_to_end: they judge decoding):
   runtime's emulation of the engine, counted as vLLM counts, with the tolerance of the in-process engine check;
 - endpoint_outputs_equal (--baseline-endpoint, greedy): each prompt's output from both servers, equal or parting
   first at a near-tie judged from the baseline server's top candidates (as the in-process engine check judges);
-- endpoint_speedup (--baseline-endpoint with --min-speedup): tokens/s over interleaved rounds.
+- endpoint_speedup (--baseline-endpoint with --min-speedup): tokens/s over interleaved rounds;
+- endpoint_acceptance_length[CATEGORY] (--min-acceptance-length CATEGORY=X): the category's requests' own figures;
+- endpoint_context_lengths (--context-lengths, context.py): tau per prompt length, warning where it falls below
+  half the endpoint's tau on the prompts.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from dflash_convert.validate.breakdown import LongContexts, context_check, half_tau_length, output_buckets
 from dflash_convert.validate.static import Check, make_check
-from dflash_convert.validate.endpoint.client import Deadline, Endpoint, served_model
-from dflash_convert.validate.endpoint.measure import (as_counts, bodies, latency_figures, measured, per_group,
-                                                  per_request, per_set, prompt_length_group, prompts_sha256,
-                                                  read_counters, sampling_report, sampling_sent, send_all)
+from dflash_convert.validate.endpoint.client import Deadline, Endpoint, EndpointError, served_model
+from dflash_convert.validate.endpoint.measure import (HOW_TO_COUNT, as_counts, bodies, latency_figures, measured,
+                                                  per_group, per_request, per_set, prompt_length_group,
+                                                  prompts_sha256, read_counters, sampling_report, sampling_sent,
+                                                  send_all)
 from dflash_convert.validate.options import Prompt, ValidateOptions
-from dflash_convert.validate.report import AcceptanceCounts, EndpointStats, StepDecisions
+from dflash_convert.validate.report import AcceptanceCounts, EndpointStats, SliceAcceptance, StepDecisions
 
 LEVEL = "end_to_end"
 
 
 def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt]], *, say: Callable[[str], None],
                    offline: AcceptanceCounts | None = None, offline_steps: list[StepDecisions] | None = None,
-                   categories: list[str | None] | None = None) -> tuple[list[Check], EndpointStats]:
+                   categories: list[str | None] | None = None, long: LongContexts | None = None
+                   ) -> tuple[list[Check], EndpointStats]:
     """Measure the endpoint on `prompts` ((set name or None, prompt) each); raises EndpointError (exit 1) when
     nothing could be measured as this run's own. `offline`: the emulation's figures counted as vLLM counts, and
     `offline_steps` its verify decisions (greedy), for endpoint_acceptance_agrees. `categories`: each prompt's
-    category, for tau per category (as per prompt length) from the requests' own statistics."""
+    category, for tau per category (as per prompt length) from the requests' own statistics. `long`: the
+    --context-lengths prompts the end-to-end level decoded (None: cut here, context.py)."""
     deadline = Deadline(opts.endpoint_timeout)
     endpoint = Endpoint(opts.endpoint, key_variable=opts.endpoint_key_env, deadline=deadline,
                         concurrency=opts.endpoint_concurrency)
@@ -40,7 +47,7 @@ def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt
                          concurrency=opts.endpoint_concurrency, label="--baseline-endpoint")
                 if opts.baseline_endpoint else None)
     try:
-        return _measure(opts, prompts, endpoint, baseline, say, offline, offline_steps, categories)
+        return _measure(opts, prompts, endpoint, baseline, say, offline, offline_steps, categories, long)
     finally:
         endpoint.close()
         if baseline is not None:
@@ -48,8 +55,13 @@ def endpoint_level(opts: ValidateOptions, prompts: list[tuple[str | None, Prompt
 
 
 def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, offline, offline_steps=None,
-             categories=None):
+             categories=None, long=None):
     model, engine = served_model(endpoint, opts.endpoint_model)
+    if opts.context_lengths:  # refused or cut before anything is generated
+        from dflash_convert.validate.endpoint.context import endpoint_long_contexts, refuse_beyond_context
+
+        refuse_beyond_context(endpoint, model, opts.context_lengths, opts.max_new_tokens)
+        long = long or endpoint_long_contexts(opts, endpoint, model, prompts, say)
     sampling = sampling_sent(opts)
     greedy = sampling.get("temperature") == 0
     seed = opts.seed if sampling.get("temperature", 0) > 0 else None
@@ -82,7 +94,19 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
         prompts_sha256=prompts_sha256(sent), offline=offline)
     say(f"endpoint: tau {stats.counts.acceptance_length:.3f} over {counts.steps} verify steps ({counted}); "
         f"{stats.tokens_per_s:.1f} tokens/s")
+    if per_request_stats and all(r.steps is not None for r in replies):
+        stats.per_output_bucket = [SliceAcceptance(**b) for b in output_buckets(
+            [r.steps for r in replies], len(counts.per_position), opts.max_new_tokens)]
     checks = threshold_checks(stats, opts, offline_steps=offline_steps)
+    if long is not None:
+        from dflash_convert.validate.endpoint.context import measure_lengths
+
+        stats.per_context_length = measure_lengths(endpoint, long, model=model, engine=engine, sampling=sampling,
+                                                   seed=seed, opts=opts, say=say)
+        stats.context_source = f"{long.source}; sent to {endpoint.url} as token ids"
+        stats.context_half_tau_length = half_tau_length(stats.acceptance_length, stats.per_context_length)
+        checks.append(context_check("endpoint_context_lengths", stats.acceptance_length, stats.per_context_length,
+                                    stats.context_half_tau_length))
     if baseline is not None:
         from dflash_convert.validate.endpoint.compare import compare_endpoints
 
@@ -109,6 +133,7 @@ def threshold_checks(stats: EndpointStats, opts: ValidateOptions, *,
             f"the endpoint's tau {c.acceptance_length:.3f} over {c.num_drafts} verify steps; required >= "
             f"{opts.min_acceptance_length}", value=c.acceptance_length, threshold=opts.min_acceptance_length,
             level=LEVEL))
+    checks += category_checks(stats, opts)
     if opts.min_position_rates:
         got = c.per_position_rates
         low = [f"position {k + 1}: {got[k] if k < len(got) else 0:.3f} < {m}"
@@ -120,6 +145,22 @@ def threshold_checks(stats: EndpointStats, opts: ValidateOptions, *,
         checks.append(agreement_check(stats, sampled=(stats.sampling.get("temperature") not in (0, 0.0)),
                                       steps=offline_steps, max_new_tokens=opts.max_new_tokens))
     return checks
+
+
+def category_checks(stats: EndpointStats, opts: ValidateOptions) -> list[Check]:
+    """--min-acceptance-length CATEGORY=X against the category's requests' own statistics; without them (counters
+    cannot split a run) the gate cannot be judged: an error, never a pass."""
+    out = []
+    for name, need in opts.min_category_acceptance_length.items():
+        s = stats.per_category.get(name)
+        if s is None:
+            raise EndpointError(f"{stats.url}: cannot gate category {name}: no per-request statistics to split the "
+                                f"run by category ({stats.counted}); " + HOW_TO_COUNT)
+        out.append(make_check(f"endpoint_acceptance_length[{name}]", s.acceptance_length >= need,
+                              f"category {name}: tau {s.acceptance_length:.3f} over {s.num_drafts} verify steps of "
+                              f"{s.prompts} prompts at the endpoint; required >= {need}", value=s.acceptance_length,
+                              threshold=need, level=LEVEL))
+    return out
 
 
 def agreement_check(stats: EndpointStats, *, sampled: bool, steps: list[StepDecisions] | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 
 from dflash_convert.validate.endpoint.client import Endpoint, EndpointError, field_of
 from dflash_convert.validate.endpoint.counts import (SpecCounts, counter_delta, foreign_traffic, parse_metrics,
-                                                     sglang_request_counts, vllm_request_counts)
+                                                     sglang_request_counts, vllm_request_counts, vllm_request_steps)
 from dflash_convert.validate.options import FIELDS, PENALTY_FIELDS, Prompt
 from dflash_convert.validate.report import AcceptanceCounts, EndpointRequest, PromptSetAcceptance
 
@@ -59,6 +59,8 @@ class Reply:
     itl_ms: float | None = None
     top: list[dict[str, float]] | None = None
     prompt_tokens: int | None = None  # the server's usage.prompt_tokens
+    steps: list[int] | None = None  # draft tokens accepted per verify step, in order (vLLM's detailed level)
+    finish_reason: str | None = None  # "length": max_tokens reached (or cut to fit the served context)
 
 
 def sampling_sent(opts) -> dict[str, Any]:
@@ -140,13 +142,15 @@ def parse_reply(sent: Sent, answer, where: str) -> Reply:
     text = (choice.get("message") or {}).get("content") if sent.path == CHAT else choice.get("text")
     try:
         spec = vllm_request_counts(body) or sglang_request_counts(body)
+        steps = vllm_request_steps(body)
     except (KeyError, TypeError, ValueError) as exc:
         raise EndpointError(f"{where}: malformed speculative statistics ({exc})") from None
     metrics = body.get("metrics") or {}
     prompt_tokens = (body.get("usage") or {}).get("prompt_tokens")
     return Reply(sent, [int(t) for t in ids] if ids is not None else None, text or "", new_tokens, spec,
                  answer.seconds, metrics.get("time_to_first_token_ms"), metrics.get("mean_itl_ms"),
-                 _top(choice, sent.path), prompt_tokens if type(prompt_tokens) is int else None)
+                 _top(choice, sent.path), prompt_tokens if type(prompt_tokens) is int else None, steps,
+                 choice.get("finish_reason") if isinstance(choice, dict) else None)
 
 
 def send_all(endpoint: Endpoint, sent: list[Sent], concurrency: int) -> tuple[list[Reply], float]:
