@@ -56,7 +56,8 @@ def inspect(
     if gpu is not None:
         from dflash_convert.predict.gpus import gpu as known_gpu
 
-        known_gpu(gpu)  # an unknown name: the usage error listing the known ones, before anything is read
+        # an unknown name: the usage error listing the known ones (inspect has no --gpu-spec), before anything is read
+        known_gpu(gpu, "--gpu", None)
         if serving is None or max_num_seqs is None:
             raise UsageError("--gpu checks a launch's full batch: give --engine, --num-speculative-tokens and "
                              "--max-num-seqs with it")

@@ -51,29 +51,48 @@ def predict(
                                                    taus_from_report)
 
     out = Output(as_json, quiet)
-    gpus = [known_gpu(n) for n in (gpu or "").split(",") if n.strip()]
+    gpus, typed = [], {}
+    for name in (n for n in (gpu or "").split(",") if n.strip()):
+        g = known_gpu(name)
+        if g.name in typed:  # H100 and h100: one GPU, whose rows would show twice
+            raise UsageError(f"--gpu {gpu}: {typed[g.name]} and {name} are both {g.name}")
+        gpus.append(g)
+        typed[g.name] = name
     if gpu_spec:
-        gpus.append(gpu_from_spec(gpu_spec))
+        spec = gpu_from_spec(gpu_spec)
+        if spec.name in typed:
+            raise UsageError(f"--gpu-spec {gpu_spec}: name {spec.name} is --gpu's {typed[spec.name]} too (name it "
+                             "otherwise)")
+        gpus.append(spec)
     if not gpus:
         raise UsageError("give --gpu NAME[,NAME...] or --gpu-spec")
-    taus, source = {}, "--tau"
-    if from_report is not None:
-        taus, source = taus_from_report(read_json(from_report, allow_bom=True), str(from_report))
-    if tau:
-        given = parse_taus(tau)
-        taus = {**taus, **given}
-        source = source if from_report is None else f"{source}; --tau at K {', '.join(map(str, sorted(given)))}"
-    if not taus:
-        raise UsageError("no tau: give --tau K=TAU[,K=TAU...] or --from-report REPORT")
+    given = parse_taus(tau) if tau else {}  # a bad flag (exit 2) before any file is read
     try:
         batches = csv(int)(concurrency) or [1]
     except typer.BadParameter as exc:
         raise UsageError(f"--concurrency {concurrency}: {exc}") from None
+    taus, source, fields = dict(given), "--tau", {}
+    if from_report is not None:
+        taus, source, fields = taus_from_report(read_json(from_report, allow_bom=True), str(from_report))
+        taus = {**taus, **given}
+        if given:
+            source = f"{source}; --tau at K {', '.join(map(str, sorted(given)))}"
+    if not taus:
+        raise UsageError("no tau: give --tau K=TAU[,K=TAU...] or --from-report REPORT")
     t_path, _ = out.local(target, revision=revision, token=token, config_only=True)
     d_path, _ = out.local(draft, revision=revision, token=token, config_only=True)
-    inputs = load_inputs(t_path, d_path, target, draft)
-    if tau:
+    # the launch line serves the model directory (a Hub id as given): vLLM and SGLang take no config.json file
+    inputs = load_inputs(t_path, d_path, _served(target, t_path), _served(draft, d_path))
+    if given:
         check_taus_within_block(given, inputs.draft, tau)
+    if from_report is not None:
+        check_taus_within_block({k: t for k, t in taus.items() if k not in given}, inputs.draft, str(from_report),
+                                fields=fields)
     report = run(inputs, gpus, taus, concurrency=batches, input_len=input_len,
                  output_len=output_len, engine=value(engine), tp=tp, tau_source=source)
     out.result(report.model_dump(mode="json"), render=report.render)
+
+
+def _served(given: str, local: Path) -> str:
+    """What a launch line names: the directory of a config.json given as a file, else what the user gave."""
+    return str(Path(given).parent) if Path(given).is_file() and Path(local).is_file() else given

@@ -61,14 +61,16 @@ def _fold(name: str) -> str:
     return name.strip().upper().replace(" ", "-").replace("_", "-")
 
 
-def gpu(name: str) -> GPU:
-    """The table's GPU for a name as a user writes it; an unknown name is a usage error listing the known ones."""
+def gpu(name: str, flag: str = "--gpu", spec_flag: str | None = "--gpu-spec") -> GPU:
+    """The table's GPU for a name as a user writes it; an unknown name is a usage error naming the flag it was
+    given with (`flag`) and listing the known ones, and pointing to `spec_flag` where the command has one."""
     folded = _fold(name)
     by_folded = {_fold(n): g for n, g in GPUS.items()}
     found = by_folded.get(folded) or by_folded.get(_fold(ALIASES.get(folded, "")))
     if found is None:
-        raise UsageError(f"--gpu {name}: unknown GPU; known: {', '.join(GPUS)} (or describe it with --gpu-spec "
-                         "name=...,bw=GB/s,bf16=TFLOP/s[,fp8=TFLOP/s][,mem=GB][,link=GB/s])")
+        spec = (f" (or describe it with {spec_flag} name=...,bw=GB/s,bf16=TFLOP/s[,fp8=TFLOP/s][,mem=GB]"
+                "[,link=GB/s])") if spec_flag else ""
+        raise UsageError(f"{flag} {name}: unknown GPU; known: {', '.join(GPUS)}{spec}")
     return found
 
 

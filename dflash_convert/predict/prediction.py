@@ -35,8 +35,52 @@ def taus_from_rates(rates: list[float]) -> dict[int, float]:
     return out
 
 
+# Bounds on what a prediction is asked: tensor-parallel groups beyond 1024 GPUs and contexts beyond 10 M tokens
+# are typos or hostile input, not deployments (the largest published contexts are 10 M tokens).
+MAX_TP = 1024
+MAX_LEN = 10_000_000
+
+
+def tau_problem(k: Any, tau: Any) -> str | None:
+    """What is wrong with tau `tau` at K `k`, or None: the one rule --tau and --from-report share. tau counts the
+    tokens a step emits, the bonus token included, so it lies in [1, K+1]."""
+    if type(k) is not int:  # a bool is an int subclass: refused too
+        return f"K must be an integer, got {_short(k)}"
+    if k < 1:
+        return f"K must be at least 1, got {k}"
+    if type(tau) not in (int, float):
+        return f"tau of K={k} must be a number, got {_short(tau)}"
+    if not 1.0 <= tau <= k + 1:
+        return f"tau of K={k} must be in [1, {k + 1}] (tokens per step), got {tau:g}"
+    return None
+
+
+def rate_problem(position: int, rate: Any) -> str | None:
+    """What is wrong with an unconditional per-position acceptance rate (a share of steps), or None."""
+    if type(rate) not in (int, float):
+        return f"the acceptance rate of position {position} must be a number, got {_short(rate)}"
+    if not 0.0 <= rate <= 1.0:
+        return f"the acceptance rate of position {position} must be in [0, 1] (a share of steps), got {rate:g}"
+    return None
+
+
+def block_problem(k: int, draft: ModelFacts) -> str | None:
+    """K past the draft's trained block, or None: the draft proposes at most `max_proposals` tokens a step
+    (block_size - 1; block_size when its anchor slot proposes)."""
+    if draft.max_proposals and k > draft.max_proposals:
+        return (f"K {k} is past the draft's block: {draft.source} has block_size {draft.block_size}, which proposes "
+                f"at most {draft.max_proposals} tokens per step (K 1 to {draft.max_proposals})")
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def parse_taus(text: str) -> dict[int, float]:
-    """`K=TAU[,K=TAU...]` -> {K: tau}; a K without a tau, a tau outside [1, K+1] is a usage error."""
+    """`K=TAU[,K=TAU...]` -> {K: tau}; a K without a tau, a tau outside [1, K+1], a K given twice is a usage
+    error."""
     out: dict[int, float] = {}
     for item in text.replace(" ", "").split(","):
         if not item:
@@ -48,52 +92,86 @@ def parse_taus(text: str) -> dict[int, float]:
             kk, tt = int(k), float(tau)
         except ValueError:
             raise UsageError(f"--tau {text}: {item!r} is not K=TAU (an integer K, a number tau)") from None
-        if kk < 1:
-            raise UsageError(f"--tau {text}: K must be at least 1, got {kk}")
-        if not 1.0 <= tt <= kk + 1:
-            raise UsageError(f"--tau {text}: tau of K={kk} must be in [1, {kk + 1}] (tokens per step), got {tt:g}")
+        problem = tau_problem(kk, tt) or (f"K {kk} is given twice" if kk in out else None)
+        if problem:
+            raise UsageError(f"--tau {text}: {problem}")
         out[kk] = tt
     if not out:
         raise UsageError(f"--tau {text}: no K=TAU given")
     return out
 
 
-def check_taus_within_block(taus: dict[int, float], draft: ModelFacts, given: str) -> None:
-    """K given by hand (--tau) past the draft's trained block is refused: the draft proposes at most
-    `max_proposals` tokens a step (block_size - 1; block_size when its anchor slot proposes)."""
-    over = sorted(k for k in taus if draft.max_proposals and k > draft.max_proposals)
-    if over:
-        raise UsageError(f"--tau {given}: K {over[0]} is past the draft's block: {draft.source} has block_size "
-                         f"{draft.block_size}, which proposes at most {draft.max_proposals} tokens per step (K 1 to "
-                         f"{draft.max_proposals})")
-
-
-def taus_from_report(report: dict[str, Any], file: str) -> tuple[dict[int, float], str]:
-    """tau per K from a validate --json report: its runs per K (their own tau, each K's prefix of the longest
-    run's rates for the K not run), else its one run's rates. Returns the taus and where they came from."""
+def check_taus_within_block(taus: dict[int, float], draft: ModelFacts, given: str, *,
+                            fields: dict[int, str] | None = None) -> None:
+    """Every K within the draft's block. `given`: the --tau text (a usage error, exit 2), or with `fields` (K ->
+    the field it was read from) the report file (an error naming the file and the field, exit 1)."""
     from dflash_convert.errors import DFlashError
 
-    runs = [r for r in report.get("per_num_speculative_tokens") or [] if isinstance(r, dict)]
+    for k in sorted(taus):
+        problem = block_problem(k, draft)
+        if problem and fields is not None:
+            raise DFlashError(f"field `{fields[k]}`: {problem}", file=given)
+        if problem:
+            raise UsageError(f"--tau {given}: {problem}")
+
+
+def taus_from_report(report: dict[str, Any], file: str) -> tuple[dict[int, float], str, dict[int, str]]:
+    """tau per K from a validate --json report: its runs per K (their own tau, each K's prefix of the longest
+    run's rates for the K not run), else its one run's rates. Every value read is held to --tau's rule (K >= 1,
+    tau in [1, K+1], rates in [0, 1], each K once): a report breaking it is one error naming the file and the
+    field. Returns the taus, where they came from, and the field each K was read from (for the block check,
+    which needs the draft)."""
+    from dflash_convert.errors import DFlashError
+
+    def fail(field: str, problem: str) -> DFlashError:
+        return DFlashError(f"field `{field}`: {problem}", file=file)
+
+    def shaped(value: Any, field: str, kind: type, what: str) -> Any:
+        if value is not None and not isinstance(value, kind):
+            raise DFlashError(f"field `{field}` is {_short(value)}, not {what}", file=file)
+        return value
+
+    def rates_of(value: Any, field: str) -> list[float]:
+        for i, rate in enumerate(shaped(value, field, list, "a list of acceptance rates") or []):
+            if (problem := rate_problem(i + 1, rate)) is not None:
+                raise fail(f"{field}[{i}]", problem)
+        return [float(x) for x in value or []]
+
+    runs = shaped(report.get("per_num_speculative_tokens"), "per_num_speculative_tokens", list,
+                  "a list of runs") or []
     taus: dict[int, float] = {}
+    fields: dict[int, str] = {}
     longest: list[float] = []
-    for r in runs:
-        k, tau, rates = r.get("num_speculative_tokens"), r.get("acceptance_length"), r.get("per_position_rates")
-        counted = r.get("vllm_counting") or {}
-        tau = counted.get("acceptance_length", tau)
-        if isinstance(k, int) and isinstance(tau, (int, float)):
-            taus[k] = float(tau)
-        if isinstance(rates, list) and len(rates) > len(longest):
-            longest = [float(x) for x in rates]
-    acceptance = report.get("acceptance") or {}
-    if not longest and isinstance(acceptance.get("per_position_rates"), list):
-        longest = [float(x) for x in acceptance["per_position_rates"]]
+    longest_field = ""
+    for i, r in enumerate(runs):
+        at = f"per_num_speculative_tokens[{i}]"
+        shaped(r, at, dict, "a run (an object)")
+        k, tau = r.get("num_speculative_tokens"), r.get("acceptance_length")
+        counted = shaped(r.get("vllm_counting"), f"{at}.vllm_counting", dict, "an object") or {}
+        tau_field = f"{at}.acceptance_length"
+        if counted.get("acceptance_length") is not None:  # vLLM's counting, where the run has it
+            tau, tau_field = counted["acceptance_length"], f"{at}.vllm_counting.acceptance_length"
+        rates = rates_of(r.get("per_position_rates"), f"{at}.per_position_rates")
+        problem = tau_problem(k, tau)
+        if problem is not None:
+            raise fail(f"{at}.num_speculative_tokens" if problem.startswith("K ") else tau_field, problem)
+        if k in taus:
+            raise fail(f"{at}.num_speculative_tokens", f"K {k} is given twice (also at {fields[k]})")
+        taus[k], fields[k] = float(tau), f"{at}.num_speculative_tokens"
+        if len(rates) > len(longest):
+            longest, longest_field = rates, f"{at}.per_position_rates"
+    acceptance = shaped(report.get("acceptance"), "acceptance", dict, "an object") or {}
+    top_rates = rates_of(acceptance.get("per_position_rates"), "acceptance.per_position_rates")
+    if not longest and top_rates:
+        longest, longest_field = top_rates, "acceptance.per_position_rates"
     derived = {k: t for k, t in taus_from_rates(longest).items() if k not in taus}
     if not taus and not derived:
         raise DFlashError("no tau per K in this report: it has neither per_num_speculative_tokens runs nor "
                           "acceptance.per_position_rates (run validate with --target, end to end)", file=file)
     source = (f"{file}: measured at K {', '.join(map(str, sorted(taus)))}" if taus else f"{file}") + (
         f"; derived from its per-position rates at the other K up to {len(longest)}" if derived else "")
-    return {**derived, **taus}, source
+    fields.update({k: f"{longest_field}[{k - 1}]" for k in derived})
+    return {**derived, **taus}, source, fields
 
 
 class PredictionRow(BaseModel):
@@ -180,18 +258,70 @@ class Inputs:
     draft: ModelFacts
     target_name: str
     draft_name: str
+    max_positions: int | None = None  # the target's max_position_embeddings; None: not stated
 
 
 def load_inputs(target: Path, draft: Path, target_name: str, draft_name: str) -> Inputs:
-    """The two models' facts from their config.json (a directory holding it, or the file itself)."""
+    """The two models' facts from their config.json (a directory holding it, or the file itself), the draft held
+    to its target (hidden size, target layer ids, vocab: compat's rules, as convert and validate apply them)."""
     from dflash_convert.io.reading import read_json
 
     def config(path: Path) -> Path:
         return path / "config.json" if path.is_dir() else path
 
     t, d = config(Path(target)), config(Path(draft))
-    target_facts_ = target_facts(read_json(t), str(t))
-    return Inputs(target_facts_, draft_facts(read_json(d), target_facts_, str(d)), target_name, draft_name)
+    target_raw, draft_raw = read_json(t), read_json(d)
+    target_facts_ = target_facts(target_raw, str(t))
+    draft_facts_ = draft_facts(draft_raw, target_facts_, str(d))
+    check_pair(draft_raw, target_facts_, str(t), str(d))
+    return Inputs(target_facts_, draft_facts_, target_name, draft_name, max_positions(target_raw, str(t)))
+
+
+def check_pair(draft_raw: dict[str, Any], target: ModelFacts, target_file: str, draft_file: str) -> None:
+    """A draft that cannot run on this target (its hidden size, the target layers it reads, its vocabulary) is an
+    error naming both files and the field (exit 1): a prediction for a pair no engine can serve is no answer."""
+    from dflash_convert.format import compat
+    from dflash_convert.format.mapping import TargetInfo, spec_from_config
+
+    info = TargetInfo(name_or_path=target_file, architectures=[], num_layers=target.layers,
+                      hidden_size=target.hidden, vocab_size=target.vocab, pad_token_id=None, eos_token_ids=())
+    compat.raise_first_failure(compat.compatibility_checks(spec_from_config(draft_raw, draft_file), info),
+                               names=compat.RUN_BLOCKING, file=draft_file)
+
+
+def max_positions(raw: dict[str, Any], file: str) -> int | None:
+    """The target's max_position_embeddings (a multimodal config's text_config's), None where not stated."""
+    from dflash_convert.errors import DFlashError
+    from dflash_convert.format.configs import MAX_POSITIONS
+
+    nested = isinstance(raw.get("text_config"), dict)
+    value = (raw["text_config"] if nested else raw).get("max_position_embeddings")
+    if value is None:
+        return None
+    if type(value) is not int or not 1 <= value <= MAX_POSITIONS:
+        raise DFlashError(f"field `{'text_config.' if nested else ''}max_position_embeddings` is {_short(value)}, "
+                          f"not an integer in [1, {MAX_POSITIONS}]", file=file)
+    return value
+
+
+def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, output_len: int, tp: int) -> None:
+    """The flags against the bounds and the pair: usage errors (exit 2)."""
+    bad = [b for b in concurrency if b < 1]
+    if bad or not concurrency:
+        raise UsageError(f"--concurrency must be positive integers, got {', '.join(map(str, bad)) or 'none'}")
+    if not 1 <= tp <= MAX_TP:
+        raise UsageError(f"--tp must be an integer in [1, {MAX_TP}], got {tp}")
+    for flag, n in (("--input-len", input_len), ("--output-len", output_len)):
+        if not 0 <= n <= MAX_LEN:
+            raise UsageError(f"{flag} must be an integer in [0, {MAX_LEN}] (tokens), got {n}")
+    # vLLM 0.33 (config/model.py, ModelConfig.verify_with_parallel_config) refuses a tensor-parallel size that does
+    # not divide the attention heads, the target's and the draft's (whose draft_tensor_parallel_size defaults to
+    # the target's); KV heads fewer than the GPUs are replicated, so they set no such rule.
+    for who, facts in (("target", inputs.target), ("draft", inputs.draft)):
+        if facts.heads % tp:
+            raise UsageError(f"--tp {tp}: the {who}'s num_attention_heads ({facts.heads}, {facts.source}) is not "
+                             f"divisible by {tp}: tensor parallelism splits the attention heads evenly over the GPUs "
+                             f"(vLLM refuses this size); give a divisor of {facts.heads}")
 
 
 def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurrency: list[int], input_len: int,
@@ -199,13 +329,7 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     """Every GPU x K x concurrency, the recommendation per GPU and concurrency, and the error band."""
     if not taus:
         raise UsageError("no tau: give --tau K=TAU or --from-report REPORT")
-    bad = [b for b in concurrency if b < 1]
-    if bad or not concurrency:
-        raise UsageError(f"--concurrency must be positive integers, got {', '.join(map(str, bad)) or 'none'}")
-    if tp < 1:
-        raise UsageError(f"--tp must be a positive integer, got {tp}")
-    if input_len < 0 or output_len < 0:
-        raise UsageError("--input-len and --output-len must not be negative")
+    check_request(inputs, concurrency=concurrency, input_len=input_len, output_len=output_len, tp=tp)
     constants = ENGINES[engine]
     context = input_len + output_len / 2
     rows: list[PredictionRow] = []
@@ -261,6 +385,10 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                      f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
                      f"{inputs.target.distinct_experts(1):.0f} at N=1, {inputs.target.distinct_experts(16):.0f} "
                      "at N=16; real routing is less uniform, so this overstates the experts a verify reads")
+    if inputs.max_positions is not None and input_len + output_len > inputs.max_positions:
+        notes.append(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens pass the "
+                     f"target's max_position_embeddings ({inputs.max_positions}): an engine refuses such requests "
+                     "unless its max_model_len is raised (with RoPE scaling the model supports)")
     unknown = [g.name for g in gpus if not g.memory_gb]
     if unknown:
         notes.append(f"{', '.join(unknown)}: memory not given (--gpu-spec mem=GB), so whether the deployment fits "

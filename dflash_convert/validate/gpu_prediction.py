@@ -31,7 +31,7 @@ def gpu_prediction(report: Any, opts: Any, target_config: Path | None, target_ra
         return None, make_check("gpu_prediction", False, "--predict-gpu: no prediction, the end-to-end level did not "
                                 "measure tau (it needs --target); dflash-convert predict --tau K=TAU takes one "
                                 "given by hand", level="end_to_end", bad="warn")
-    taus, source = taus_from_report(report.model_dump(mode="json"), "this run")
+    taus, source, _ = taus_from_report(report.model_dump(mode="json"), "this run")
     measured = {r.num_speculative_tokens for r in report.per_num_speculative_tokens}
     if len(measured) > 1:  # the K run, each at its own tau; one run: every K its rates reach, to choose among
         taus, source = {k: t for k, t in taus.items() if k in measured}, "this run's tau per K"
@@ -41,6 +41,6 @@ def gpu_prediction(report: Any, opts: Any, target_config: Path | None, target_ra
     prompts = report.acceptance.per_prompt if report.acceptance is not None else []
     input_len = round(mean(p.prompt_tokens for p in prompts)) if prompts else 0
     engine = opts.engine if opts.engine in ("vllm", "sglang") else "vllm"
-    prediction = predict(inputs, [gpu(n) for n in opts.predict_gpu], taus, concurrency=list(opts.concurrency),
+    prediction = predict(inputs, [gpu(n, "--predict-gpu", None) for n in opts.predict_gpu], taus, concurrency=list(opts.concurrency),
                          input_len=input_len, output_len=opts.max_new_tokens, engine=engine, tau_source=source)
     return prediction, None

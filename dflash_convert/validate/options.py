@@ -269,9 +269,19 @@ class ValidateOptions(CommandOptions):
     @field_validator("predict_gpu")
     @classmethod
     def _known_gpus(cls, names: list[str] | None) -> list[str] | None:
+        from dflash_convert.errors import UsageError
         from dflash_convert.predict.gpus import gpu
 
-        return None if names is None else [gpu(n).name for n in names]  # an unknown name: the usage error listing all
+        if names is None:
+            return None
+        # an unknown name: the usage error listing all (validate has no --gpu-spec to suggest)
+        known = [gpu(n, "--predict-gpu", None).name for n in names]
+        if not known:
+            raise UsageError("--predict-gpu names no GPU (give NAME[,NAME...])")
+        if len(set(known)) != len(known):
+            twice = next(k for k in known if known.count(k) > 1)
+            raise UsageError(f"--predict-gpu {','.join(names)}: {twice} is named twice")
+        return known
 
     def check(self) -> None:
         """Check the options again as they stand: `model_copy(update=...)` and `model_construct` skip pydantic's

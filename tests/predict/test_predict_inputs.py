@@ -124,6 +124,23 @@ def test_stored_weights_match_the_published_sizes(config, published_gb, rel):
     assert target_weight_bytes(target_facts(config)) / 1e9 == pytest.approx(published_gb, rel=rel)
 
 
+def draft_for(target: dict, directory: Path, **changes) -> Path:
+    """A z-lab DFlash draft config for `target` (its hidden size, vocabulary and layers): one decoder layer reading
+    five of the target's layers, block 16."""
+    layers = target["num_hidden_layers"]
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16,
+              "dflash_config": {"mask_token_id": target["vocab_size"] - 1,
+                                "target_layer_ids": [1 + i * (layers - 3) // 4 for i in range(5)]},
+              "hidden_size": target["hidden_size"], "intermediate_size": 4 * target["hidden_size"],
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+              "vocab_size": target["vocab_size"], "num_hidden_layers": 1, "num_target_layers": layers,
+              "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+              "rope_theta": 1000000, "tie_word_embeddings": False, **changes}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory / "config.json"
+
+
 def _target(tmp_path: Path, **changes) -> Path:
     config = {k: v for k, v in {**PAIR_TARGET, **changes}.items() if v is not ...}  # ...: the field removed
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -186,25 +203,26 @@ def test_a_non_finite_size_is_refused_by_the_reader_and_by_the_model(cli, tmp_pa
 
 def test_a_target_that_does_not_fit_gets_no_figures_and_the_recommendation_says_why(cli, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_235B))
-    r = cli("predict", "--target", tmp_path, "--draft", DRAFT_CONFIG, "--gpu", "L4", "--tau", "7=4", "--json")
+    draft = draft_for(QWEN3_235B, tmp_path / "draft")
+    r = cli("predict", "--target", tmp_path, "--draft", draft, "--gpu", "L4", "--tau", "7=4", "--json")
     assert r.code == 0, r.err
     out = r.json()
     (row,) = out["predictions"]
     assert row["fits"] is False and row["baseline_fits"] is False
     assert row["baseline_tokens_per_s"] is row["speculative_tokens_per_s"] is row["speedup"] is None
     # 235 B bf16 weights plus the KV cache of 1536 positions, against 90 % of the L4's 24 GB
-    assert row["memory_per_gpu_gb"] == pytest.approx(470.5, abs=0.1)
-    assert row["bound"] == "does not fit: needs 470.5 GB per GPU, has 21.6 (90% of 24 GB)"
+    assert row["baseline_memory_per_gpu_gb"] == pytest.approx(470.5, abs=0.1)
+    assert row["baseline_bound"] == "does not fit: needs 470.5 GB per GPU, has 21.6 (90% of 24 GB)"
     (rec,) = out["recommendation"]
     assert rec["num_speculative_tokens"] is None and rec["speedup"] is None and rec["launch"] is None
     assert rec["target_fits"] is False
     assert rec["reason"].startswith("the target alone does not fit: needs 470.5 GB per GPU")
-    text = cli("predict", "--target", tmp_path, "--draft", DRAFT_CONFIG, "--gpu", "L4", "--tau", "7=4")
+    text = cli("predict", "--target", tmp_path, "--draft", draft, "--gpu", "L4", "--tau", "7=4")
     assert "concurrency 1: does not fit: the target alone does not fit" in text.out, text.out
-    tp8 = cli("predict", "--target", tmp_path, "--draft", DRAFT_CONFIG, "--gpu", "H200", "--tp", "8", "--tau", "7=4",
+    tp8 = cli("predict", "--target", tmp_path, "--draft", draft, "--gpu", "H200", "--tp", "8", "--tau", "7=4",
               "--json").json()
     assert tp8["predictions"][0]["fits"] is True and tp8["predictions"][0]["speedup"] > 0
-    assert tp8["predictions"][0]["memory_per_gpu_gb"] == pytest.approx(470.5 / 8, abs=0.1)
+    assert tp8["predictions"][0]["baseline_memory_per_gpu_gb"] == pytest.approx(470.5 / 8, abs=0.1)
 
 
 def test_a_target_that_fits_alone_but_not_with_its_draft_is_served_without_speculation():
