@@ -204,3 +204,20 @@ def copy_with_config(src: Path, dst: Path, edit) -> Path:
     edit(cfg)
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
     return dst
+
+
+def draft_config(target: dict, directory: Path, **changes) -> Path:
+    """A z-lab DFlash draft config for `target` (its hidden size, vocabulary and layers): one decoder layer reading
+    five of the target's layers, block 16."""
+    layers = target["num_hidden_layers"]
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16,
+              "dflash_config": {"mask_token_id": target["vocab_size"] - 1,
+                                "target_layer_ids": [1 + i * (layers - 3) // 4 for i in range(5)]},
+              "hidden_size": target["hidden_size"], "intermediate_size": 4 * target["hidden_size"],
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+              "vocab_size": target["vocab_size"], "num_hidden_layers": 1, "num_target_layers": layers,
+              "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+              "rope_theta": 1000000, "tie_word_embeddings": False, **changes}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory / "config.json"

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from dflash_convert.cli._output import Output
-from dflash_convert.cli._params import Json, Quiet, Revision, Token, choices, csv, examples, value
+from dflash_convert.cli._params import Json, Quiet, Token, choices, csv, examples, value
 
 EXAMPLES = examples(
     "dflash-convert predict --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --gpu H100-SXM,H200 "
@@ -37,7 +37,9 @@ def predict(
     engine: Annotated[ServingEngine, typer.Option("--engine", help="The serving engine whose calibrated constants "
                       "apply.")] = ServingEngine("vllm"),
     tp: Annotated[int, typer.Option("--tp", metavar="N", help="Tensor-parallel GPUs.")] = 1,
-    revision: Revision = None,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="The draft's Hub revision: branch, tag or "
+                        "commit sha (default: main); the target is read at main, as validate and inspect read "
+                        "it.")] = None,
     token: Token = None,
     as_json: Json = False,
     quiet: Quiet = False,
@@ -79,7 +81,7 @@ def predict(
             source = f"{source}; --tau at K {', '.join(map(str, sorted(given)))}"
     if not taus:
         raise UsageError("no tau: give --tau K=TAU[,K=TAU...] or --from-report REPORT")
-    t_path, _ = out.local(target, revision=revision, token=token, config_only=True)
+    t_path, _ = out.local(target, token=token, config_only=True)  # --revision is the draft's, as validate's
     d_path, _ = out.local(draft, revision=revision, token=token, config_only=True)
     # the launch line serves the model directory (a Hub id as given): vLLM and SGLang take no config.json file
     inputs = load_inputs(t_path, d_path, _served(target, t_path), _served(draft, d_path))
