@@ -196,6 +196,9 @@ def test_revision_is_the_draft_s_as_validate_s(cli):
 def test_a_gpu_named_twice_is_refused_exit_2(cli):
     r = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", "--gpu", "H100,h100", "--tau", "7=3")
     assert (r.code, r.err.strip()) == (2, "Error: --gpu H100,h100: H100 and h100 are both H100-SXM"), r.err
+    spec = cli("predict", *PAIR_ARGS, "--gpu-spec", "name=H200,bw=1,bf16=1", "--tau", "7=3")
+    assert (spec.code, spec.err.strip()) == (
+        2, "Error: --gpu-spec name=H200,bw=1,bf16=1: name H200 is --gpu's H200 too (name it otherwise)"), spec.err
 
 
 KNOWN = ("H100-SXM, H100-PCIe, H200, H20, A100-40GB, A100-80GB, A800, L40S, L4, RTX-4090, RTX-PRO-6000, B200, "
