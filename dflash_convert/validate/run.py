@@ -462,7 +462,9 @@ def _memory_plan(prep: Prepared, found: Found) -> memory.MemoryPlan:
                        target_dir=prep.target.dir if e2e else None, target_dtype=res.target_dtype_name,
                        draft_layers=spec.num_layers, draft_kv_width=spec.num_kv_heads * spec.head_dim,
                        sequence=sequence, block=block, device_map=opts.placed_by_device_map if e2e else None,
-                       max_memory=opts.max_memory)
+                       max_memory=opts.max_memory, attention=opts.target_backend,
+                       # a prefill keeps its last row of logits, a verify its block, the greedy check its new tokens
+                       logit_rows=max(opts.max_new_tokens, block))
 
 
 def _numeric_level(prep: Prepared, found: Found) -> None:

@@ -117,6 +117,27 @@ def test_memory_plan_figures(speculators_drafts, tiny_target, tmp_path):
                        device_map="auto")
     assert plan.fits and "device map auto" in plan.describe()
     assert memory.parse_max_memory("0=20GiB, cpu=200MB") == {"0": 20 * 2**30, "cpu": 200 * 10**6}
+
+
+def test_a_long_context_plan_counts_scores_only_for_eager_and_logits_only_for_the_rows_kept(speculators_drafts,
+                                                                                              tiny_target):
+    """At 8k context the old plan counted [heads, 8k, 8k] float32 scores and [8k, V] logits three times: an
+    8B-shaped target at 8k asked for 46 GB on a 24 GB machine. sdpa (the Qwen3 target's default) never holds the
+    scores and the run keeps at most max(new tokens, block) rows of logits; eager attention does hold them."""
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.validate import memory
+
+    tensors = list(open_checkpoint(speculators_drafts["full"]).tensors.values())
+    seq, rows, heads, vocab = 8192 + 64 + 8, 64, 4, 512  # the tiny target: 4 heads, vocab 512
+
+    def plan(**kw):
+        return memory.plan(tensors, "float32", device="cpu", target_dir=tiny_target, target_dtype="bfloat16",
+                           draft_layers=2, draft_kv_width=32, sequence=seq, block=8, **kw).runtime_bytes
+
+    scores, logits = heads * seq * seq * 4, 3 * (seq - rows) * vocab * 4
+    assert plan(attention="eager", logit_rows=rows) - plan(logit_rows=rows) == scores  # sdpa picked: no scores
+    assert plan(attention="sdpa", logit_rows=rows) == plan(logit_rows=rows)
+    assert plan() - plan(logit_rows=rows) == logits
     for bad in ("cpu", "gpu=1GB", "cpu=lots", "cpu=0", ""):
         with pytest.raises(ValueError):
             memory.parse_max_memory(bad)
