@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from dflash_convert.errors import UsageError
-from dflash_convert.predict.calibration import ENGINES, error_band
+from dflash_convert.predict.calibration import ENGINES, coverage, error_band
 from dflash_convert.predict.cost import plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
 from dflash_convert.predict.gpus import GPU
@@ -140,6 +140,18 @@ class ModelError(BaseModel):
                                   "no speculation) the model gets right")
     directions: int
     line: str
+    # the speedup's error, the engine's own cases or pooled, and where the setting lies outside the cases
+    speedup_median: float | None = Field(None, description="median |predicted / measured - 1| of the speedup over "
+                                         "the engine's own measured cases, or the serving engines' pooled")
+    speedup_worst: float | None = None
+    speedup_cases: int = 0
+    speedup_pooled: bool = Field(False, description="the engine has too few cases of its own: the serving "
+                                 "engines' cases pooled")
+    speedup_line: str = ""
+    outside_calibration: list[str] = Field(default_factory=list, description="each way this prediction's setting "
+                                           "(attention, MLP, weights, TP, concurrency, the steps' bound) lies "
+                                           "outside what the calibration cases cover: the band was not measured "
+                                           "there")
 
 
 class PredictionReport(BaseModel):
@@ -255,7 +267,12 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                     f"{best.speedup:.2f}x: its step ({best.bound}-bound) costs more than tau {best.tau:.2f} plain "
                     f"steps ({best.baseline_bound}-bound)"))
     band = error_band()
+    speedup_error = band.speedup(engine)
+    outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
+                                 bounds={b for r in rows for b in (r.bound, r.baseline_bound)})
     notes = []
+    if outside:
+        notes.append("outside the calibration cases, so the error band was not measured here: " + "; ".join(outside))
     if inputs.target.experts:
         notes.append(f"MoE target: a step of N tokens reads the experts they route to, E (1 - (1 - k/E)^N) per layer "
                      f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
@@ -276,7 +293,10 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
         taus={k: round(t, 4) for k, t in sorted(taus.items())}, tau_source=tau_source, predictions=rows,
         recommendation=recommendations,
         error_band=ModelError(median=round(band.median, 4), worst=round(band.worst, 4), cases=band.cases,
-                              directions_right=band.directions_right, directions=band.directions, line=band.line()),
+                              directions_right=band.directions_right, directions=band.directions, line=band.line(),
+                              speedup_median=round(speedup_error.median, 4), speedup_worst=round(speedup_error.worst, 4),
+                              speedup_cases=speedup_error.cases, speedup_pooled=speedup_error.pooled,
+                              speedup_line=speedup_error.line(), outside_calibration=outside),
         notes=notes)
 
 
@@ -288,7 +308,8 @@ def text_lines(report: PredictionReport) -> list[str]:
     lines = [f"predicted for {report.target} + {report.draft} on {report.engine}"
              + (f", TP {report.tensor_parallel}" if report.tensor_parallel > 1 else "")
              + f", context {report.input_len} in + {report.output_len} out (tau: {report.tau_source})",
-             f"datasheet GPU figures, calibrated efficiencies; {band.line}"]
+             f"datasheet GPU figures, calibrated efficiencies; {band.line}"
+             + (f"; {band.speedup_line}" if band.speedup_line else "")]
     for g in report.gpus:
         memory = f", {g['memory_gb']:g} GB" if g.get("memory_gb") else ""
         lines += ["", f"{g['name']} ({g['memory_bandwidth_gbps']:g} GB/s, {g['bf16_tflops']:g} bf16 TFLOP/s{memory}):",
@@ -299,8 +320,10 @@ def text_lines(report: PredictionReport) -> list[str]:
                          f"{speedup:>8} {memory:>7}  "
                          + (r.bound if r.baseline_fits is False else f"{r.bound} / {r.baseline_bound}"))
         for rec in (r for r in report.recommendation if r.gpu == g["name"]):
-            band_text = "" if rec.speedup is None else (f" (model error: median {band.median:.0%}, worst "
-                                                        f"{band.worst:.0%})")
+            band_text = "" if rec.speedup is None or band.speedup_median is None else (
+                f" (speedup error: median {band.speedup_median:.0%}, worst {band.speedup_worst:.0%} on "
+                f"{band.speedup_cases} cases{', engines pooled' if band.speedup_pooled else ''}"
+                + ("; outside the calibration cases, see the note" if band.outside_calibration else "") + ")")
             lines.append(f"  concurrency {rec.concurrency}: {_verdict(rec)}: {rec.reason}{band_text}")
             if rec.launch:
                 lines.append(f"    {rec.launch}")

@@ -16,7 +16,7 @@ from dflash_convert.predict import calibration
 from dflash_convert.predict.cost import EngineConstants, plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, target_facts
 from dflash_convert.predict.gpus import GPU, gpu
-from dflash_convert.predict.prediction import Inputs, parse_taus, predict, taus_from_rates
+from dflash_convert.predict.prediction import Inputs, parse_taus, predict, taus_from_rates, text_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
@@ -215,3 +215,21 @@ def test_an_engine_with_one_case_takes_the_pooled_fixed_costs():
     pooled = _fixed_costs(serving, base)
     assert (fitted["vllm"].fixed_step_s, fitted["vllm"].speculative_step_s) == pytest.approx(pooled)
     assert fitted["vllm"].speculative_step_s < _fixed_costs(vllm, base)[1]  # 5.8 ms pooled against 11.2 ms alone
+
+
+def test_the_prediction_carries_the_engine_s_speedup_error_and_says_where_it_is_outside_the_cases():
+    facts = target_facts(DENSE)
+    draft = SMALL_DRAFT
+    inside = predict(Inputs(facts, draft, "t", "d"), [gpu("A800")], {7: 4.0}, concurrency=[1], input_len=256,
+                     output_len=256, engine="sglang")
+    outside = predict(Inputs(facts, draft, "t", "d"), [gpu("A800")], {7: 4.0}, concurrency=[1, 64], input_len=256,
+                      output_len=256, engine="vllm", tp=2)
+    band = calibration.error_band()
+    assert inside.error_band.speedup_worst == pytest.approx(band.speedup("sglang").worst, abs=1e-4)
+    assert not inside.error_band.speedup_pooled and inside.error_band.outside_calibration == []
+    assert outside.error_band.speedup_pooled and outside.error_band.speedup_worst > 0.8
+    assert outside.error_band.outside_calibration[:2] == ["TP 2 (the cases: TP 1)", "concurrency 64 (the cases: 1 "
+                                                          "to 8)"]
+    text = "\n".join(text_lines(outside))
+    assert f"worst {outside.error_band.speedup_worst:.0%} on 4 cases, engines pooled" in text
+    assert "note: outside the calibration cases" in text and "TP 2 (the cases: TP 1)" in text
