@@ -21,7 +21,7 @@ from dflash_convert.predict.gpus import GPU
 # 0.9, the rest left to activations and the CUDA context. SGLang picks its own share (mem_fraction_static) from
 # the GPU and the TP size; the same 0.9 stands for it here.
 USABLE_FRACTION = 0.9
-GB = 1e9  # the GPU table's memory is in the vendors' GB
+GB = 1e9  # what is needed is printed in 10^9 bytes; a GPU's nominal GB are GiB (gpus.NOMINAL_GB_BYTES)
 
 
 def target_weight_bytes(m: ModelFacts) -> float:
@@ -70,7 +70,7 @@ class MemoryNeed:
     def refusal(self, need: float) -> str:
         """The verdict where `need` does not fit."""
         return (f"does not fit: needs {need / GB:.1f} GB per GPU, has {self.usable / GB:.1f} "
-                f"({USABLE_FRACTION:.0%} of {self.gpu_bytes / GB:g} GB)")
+                f"({USABLE_FRACTION:.0%} of {self.gpu_bytes / GB:.1f} GB: the nominal GB as GiB)")
 
 
 def memory_need(target: ModelFacts, draft: ModelFacts, gpu: GPU, *, batch: int, tokens: int,
@@ -78,4 +78,4 @@ def memory_need(target: ModelFacts, draft: ModelFacts, gpu: GPU, *, batch: int, 
     """What one of `tp` GPUs holds serving `batch` sequences of `tokens` positions (input + output)."""
     return MemoryNeed(target_weights=target_weight_bytes(target) / tp, draft_weights=draft_weight_bytes(draft, target)
                       / tp, target_cache=cache_bytes(target, batch=batch, tokens=tokens) / tp,
-                      draft_cache=cache_bytes(draft, batch=batch, tokens=tokens) / tp, gpu_bytes=gpu.memory_gb * GB)
+                      draft_cache=cache_bytes(draft, batch=batch, tokens=tokens) / tp, gpu_bytes=gpu.memory_bytes)
