@@ -45,6 +45,7 @@ class ModelFacts:
     sliding_window: int = 0
     attention_gate: bool = False  # a gated attention output (q projection twice as wide)
     mla_kv_per_token: int = 0  # multi-head latent attention: cached width per token (kv_lora_rank + rope dim)
+    mla_kv_rank: int = 0  # MLA's kv_lora_rank: the width absorbed decode's values are weighted over, per head
     mla_attention_params: int = 0
     weight_bytes: float = 2.0  # bytes per stored weight of the decoder's linear layers
     expert_weight_bytes: float = 2.0
@@ -103,6 +104,26 @@ class ModelFacts:
         """Cache bytes one position adds in one full-attention layer."""
         width = self.mla_kv_per_token or 2 * self.kv_heads * self.head_dim
         return width * self.kv_cache_bytes
+
+    @property
+    def attention_flops_per_position(self) -> int:
+        """FLOPs one token spends on one cached position in one full-attention layer: 2 per multiply-add of its
+        scores (query . key) and of its value sum, over every head. MLA decodes absorbed: each head's query is
+        projected into the latent, so its scores span kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3) and its
+        values kv_lora_rank (512), not the model's head_dim."""
+        if self.mla_kv_per_token:
+            return 2 * self.heads * (self.mla_kv_per_token + self.mla_kv_rank)
+        return 4 * self.heads * self.head_dim
+
+    def kv_shards(self, tp: int) -> int:
+        """Over how many of `tp` GPUs the KV cache is split: MLA's one latent per token is not split over heads (vLLM
+        keeps it whole on every rank: its MLA cache spec has one KV head and at most one TP shard); KV heads fewer
+        than the TP size are replicated, so the cache splits over at most that many."""
+        return 1 if self.mla_kv_per_token else max(1, min(tp, self.kv_heads))
+
+    def state_shards(self, tp: int) -> int:
+        """Over how many of `tp` GPUs the linear-attention state splits (by value heads)."""
+        return max(1, min(tp, self.linear_value_heads or 1))
 
     def distinct_experts(self, tokens: int) -> float:
         """Expected experts a layer's `tokens` route to under uniform top-k routing: E (1 - (1 - k/E)^tokens)."""
@@ -274,7 +295,7 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     linear = sum(1 for t in (layer_types or []) if t == "linear_attention")
     sliding = sum(1 for t in (layer_types or []) if t == "sliding_attention")
     window = read("sliding_window", 0) if sliding else 0
-    mla_kv, mla_params = 0, 0
+    mla_kv, mla_rank, mla_params = 0, 0, 0
     if read.present("kv_lora_rank"):
         kv_rank = read("kv_lora_rank")
         rope, nope = read("qk_rope_head_dim", 0), read("qk_nope_head_dim", head_dim)
@@ -282,7 +303,7 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         q_rank = read("q_lora_rank") if read.present("q_lora_rank") else None  # null: q projected directly
         q = hidden * q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
         mla_params = q + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
-        mla_kv = kv_rank + rope
+        mla_kv, mla_rank = kv_rank + rope, kv_rank
     wb, ewb, compute = _storage(raw, text, file)
     return ModelFacts(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, intermediate=inter,
@@ -291,7 +312,7 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         linear_layers=linear, linear_key_heads=read("linear_key_heads", 0), linear_value_heads=linear_value_heads,
         linear_key_dim=read("linear_key_dim", 0), linear_value_dim=read("linear_value_dim", 0),
         sliding_layers=sliding, sliding_window=window, attention_gate=read.flag("attn_output_gate"),
-        mla_kv_per_token=mla_kv, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
+        mla_kv_per_token=mla_kv, mla_kv_rank=mla_rank, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
         compute=compute, tied_embeddings=_tied(raw, text, read), source=file)
 
 

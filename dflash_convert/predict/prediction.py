@@ -224,7 +224,9 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     recommendations: list[ConcurrencyRecommendation] = []
     for g in gpus:
         for b in concurrency:
-            need = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp)
+            # the smallest K's need (a hybrid target's state slots grow with K): where it does not fit, no K does
+            need = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
+                               k=min(taus))
             plain_fits, spec_fits = need.fits(need.plain), need.fits(need.speculative)
             plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp)
             base = b / plain.seconds
@@ -233,15 +235,18 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                 spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
                                         gpu=g, constants=constants, tp=tp)
                 fast = b * taus[k] / spec.seconds
+                at_k = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
+                                   k=k)
+                fits = at_k.fits(at_k.speculative)
                 row = PredictionRow(
                     gpu=g.name, num_speculative_tokens=k, concurrency=b, tau=round(taus[k], 4),
                     baseline_tokens_per_s=None if plain_fits is False else round(base, 1),
-                    speculative_tokens_per_s=None if spec_fits is False else round(fast, 1),
-                    speedup=None if spec_fits is False else round(fast / base, 3),
-                    bound=need.refusal(need.speculative) if spec_fits is False else spec.bound,
+                    speculative_tokens_per_s=None if fits is False else round(fast, 1),
+                    speedup=None if fits is False else round(fast / base, 3),
+                    bound=at_k.refusal(at_k.speculative) if fits is False else spec.bound,
                     baseline_bound=need.refusal(need.plain) if plain_fits is False else plain.bound,
-                    memory_per_gpu_gb=round(need.speculative / GB, 2), baseline_memory_per_gpu_gb=round(
-                        need.plain / GB, 2), fits=spec_fits, baseline_fits=plain_fits)
+                    memory_per_gpu_gb=round(at_k.speculative / GB, 2), baseline_memory_per_gpu_gb=round(
+                        need.plain / GB, 2), fits=fits, baseline_fits=plain_fits)
                 here.append(row)
             rows += here
             if spec_fits is False:  # no K is predicted: the rows carry no tokens/s
@@ -253,7 +258,7 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                     gpu=g.name, concurrency=b, num_speculative_tokens=None, speedup=None, reason=what,
                     target_fits=plain_fits is not False))
                 continue
-            best = max(here, key=lambda r: (r.speedup, -r.num_speculative_tokens))
+            best = max((r for r in here if r.fits is not False), key=lambda r: (r.speedup, -r.num_speculative_tokens))
             if best.speedup >= 1.0:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=best.num_speculative_tokens,

@@ -35,3 +35,78 @@ def test_a_gpu_s_nominal_gb_are_gib():
     assert need.plain == 73_157_050_368
     assert need.usable == USABLE_FRACTION * 80 * 2 ** 30
     assert need.fits(need.plain) and need.plain > USABLE_FRACTION * 80e9
+
+
+# ----------------------------------------------------------------------------- MLA
+
+# DeepSeek-V3's attention at a small width: 8 heads, kv_lora_rank 512, qk_rope_head_dim 64, no q_lora_rank
+MLA = {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
+       "intermediate_size": 4096, "vocab_size": 32000, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+       "qk_nope_head_dim": 128, "v_head_dim": 128, "torch_dtype": "bfloat16"}
+
+
+def test_an_mla_latent_cache_is_whole_on_every_tp_gpu_and_gqa_heads_fewer_than_tp_are_copied():
+    """2 sequences x 1000 positions x 2 layers x (512 + 64) x 2 bytes = 4,608,000 bytes: on each of 4 GPUs, not a
+    quarter. A GQA cache of 2 KV heads (2 x 2 x 128 x 2 = 1024 bytes per position and layer, 4,096,000 in all)
+    splits over 2 GPUs at TP 4, the other two holding copies: 2,048,000 each."""
+    from dflash_convert.predict.cost import target_pass
+    from dflash_convert.predict.calibration import ENGINES
+
+    mla = target_facts(MLA)
+    assert memory_need(mla, DRAFT, gpu("H100"), batch=2, tokens=1000, tp=4).target_cache == 4_608_000
+    assert memory_need(mla, DRAFT, gpu("H100"), batch=2, tokens=1000, tp=1).target_cache == 4_608_000
+    gqa = target_facts({k: v for k, v in MLA.items() if "lora" not in k and "head_dim" not in k}
+                       | {"num_key_value_heads": 2, "head_dim": 128})
+    assert memory_need(gqa, DRAFT, gpu("H100"), batch=2, tokens=1000, tp=1).target_cache == 4_096_000
+    assert memory_need(gqa, DRAFT, gpu("H100"), batch=2, tokens=1000, tp=4).target_cache == 2_048_000
+    # and each GPU reads what it holds: the verify's KV bytes per GPU are the whole latent
+    p1 = target_pass(mla, batch=2, tokens_per_seq=1, context=1000, gpu=gpu("H100"), constants=ENGINES["vllm"], tp=1)
+    p4 = target_pass(mla, batch=2, tokens_per_seq=1, context=1000, gpu=gpu("H100"), constants=ENGINES["vllm"], tp=4)
+    assert p4.bytes_by_term["KV cache"] / 4 == p1.bytes_by_term["KV cache"] == 4_608_000
+
+
+def test_mla_attention_flops_are_absorbed_decode_s_latent_widths():
+    """One token over 1000 cached positions, 2 layers, 8 heads: scores over 512 + 64 and values over 512 per head,
+    2 FLOPs per multiply-add: 1000 x 2 x 8 x 2 x (576 + 512) = 34,816,000, at the bf16 peak. hidden / heads (128)
+    as the head width would give 4 x 8 x 128 x 2000 = 8,192,000."""
+    from dflash_convert.predict.cost import EngineConstants, target_pass
+    from dflash_convert.predict.gpus import GPU
+
+    card = GPU("round", 1000, 100, 200, 80, 100)
+    mla = target_facts(MLA)
+    assert mla.attention_flops_per_position == 2 * 8 * (576 + 512)
+    p = target_pass(mla, batch=1, tokens_per_seq=1, context=1000, gpu=card, constants=EngineConstants(1, 1, 0, 0),
+                    tp=1)
+    weights = 2 * (mla.dense_params + mla.vocab * mla.hidden)
+    assert p.flops - weights == 34_816_000
+    assert p.compute_s == pytest.approx((weights + 34_816_000) / 100e12)
+
+
+# ----------------------------------------------------------------------------- hybrid
+
+# 4 layers, every 4th full attention (3 Gated DeltaNet layers of 4 value heads of 64 x 64 float32: 65,536 bytes)
+HYBRID = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "head_dim": 128, "intermediate_size": 4096, "vocab_size": 32000, "full_attention_interval": 4,
+          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
+          "linear_value_head_dim": 64, "torch_dtype": "bfloat16"}
+
+
+def test_a_hybrid_target_speculating_k_holds_k_plus_1_state_slots_per_sequence():
+    """10 sequences of 100 positions: plain, one KV layer (100 x 2 x 2 x 128 x 2 = 102,400) and 3 states (196,608)
+    each, 2,990,080 bytes; speculating K 7, 7 slots more per sequence and layer: 10 x 7 x 3 x 65,536 = 13,762,560."""
+    from dflash_convert.predict.prediction import Inputs, predict
+
+    hybrid = target_facts(HYBRID)
+    assert (hybrid.linear_layers, hybrid.linear_state_bytes) == (3, 65_536)
+    plain = memory_need(hybrid, DRAFT, gpu("H100"), batch=10, tokens=100)
+    spec = memory_need(hybrid, DRAFT, gpu("H100"), batch=10, tokens=100, k=7)
+    assert plain.target_cache == spec.target_cache == 2_990_080
+    assert (plain.speculative_states, spec.speculative_states) == (0, 13_762_560)
+    assert spec.speculative - plain.speculative == 13_762_560 and spec.plain == plain.plain
+    # TP 2 splits both over the value and KV heads
+    assert memory_need(hybrid, DRAFT, gpu("H100"), batch=10, tokens=100, k=7, tp=2).speculative_states == 6_881_280
+    # each row states its own K's need
+    rows = predict(Inputs(hybrid, DRAFT, "t", "d"), [gpu("H100")], {1: 1.5, 7: 3.0}, concurrency=[1000],
+                   input_len=60, output_len=40).predictions
+    assert (rows[1].memory_per_gpu_gb - rows[0].memory_per_gpu_gb) * 1e9 == pytest.approx(1000 * 6 * 3 * 65_536,
+                                                                                            abs=1e7)
