@@ -171,6 +171,11 @@ SIZES: dict[str, Size] = {
     "linear_key_dim": Size(("linear_key_head_dim",), 0, MAX_HEAD_DIM),
     "linear_value_dim": Size(("linear_value_head_dim",), 0, MAX_HEAD_DIM),
     "sliding_window": Size(("sliding_window",), 0, MAX_POSITIONS),
+    # every Nth layer full attention, the others sliding (Gemma-3), where layer_types is absent
+    "sliding_window_pattern": Size(("sliding_window_pattern",), 1, MAX_LAYERS),
+    # every Nth layer MoE, the others dense (Llama-4's interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step)
+    "moe_layer_step": Size(("interleave_moe_layer_step", "decoder_sparse_step"), 1, MAX_LAYERS),
+    "dense_intermediate": Size(("intermediate_size_mlp",), 1, MAX_INTERMEDIATE),  # Llama-4's dense layers' MLP
     "kv_lora_rank": Size(("kv_lora_rank",), 1, MAX_INTERMEDIATE),
     "q_lora_rank": Size(("q_lora_rank",), 1, MAX_INTERMEDIATE),
     "qk_rope_head_dim": Size(("qk_rope_head_dim",), 0, MAX_HEAD_DIM),
@@ -237,6 +242,37 @@ class Reader:
         return value
 
 
+# What a model type's config class fills in where its config.json leaves a field out, for the fields read here:
+# transformers' Gemma3TextConfig and Llama4TextConfig defaults (google/gemma-3-27b-it's text_config states no
+# vocab_size and no sliding_window_pattern; transformers derives its layer_types from the class's pattern of 6).
+# n_shared_experts is Llama-4's architecture, not a config field: each MoE layer has one shared expert of
+# intermediate_size beside its routed ones (transformers' Llama4TextMoe.shared_expert). A test checks these against
+# transformers' classes.
+MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
+                    "sliding_window_pattern": 6, "tie_word_embeddings": True},
+    "llama4_text": {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+                    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+                    "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 16, "num_experts_per_tok": 1,
+                    "interleave_moe_layer_step": 1, "tie_word_embeddings": False, "n_shared_experts": 1},
+}
+# a multimodal wrapper's model type -> its decoder's, where the text_config does not name its own
+TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+
+
+def _with_defaults(raw: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
+    """The decoder's config with its model type's defaults (MODEL_TYPE_DEFAULTS) where it leaves a field out."""
+    model_type = text.get("model_type") if text is not raw else None
+    model_type = model_type or TEXT_MODEL_TYPES.get(str(raw.get("model_type")), raw.get("model_type"))
+    defaults = MODEL_TYPE_DEFAULTS.get(model_type) if isinstance(model_type, str) else None
+    if not defaults:
+        return text
+    # a wrapper's own tie_word_embeddings stands (_tied reads it) where its decoder's config leaves it out
+    return {**{k: v for k, v in defaults.items() if not (k == "tie_word_embeddings" and text is not raw
+                                                         and raw.get(k) is not None)}, **text}
+
+
 def _storage(raw: dict[str, Any], text: dict[str, Any], file: str = "config.json") -> tuple[float, float, str]:
     """(bytes per weight, bytes per expert weight, compute type) from quantization_config, else the dtype."""
     q = raw.get("quantization_config") or text.get("quantization_config")
@@ -270,7 +306,7 @@ def _storage(raw: dict[str, Any], text: dict[str, Any], file: str = "config.json
 def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     """A target's facts from its config.json (a multimodal config's text_config is its decoder)."""
     nested = isinstance(raw.get("text_config"), dict)
-    text = raw["text_config"] if nested else raw
+    text = _with_defaults(raw, raw["text_config"] if nested else raw)
     read = Reader(text, file, "text_config." if nested else "")
     hidden, layers, heads = read("hidden"), read("layers"), read("heads")
     kv = read("kv_heads", heads)
@@ -287,11 +323,18 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         raise DFlashError(f"field `{read.prefix}intermediate_size` is missing or 0: a prediction needs the MLP "
                           "width", file=file)
     dense_layers = read("dense_layers", 0) if experts else 0
+    if experts and read.present("moe_layer_step"):  # after the first dense ones, every Nth layer MoE
+        sparse = layers - dense_layers
+        dense_layers += sparse - sparse // read("moe_layer_step")
+    dense_inter = read("dense_intermediate", inter) if experts and dense_layers else inter
     linear_value_heads = read("linear_value_heads", 0)
     layer_types = read.layer_types(layers)
     if layer_types is None and read.present("full_attention_interval") and linear_value_heads:
         every = read("full_attention_interval")
         layer_types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+    if layer_types is None and read.present("sliding_window_pattern") and read.present("sliding_window"):
+        every = read("sliding_window_pattern")  # as transformers derives Gemma-3's layer_types
+        layer_types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
     linear = sum(1 for t in (layer_types or []) if t == "linear_attention")
     sliding = sum(1 for t in (layer_types or []) if t == "sliding_attention")
     window = read("sliding_window", 0) if sliding else 0
@@ -306,7 +349,7 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         mla_kv, mla_rank = kv_rank + rope, kv_rank
     wb, ewb, compute = _storage(raw, text, file)
     return ModelFacts(
-        hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, intermediate=inter,
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, intermediate=dense_inter,
         vocab=read("vocab"), experts=experts, top_k=top_k, expert_intermediate=expert_inter,
         shared_intermediate=shared, dense_layers=dense_layers,
         linear_layers=linear, linear_key_heads=read("linear_key_heads", 0), linear_value_heads=linear_value_heads,

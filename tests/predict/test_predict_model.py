@@ -110,3 +110,69 @@ def test_a_hybrid_target_speculating_k_holds_k_plus_1_state_slots_per_sequence()
                    input_len=60, output_len=40).predictions
     assert (rows[1].memory_per_gpu_gb - rows[0].memory_per_gpu_gb) * 1e9 == pytest.approx(1000 * 6 * 3 * 65_536,
                                                                                             abs=1e7)
+
+
+# ----------------------------------------------------------------------------- Gemma-3, Llama-4
+
+# google/gemma-3-27b-it's config.json as published: its text_config leaves out vocab_size and the sliding pattern
+GEMMA3_27B = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "torch_dtype": "bfloat16",
+              "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+                              "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
+                              "num_key_value_heads": 16, "sliding_window": 1024},
+              "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}
+
+
+def test_gemma3_reads_its_config_class_defaults_and_counts_sliding_layers_from_the_pattern():
+    """Pattern 6 over 62 layers: layers 6, 12, ..., 60 full (10), 52 sliding at 1024. KV per position and layer
+    2 x 16 x 128 x 2 = 8192 bytes; at 131,072 positions: 10 x 131072 x 8192 + 52 x 1024 x 8192 = 11,173,625,856
+    bytes (11.2 GB), where 62 full layers would hold 66,571,993,088 (66.6 GB)."""
+    gemma = target_facts(GEMMA3_27B)
+    assert (gemma.vocab, gemma.sliding_layers, gemma.sliding_window, gemma.tied_embeddings) == (262208, 52, 1024, True)
+    need = memory_need(gemma, DRAFT, gpu("H200"), batch=1, tokens=131072)
+    assert need.target_cache == 11_173_625_856
+    # a stated field wins over the default; layer_types, where given, over the pattern
+    assert target_facts({**GEMMA3_27B, "text_config": {**GEMMA3_27B["text_config"], "vocab_size": 1000}}).vocab == 1000
+    listed = {**GEMMA3_27B["text_config"], "layer_types": ["full_attention"] * 62}
+    assert target_facts({**GEMMA3_27B, "text_config": listed}).sliding_layers == 0
+
+
+def test_the_stated_model_type_defaults_are_transformers_own():
+    from transformers import Gemma3TextConfig, Llama4TextConfig
+
+    from dflash_convert.predict.facts import MODEL_TYPE_DEFAULTS
+
+    for cls, model_type in ((Gemma3TextConfig, "gemma3_text"), (Llama4TextConfig, "llama4_text")):
+        config = cls()
+        for key, value in MODEL_TYPE_DEFAULTS[model_type].items():
+            if key == "n_shared_experts":  # Llama-4's architecture (one shared expert), not a config field
+                continue
+            got = getattr(config, "_sliding_window_pattern", None) if key == "sliding_window_pattern" else \
+                getattr(config, key)
+            assert got == value, (model_type, key)
+
+
+# meta-llama/Llama-4-Maverick-17B-128E's text_config: MoE every 2nd layer (128 experts, top 1, plus a shared one of
+# intermediate_size), dense layers of intermediate_size_mlp
+LLAMA4_MAVERICK = {"model_type": "llama4", "torch_dtype": "bfloat16", "tie_word_embeddings": False, "text_config": {
+    "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+    "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "num_hidden_layers": 48,
+    "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048,
+    "tie_word_embeddings": False}}
+
+
+def test_llama4_maverick_has_its_published_400b_total_and_17b_active_parameters():
+    """Per layer, attention 2 x 5120 x 5120 + 2 x 5120 x 1024 = 62,914,560 (48 layers); 24 dense MLPs of
+    3 x 5120 x 16384 = 251,658,240; 24 MoE layers of 128 experts + 1 shared of 3 x 5120 x 8192 = 125,829,120 and a
+    router of 5120 x 128; embedding and lm_head 2 x 202048 x 5120. Total 400.7 B (bf16: 801 GB), active 17.2 B."""
+    from dflash_convert.predict.memory import target_weight_bytes
+
+    m = target_facts(LLAMA4_MAVERICK)
+    assert (m.dense_layers, m.moe_layers, m.intermediate, m.expert_intermediate, m.shared_intermediate) == (
+        24, 24, 16384, 8192, 8192)
+    attention, dense, expert, router = 62_914_560, 251_658_240, 125_829_120, 5120 * 128
+    embeddings = 202048 * 5120
+    total = 48 * attention + 24 * dense + 24 * (129 * expert + router) + 2 * embeddings
+    assert target_weight_bytes(m) == 2 * total == 801_422_704_640
+    active = m.dense_params + m.moe_layers * m.top_k * m.expert_params + 2 * embeddings
+    assert active == 48 * attention + 24 * dense + 24 * (2 * expert + router) + 2 * embeddings
+    assert round(total / 1e9) == 401 and round(active / 1e9, 1) == 17.2
