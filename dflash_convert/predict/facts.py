@@ -56,6 +56,7 @@ class ModelFacts:
     tied_embeddings: bool = True  # a target: its lm_head is its embedding's rows (stored once)
     max_proposals: int = 0  # a draft: the most tokens its trained block proposes per step (0: not stated)
     block_size: int = 0  # a draft: its trained block, as its config states it
+    storage_warning: str = ""  # a quantization scheme not read (the weights counted at the dtype's width)
     source: str = "config.json"
 
     # --- derived, per layer
@@ -273,34 +274,61 @@ def _with_defaults(raw: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
                                                          and raw.get(k) is not None)}, **text}
 
 
-def _storage(raw: dict[str, Any], text: dict[str, Any], file: str = "config.json") -> tuple[float, float, str]:
-    """(bytes per weight, bytes per expert weight, compute type) from quantization_config, else the dtype."""
+def _storage(raw: dict[str, Any], text: dict[str, Any],
+             file: str = "config.json") -> tuple[float, float, str, str]:
+    """(bytes per weight, bytes per expert weight, compute type, a warning or "") from quantization_config, else the
+    dtype. A scheme it cannot read is counted at the dtype's width, and the warning names it and says so."""
     q = raw.get("quantization_config") or text.get("quantization_config")
     dtype = str(text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
                 or "bfloat16").replace("torch.", "")
     plain = float(DTYPE_BYTES.get(dtype, 2))
     if not isinstance(q, dict):
-        return plain, plain, "bf16"
+        return plain, plain, "bf16", ""
     read = Reader(q, file, "quantization_config.")
     method = str(q.get("quant_method", "")).lower()
-    if method in ("fp8", "modelopt", "fbgemm_fp8") or "fp8" in str(q.get("quant_algo", "")).lower():
-        return 1.0, 1.0, "fp8"
+    nested = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
+    algo = str(q.get("quant_algo") or nested.get("quant_algo") or "").upper()
+    if method == "modelopt" and "FP4" in algo:  # NVFP4: 4-bit values, an fp8 scale per 16 (no fp4 peak in gpus.py)
+        per = 0.5 + 1 / read("group_size", 16)
+        return per, per, "bf16", ""
+    if method in ("fp8", "fbgemm_fp8") or (method == "modelopt" and algo == "FP8") or "FP8" in algo:
+        return 1.0, 1.0, "fp8", ""
     if method == "mxfp4":  # gpt-oss: the experts in 4-bit blocks (a shared 8-bit scale per 32), the rest as stored
-        return plain, 4.25 / 8, "bf16"
+        return plain, 4.25 / 8, "bf16", ""
+    if method == "bitsandbytes":
+        if read.flag("load_in_4bit"):  # 4-bit blocks of 64 with an fp32 absmax; double quant: an 8-bit absmax and
+            double = read.flag("bnb_4bit_use_double_quant")  # an fp32 scale per 256 blocks
+            per = 0.5 + (1 / 64 + 4 / (64 * 256) if double else 4 / 64)
+            return per, per, "bf16", ""
+        if read.flag("load_in_8bit"):  # LLM.int8: a byte per weight (a scale per row)
+            return 1.0, 1.0, "bf16", ""
+    if method == "quark":  # AMD Quark: its global config's weight and input dtypes
+        glob = q.get("global_quant_config") if isinstance(q.get("global_quant_config"), dict) else {}
+        weight = str((glob.get("weight") or {}).get("dtype", "") if isinstance(glob.get("weight"), dict) else "")
+        inputs = glob.get("input_tensors") if isinstance(glob.get("input_tensors"), dict) else {}
+        if weight.lower().startswith(("fp8", "int8")):
+            return 1.0, 1.0, "fp8" if str(inputs.get("dtype", "")).lower().startswith("fp8") and \
+                weight.lower().startswith("fp8") else "bf16", ""
     bits = read("bits", 0) if read.present("bits") else None
     if bits is None and isinstance(q.get("config_groups"), dict):  # compressed-tensors
-        for group in q["config_groups"].values():
+        for name, group in q["config_groups"].items():
+            if group is not None and not isinstance(group, dict):
+                raise DFlashError(f"field `quantization_config.config_groups.{name}` is {_short(group)}, not an "
+                                  "object", file=file)
             weights = (group or {}).get("weights") or {}
-            bits = weights.get("num_bits", bits)
-            if str(weights.get("type", "")).lower() == "float" and bits == 8:
+            bits = weights.get("num_bits", bits) if isinstance(weights, dict) else bits
+            if isinstance(weights, dict) and str(weights.get("type", "")).lower() == "float" and bits == 8:
                 return 1.0, 1.0, "fp8" if ((group or {}).get("input_activations") or {}).get("num_bits") == 8 \
-                    else "bf16"
+                    else "bf16", ""
     if type(bits) is int and 0 < bits < 16:
         group = read("group_size", 128)
         per = bits / 8 + (2 / group if group > 0 else 0)  # a bf16 scale per group
         compute = "fp8" if bits == 8 and method == "compressed-tensors" else "bf16"
-        return per, per, compute
-    return plain, plain, "bf16"
+        return per, per, compute, ""
+    scheme = " ".join(x for x in (method or "(no quant_method)", algo.lower()) if x)
+    return plain, plain, "bf16", (f"quantization_config {scheme!r} is not a scheme the model reads: its weights are "
+                                  f"counted at the dtype's {plain:g} bytes ({dtype}), which overstates a narrower "
+                                  "scheme's memory and bytes per step")
 
 
 def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
@@ -347,7 +375,7 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         q = hidden * q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
         mla_params = q + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
         mla_kv, mla_rank = kv_rank + rope, kv_rank
-    wb, ewb, compute = _storage(raw, text, file)
+    wb, ewb, compute, storage_warning = _storage(raw, text, file)
     return ModelFacts(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, intermediate=dense_inter,
         vocab=read("vocab"), experts=experts, top_k=top_k, expert_intermediate=expert_inter,
@@ -356,7 +384,8 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         linear_key_dim=read("linear_key_dim", 0), linear_value_dim=read("linear_value_dim", 0),
         sliding_layers=sliding, sliding_window=window, attention_gate=read.flag("attn_output_gate"),
         mla_kv_per_token=mla_kv, mla_kv_rank=mla_rank, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
-        compute=compute, tied_embeddings=_tied(raw, text, read), source=file)
+        compute=compute, tied_embeddings=_tied(raw, text, read), storage_warning=storage_warning,
+        source=file)
 
 
 def _tied(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
@@ -377,7 +406,7 @@ def draft_facts(raw: dict[str, Any], target: ModelFacts, file: str = "config.jso
 
     spec = spec_from_config(raw, file)
     n_features = len(spec.target_layer_ids or []) or 1
-    wb, _, compute = _storage(raw, spec.decoder, file)
+    wb, _, compute, storage_warning = _storage(raw, spec.decoder, file)
     block = spec.block_size or 0
     proposals = (block if anchor_proposes(spec) else block - 1) if block else 0
     return ModelFacts(
@@ -385,4 +414,4 @@ def draft_facts(raw: dict[str, Any], target: ModelFacts, file: str = "config.jso
         head_dim=spec.head_dim, intermediate=spec.intermediate_size, vocab=spec.vocab_size, weight_bytes=wb,
         expert_weight_bytes=wb, compute=compute, lm_head_rows=spec.draft_vocab_size or 0,
         context_features=n_features * (spec.target_hidden_size or target.hidden), max_proposals=proposals,
-        block_size=block, source=file)
+        block_size=block, storage_warning=storage_warning, source=file)

@@ -275,7 +275,8 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     speedup_error = band.speedup(engine)
     outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
                                  bounds={b for r in rows for b in (r.bound, r.baseline_bound)})
-    notes = []
+    notes = [f"warning: the {who}'s {m.storage_warning}" for who, m in (("target", inputs.target),
+                                                                        ("draft", inputs.draft)) if m.storage_warning]
     if outside:
         notes.append("outside the calibration cases, so the error band was not measured here: " + "; ".join(outside))
     if inputs.target.experts:

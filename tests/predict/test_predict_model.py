@@ -176,3 +176,45 @@ def test_llama4_maverick_has_its_published_400b_total_and_17b_active_parameters(
     active = m.dense_params + m.moe_layers * m.top_k * m.expert_params + 2 * embeddings
     assert active == 48 * attention + 24 * dense + 24 * (2 * expert + router) + 2 * embeddings
     assert round(total / 1e9) == 401 and round(active / 1e9, 1) == 17.2
+
+
+# ----------------------------------------------------------------------------- quantization schemes
+
+SMALL = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
+         "head_dim": 128, "intermediate_size": 4096, "vocab_size": 32000, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("q, per_weight, compute", [
+    # NVFP4: 4 bits and an fp8 scale per 16 weights = 4.5 bits
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}, 0.5 + 1 / 16, "bf16"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, 1.0, "fp8"),
+    # bitsandbytes nf4: 4 bits and an fp32 absmax per 64; double quant: an 8-bit absmax per 64, an fp32 per 256 blocks
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, 0.5 + 4 / 64, "bf16"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_use_double_quant": True},
+     0.5 + 1 / 64 + 4 / 16384, "bf16"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, 1.0, "bf16"),
+    ({"quant_method": "quark", "global_quant_config": {"weight": {"dtype": "fp8_e4m3"},
+                                                       "input_tensors": {"dtype": "fp8_e4m3"}}}, 1.0, "fp8"),
+])
+def test_quantization_schemes_beyond_the_first_ones_are_read(q, per_weight, compute):
+    m = target_facts({**SMALL, "quantization_config": q})
+    assert (m.weight_bytes, m.compute, m.storage_warning) == (pytest.approx(per_weight), compute, "")
+
+
+def test_a_scheme_it_cannot_read_is_a_warning_naming_it_in_the_text_and_the_json():
+    from dflash_convert.predict.prediction import Inputs, predict, text_lines
+
+    m = target_facts({**SMALL, "quantization_config": {"quant_method": "hqq", "nbits": 4}})
+    assert m.weight_bytes == 2.0 and "'hqq'" in m.storage_warning and "2 bytes (bfloat16)" in m.storage_warning
+    report = predict(Inputs(m, DRAFT, "t", "d"), [gpu("H100")], {7: 4.0}, concurrency=[1], input_len=10, output_len=10)
+    assert report.notes[0] == "warning: the target's " + m.storage_warning
+    assert "note: warning: the target's quantization_config 'hqq'" in "\n".join(text_lines(report))
+    assert target_facts(SMALL).storage_warning == ""  # no quantization_config: nothing to warn of
+
+
+def test_a_compressed_tensors_group_that_is_not_an_object_names_the_field():
+    from dflash_convert.errors import DFlashError
+
+    q = {"quant_method": "compressed-tensors", "config_groups": {"group_0": [1, 2]}}
+    with pytest.raises(DFlashError, match=r"quantization_config\.config_groups\.group_0` is \[1, 2\], not an object"):
+        target_facts({**SMALL, "quantization_config": q}, "x.json")
