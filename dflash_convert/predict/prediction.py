@@ -355,11 +355,13 @@ def markdown_lines(report: PredictionReport) -> list[str]:
     """The prediction as a Markdown section (validate's report, the model card)."""
     band = report.error_band
     lines = [f"Predicted on {', '.join(g['name'] for g in report.gpus)} ({report.engine}, context {report.input_len} "
-             f"in + {report.output_len} out; datasheet figures, calibrated constants; {band.line}):", "",
+             f"in + {report.output_len} out; datasheet figures, calibrated constants; {band.line}"
+             + (f"; {band.speedup_line}" if band.speedup_line else "") + "):", "",
              "| GPU | K | concurrency | tau | plain tok/s | speculative tok/s | speedup | GB per GPU | bound |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.gpu} | {r.num_speculative_tokens} | {r.concurrency} | {r.tau:.2f} | "
               + " | ".join(_figures(r)) + f" | {r.bound} |" for r in report.predictions]
+    lines += [f"- note: {n}" for n in report.notes if n.startswith(("warning:", "outside the calibration cases"))]
     lines.append("")
     for rec in report.recommendation:
         lines.append(f"- {rec.gpu}, concurrency {rec.concurrency}: **{_verdict(rec)}**: {rec.reason}")

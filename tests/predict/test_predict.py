@@ -255,3 +255,13 @@ def test_the_docs_figures_for_the_bundled_pair_and_the_h100_ridge_are_what_the_t
     _, note = verify_compute_note(gpu("H100-SXM"), "vllm", 15, 64)
     ridge = note.split("past about ")[1].split(" tokens")[0]
     assert f"(about {ridge} tokens on an H100 SXM)" in cli_doc
+
+
+def test_the_markdown_section_carries_the_speedup_error_and_what_lies_outside_the_cases():
+    from dflash_convert.predict.prediction import markdown_lines
+
+    report = predict(Inputs(target_facts(DENSE), SMALL_DRAFT, "t", "d"), [gpu("A800")], {7: 4.0}, concurrency=[64],
+                     input_len=256, output_len=256, engine="vllm")
+    text = "\n".join(markdown_lines(report))
+    assert report.error_band.speedup_line in text
+    assert "- note: outside the calibration cases, so the error band was not measured here: concurrency 64" in text
