@@ -175,6 +175,9 @@ SIZES: dict[str, Size] = {
     # every Nth layer full attention, the others sliding (Gemma-3), where layer_types is absent
     "sliding_window_pattern": Size(("sliding_window_pattern",), 1, MAX_LAYERS),
     # every Nth layer MoE, the others dense (Llama-4's interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step)
+    # Llama-4: every Nth layer global attention (no RoPE), the others chunked local attention over attention_chunk_size
+    "attention_chunk_size": Size(("attention_chunk_size",), 1, MAX_POSITIONS),
+    "chunk_layer_interval": Size(("no_rope_layer_interval",), 1, MAX_LAYERS),
     "moe_layer_step": Size(("interleave_moe_layer_step", "decoder_sparse_step"), 1, MAX_LAYERS),
     "dense_intermediate": Size(("intermediate_size_mlp",), 1, MAX_INTERMEDIATE),  # Llama-4's dense layers' MLP
     "kv_lora_rank": Size(("kv_lora_rank",), 1, MAX_INTERMEDIATE),
@@ -256,7 +259,8 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama4_text": {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
                     "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
                     "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 16, "num_experts_per_tok": 1,
-                    "interleave_moe_layer_step": 1, "tie_word_embeddings": False, "n_shared_experts": 1},
+                    "interleave_moe_layer_step": 1, "tie_word_embeddings": False, "attention_chunk_size": 8192,
+                    "no_rope_layer_interval": 4, "n_shared_experts": 1},
 }
 # a multimodal wrapper's model type -> its decoder's, where the text_config does not name its own
 TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
@@ -363,9 +367,17 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     if layer_types is None and read.present("sliding_window_pattern") and read.present("sliding_window"):
         every = read("sliding_window_pattern")  # as transformers derives Gemma-3's layer_types
         layer_types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    if layer_types is None and read.present("attention_chunk_size") and read.present("chunk_layer_interval"):
+        every = read("chunk_layer_interval")  # as transformers derives Llama-4's layer_types
+        layer_types = ["full_attention" if (i + 1) % every == 0 else "chunked_attention" for i in range(layers)]
     linear = sum(1 for t in (layer_types or []) if t == "linear_attention")
-    sliding = sum(1 for t in (layer_types or []) if t == "sliding_attention")
-    window = read("sliding_window", 0) if sliding else 0
+    # chunked local attention (vLLM's ChunkedLocalAttention for Llama-4's RoPE layers) caches and reads at most the
+    # current chunk: counted as a sliding window of the chunk's size, an upper bound
+    sliding = sum(1 for t in (layer_types or []) if t in ("sliding_attention", "chunked_attention"))
+    if "sliding_attention" in (layer_types or []):
+        window = read("sliding_window", 0)
+    else:
+        window = read("attention_chunk_size", 0) if sliding else 0
     mla_kv, mla_rank, mla_params = 0, 0, 0
     if read.present("kv_lora_rank"):
         kv_rank = read("kv_lora_rank")

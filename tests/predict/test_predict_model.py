@@ -176,6 +176,10 @@ def test_llama4_maverick_has_its_published_400b_total_and_17b_active_parameters(
     active = m.dense_params + m.moe_layers * m.top_k * m.expert_params + 2 * embeddings
     assert active == 48 * attention + 24 * dense + 24 * (2 * expert + router) + 2 * embeddings
     assert round(total / 1e9) == 401 and round(active / 1e9, 1) == 17.2
+    # its RoPE layers (3 of every 4) attend within 8192-token chunks (vLLM's ChunkedLocalAttention): at 131,072
+    # positions the cache is (12 x 131072 + 36 x 8192) x 2 x 8 x 128 x 2 = 7,650,410,496 bytes, not 48 full layers'
+    assert (m.sliding_layers, m.sliding_window) == (36, 8192)
+    assert memory_need(m, DRAFT, gpu("H200"), batch=1, tokens=131072).target_cache == 7_650_410_496
 
 
 # ----------------------------------------------------------------------------- quantization schemes
