@@ -251,6 +251,36 @@ class ErrorBand:
                 f"pay-off direction right in {self.directions_right} of {self.directions}"
                 + (f" ({len(self.stated)} stated without figures)" if self.stated else ""))
 
+    def speedup(self, engine: str) -> SpeedupError:
+        """The error of the predicted speedup (the figure a user acts on) on `engine`'s own throughput cases, or,
+        where it has fewer than MIN_OWN_CASES, on the serving engines' cases pooled (its own among them)."""
+        serving = [r for r in self.results if "speedup" in r.errors and r.case.engine != "runtime"]
+        own = [r for r in serving if r.case.engine == engine]
+        pooled = len(own) < MIN_OWN_CASES
+        errors = [r.errors["speedup"] for r in (serving if pooled else own)]
+        if not errors:
+            return SpeedupError(engine, pooled, 0, 0.0, 0.0)
+        return SpeedupError(engine, pooled, len(errors), median(errors), max(errors))
+
+
+@dataclass(frozen=True)
+class SpeedupError:
+    """The speedup's |predicted / measured - 1| over an engine's cases (`pooled`: the serving engines' together)."""
+
+    engine: str
+    pooled: bool
+    cases: int
+    median: float
+    worst: float
+
+    def line(self) -> str:
+        if not self.cases:
+            return f"speedup error: no measured case for {self.engine}"
+        whose = (f"{self.engine}'s own {self.cases} cases" if not self.pooled else
+                 f"the serving engines' {self.cases} cases pooled ({self.engine} has fewer than {MIN_OWN_CASES} "
+                 "of its own)")
+        return f"speedup error on {whose}: median {self.median:.0%}, worst {self.worst:.0%}"
+
 
 @dataclass(frozen=True)
 class DirectionResult:
@@ -286,6 +316,64 @@ def error_band(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstan
     stated = [evaluate_direction(c, engines[c.engine]) for c in direction_cases]
     directions += [r.right for r in stated]
     return ErrorBand(median(errors), max(errors), len(cases), sum(directions), len(directions), results, stated)
+
+
+# ----------------------------------------------------------------------------- what the cases cover
+
+def setting(target: ModelFacts) -> dict[str, str]:
+    """The kinds of target a step's cost is modelled differently for, one value per dimension: its attention,
+    its MLP and its weights' stored width (the narrowest of its layers')."""
+    attention = ("MLA attention" if target.mla_kv_per_token else "linear-attention hybrid" if target.linear_layers
+                 else "sliding-window attention" if target.sliding_layers else "full attention")
+    width = min(target.weight_bytes, target.expert_weight_bytes if target.experts else target.weight_bytes)
+    weights = "16-bit weights" if width >= 2 else "8-bit weights" if width >= 1 else "sub-8-bit weights"
+    return {"attention": attention, "MLP": "MoE" if target.experts else "dense", "weights": weights}
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What the measured (throughput) cases span, read from the cases themselves: each setting dimension's values,
+    the tensor-parallel sizes and concurrencies, and the terms their steps were bound by (plain and speculative)."""
+
+    kinds: dict[str, set[str]]
+    tp: tuple[int, int]
+    concurrency: tuple[int, int]
+    bounds: set[str]
+
+    def outside(self, target: ModelFacts, *, tp: int, concurrency: list[int], bounds: set[str]) -> list[str]:
+        """Each way a prediction's setting lies outside the cases, as a phrase naming what the cases have."""
+        out = [f"{value} (the cases: {', '.join(sorted(self.kinds[dim]))})"
+               for dim, value in setting(target).items() if value not in self.kinds[dim]]
+        if not self.tp[0] <= tp <= self.tp[1]:
+            out.append(f"TP {tp} (the cases: TP {_span(self.tp)})")
+        beyond = [b for b in concurrency if not self.concurrency[0] <= b <= self.concurrency[1]]
+        if beyond:
+            out.append(f"concurrency {', '.join(map(str, beyond))} (the cases: {_span(self.concurrency)})")
+        new = sorted(b for b in bounds if b not in self.bounds and not b.startswith("does not fit"))
+        if new:
+            out.append(f"steps bound by {', '.join(new)} (the cases' steps: {', '.join(sorted(self.bounds))})")
+        return out
+
+
+def _span(span: tuple[int, int]) -> str:
+    return f"{span[0]}" if span[0] == span[1] else f"{span[0]} to {span[1]}"
+
+
+def coverage(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstants] | None = None) -> Coverage:
+    engines = ENGINES if engines is None else engines
+    measured = [c for c in cases if c.kind == "throughput"]
+    kinds: dict[str, set[str]] = {}
+    bounds: set[str] = set()
+    for c in measured:
+        target, g, constants = target_facts(c.target), gpu(c.gpu), engines[c.engine]
+        for dim, value in setting(target).items():
+            kinds.setdefault(dim, set()).add(value)
+        bounds.add(plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=constants,
+                              tp=c.tp).bound)
+        bounds.add(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
+                                    gpu=g, constants=constants, tp=c.tp).bound)
+    return Coverage(kinds, (min(c.tp for c in measured), max(c.tp for c in measured)),
+                    (min(c.concurrency for c in measured), max(c.concurrency for c in measured)), bounds)
 
 
 # ----------------------------------------------------------------------------- the fit

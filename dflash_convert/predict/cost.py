@@ -72,9 +72,13 @@ class Step:
 
 
 def _pass(bytes_by_term: dict[str, float], flops: float, *, gpu: GPU, compute: str, constants: EngineConstants,
-          tp: int, tokens: int, hidden: int, layers: int) -> Pass:
+          tp: int, tokens: int, hidden: int, layers: int, attention_flops: float = 0.0) -> Pass:
+    """`flops`: the weights' matmuls, at `compute`'s peak; `attention_flops`: attention over the bf16 KV cache, at
+    the bf16 peak whatever the weights' type (a w8a8 checkpoint's fp8 is its linear layers')."""
     memory_s = sum(bytes_by_term.values()) / tp / (gpu.memory_bandwidth_gbps * 1e9 * constants.bandwidth_efficiency)
-    compute_s = flops / tp / (gpu.peak_tflops(compute) * 1e12 * constants.compute_efficiency)
+    compute_s = (flops / gpu.peak_tflops(compute) + attention_flops / gpu.peak_tflops("bf16")) / tp / (
+        1e12 * constants.compute_efficiency)
+    flops += attention_flops
     allreduce_s = 0.0
     if tp > 1:  # two per layer (after attention, after the MLP), a ring's 2 (tp-1)/tp of the message each
         message = tokens * hidden * ACTIVATION_BYTES
@@ -97,15 +101,17 @@ def target_pass(m: ModelFacts, *, batch: int, tokens_per_seq: int, context: floa
         "weights": m.dense_params * m.weight_bytes,
         "experts": m.moe_layers * m.distinct_experts(n) * m.expert_params * m.expert_weight_bytes,
         # the KV cache read once per sequence per step; linear-attention state read, and written per verified
-        # token (the engines keep each position's state so that a rejection can roll back to it)
-        "KV cache": batch * (cached * m.kv_bytes_per_token
-                             + m.linear_layers * m.linear_state_bytes * (1 + tokens_per_seq)),
+        # token (the engines keep each position's state so that a rejection can roll back to it). Scaled so that,
+        # divided by TP, it is what one GPU reads: a cache not split over all TP GPUs (MLA's latent, KV heads fewer
+        # than TP) is read whole on each of the GPUs it is copied to
+        "KV cache": batch * (cached * m.kv_bytes_per_token * tp / m.kv_shards(tp)
+                             + m.linear_layers * m.linear_state_bytes * (1 + tokens_per_seq) * tp / m.state_shards(tp)),
         "lm_head": m.vocab * m.hidden * 2.0,  # lm_heads are kept in bf16 by the quantization schemes read here
     }
     active = m.dense_params + m.moe_layers * m.top_k * m.expert_params + m.vocab * m.hidden
-    attention = 4 * n * cached * m.heads * m.head_dim
-    return _pass(terms, 2 * n * active + attention, gpu=gpu, compute=m.compute, constants=constants, tp=tp,
-                 tokens=n, hidden=m.hidden, layers=m.layers)
+    attention = n * cached * m.attention_flops_per_position
+    return _pass(terms, 2 * n * active, gpu=gpu, compute=m.compute, constants=constants, tp=tp,
+                 tokens=n, hidden=m.hidden, layers=m.layers, attention_flops=attention)
 
 
 def draft_pass(d: ModelFacts, target: ModelFacts, *, batch: int, k: int, tau: float, context: float, gpu: GPU,
@@ -117,12 +123,11 @@ def draft_pass(d: ModelFacts, target: ModelFacts, *, batch: int, k: int, tau: fl
     terms = {
         "draft": d.dense_params * d.weight_bytes + rows * target.hidden * 2.0
         + batch * tau * d.context_features * ACTIVATION_BYTES,
-        "KV cache": batch * attention_context(d, context) * d.kv_bytes_per_token,
+        "KV cache": batch * attention_context(d, context) * d.kv_bytes_per_token * tp / d.kv_shards(tp),
     }
-    flops = (2 * n * d.dense_params + 2 * batch * k * rows * target.hidden
-             + 4 * n * attention_context(d, context) * d.heads * d.head_dim)
+    flops = 2 * n * d.dense_params + 2 * batch * k * rows * target.hidden
     return _pass(terms, flops, gpu=gpu, compute=d.compute, constants=constants, tp=tp, tokens=n, hidden=d.hidden,
-                 layers=d.layers)
+                 layers=d.layers, attention_flops=n * attention_context(d, context) * d.attention_flops_per_position)
 
 
 def plain_step(m: ModelFacts, *, batch: int, context: float, gpu: GPU, constants: EngineConstants,

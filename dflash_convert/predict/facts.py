@@ -45,6 +45,7 @@ class ModelFacts:
     sliding_window: int = 0
     attention_gate: bool = False  # a gated attention output (q projection twice as wide)
     mla_kv_per_token: int = 0  # multi-head latent attention: cached width per token (kv_lora_rank + rope dim)
+    mla_kv_rank: int = 0  # MLA's kv_lora_rank: the width absorbed decode's values are weighted over, per head
     mla_attention_params: int = 0
     weight_bytes: float = 2.0  # bytes per stored weight of the decoder's linear layers
     expert_weight_bytes: float = 2.0
@@ -55,6 +56,7 @@ class ModelFacts:
     tied_embeddings: bool = True  # a target: its lm_head is its embedding's rows (stored once)
     max_proposals: int = 0  # a draft: the most tokens its trained block proposes per step (0: not stated)
     block_size: int = 0  # a draft: its trained block, as its config states it
+    storage_warning: str = ""  # a quantization scheme not read (the weights counted at the dtype's width)
     source: str = "config.json"
 
     # --- derived, per layer
@@ -104,6 +106,26 @@ class ModelFacts:
         width = self.mla_kv_per_token or 2 * self.kv_heads * self.head_dim
         return width * self.kv_cache_bytes
 
+    @property
+    def attention_flops_per_position(self) -> int:
+        """FLOPs one token spends on one cached position in one full-attention layer: 2 per multiply-add of its
+        scores (query . key) and of its value sum, over every head. MLA decodes absorbed: each head's query is
+        projected into the latent, so its scores span kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3) and its
+        values kv_lora_rank (512), not the model's head_dim."""
+        if self.mla_kv_per_token:
+            return 2 * self.heads * (self.mla_kv_per_token + self.mla_kv_rank)
+        return 4 * self.heads * self.head_dim
+
+    def kv_shards(self, tp: int) -> int:
+        """Over how many of `tp` GPUs the KV cache is split: MLA's one latent per token is not split over heads (vLLM
+        keeps it whole on every rank: its MLA cache spec has one KV head and at most one TP shard); KV heads fewer
+        than the TP size are replicated, so the cache splits over at most that many."""
+        return 1 if self.mla_kv_per_token else max(1, min(tp, self.kv_heads))
+
+    def state_shards(self, tp: int) -> int:
+        """Over how many of `tp` GPUs the linear-attention state splits (by value heads)."""
+        return max(1, min(tp, self.linear_value_heads or 1))
+
     def distinct_experts(self, tokens: int) -> float:
         """Expected experts a layer's `tokens` route to under uniform top-k routing: E (1 - (1 - k/E)^tokens)."""
         if not self.experts or tokens <= 0:
@@ -150,6 +172,14 @@ SIZES: dict[str, Size] = {
     "linear_key_dim": Size(("linear_key_head_dim",), 0, MAX_HEAD_DIM),
     "linear_value_dim": Size(("linear_value_head_dim",), 0, MAX_HEAD_DIM),
     "sliding_window": Size(("sliding_window",), 0, MAX_POSITIONS),
+    # every Nth layer full attention, the others sliding (Gemma-3), where layer_types is absent
+    "sliding_window_pattern": Size(("sliding_window_pattern",), 1, MAX_LAYERS),
+    # every Nth layer MoE, the others dense (Llama-4's interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step)
+    # Llama-4: every Nth layer global attention (no RoPE), the others chunked local attention over attention_chunk_size
+    "attention_chunk_size": Size(("attention_chunk_size",), 1, MAX_POSITIONS),
+    "chunk_layer_interval": Size(("no_rope_layer_interval",), 1, MAX_LAYERS),
+    "moe_layer_step": Size(("interleave_moe_layer_step", "decoder_sparse_step"), 1, MAX_LAYERS),
+    "dense_intermediate": Size(("intermediate_size_mlp",), 1, MAX_INTERMEDIATE),  # Llama-4's dense layers' MLP
     "kv_lora_rank": Size(("kv_lora_rank",), 1, MAX_INTERMEDIATE),
     "q_lora_rank": Size(("q_lora_rank",), 1, MAX_INTERMEDIATE),
     "qk_rope_head_dim": Size(("qk_rope_head_dim",), 0, MAX_HEAD_DIM),
@@ -216,40 +246,99 @@ class Reader:
         return value
 
 
-def _storage(raw: dict[str, Any], text: dict[str, Any], file: str = "config.json") -> tuple[float, float, str]:
-    """(bytes per weight, bytes per expert weight, compute type) from quantization_config, else the dtype."""
+# What a model type's config class fills in where its config.json leaves a field out, for the fields read here:
+# transformers' Gemma3TextConfig and Llama4TextConfig defaults (google/gemma-3-27b-it's text_config states no
+# vocab_size and no sliding_window_pattern; transformers derives its layer_types from the class's pattern of 6).
+# n_shared_experts is Llama-4's architecture, not a config field: each MoE layer has one shared expert of
+# intermediate_size beside its routed ones (transformers' Llama4TextMoe.shared_expert). A test checks these against
+# transformers' classes.
+MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
+                    "sliding_window_pattern": 6, "tie_word_embeddings": True},
+    "llama4_text": {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+                    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+                    "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 16, "num_experts_per_tok": 1,
+                    "interleave_moe_layer_step": 1, "tie_word_embeddings": False, "attention_chunk_size": 8192,
+                    "no_rope_layer_interval": 4, "n_shared_experts": 1},
+}
+# a multimodal wrapper's model type -> its decoder's, where the text_config does not name its own
+TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+
+
+def _with_defaults(raw: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
+    """The decoder's config with its model type's defaults (MODEL_TYPE_DEFAULTS) where it leaves a field out."""
+    model_type = text.get("model_type") if text is not raw else None
+    model_type = model_type or TEXT_MODEL_TYPES.get(str(raw.get("model_type")), raw.get("model_type"))
+    defaults = MODEL_TYPE_DEFAULTS.get(model_type) if isinstance(model_type, str) else None
+    if not defaults:
+        return text
+    # a wrapper's own tie_word_embeddings stands (_tied reads it) where its decoder's config leaves it out
+    return {**{k: v for k, v in defaults.items() if not (k == "tie_word_embeddings" and text is not raw
+                                                         and raw.get(k) is not None)}, **text}
+
+
+def _storage(raw: dict[str, Any], text: dict[str, Any],
+             file: str = "config.json") -> tuple[float, float, str, str]:
+    """(bytes per weight, bytes per expert weight, compute type, a warning or "") from quantization_config, else the
+    dtype. A scheme it cannot read is counted at the dtype's width, and the warning names it and says so."""
     q = raw.get("quantization_config") or text.get("quantization_config")
     dtype = str(text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
                 or "bfloat16").replace("torch.", "")
     plain = float(DTYPE_BYTES.get(dtype, 2))
     if not isinstance(q, dict):
-        return plain, plain, "bf16"
+        return plain, plain, "bf16", ""
     read = Reader(q, file, "quantization_config.")
     method = str(q.get("quant_method", "")).lower()
-    if method in ("fp8", "modelopt", "fbgemm_fp8") or "fp8" in str(q.get("quant_algo", "")).lower():
-        return 1.0, 1.0, "fp8"
+    nested = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
+    algo = str(q.get("quant_algo") or nested.get("quant_algo") or "").upper()
+    if method == "modelopt" and "FP4" in algo:  # NVFP4: 4-bit values, an fp8 scale per 16 (no fp4 peak in gpus.py)
+        per = 0.5 + 1 / read("group_size", 16)
+        return per, per, "bf16", ""
+    if method in ("fp8", "fbgemm_fp8") or (method == "modelopt" and algo == "FP8") or "FP8" in algo:
+        return 1.0, 1.0, "fp8", ""
     if method == "mxfp4":  # gpt-oss: the experts in 4-bit blocks (a shared 8-bit scale per 32), the rest as stored
-        return plain, 4.25 / 8, "bf16"
+        return plain, 4.25 / 8, "bf16", ""
+    if method == "bitsandbytes":
+        if read.flag("load_in_4bit"):  # 4-bit blocks of 64 with an fp32 absmax; double quant: an 8-bit absmax and
+            double = read.flag("bnb_4bit_use_double_quant")  # an fp32 scale per 256 blocks
+            per = 0.5 + (1 / 64 + 4 / (64 * 256) if double else 4 / 64)
+            return per, per, "bf16", ""
+        if read.flag("load_in_8bit"):  # LLM.int8: a byte per weight (a scale per row)
+            return 1.0, 1.0, "bf16", ""
+    if method == "quark":  # AMD Quark: its global config's weight and input dtypes
+        glob = q.get("global_quant_config") if isinstance(q.get("global_quant_config"), dict) else {}
+        weight = str((glob.get("weight") or {}).get("dtype", "") if isinstance(glob.get("weight"), dict) else "")
+        inputs = glob.get("input_tensors") if isinstance(glob.get("input_tensors"), dict) else {}
+        if weight.lower().startswith(("fp8", "int8")):
+            return 1.0, 1.0, "fp8" if str(inputs.get("dtype", "")).lower().startswith("fp8") and \
+                weight.lower().startswith("fp8") else "bf16", ""
     bits = read("bits", 0) if read.present("bits") else None
     if bits is None and isinstance(q.get("config_groups"), dict):  # compressed-tensors
-        for group in q["config_groups"].values():
+        for name, group in q["config_groups"].items():
+            if group is not None and not isinstance(group, dict):
+                raise DFlashError(f"field `quantization_config.config_groups.{name}` is {_short(group)}, not an "
+                                  "object", file=file)
             weights = (group or {}).get("weights") or {}
-            bits = weights.get("num_bits", bits)
-            if str(weights.get("type", "")).lower() == "float" and bits == 8:
+            bits = weights.get("num_bits", bits) if isinstance(weights, dict) else bits
+            if isinstance(weights, dict) and str(weights.get("type", "")).lower() == "float" and bits == 8:
                 return 1.0, 1.0, "fp8" if ((group or {}).get("input_activations") or {}).get("num_bits") == 8 \
-                    else "bf16"
+                    else "bf16", ""
     if type(bits) is int and 0 < bits < 16:
         group = read("group_size", 128)
         per = bits / 8 + (2 / group if group > 0 else 0)  # a bf16 scale per group
         compute = "fp8" if bits == 8 and method == "compressed-tensors" else "bf16"
-        return per, per, compute
-    return plain, plain, "bf16"
+        return per, per, compute, ""
+    scheme = " ".join(x for x in (method or "(no quant_method)", algo.lower()) if x)
+    return plain, plain, "bf16", (f"quantization_config {scheme!r} is not a scheme the model reads: its weights are "
+                                  f"counted at the dtype's {plain:g} bytes ({dtype}), which overstates a narrower "
+                                  "scheme's memory and bytes per step")
 
 
 def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     """A target's facts from its config.json (a multimodal config's text_config is its decoder)."""
     nested = isinstance(raw.get("text_config"), dict)
-    text = raw["text_config"] if nested else raw
+    text = _with_defaults(raw, raw["text_config"] if nested else raw)
     read = Reader(text, file, "text_config." if nested else "")
     hidden, layers, heads = read("hidden"), read("layers"), read("heads")
     kv = read("kv_heads", heads)
@@ -266,15 +355,30 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         raise DFlashError(f"field `{read.prefix}intermediate_size` is missing or 0: a prediction needs the MLP "
                           "width", file=file)
     dense_layers = read("dense_layers", 0) if experts else 0
+    if experts and read.present("moe_layer_step"):  # after the first dense ones, every Nth layer MoE
+        sparse = layers - dense_layers
+        dense_layers += sparse - sparse // read("moe_layer_step")
+    dense_inter = read("dense_intermediate", inter) if experts and dense_layers else inter
     linear_value_heads = read("linear_value_heads", 0)
     layer_types = read.layer_types(layers)
     if layer_types is None and read.present("full_attention_interval") and linear_value_heads:
         every = read("full_attention_interval")
         layer_types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+    if layer_types is None and read.present("sliding_window_pattern") and read.present("sliding_window"):
+        every = read("sliding_window_pattern")  # as transformers derives Gemma-3's layer_types
+        layer_types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    if layer_types is None and read.present("attention_chunk_size") and read.present("chunk_layer_interval"):
+        every = read("chunk_layer_interval")  # as transformers derives Llama-4's layer_types
+        layer_types = ["full_attention" if (i + 1) % every == 0 else "chunked_attention" for i in range(layers)]
     linear = sum(1 for t in (layer_types or []) if t == "linear_attention")
-    sliding = sum(1 for t in (layer_types or []) if t == "sliding_attention")
-    window = read("sliding_window", 0) if sliding else 0
-    mla_kv, mla_params = 0, 0
+    # chunked local attention (vLLM's ChunkedLocalAttention for Llama-4's RoPE layers) caches and reads at most the
+    # current chunk: counted as a sliding window of the chunk's size, an upper bound
+    sliding = sum(1 for t in (layer_types or []) if t in ("sliding_attention", "chunked_attention"))
+    if "sliding_attention" in (layer_types or []):
+        window = read("sliding_window", 0)
+    else:
+        window = read("attention_chunk_size", 0) if sliding else 0
+    mla_kv, mla_rank, mla_params = 0, 0, 0
     if read.present("kv_lora_rank"):
         kv_rank = read("kv_lora_rank")
         rope, nope = read("qk_rope_head_dim", 0), read("qk_nope_head_dim", head_dim)
@@ -282,17 +386,18 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         q_rank = read("q_lora_rank") if read.present("q_lora_rank") else None  # null: q projected directly
         q = hidden * q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
         mla_params = q + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
-        mla_kv = kv_rank + rope
-    wb, ewb, compute = _storage(raw, text, file)
+        mla_kv, mla_rank = kv_rank + rope, kv_rank
+    wb, ewb, compute, storage_warning = _storage(raw, text, file)
     return ModelFacts(
-        hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, intermediate=inter,
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, intermediate=dense_inter,
         vocab=read("vocab"), experts=experts, top_k=top_k, expert_intermediate=expert_inter,
         shared_intermediate=shared, dense_layers=dense_layers,
         linear_layers=linear, linear_key_heads=read("linear_key_heads", 0), linear_value_heads=linear_value_heads,
         linear_key_dim=read("linear_key_dim", 0), linear_value_dim=read("linear_value_dim", 0),
         sliding_layers=sliding, sliding_window=window, attention_gate=read.flag("attn_output_gate"),
-        mla_kv_per_token=mla_kv, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
-        compute=compute, tied_embeddings=_tied(raw, text, read), source=file)
+        mla_kv_per_token=mla_kv, mla_kv_rank=mla_rank, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
+        compute=compute, tied_embeddings=_tied(raw, text, read), storage_warning=storage_warning,
+        source=file)
 
 
 def _tied(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
@@ -313,7 +418,7 @@ def draft_facts(raw: dict[str, Any], target: ModelFacts, file: str = "config.jso
 
     spec = spec_from_config(raw, file)
     n_features = len(spec.target_layer_ids or []) or 1
-    wb, _, compute = _storage(raw, spec.decoder, file)
+    wb, _, compute, storage_warning = _storage(raw, spec.decoder, file)
     block = spec.block_size or 0
     proposals = (block if anchor_proposes(spec) else block - 1) if block else 0
     return ModelFacts(
@@ -321,4 +426,4 @@ def draft_facts(raw: dict[str, Any], target: ModelFacts, file: str = "config.jso
         head_dim=spec.head_dim, intermediate=spec.intermediate_size, vocab=spec.vocab_size, weight_bytes=wb,
         expert_weight_bytes=wb, compute=compute, lm_head_rows=spec.draft_vocab_size or 0,
         context_features=n_features * (spec.target_hidden_size or target.hidden), max_proposals=proposals,
-        block_size=block, source=file)
+        block_size=block, storage_warning=storage_warning, source=file)

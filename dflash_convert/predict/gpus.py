@@ -1,7 +1,8 @@
 """The GPUs a prediction knows, as data: vendor datasheet figures (dense, no structured sparsity).
 
 Memory bandwidth in GB/s, dense tensor-core peaks in TFLOP/s for bf16 and fp8 (None where the part has
-no fp8 tensor cores: a fp8 model then computes at the bf16 rate), memory in GB, and the per-direction
+no fp8 tensor cores: a fp8 model then computes at the bf16 rate), memory as the vendor's nominal GB (read as
+GiB, NOMINAL_GB_BYTES), and the per-direction
 GPU-to-GPU bandwidth a tensor-parallel all-reduce crosses (NVLink / Infinity Fabric where the part has it,
 else PCIe). The figures are the vendors' published ones, not measured here; the calibration (calibration.py)
 turns them into what an engine reaches.
@@ -16,21 +17,31 @@ from dataclasses import dataclass
 from dflash_convert.errors import UsageError
 
 
+# A datasheet's "80 GB" of HBM is 80 GiB, not 80e9 bytes: an H100 80GB reports 81,559 MiB to CUDA (85.5e9 bytes),
+# 80 x 2^30 = 85.9e9 is 0.4 % above it (an H200's 143,771 MiB against 141 x 2^30: 0.4 %). One rule for every GPU
+# and for --gpu-spec mem=: the nominal figure times 2^30 bytes.
+NOMINAL_GB_BYTES = 2 ** 30
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
     memory_bandwidth_gbps: float
     bf16_tflops: float
     fp8_tflops: float | None
-    memory_gb: float
+    memory_gb: float  # the vendor's nominal GB (0: not known)
     link_gbps: float  # one direction, to the other GPUs of a tensor-parallel group
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * NOMINAL_GB_BYTES
 
     def peak_tflops(self, compute: str) -> float:
         """The dense peak for `compute` ("bf16" or "fp8"); fp8 without fp8 tensor cores runs at the bf16 rate."""
         return self.fp8_tflops if compute == "fp8" and self.fp8_tflops else self.bf16_tflops
 
 
-# name: bandwidth GB/s, bf16 TFLOP/s, fp8 TFLOP/s, memory GB, link GB/s (one direction). Vendor datasheets:
+# name: bandwidth GB/s, bf16 TFLOP/s, fp8 TFLOP/s, memory (nominal GB), link GB/s (one direction). Vendor datasheets:
 # NVIDIA H100/H200/H20/A100/A800/L40S/L4/RTX 4090/RTX PRO 6000 Blackwell/B200/GB200 product pages and
 # datasheets, AMD Instinct MI300X/MI355X datasheets (dense figures: the sparse ones halved).
 GPUS: dict[str, GPU] = {g.name: g for g in (

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from dflash_convert.errors import UsageError
-from dflash_convert.predict.calibration import ENGINES, error_band
+from dflash_convert.predict.calibration import ENGINES, coverage, error_band
 from dflash_convert.predict.cost import plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
 from dflash_convert.predict.gpus import GPU
@@ -218,6 +218,18 @@ class ModelError(BaseModel):
                                   "no speculation) the model gets right")
     directions: int
     line: str
+    # the speedup's error, the engine's own cases or pooled, and where the setting lies outside the cases
+    speedup_median: float | None = Field(None, description="median |predicted / measured - 1| of the speedup over "
+                                         "the engine's own measured cases, or the serving engines' pooled")
+    speedup_worst: float | None = None
+    speedup_cases: int = 0
+    speedup_pooled: bool = Field(False, description="the engine has too few cases of its own: the serving "
+                                 "engines' cases pooled")
+    speedup_line: str = ""
+    outside_calibration: list[str] = Field(default_factory=list, description="each way this prediction's setting "
+                                           "(attention, MLP, weights, TP, concurrency, the steps' bound) lies "
+                                           "outside what the calibration cases cover: the band was not measured "
+                                           "there")
 
 
 class PredictionReport(BaseModel):
@@ -336,7 +348,9 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     recommendations: list[ConcurrencyRecommendation] = []
     for g in gpus:
         for b in concurrency:
-            need = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp)
+            # the smallest K's need (a hybrid target's state slots grow with K): where it does not fit, no K does
+            need = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
+                               k=min(taus))
             plain_fits, spec_fits = need.fits(need.plain), need.fits(need.speculative)
             plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp)
             base = b / plain.seconds
@@ -345,15 +359,18 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                 spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
                                         gpu=g, constants=constants, tp=tp)
                 fast = b * taus[k] / spec.seconds
+                at_k = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
+                                   k=k)
+                fits = at_k.fits(at_k.speculative)
                 row = PredictionRow(
                     gpu=g.name, num_speculative_tokens=k, concurrency=b, tau=round(taus[k], 4),
                     baseline_tokens_per_s=None if plain_fits is False else round(base, 1),
-                    speculative_tokens_per_s=None if spec_fits is False else round(fast, 1),
-                    speedup=None if spec_fits is False else round(fast / base, 3),
-                    bound=need.refusal(need.speculative) if spec_fits is False else spec.bound,
+                    speculative_tokens_per_s=None if fits is False else round(fast, 1),
+                    speedup=None if fits is False else round(fast / base, 3),
+                    bound=at_k.refusal(at_k.speculative) if fits is False else spec.bound,
                     baseline_bound=need.refusal(need.plain) if plain_fits is False else plain.bound,
-                    memory_per_gpu_gb=round(need.speculative / GB, 2), baseline_memory_per_gpu_gb=round(
-                        need.plain / GB, 2), fits=spec_fits, baseline_fits=plain_fits)
+                    memory_per_gpu_gb=round(at_k.speculative / GB, 2), baseline_memory_per_gpu_gb=round(
+                        need.plain / GB, 2), fits=fits, baseline_fits=plain_fits)
                 here.append(row)
             rows += here
             if spec_fits is False:  # no K is predicted: the rows carry no tokens/s
@@ -365,7 +382,7 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                     gpu=g.name, concurrency=b, num_speculative_tokens=None, speedup=None, reason=what,
                     target_fits=plain_fits is not False))
                 continue
-            best = max(here, key=lambda r: (r.speedup, -r.num_speculative_tokens))
+            best = max((r for r in here if r.fits is not False), key=lambda r: (r.speedup, -r.num_speculative_tokens))
             if best.speedup >= 1.0:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=best.num_speculative_tokens,
@@ -379,7 +396,13 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                     f"{best.speedup:.2f}x: its step ({best.bound}-bound) costs more than tau {best.tau:.2f} plain "
                     f"steps ({best.baseline_bound}-bound)"))
     band = error_band()
-    notes = []
+    speedup_error = band.speedup(engine)
+    outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
+                                 bounds={b for r in rows for b in (r.bound, r.baseline_bound)})
+    notes = [f"warning: the {who}'s {m.storage_warning}" for who, m in (("target", inputs.target),
+                                                                        ("draft", inputs.draft)) if m.storage_warning]
+    if outside:
+        notes.append("outside the calibration cases, so the error band was not measured here: " + "; ".join(outside))
     if inputs.target.experts:
         notes.append(f"MoE target: a step of N tokens reads the experts they route to, E (1 - (1 - k/E)^N) per layer "
                      f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
@@ -404,7 +427,10 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
         taus={k: round(t, 4) for k, t in sorted(taus.items())}, tau_source=tau_source, predictions=rows,
         recommendation=recommendations,
         error_band=ModelError(median=round(band.median, 4), worst=round(band.worst, 4), cases=band.cases,
-                              directions_right=band.directions_right, directions=band.directions, line=band.line()),
+                              directions_right=band.directions_right, directions=band.directions, line=band.line(),
+                              speedup_median=round(speedup_error.median, 4), speedup_worst=round(speedup_error.worst, 4),
+                              speedup_cases=speedup_error.cases, speedup_pooled=speedup_error.pooled,
+                              speedup_line=speedup_error.line(), outside_calibration=outside),
         notes=notes)
 
 
@@ -416,7 +442,8 @@ def text_lines(report: PredictionReport) -> list[str]:
     lines = [f"predicted for {report.target} + {report.draft} on {report.engine}"
              + (f", TP {report.tensor_parallel}" if report.tensor_parallel > 1 else "")
              + f", context {report.input_len} in + {report.output_len} out (tau: {report.tau_source})",
-             f"datasheet GPU figures, calibrated efficiencies; {band.line}"]
+             f"datasheet GPU figures, calibrated efficiencies; {band.line}"
+             + (f"; {band.speedup_line}" if band.speedup_line else "")]
     for g in report.gpus:
         memory = f", {g['memory_gb']:g} GB" if g.get("memory_gb") else ""
         lines += ["", f"{g['name']} ({g['memory_bandwidth_gbps']:g} GB/s, {g['bf16_tflops']:g} bf16 TFLOP/s{memory}):",
@@ -427,8 +454,10 @@ def text_lines(report: PredictionReport) -> list[str]:
                          f"{speedup:>8} {memory:>7}  "
                          + (r.bound if r.baseline_fits is False else f"{r.bound} / {r.baseline_bound}"))
         for rec in (r for r in report.recommendation if r.gpu == g["name"]):
-            band_text = "" if rec.speedup is None else (f" (model error: median {band.median:.0%}, worst "
-                                                        f"{band.worst:.0%})")
+            band_text = "" if rec.speedup is None or band.speedup_median is None else (
+                f" (speedup error: median {band.speedup_median:.0%}, worst {band.speedup_worst:.0%} on "
+                f"{band.speedup_cases} cases{', engines pooled' if band.speedup_pooled else ''}"
+                + ("; outside the calibration cases, see the note" if band.outside_calibration else "") + ")")
             lines.append(f"  concurrency {rec.concurrency}: {_verdict(rec)}: {rec.reason}{band_text}")
             if rec.launch:
                 lines.append(f"    {rec.launch}")
@@ -454,11 +483,13 @@ def markdown_lines(report: PredictionReport) -> list[str]:
     """The prediction as a Markdown section (validate's report, the model card)."""
     band = report.error_band
     lines = [f"Predicted on {', '.join(g['name'] for g in report.gpus)} ({report.engine}, context {report.input_len} "
-             f"in + {report.output_len} out; datasheet figures, calibrated constants; {band.line}):", "",
+             f"in + {report.output_len} out; datasheet figures, calibrated constants; {band.line}"
+             + (f"; {band.speedup_line}" if band.speedup_line else "") + "):", "",
              "| GPU | K | concurrency | tau | plain tok/s | speculative tok/s | speedup | GB per GPU | bound |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.gpu} | {r.num_speculative_tokens} | {r.concurrency} | {r.tau:.2f} | "
               + " | ".join(_figures(r)) + f" | {r.bound} |" for r in report.predictions]
+    lines += [f"- note: {n}" for n in report.notes if n.startswith(("warning:", "outside the calibration cases"))]
     lines.append("")
     for rec in report.recommendation:
         lines.append(f"- {rec.gpu}, concurrency {rec.concurrency}: **{_verdict(rec)}**: {rec.reason}")

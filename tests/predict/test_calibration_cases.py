@@ -45,8 +45,9 @@ def test_the_direction_only_cases_come_out_as_the_docs_state():
 
 def test_the_ranking_at_64k_is_the_verify_s_kv_cache_and_compute():
     """recipes#839: on an H20 (296 fp8 TFLOP/s, 4 TB/s) at 64k context, K 5 beats K 7 at about the same tau: the
-    verify of 10 x (K+1) tokens reads 10 64k caches (about the same bytes at either K), and attention over them
-    makes the K 7 verify compute-bound, so its two more slots cost more than they return."""
+    verify of 10 x (K+1) tokens reads 10 64k caches (about the same bytes at either K), and attention over them (bf16
+    caches, at the bf16 peak: 148 TFLOP/s) makes both verifies compute-bound, K 7's by a third more, so its two more
+    slots cost more than they return."""
     from dflash_convert.predict.cost import target_pass
     from dflash_convert.predict.facts import target_facts
     from dflash_convert.predict.gpus import gpu
@@ -62,7 +63,8 @@ def test_the_ranking_at_64k_is_the_verify_s_kv_cache_and_compute():
     five, seven = verify(h20.k), verify(h20.versus_k)
     assert max(seven.bytes_by_term, key=seven.bytes_by_term.get) == "KV cache"
     assert five.memory_s == pytest.approx(seven.memory_s, rel=0.05)  # + the linear state per verified slot
-    assert seven.compute_s > seven.memory_s > five.compute_s
+    assert seven.compute_s > five.compute_s > five.memory_s
+    assert seven.compute_s / five.compute_s == pytest.approx(8 / 6, rel=0.01)
 
 
 def test_a_direction_must_hold_over_the_whole_tau_range():
@@ -117,3 +119,40 @@ def test_the_speculative_fixed_cost_is_the_median_of_each_case_s_own_difference(
     assert fixed_costs_from_residuals([]) == (0.0, 0.0)
     # one case: the pair fits it exactly (fixed + extra = its speculative residual when its plain one is not negative)
     assert sum(fixed_costs_from_residuals([(2e-3, 9e-3)])) == pytest.approx(9e-3)
+
+
+def test_the_speedup_error_is_per_engine_and_pooled_where_an_engine_has_too_few_cases():
+    """The speedup is what a user acts on: its error is SGLang's own three cases', and vLLM's (one case of its own)
+    the serving engines' four pooled, vLLM's own 1.22x-measured, 2.27x-predicted case the worst."""
+    band = error_band()
+    sglang, vllm = band.speedup("sglang"), band.speedup("vllm")
+    own = [r.errors["speedup"] for r in band.results if r.case.engine == "sglang" and "speedup" in r.errors]
+    assert (sglang.pooled, sglang.cases, sglang.worst) == (False, 3, max(own))
+    vllm_case = next(r for r in band.results if r.case.engine == "vllm")
+    assert (vllm.pooled, vllm.cases) == (True, 4)
+    assert vllm.worst == vllm_case.errors["speedup"] > 0.8  # 2.27x predicted against 1.22x measured
+    assert vllm.worst > band.worst  # the old band (tokens/s only) hid it
+    for line in (sglang.line(), vllm.line()):
+        assert line in DOCS, line
+
+
+def test_what_the_cases_cover_is_read_from_the_cases():
+    from dflash_convert.predict.facts import target_facts
+
+    cov = calibration.coverage()
+    assert cov.tp == (1, 1) and cov.concurrency == (1, 8)
+    assert cov.kinds["attention"] == {"full attention", "linear-attention hybrid"}
+    assert cov.kinds["MLP"] == {"dense", "MoE"} and cov.kinds["weights"] == {"16-bit weights", "8-bit weights"}
+    assert "compute" not in cov.bounds
+    dense = target_facts(calibration.QWEN3_8B)
+    assert cov.outside(dense, tp=1, concurrency=[1, 8], bounds={"weights"}) == []
+    mla = target_facts({**calibration.QWEN3_8B, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                        "quantization_config": {"quant_method": "awq", "bits": 4}})
+    out = cov.outside(mla, tp=8, concurrency=[1, 64], bounds={"compute", "weights", "does not fit: ..."})
+    assert out == ["MLA attention (the cases: full attention, linear-attention hybrid)",
+                   "sub-8-bit weights (the cases: 16-bit weights, 8-bit weights)", "TP 8 (the cases: TP 1)",
+                   "concurrency 64 (the cases: 1 to 8)",
+                   "steps bound by compute (the cases' steps: experts, fixed cost, weights)"]
+    # a case run at TP 8 covers TP 8: nothing is a hand list
+    wider = calibration.coverage(CASES + (dataclasses.replace(CASES[0], tp=8, concurrency=64),))
+    assert wider.outside(dense, tp=8, concurrency=[64], bounds=set()) == []

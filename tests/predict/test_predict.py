@@ -16,7 +16,7 @@ from dflash_convert.predict import calibration
 from dflash_convert.predict.cost import EngineConstants, plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, target_facts
 from dflash_convert.predict.gpus import GPU, gpu
-from dflash_convert.predict.prediction import Inputs, parse_taus, predict, taus_from_rates
+from dflash_convert.predict.prediction import Inputs, parse_taus, predict, taus_from_rates, text_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
@@ -215,3 +215,53 @@ def test_an_engine_with_one_case_takes_the_pooled_fixed_costs():
     pooled = _fixed_costs(serving, base)
     assert (fitted["vllm"].fixed_step_s, fitted["vllm"].speculative_step_s) == pytest.approx(pooled)
     assert fitted["vllm"].speculative_step_s < _fixed_costs(vllm, base)[1]  # 5.8 ms pooled against 11.2 ms alone
+
+
+def test_the_prediction_carries_the_engine_s_speedup_error_and_says_where_it_is_outside_the_cases():
+    facts = target_facts(DENSE)
+    draft = SMALL_DRAFT
+    inside = predict(Inputs(facts, draft, "t", "d"), [gpu("A800")], {7: 4.0}, concurrency=[1], input_len=256,
+                     output_len=256, engine="sglang")
+    outside = predict(Inputs(facts, draft, "t", "d"), [gpu("A800")], {7: 4.0}, concurrency=[1, 64], input_len=256,
+                      output_len=256, engine="vllm", tp=2)
+    band = calibration.error_band()
+    assert inside.error_band.speedup_worst == pytest.approx(band.speedup("sglang").worst, abs=1e-4)
+    assert not inside.error_band.speedup_pooled and inside.error_band.outside_calibration == []
+    assert outside.error_band.speedup_pooled and outside.error_band.speedup_worst > 0.8
+    assert outside.error_band.outside_calibration[:2] == ["TP 2 (the cases: TP 1)", "concurrency 64 (the cases: 1 "
+                                                          "to 8)"]
+    text = "\n".join(text_lines(outside))
+    assert f"worst {outside.error_band.speedup_worst:.0%} on 4 cases, engines pooled" in text
+    assert "note: outside the calibration cases" in text and "TP 2 (the cases: TP 1)" in text
+
+
+def test_the_docs_figures_for_the_bundled_pair_and_the_h100_ridge_are_what_the_tool_prints():
+    from dflash_convert.predict.prediction import load_inputs, verify_compute_note
+
+    perf, cli_doc = (ROOT / "docs" / "performance.md").read_text(), (ROOT / "docs" / "cli.md").read_text()
+    inputs = load_inputs(PAIR / "target", PAIR / "draft", "t", "d")
+    # validate's measured tau on examples/pair/prompts.txt, its context 28 in + 64 out: K 7 1021 tokens over 130 steps
+    # (7.854), K 15 1023 over 72 (14.208)
+    report = predict(inputs, [gpu("H100-SXM"), gpu("H200")], {7: 1021 / 130, 15: 1023 / 72}, concurrency=[1],
+                     input_len=28, output_len=64)
+    h100, h200 = (next(r for r in report.predictions if r.gpu == g and r.num_speculative_tokens == 15)
+                  for g in ("H100-SXM", "H200"))
+    assert f"{h100.speedup:.2f}" == f"{h200.speedup:.2f}"
+    assert (f"K 15, {h100.speedup:.2f}x on either GPU at concurrency 1 ({h100.baseline_tokens_per_s} -> "
+            f"{h100.speculative_tokens_per_s} tok/s on the H100 SXM") in perf.replace("\n", " ")
+    seven = next(r for r in report.predictions if r.gpu == "H100-SXM" and r.num_speculative_tokens == 7)
+    assert f"K 7 {seven.speedup:.2f}x\n({seven.baseline_tokens_per_s} -> {seven.speculative_tokens_per_s}:" in perf
+    assert "--prompts\nexamples/pair/prompts.txt --predict-gpu H100-SXM,H200" in perf
+    _, note = verify_compute_note(gpu("H100-SXM"), "vllm", 15, 64)
+    ridge = note.split("past about ")[1].split(" tokens")[0]
+    assert f"(about {ridge} tokens on an H100 SXM)" in cli_doc
+
+
+def test_the_markdown_section_carries_the_speedup_error_and_what_lies_outside_the_cases():
+    from dflash_convert.predict.prediction import markdown_lines
+
+    report = predict(Inputs(target_facts(DENSE), SMALL_DRAFT, "t", "d"), [gpu("A800")], {7: 4.0}, concurrency=[64],
+                     input_len=256, output_len=256, engine="vllm")
+    text = "\n".join(markdown_lines(report))
+    assert report.error_band.speedup_line in text
+    assert "- note: outside the calibration cases, so the error band was not measured here: concurrency 64" in text

@@ -194,9 +194,10 @@ def test_a_target_that_does_not_fit_gets_no_figures_and_the_recommendation_says_
     (row,) = out["predictions"]
     assert row["fits"] is False and row["baseline_fits"] is False
     assert row["baseline_tokens_per_s"] is row["speculative_tokens_per_s"] is row["speedup"] is None
-    # 235 B bf16 weights plus the KV cache of 1536 positions, against 90 % of the L4's 24 GB
+    # 235 B bf16 weights plus the KV cache of 1536 positions, against 90 % of the L4's 24 GB (24 x 2^30 bytes)
     assert row["baseline_memory_per_gpu_gb"] == pytest.approx(470.5, abs=0.1)
-    assert row["baseline_bound"] == "does not fit: needs 470.5 GB per GPU, has 21.6 (90% of 24 GB)"
+    assert row["baseline_bound"] == ("does not fit: needs 470.5 GB per GPU, has 23.2 (90% of 25.8 GB: the nominal GB "
+                                     "as GiB)")
     (rec,) = out["recommendation"]
     assert rec["num_speculative_tokens"] is None and rec["speedup"] is None and rec["launch"] is None
     assert rec["target_fits"] is False
@@ -215,7 +216,8 @@ def test_a_target_that_fits_alone_but_not_with_its_draft_is_served_without_specu
     plain = predict(inputs, [gpu("H200")], {7: 4.0}, concurrency=[1], input_len=1024, output_len=512)
     need = plain.predictions[0]
     assert need.fits is True and need.memory_per_gpu_gb > need.baseline_memory_per_gpu_gb + 1.5  # the draft's
-    between = (need.memory_per_gpu_gb + need.baseline_memory_per_gpu_gb) / 2 / 0.9  # room for the target alone
+    # room for the target alone, in the GPU table's unit (nominal GB, read as GiB)
+    between = (need.memory_per_gpu_gb + need.baseline_memory_per_gpu_gb) / 2 / 0.9 * 1e9 / 2 ** 30
     card = GPU("card", 4800, 989, 1979, between, 450)
     (row,) = predict(inputs, [card], {7: 4.0}, concurrency=[1], input_len=1024, output_len=512).predictions
     assert (row.baseline_fits, row.fits) == (True, False)
