@@ -88,9 +88,8 @@ QWEN3_8_27B_DFLASH2 = _draft(5120, 5, 32, 8, 128, 17408, 248320, 5, window=2048)
 
 
 @dataclass(frozen=True)
-class Case:
-    """One measurement. kind "throughput": tokens/s plain and speculative; "draft step" / "verify step": the
-    seconds of that one pass (the runtime's, compiled with CUDA graphs)."""
+class Setting:
+    """What a source measured on: the engine, GPU, target config values, draft dimensions, K and concurrency."""
 
     name: str
     source: str
@@ -100,6 +99,13 @@ class Case:
     draft: ModelFacts
     k: int
     concurrency: int
+
+
+@dataclass(frozen=True)
+class Case(Setting):
+    """One measurement. kind "throughput": tokens/s plain and speculative; "draft step" / "verify step": the
+    seconds of that one pass (the runtime's, compiled with CUDA graphs)."""
+
     tau: float
     context: float
     kind: str = "throughput"
@@ -143,20 +149,12 @@ CASES: tuple[Case, ...] = (
 
 
 @dataclass(frozen=True)
-class DirectionCase:
+class DirectionCase(Setting):
     """A source that states the pay-off without a full table: speculation `faster` or slower than none, or (with
     `versus_k`) K `k` faster than K `versus_k`. tau as the source gives it, a range (low, high); the model is right
     only where it holds over the whole range (for a ranking: `k` at its lowest tau against `versus_k` at its
     highest). Counted in the pay-off directions, never in the error median (no figures to compare)."""
 
-    name: str
-    source: str
-    engine: str
-    gpu: str
-    target: dict[str, Any]
-    draft: ModelFacts
-    k: int
-    concurrency: int
     tau: tuple[float, float]
     context: float
     faster: bool = True
