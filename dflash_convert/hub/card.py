@@ -8,6 +8,7 @@ around it and the user's metadata keys are kept.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
@@ -84,6 +85,7 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
                   "Acceptance per draft position (the fraction of draft steps whose token at that position was "
                   "accepted):", "", "```text", *text_chart(a["per_position_rates"], t.get("min_position_rates")),
                   "```", ""]
+    lines += _breakdown_lines(validation)
     lines += _endpoint_lines(validation.get("endpoint"), validation.get("thresholds") or {})
     lines += _profile_lines(validation.get("speculation_profile"))
     notable = [c for c in checks if c.get("status") not in ("pass", "skip")]
@@ -93,6 +95,45 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
             message = " ".join(str(c.get("message", "")).split()).replace("|", "\\|")
             lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
     return lines + [""]
+
+
+def _cell(text: Any) -> str:
+    """A table cell of text a validation report carries (a prompt file's category, say): no HTML, no row or cell
+    break."""
+    return (html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")
+            .replace("[", "\\[").replace("]", "\\]"))
+
+
+def _slice_table(title: str, what: str, slices: Any) -> list[str]:
+    """One breakdown of a validation report (its SliceAcceptance rows: per context length, thinking mode, category
+    or output bucket) as a Markdown table."""
+    rows = [x for x in slices or [] if isinstance(x, dict)]
+    if not rows:
+        return []
+    lines = [f"{title}:", "", f"| {what} | tau | draft steps | outputs equal to the target's |", "|---|---|---|---|"]
+    for x in rows:
+        equal = x.get("outputs_equal")
+        lines.append(f"| {_cell(x.get('label'))} | {float(x.get('acceptance_length') or 0):.2f} | "
+                     f"{int(x.get('num_drafts') or 0)} | "
+                     + (f"{equal}/{x.get('prompts')}" if isinstance(equal, int) else "n/a") + " |")
+    return lines + [""]
+
+
+def _breakdown_lines(validation: dict[str, Any]) -> list[str]:
+    """Where the acceptance was measured apart: tau against context length (and where it falls below half), per
+    thinking mode, per prompt category and per bucket of generated position."""
+    a = validation.get("acceptance")
+    a = a if isinstance(a, dict) else {}
+    lines = _slice_table("Acceptance against context length"
+                         + (f" (long prompts cut from {_cell(a['context_source'])})" if a.get("context_source") else ""),
+                         "context", a.get("per_context_length"))
+    if lines and isinstance(a.get("context_half_tau_length"), int):
+        lines.insert(-1, f"tau falls below half its short-prompt value at {a['context_half_tau_length']} tokens.")
+        lines.insert(-1, "")
+    lines += _slice_table("Acceptance per thinking mode", "mode", validation.get("per_thinking_mode"))
+    lines += _slice_table("Acceptance per prompt category", "category", a.get("per_category"))
+    lines += _slice_table("Acceptance per generated position", "positions", a.get("per_output_bucket"))
+    return lines
 
 
 def _profile_lines(profile: Any) -> list[str]:

@@ -651,3 +651,22 @@ def test_convert_from_hub_id_carries_the_mask_embedding(cli, hub, draft, tmp_pat
     r = cli("convert", "org/draft-me", "-o", out)
     assert r.code == 0, r.err
     assert (out / MASK_EMBEDDING_FILE).read_bytes() == (draft / MASK_EMBEDDING_FILE).read_bytes()
+
+
+def test_model_card_breakdowns_are_tables_with_what_a_prompt_file_named_made_inert(hub_draft):
+    """Per thinking mode and per category (names from the user's prompt file): tables whose cells carry no HTML
+    and break no row."""
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.hub.card import model_card
+
+    def row(label, tau, steps, equal=None):
+        return {"label": label, "acceptance_length": tau, "num_drafts": steps, "accepted": 0, "prompts": 2,
+                "new_tokens": 8, "per_position_rates": [], "outputs_equal": equal}
+
+    acceptance = {"prompts": 4, "max_new_tokens": 8, "block_size": 4, "acceptance_length": 2.5, "speedup": 1.5,
+                  "per_position_rates": [0.5, 0.5, 0.5], "outputs_equal": 4, "temperature": 0,
+                  "per_category": [row("code", 3.25, 10, 2), row("x|y<img src=x onerror=alert(1)>\n| z", 1.5, 8)]}
+    card = model_card(open_checkpoint(hub_draft).spec, repo_id="org/d",
+                      validation={"acceptance": acceptance, "per_thinking_mode": [row("thinking on", 2.0, 6)]})
+    assert "| thinking on | 2.00 | 6 | n/a |" in card and "| code | 3.25 | 10 | 2/2 |" in card
+    assert "| x\\|y&lt;img src=x onerror=alert(1)&gt; \\| z | 1.50 | 8 | n/a |" in card and "<img" not in card

@@ -110,3 +110,17 @@ def test_a_k_sweep_shows_the_context_curve_of_every_k(sweep_run):
     assert f"| 256 tokens | {taus[0]} | {taus[1]} |" in md
     svg = context_svg(report)
     assert "K=7 (short" in svg and "K=3 (short" in svg and f"K=3 (short {rows[1].acceptance_length:.2f}), 256 tokens: " in svg
+
+
+def test_the_model_card_shows_the_run_s_context_curve(sweep_run):
+    """push --validation-report: the card carries tau against context length as the run measured it."""
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    r, _, _ = sweep_run
+    report = r.json()
+    card = model_card(open_checkpoint(PAIR / "draft").spec, repo_id="org/d", validation=report)
+    rows = report["acceptance"]["per_context_length"]
+    assert len(rows) == 2 and "Acceptance against context length" in card
+    for x in rows:
+        assert f"| {x['label']} | {x['acceptance_length']:.2f} | {x['num_drafts']} | " in card
