@@ -828,3 +828,52 @@ def test_impossible_counter_deltas_are_an_error(server, tmp_path, cli, after, sa
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
     assert r.code == 1 and "its counters could not be read (/metrics: vllm:spec_decode_num_drafts_total is 16.5, " \
         "not a whole count)" in r.err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("value", ["20", 0, -1, True, 20.0])
+def test_malformed_max_model_len_on_the_card_is_an_error(server, tmp_path, cli, value):
+    """The card's max_model_len bounds --context-lengths: a value that is no positive integer is exit 1 naming the
+    field and URL, never the length check skipped (16 + 8 > 20 passed)."""
+    server.answer("/v1/models", Canned(body=models("m", max_model_len=value)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--max-new-tokens", "8")
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: --endpoint {server.url}/v1/models: the card of 'm' gives max_model_len {value!r}, not a positive "
+        "number of tokens: the served context is unknown")
+    assert not [s for s in server.seen if s.path == "/v1/completions"]
+
+
+def test_context_phase_at_another_k_or_of_no_verify_step_is_not_mixed_in(server, tmp_path, cli):
+    """A --context-lengths phase answered at another number of draft tokens per step than the run's prompts (another
+    configuration), or with 0 verify steps, is an error naming the phase, never a point of the curve."""
+    ids = tmp_path / "long.txt"
+    ids.write_text(" ".join(str(3 + i) for i in range(40)) + "\n")
+    args = ("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--long-context-file", ids, "--max-new-tokens", "8")
+    server.answer("/v1/completions", Canned(body=_by_length({16: [0, 0, 0, 0, 0, 2]}, [0, 0, 3])))
+    r = cli(*args)
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: the --context-lengths phase of 16 tokens: --endpoint {server.url}: this phase was served at 5 draft "
+        "tokens per verify step, the run's prompts at 2: another configuration, not mixed into the curve")
+    server.answer("/v1/completions", Canned(body=_by_length({16: [0, 0, 0]}, [0, 0, 3])))
+    r = cli(*args)
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: the --context-lengths phase of 16 tokens: --endpoint {server.url}: cannot measure: the 2 answer(s) "
+        "carried per-request statistics of 0 verify steps: nothing was speculated, no tau to report")
+
+
+def test_some_answers_with_statistics_some_without_says_how_many(server, tmp_path, cli):
+    """Per-request statistics in one answer of two, and no counters to fall back on: the error counts both."""
+    server.answer("/v1/completions", Canned(body=lambda body: plain_completion([7] * 8) if body["prompt"][0] == 10
+                                            else vllm_completion([0, 0, 2], tokens=[7] * 8)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--max-new-tokens", "8")
+    assert r.code == 1 and r.err.strip().splitlines()[-1].startswith(
+        f"Error: --endpoint {server.url}: cannot measure: 1 of 2 answers carried per-request statistics and 1 did not "
+        "(the first: the answer to prompt 1) and its counters could not be read (/metrics: HTTP 404")
+    server.answer("/metrics", Canned(body=b"# no vllm here\n"))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--max-new-tokens", "8")
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: --endpoint {server.url}: cannot measure: 1 of 2 answers carried per-request statistics and 1 did not "
+        "(the first: the answer to prompt 1), and its /metrics has no spec-decode counter; start vLLM with "
+        "--per-request-spec-decode-metrics summary (each answer then carries its own counts), or measure while "
+        "nothing else is sent to the server")
