@@ -761,8 +761,10 @@ SPEC = "metrics.speculative_decoding"
      f"({SPEC}.num_spec_tokens)"),
     (_edited([0, 0, 3], 9, lambda s, a: s.update(acceptance_histogram=[0, 0, 3.5])),
      f"{SPEC}.acceptance_histogram[2] is 3.5, not a whole count"),
-    (_edited([0, 0, 3], 9, lambda s, a: s.update(num_spec_steps="3")), f"{SPEC}.num_spec_steps is '3', not a whole count"),
-    (_edited([0, 0, 3], 9, lambda s, a: s.update(num_draft_tokens=-6)), f"{SPEC}.num_draft_tokens is -6, a negative count"),
+    (_edited([0, 0, 3], 9, lambda s, a: s.update(num_spec_steps="3")),
+     f"{SPEC}.num_spec_steps is '3', not a whole count"),
+    (_edited([0, 0, 3], 9, lambda s, a: s.update(num_draft_tokens=-6)),
+     f"{SPEC}.num_draft_tokens is -6, a negative count"),
     (_edited([0, 0, 3], 1, lambda s, a: None),
      f"usage.completion_tokens is 1, fewer than the 3 verify steps ({SPEC}.num_spec_steps): each step commits at "
      "least one token"),
@@ -805,7 +807,8 @@ def test_impossible_sglang_counts_and_a_run_of_no_verify_step(server, tmp_path, 
 
 
 @pytest.mark.parametrize(("after", "said"), [
-    (prometheus(8, 24, 12, [6, 4, 2], done=7), "the delta of vllm:spec_decode_num_drafts_total is -2, a negative count"),
+    (prometheus(8, 24, 12, [6, 4, 2], done=7),
+     "the delta of vllm:spec_decode_num_drafts_total is -2, a negative count"),
     (prometheus(16, 33, 21, [10, 7, 4], done=7),
      "9 accepted draft tokens (the delta of vllm:spec_decode_num_accepted_tokens_total) exceed the 3 drafted (the "
      "delta of vllm:spec_decode_num_draft_tokens_total)"),

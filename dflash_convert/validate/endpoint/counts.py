@@ -82,7 +82,8 @@ VLLM_FIELDS = {"steps": _VLLM + "num_spec_steps", "drafted": _VLLM + "num_draft_
                "tokens": "usage.completion_tokens"}
 _SGLANG = "sglext.spec_tokens_details."
 SGLANG_FIELDS = {"steps": _SGLANG + "spec_verify_ct", "drafted": _SGLANG + "spec_num_proposed_drafts",
-                 "accepted": _SGLANG + "spec_num_correct_drafts", "histogram": _SGLANG + "spec_correct_drafts_histogram",
+                 "accepted": _SGLANG + "spec_num_correct_drafts",
+                 "histogram": _SGLANG + "spec_correct_drafts_histogram",
                  "width": _SGLANG + "spec_num_proposed_drafts / spec_verify_ct", "tokens": "usage.completion_tokens"}
 
 
