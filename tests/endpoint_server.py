@@ -53,7 +53,8 @@ class FakeEndpoint:
         self.routes[path] = list(canned)
 
     def __enter__(self) -> "FakeEndpoint":
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # a short poll: shutdown() waits up to one poll interval, at each test's teardown
+        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -164,12 +164,12 @@ def test_thresholds_reports_and_exit_3(server, tmp_path, cli):
 
 
 def test_regression_gate_between_endpoint_runs(server, tmp_path, cli):
-    server.answer("/v1/completions", Canned(body=vllm_completion([0, 0, 0, 50], tokens=[1] * 5)))
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 0, 0, 50], tokens=[1] * 201)))
     prompts = _ids_prompts(tmp_path)
     first = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--json")
     assert first.code == 0, first.err
     (tmp_path / "base.json").write_text(first.out)
-    server.answer("/v1/completions", Canned(body=vllm_completion([30, 10, 5, 5], tokens=[1] * 5)))
+    server.answer("/v1/completions", Canned(body=vllm_completion([30, 10, 5, 5], tokens=[1] * 86)))
     r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--json", "--baseline", tmp_path / "base.json")
     assert r.code == 3 and "regression" in r.failed_checks()
     other = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--baseline", tmp_path / "base.json",
@@ -183,7 +183,7 @@ def test_model_choice(server, tmp_path, cli):
     assert r.code == 2 and "2 models (a, b)" in r.err and "--endpoint-model" in r.err
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--endpoint-model", "c")
     assert r.code == 1 and "does not serve 'c'" in r.err
-    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1] * 5)))
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--endpoint-model", "b")
     assert r.code == 0 and {s.body["model"] for s in server.seen if s.path == "/v1/completions"} == {"b"}
 
@@ -197,7 +197,7 @@ def test_key_from_the_named_variable_never_shown(server, tmp_path, cli, monkeypa
     assert KEY not in r.err + r.out
     assert server.seen[-1].headers["Authorization"] == f"Bearer {KEY}"
     server.answer("/v1/models", Canned(body=models("m")))
-    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1] * 5)))
     r = cli("validate", "--endpoint", server.url, "--endpoint-key-env", "STAGING_KEY", "--prompts",
             _ids_prompts(tmp_path), "--json", "--report-md", tmp_path / "r.md")
     assert r.code == 0 and KEY not in r.out + r.err + (tmp_path / "r.md").read_text()
@@ -235,7 +235,7 @@ def test_retry_after_capped(server, tmp_path, cli, monkeypatch):
     waits = []
     monkeypatch.setattr(endpoint.time, "sleep", waits.append)
     server.answer("/v1/completions", Canned(429, {}, headers={"Retry-After": "3600"}),
-                  Canned(503, {}, headers={"Retry-After": "2"}), Canned(body=vllm_completion([0, 2], tokens=[1])))
+                  Canned(503, {}, headers={"Retry-After": "2"}), Canned(body=vllm_completion([0, 2], tokens=[1] * 5)))
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=1))
     assert r.code == 0, r.err
     assert waits == [endpoint.RETRY_AFTER_CAP_S, 2.0]
@@ -287,7 +287,7 @@ def test_tls_verified_against_named_bundle(tmp_path, cli, monkeypatch):
                    check=True, capture_output=True)
     with FakeEndpoint() as fake:
         fake.answer("/v1/models", Canned(body=models("m")))
-        fake.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+        fake.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1] * 5)))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         fake.httpd.socket = context.wrap_socket(fake.httpd.socket, server_side=True)
@@ -324,7 +324,7 @@ def test_proxy_variables_tunnel_https_and_never_see_the_key(server, tmp_path, cl
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     prompts = _ids_prompts(tmp_path, n=1)
-    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1] * 5)))
     with RecordingProxy() as proxy:
         _proxied(monkeypatch, proxy.url)
         r = cli("validate", "--endpoint", server.url, "--prompts", prompts)
@@ -337,7 +337,7 @@ def test_proxy_variables_tunnel_https_and_never_see_the_key(server, tmp_path, cl
                        check=True, capture_output=True)
         with FakeEndpoint() as tls:
             tls.answer("/v1/models", Canned(body=models("m")))
-            tls.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+            tls.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1] * 5)))
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(cert, key)
             tls.httpd.socket = context.wrap_socket(tls.httpd.socket, server_side=True)
@@ -377,7 +377,7 @@ def test_concurrency_in_flight(server, tmp_path, cli):
         time.sleep(0.3)
         with lock:
             inside[0] -= 1
-        return vllm_completion([0, 2], tokens=[1])
+        return vllm_completion([0, 2], tokens=[1] * 5)
 
     server.answer("/v1/completions", Canned(body=answer))
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path, n=8), "--concurrency", "4")
@@ -520,7 +520,7 @@ def test_counters_that_cannot_be_read(server, tmp_path, cli):
     server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
     r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
     assert r.code == 1 and "cannot measure" in r.err and "HTTP 404" in r.err and _one_error_line(r)
-    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1])))
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 2], tokens=[1] * 5)))
     assert cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path)).code == 0
 
 
@@ -738,3 +738,145 @@ def test_context_lengths_at_the_endpoint_equal_the_runtimes_on_the_same_pair(ser
     assert served[96] and all(len(p) == 96 for p in served[96]) and len(served[160]) == e.per_context_length[1].prompts
     assert e.context_half_tau_length == half_tau_length(e.counts.acceptance_length, e.per_context_length)
     assert "token ids joined in order" in e.context_source and "sent to" in e.context_source
+
+
+def _edited(histogram: list[int], tokens: int, edit) -> dict:
+    """A vLLM answer with per-request statistics, then `edit(spec, answer)` applied to it."""
+    answer = vllm_completion(histogram, tokens=[7] * tokens)
+    edit(answer["metrics"]["speculative_decoding"], answer)
+    return answer
+
+
+SPEC = "metrics.speculative_decoding"
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    # 12 accepted of 8 drafted: tau 4 at K=2; a --min-acceptance-length 3.5 gate passed on it
+    (_edited([-1, 0, 3], 9, lambda s, a: s.update(num_spec_steps=2, num_draft_tokens=8)),
+     f"{SPEC}.acceptance_histogram[0] is -1, a negative count"),
+    (_edited([0, 0, 3], 9, lambda s, a: s.update(num_draft_tokens=4)),
+     f"6 accepted draft tokens ({SPEC}.num_accepted_draft_tokens) exceed the 4 drafted ({SPEC}.num_draft_tokens)"),
+    (_edited([0, 0, 0, 0, 0, 3], 9, lambda s, a: s.update(num_spec_tokens=2, num_draft_tokens=6)),
+     f"{SPEC}.acceptance_histogram has 6 entries, at most 3 at 2 draft tokens per verify step "
+     f"({SPEC}.num_spec_tokens)"),
+    (_edited([0, 0, 3], 9, lambda s, a: s.update(acceptance_histogram=[0, 0, 3.5])),
+     f"{SPEC}.acceptance_histogram[2] is 3.5, not a whole count"),
+    (_edited([0, 0, 3], 9, lambda s, a: s.update(num_spec_steps="3")),
+     f"{SPEC}.num_spec_steps is '3', not a whole count"),
+    (_edited([0, 0, 3], 9, lambda s, a: s.update(num_draft_tokens=-6)),
+     f"{SPEC}.num_draft_tokens is -6, a negative count"),
+    (_edited([0, 0, 3], 1, lambda s, a: None),
+     f"usage.completion_tokens is 1, fewer than the 3 verify steps ({SPEC}.num_spec_steps): each step commits at "
+     "least one token"),
+    (_edited([0, 0, 3], 9, lambda s, a: s.update(per_step_accepted=[2, 2, 3])),
+     f"{SPEC}.per_step_accepted[2] is 3, more than the 2 draft tokens of a verify step ({SPEC}.num_spec_tokens)"),
+], ids=["negative", "accepted-over-drafted", "histogram-past-K", "fraction", "string", "negative-drafted",
+        "tokens-under-steps", "per-step-past-K"])
+def test_impossible_per_request_counts_are_an_error_never_a_verdict(server, tmp_path, cli, answer, said):
+    """Counts a server answered that cannot be: exit 1, one line naming the URL, the answer and the field, whether
+    the gate would have passed or failed on them (never exit 0 or 3)."""
+    server.answer("/v1/completions", Canned(body=answer))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--max-new-tokens", "9",
+            "--min-acceptance-length", "2")
+    assert r.code == 1 and r.out == "", r.err
+    assert r.err.strip().splitlines()[-1] == \
+        f"Error: --endpoint {server.url}/v1/completions, the answer to prompt 1: impossible counts: {said}"
+
+
+def test_impossible_sglang_counts_and_a_run_of_no_verify_step(server, tmp_path, cli):
+    """SGLang's details go through the same gate; answers whose statistics count 0 verify steps are no tau 1.00."""
+    answer = sglang_chat([0, 0, 3], tokens=[5] * 9, draft_tokens=3)
+    answer["sglext"]["spec_tokens_details"]["spec_num_correct_drafts"] = 7
+    answer["sglext"]["spec_tokens_details"]["spec_correct_drafts_histogram"] = [0, 0, 2, 1]
+    server.answer("/v1/models", Canned(body=models("m", owned_by="sglang")))
+    server.answer("/v1/chat/completions", Canned(body=answer))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    r = cli("validate", "--endpoint", server.url, "--prompts", prompts)
+    details = "sglext.spec_tokens_details"
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: --endpoint {server.url}/v1/chat/completions, the answer to prompt 1: impossible counts: "
+        f"{details}.spec_correct_drafts_histogram has 4 entries, at most 3 at 2 draft tokens per verify step "
+        f"({details}.spec_num_proposed_drafts / spec_verify_ct)")
+    server.answer("/v1/models", Canned(body=models("m")))
+    server.answer("/v1/completions", Canned(body=vllm_completion([0, 0, 0], tokens=[7] * 4)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: --endpoint {server.url}: cannot measure: the 2 answer(s) carried per-request statistics of 0 verify "
+        "steps: nothing was speculated, no tau to report")
+
+
+@pytest.mark.parametrize(("after", "said"), [
+    (prometheus(8, 24, 12, [6, 4, 2], done=7),
+     "the delta of vllm:spec_decode_num_drafts_total is -2, a negative count"),
+    (prometheus(16, 33, 21, [10, 7, 4], done=7),
+     "9 accepted draft tokens (the delta of vllm:spec_decode_num_accepted_tokens_total) exceed the 3 drafted (the "
+     "delta of vllm:spec_decode_num_draft_tokens_total)"),
+    (prometheus(16, 48, 21, [17, 7, 4], done=7),
+     "the delta of vllm:spec_decode_num_accepted_tokens_per_pos_total[0] is 11, more than the 6 verify steps (the "
+     "delta of vllm:spec_decode_num_drafts_total)"),
+    (prometheus(40, 120, 21, [10, 7, 4], done=7),
+     "the answers' usage.completion_tokens summed is 16, fewer than the 30 verify steps (the delta of "
+     "vllm:spec_decode_num_drafts_total): each step commits at least one token"),
+], ids=["went-back", "accepted-over-drafted", "position-over-steps", "tokens-under-steps"])
+def test_impossible_counter_deltas_are_an_error(server, tmp_path, cli, after, said):
+    """The counters' deltas pass the same gate as per-request statistics, naming the metric."""
+    server.answer("/v1/completions", Canned(body=plain_completion([1] * 8)))
+    server.answer("/metrics", Canned(body=prometheus(10, 30, 12, [6, 4, 2], done=5)), Canned(body=after))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--min-acceptance-length", "1")
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == \
+        f"Error: --endpoint {server.url}/metrics: impossible counts around the run: {said}"
+    server.answer("/metrics", Canned(body=prometheus(10, 30, 12, [6, 4, 2], done=5)),
+                  Canned(body=prometheus(16, 48, 21, [10, 7, 4], done=7).replace(b"} 16.0", b"} 16.5")))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path))
+    assert r.code == 1 and "its counters could not be read (/metrics: vllm:spec_decode_num_drafts_total is 16.5, " \
+        "not a whole count)" in r.err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("value", ["20", 0, -1, True, 20.0])
+def test_malformed_max_model_len_on_the_card_is_an_error(server, tmp_path, cli, value):
+    """The card's max_model_len bounds --context-lengths: a value that is no positive integer is exit 1 naming the
+    field and URL, never the length check skipped (16 + 8 > 20 passed)."""
+    server.answer("/v1/models", Canned(body=models("m", max_model_len=value)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--max-new-tokens", "8")
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: --endpoint {server.url}/v1/models: the card of 'm' gives max_model_len {value!r}, not a positive "
+        "number of tokens: the served context is unknown")
+    assert not [s for s in server.seen if s.path == "/v1/completions"]
+
+
+def test_context_phase_at_another_k_or_of_no_verify_step_is_not_mixed_in(server, tmp_path, cli):
+    """A --context-lengths phase answered at another number of draft tokens per step than the run's prompts (another
+    configuration), or with 0 verify steps, is an error naming the phase, never a point of the curve."""
+    ids = tmp_path / "long.txt"
+    ids.write_text(" ".join(str(3 + i) for i in range(40)) + "\n")
+    args = ("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--context-lengths", "16",
+            "--long-context-file", ids, "--max-new-tokens", "8")
+    server.answer("/v1/completions", Canned(body=_by_length({16: [0, 0, 0, 0, 0, 2]}, [0, 0, 3])))
+    r = cli(*args)
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: the --context-lengths phase of 16 tokens: --endpoint {server.url}: this phase was served at 5 draft "
+        "tokens per verify step, the run's prompts at 2: another configuration, not mixed into the curve")
+    server.answer("/v1/completions", Canned(body=_by_length({16: [0, 0, 0]}, [0, 0, 3])))
+    r = cli(*args)
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: the --context-lengths phase of 16 tokens: --endpoint {server.url}: cannot measure: the 2 answer(s) "
+        "carried per-request statistics of 0 verify steps: nothing was speculated, no tau to report")
+
+
+def test_some_answers_with_statistics_some_without_says_how_many(server, tmp_path, cli):
+    """Per-request statistics in one answer of two, and no counters to fall back on: the error counts both."""
+    server.answer("/v1/completions", Canned(body=lambda body: plain_completion([7] * 8) if body["prompt"][0] == 10
+                                            else vllm_completion([0, 0, 2], tokens=[7] * 8)))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--max-new-tokens", "8")
+    assert r.code == 1 and r.err.strip().splitlines()[-1].startswith(
+        f"Error: --endpoint {server.url}: cannot measure: 1 of 2 answers carried per-request statistics and 1 did not "
+        "(the first: the answer to prompt 1) and its counters could not be read (/metrics: HTTP 404")
+    server.answer("/metrics", Canned(body=b"# no vllm here\n"))
+    r = cli("validate", "--endpoint", server.url, "--prompts", _ids_prompts(tmp_path), "--max-new-tokens", "8")
+    assert r.code == 1 and r.err.strip().splitlines()[-1] == (
+        f"Error: --endpoint {server.url}: cannot measure: 1 of 2 answers carried per-request statistics and 1 did not "
+        "(the first: the answer to prompt 1), and its /metrics has no spec-decode counter; start vLLM with "
+        "--per-request-spec-decode-metrics summary (each answer then carries its own counts), or measure while "
+        "nothing else is sent to the server")

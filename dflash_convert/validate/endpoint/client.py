@@ -265,9 +265,16 @@ def model_cards(endpoint: Endpoint) -> dict[str, dict[str, Any]]:
 
 def served_max_model_len(endpoint: Endpoint, model: str) -> int | None:
     """The context `model` is served with: its /v1/models card's max_model_len (vLLM's and SGLang's cards carry
-    it; None: the card does not say)."""
-    value = model_cards(endpoint).get(model, {}).get("max_model_len")
-    return value if type(value) is int and value > 0 else None
+    it, a positive integer; None: the card does not say). Any other value is an error: the length check it bounds
+    is never skipped silently."""
+    card = model_cards(endpoint).get(model, {})
+    if card.get("max_model_len") is None:
+        return None
+    value = card["max_model_len"]
+    if type(value) is not int or value <= 0:
+        raise EndpointError(f"{endpoint._where('/v1/models')}: the card of {model!r} gives max_model_len {value!r}, "
+                            "not a positive number of tokens: the served context is unknown")
+    return value
 
 
 def served_model(endpoint: Endpoint, wanted: str | None) -> tuple[str, str]:

@@ -101,30 +101,46 @@ def _local_tokenizer(opts: ValidateOptions):
 
 
 def measure_lengths(endpoint: Endpoint, long: LongContexts, *, model: str, engine: str, sampling: dict[str, Any],
-                    seed: int | None, opts: ValidateOptions, say: Callable[[str], None]) -> list[SliceAcceptance]:
+                    seed: int | None, opts: ValidateOptions, say: Callable[[str], None],
+                    width: int | None = None) -> list[SliceAcceptance]:
     """Each length's prompts sent as a phase of their own, `opts.endpoint_concurrency` in flight, and measured
-    exactly (module doc); one slice per length."""
+    exactly (module doc); one slice per length. `width`: the draft tokens per verify step the run's prompts were
+    served at (None: not said); a phase served at another is an error, never a point of the curve. Any error of a
+    phase names it."""
     slices = []
     for length, windows in long.windows.items():
-        sent = bodies([(None, w) for w in windows], model=model, engine=engine, sampling=sampling,
-                      max_tokens=opts.max_new_tokens, seed=seed, logprobs=False)
-        before = read_counters(endpoint)
-        replies, _ = send_all(endpoint, sent, opts.endpoint_concurrency)
-        after = read_counters(endpoint)
-        other = next((r.prompt_tokens for r in replies if r.prompt_tokens not in (None, length)), None)
-        if other is not None:
-            raise EndpointError(f"{endpoint.label} {endpoint.url}: the server counted {other} prompt tokens for a "
-                                f"--context-lengths prompt of {length} token ids: it did not serve them as sent")
-        cut = next((r.new_tokens for r in replies if r.finish_reason == "length" and
-                    r.new_tokens < opts.max_new_tokens), None)
-        if cut is not None:  # vLLM shortens max_tokens to what its context leaves, and says "length"
-            raise EndpointError(f"{endpoint.label} {endpoint.url}: a --context-lengths prompt of {length} tokens got "
-                                f"{cut} of --max-new-tokens {opts.max_new_tokens} tokens, ended for length: the "
-                                "served context is shorter than the prompt and its new tokens; give shorter lengths")
-        counts, _ = measured(endpoint, replies, before, after)
-        say(f"endpoint: context {length} tokens, {len(replies)} prompt(s): tau {counts.tau:.2f}")
-        slices.append(SliceAcceptance(label=f"{length} tokens", prompts=len(replies), context_tokens=length,
-                                      new_tokens=sum(r.new_tokens for r in replies), num_drafts=counts.steps,
-                                      accepted=counts.accepted, acceptance_length=counts.tau,
-                                      per_position_rates=counts.rates, accepted_histogram=counts.histogram or []))
+        try:
+            slices.append(_measure_length(endpoint, length, windows, model=model, engine=engine, sampling=sampling,
+                                          seed=seed, opts=opts, say=say, width=width))
+        except EndpointError as exc:
+            raise EndpointError(f"the --context-lengths phase of {length} tokens: {exc}") from None
     return slices
+
+
+def _measure_length(endpoint: Endpoint, length: int, windows, *, model, engine, sampling, seed, opts, say,
+                    width) -> SliceAcceptance:
+    sent = bodies([(None, w) for w in windows], model=model, engine=engine, sampling=sampling,
+                  max_tokens=opts.max_new_tokens, seed=seed, logprobs=False)
+    before = read_counters(endpoint)
+    replies, _ = send_all(endpoint, sent, opts.endpoint_concurrency)
+    after = read_counters(endpoint)
+    other = next((r.prompt_tokens for r in replies if r.prompt_tokens not in (None, length)), None)
+    if other is not None:
+        raise EndpointError(f"{endpoint.label} {endpoint.url}: the server counted {other} prompt tokens for a "
+                            f"--context-lengths prompt of {length} token ids: it did not serve them as sent")
+    cut = next((r.new_tokens for r in replies if r.finish_reason == "length" and
+                r.new_tokens < opts.max_new_tokens), None)
+    if cut is not None:  # vLLM shortens max_tokens to what its context leaves, and says "length"
+        raise EndpointError(f"{endpoint.label} {endpoint.url}: a --context-lengths prompt of {length} tokens got "
+                            f"{cut} of --max-new-tokens {opts.max_new_tokens} tokens, ended for length: the "
+                            "served context is shorter than the prompt and its new tokens; give shorter lengths")
+    counts, _ = measured(endpoint, replies, before, after)
+    if None not in (width, counts.width) and counts.width != width:
+        raise EndpointError(f"{endpoint.label} {endpoint.url}: this phase was served at {counts.width} draft tokens "
+                            f"per verify step, the run's prompts at {width}: another configuration, not mixed "
+                            "into the curve")
+    say(f"endpoint: context {length} tokens, {len(replies)} prompt(s): tau {counts.tau:.2f}")
+    return SliceAcceptance(label=f"{length} tokens", prompts=len(replies), context_tokens=length,
+                           new_tokens=sum(r.new_tokens for r in replies), num_drafts=counts.steps,
+                           accepted=counts.accepted, acceptance_length=counts.tau,
+                           per_position_rates=counts.rates, accepted_histogram=counts.histogram or [])

@@ -26,6 +26,7 @@ tokens / steps (the first token, from the prefill, counted too). Both are report
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,21 +40,29 @@ _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
+class ImpossibleCounts(ValueError):
+    """Counts a server reported that cannot be (a negative count, more accepted than drafted, fewer tokens than
+    verify steps...): the message names the server's field. Never a figure: the run ends in an error (exit 1)."""
+
+
 @dataclass
 class SpecCounts:
     """Speculative decoding counts of some requests: verify steps, drafts proposed and accepted, accepted per
-    draft position, and (per request only) the steps by drafts accepted."""
+    draft position, (per request only) the steps by drafts accepted, and the draft tokens per verify step (K) the
+    server said it ran at (None: not said)."""
 
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
     per_position: list[int] = field(default_factory=list)
     histogram: list[int] | None = field(default_factory=list)  # None: not known (counters)
+    width: int | None = None
 
     def __add__(self, other: "SpecCounts") -> "SpecCounts":
         hist = None if self.histogram is None or other.histogram is None else _sum(self.histogram, other.histogram)
         return SpecCounts(self.steps + other.steps, self.drafted + other.drafted, self.accepted + other.accepted,
-                          _sum(self.per_position, other.per_position), hist)
+                          _sum(self.per_position, other.per_position), hist,
+                          self.width if self.width is not None else other.width)
 
     @property
     def tau(self) -> float:
@@ -65,55 +74,128 @@ class SpecCounts:
         return [round(a / self.steps, 4) if self.steps else 0.0 for a in self.per_position]
 
 
+# Each source's names for the fields check_counts judges, so that an error names what the server answered.
+_VLLM = "metrics.speculative_decoding."
+VLLM_FIELDS = {"steps": _VLLM + "num_spec_steps", "drafted": _VLLM + "num_draft_tokens",
+               "accepted": _VLLM + "num_accepted_draft_tokens", "histogram": _VLLM + "acceptance_histogram",
+               "width": _VLLM + "num_spec_tokens", "per_step": _VLLM + "per_step_accepted",
+               "tokens": "usage.completion_tokens"}
+_SGLANG = "sglext.spec_tokens_details."
+SGLANG_FIELDS = {"steps": _SGLANG + "spec_verify_ct", "drafted": _SGLANG + "spec_num_proposed_drafts",
+                 "accepted": _SGLANG + "spec_num_correct_drafts",
+                 "histogram": _SGLANG + "spec_correct_drafts_histogram",
+                 "width": _SGLANG + "spec_num_proposed_drafts / spec_verify_ct", "tokens": "usage.completion_tokens"}
+
+
+def whole(value: Any, name: str) -> int:
+    """`value` as a count: a whole number, at least 0 (an integral float, as Prometheus writes counters, too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        raise ImpossibleCounts(f"{name} is {value!r}, not a whole count")
+    if value < 0:
+        raise ImpossibleCounts(f"{name} is {value:g}, a negative count")
+    return int(value)
+
+
+def check_counts(counts: SpecCounts, names: dict[str, str], *, tokens: int | None = None) -> SpecCounts:
+    """`counts` as they are when they can be; else ImpossibleCounts naming the server's field (`names`: each of
+    ours -> the server's). The one gate every source passes (per-request statistics, the counters' deltas, per-step
+    lists), before any tau is computed. `tokens`: the generated tokens the counts cover (each verify step commits
+    at least one)."""
+    for ours in ("steps", "drafted", "accepted"):
+        whole(getattr(counts, ours), names[ours])
+    for k, n in enumerate(counts.per_position):
+        if whole(n, f"{names['per_position']}[{k}]") > counts.steps:
+            raise ImpossibleCounts(f"{names['per_position']}[{k}] is {n}, more than the {counts.steps} verify steps "
+                                   f"({names['steps']})")
+    k = counts.width
+    if k is not None and counts.histogram is not None and len(counts.histogram) > k + 1:
+        raise ImpossibleCounts(f"{names['histogram']} has {len(counts.histogram)} entries, at most {k + 1} at "
+                               f"{k} draft tokens per verify step ({names['width']})")
+    if k is not None and len(counts.per_position) > k:
+        raise ImpossibleCounts(f"{names['per_position']} has {len(counts.per_position)} positions, at most {k} "
+                               f"at {k} draft tokens per verify step ({names['width']})")
+    if counts.accepted > counts.drafted:
+        raise ImpossibleCounts(f"{counts.accepted} accepted draft tokens ({names['accepted']}) exceed the "
+                               f"{counts.drafted} drafted ({names['drafted']})")
+    if k is not None and counts.drafted > k * counts.steps:
+        raise ImpossibleCounts(f"{counts.drafted} drafted ({names['drafted']}) exceed {k} per verify step "
+                               f"({names['width']}) over {counts.steps} steps ({names['steps']})")
+    if tokens is not None and tokens < counts.steps:
+        raise ImpossibleCounts(f"{names['tokens']} is {tokens}, fewer than the {counts.steps} verify steps "
+                               f"({names['steps']}): each step commits at least one token")
+    return counts
+
+
 def _sum(a: list[int], b: list[int]) -> list[int]:
     n = max(len(a), len(b))
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
-def _from_histogram(histogram: list[int], width: int, drafted: int) -> SpecCounts:
+def _from_histogram(histogram: Any, width: int, drafted: int, names: dict[str, str]) -> SpecCounts:
     """Counts of steps that accepted j drafts (histogram[j]), over `width` draft positions."""
-    hist = [int(h) for h in histogram] + [0] * max(width + 1 - len(histogram), 0)
+    if not isinstance(histogram, list):
+        raise ImpossibleCounts(f"{names['histogram']} is {histogram!r}, not a list of counts")
+    hist = [whole(h, f"{names['histogram']}[{j}]") for j, h in enumerate(histogram)]
+    hist += [0] * max(width + 1 - len(hist), 0)
     per_position = [sum(hist[k + 1:]) for k in range(width)]
-    return SpecCounts(steps=sum(hist), drafted=int(drafted), accepted=sum(j * h for j, h in enumerate(hist)),
-                      per_position=per_position, histogram=hist)
+    return SpecCounts(steps=sum(hist), drafted=drafted, accepted=sum(j * h for j, h in enumerate(hist)),
+                      per_position=per_position, histogram=hist, width=width)
 
 
-def vllm_request_counts(body: dict[str, Any]) -> SpecCounts | None:
-    """vLLM's per-request statistics of one response (None: the response has none)."""
+def vllm_request_counts(body: dict[str, Any], tokens: int | None = None) -> SpecCounts | None:
+    """vLLM's per-request statistics of one response (None: the response has none); ImpossibleCounts (a
+    ValueError) where they cannot be. `tokens`: the answer's generated tokens."""
     spec = ((body.get("metrics") or {}) if isinstance(body, dict) else {}).get("speculative_decoding")
     if not isinstance(spec, dict):
         return None
-    counts = _from_histogram(spec["acceptance_histogram"], int(spec["num_spec_tokens"]), spec["num_draft_tokens"])
-    if counts.steps != int(spec["num_spec_steps"]) or counts.accepted != int(spec["num_accepted_draft_tokens"]):
-        raise ValueError("metrics.speculative_decoding: the histogram disagrees with num_spec_steps / "
-                         "num_accepted_draft_tokens")
-    return counts
+    names = VLLM_FIELDS | {"per_position": VLLM_FIELDS["histogram"] + " (accepted per position)"}
+    width, drafted = whole(spec["num_spec_tokens"], names["width"]), whole(spec["num_draft_tokens"], names["drafted"])
+    counts = _from_histogram(spec["acceptance_histogram"], width, drafted, names)
+    steps = whole(spec["num_spec_steps"], names["steps"])
+    accepted = whole(spec["num_accepted_draft_tokens"], names["accepted"])
+    if (counts.steps, counts.accepted) != (steps, accepted):
+        raise ImpossibleCounts(f"{names['histogram']} counts {counts.steps} verify steps accepting {counts.accepted} "
+                               f"draft tokens, {names['steps']} {steps} and {names['accepted']} {accepted}")
+    return check_counts(counts, names, tokens=tokens)
 
 
 def vllm_request_steps(body: dict[str, Any]) -> list[int] | None:
     """The draft tokens accepted at each verify step of one response, in order: vLLM's `per_step_accepted`
-    (--per-request-spec-decode-metrics detailed); None where it is absent or disagrees with the histogram."""
+    (--per-request-spec-decode-metrics detailed); None where it is absent or disagrees with the histogram;
+    ImpossibleCounts where an entry cannot be (not a count, or more than the step's K drafts)."""
     spec = ((body.get("metrics") or {}) if isinstance(body, dict) else {}).get("speculative_decoding")
     steps = spec.get("per_step_accepted") if isinstance(spec, dict) else None
-    if not isinstance(steps, list) or not all(type(a) is int and a >= 0 for a in steps):
+    if not isinstance(steps, list):
         return None
     counts = vllm_request_counts(body)
+    for i, a in enumerate(steps):
+        if whole(a, f"{VLLM_FIELDS['per_step']}[{i}]") > counts.width:
+            raise ImpossibleCounts(f"{VLLM_FIELDS['per_step']}[{i}] is {a}, more than the {counts.width} draft tokens "
+                                   f"of a verify step ({VLLM_FIELDS['width']})")
     return steps if (len(steps), sum(steps)) == (counts.steps, counts.accepted) else None
 
 
-def sglang_request_counts(body: dict[str, Any]) -> SpecCounts | None:
-    """SGLang's per-request statistics of one response (None: the response has none)."""
+def sglang_request_counts(body: dict[str, Any], tokens: int | None = None) -> SpecCounts | None:
+    """SGLang's per-request statistics of one response (None: the response has none); ImpossibleCounts where they
+    cannot be."""
     details = ((body.get("sglext") or {}) if isinstance(body, dict) else {}).get("spec_tokens_details")
     if isinstance(details, list):  # one per choice; the tool asks for one choice
         details = details[0] if details else None
-    if not isinstance(details, dict) or not int(details.get("spec_verify_ct") or 0):
+    if not isinstance(details, dict) or not details.get("spec_verify_ct"):
         return None
-    steps, proposed = int(details["spec_verify_ct"]), int(details["spec_num_proposed_drafts"])
-    counts = _from_histogram(details.get("spec_correct_drafts_histogram") or [], proposed // steps, proposed)
-    if counts.steps != steps or counts.accepted != int(details["spec_num_correct_drafts"]):
-        raise ValueError("sglext.spec_tokens_details: the histogram disagrees with spec_verify_ct / "
-                         "spec_num_correct_drafts")
-    return counts
+    names = SGLANG_FIELDS | {"per_position": SGLANG_FIELDS["histogram"] + " (accepted per position)"}
+    steps = whole(details["spec_verify_ct"], names["steps"])
+    proposed = whole(details["spec_num_proposed_drafts"], names["drafted"])
+    if proposed % steps:
+        raise ImpossibleCounts(f"{names['drafted']} {proposed} is not a whole number of drafts per verify step over "
+                               f"{steps} steps ({names['steps']})")
+    counts = _from_histogram(details.get("spec_correct_drafts_histogram") or [], proposed // steps, proposed, names)
+    accepted = whole(details["spec_num_correct_drafts"], names["accepted"])
+    if (counts.steps, counts.accepted) != (steps, accepted):
+        raise ImpossibleCounts(f"{names['histogram']} counts {counts.steps} verify steps accepting {counts.accepted} "
+                               f"draft tokens, {names['steps']} {steps} and {names['accepted']} {accepted}")
+    return check_counts(counts, names, tokens=tokens)
 
 
 @dataclass
@@ -142,10 +224,11 @@ def parse_metrics(text: str) -> ServerCounters:
             totals[name] = totals.get(name, 0.0) + value
     spec = None
     if all(name in totals for name in SPEC_COUNTERS):
-        named = {ours: int(totals[name]) for name, ours in SPEC_COUNTERS.items()}
+        named = {ours: whole(totals[name], name) for name, ours in SPEC_COUNTERS.items()}
         width = max(per_position, default=-1) + 1
         spec = SpecCounts(named["drafts"], named["drafted"], named["accepted"],
-                          [int(per_position.get(k, 0)) for k in range(width)], None)
+                          [whole(per_position.get(k, 0), f"{PER_POSITION}{{position=\"{k}\"}}") for k in range(width)],
+                          None)
     return ServerCounters(spec, totals.get(REQUESTS_DONE, 0.0), sum(totals.get(n, 0.0) for n in IN_FLIGHT))
 
 
@@ -154,7 +237,12 @@ def counter_delta(before: ServerCounters, after: ServerCounters) -> SpecCounts:
     a, b = after.spec, before.spec
     return SpecCounts(a.steps - b.steps, a.drafted - b.drafted, a.accepted - b.accepted,
                       [x - (b.per_position[k] if k < len(b.per_position) else 0) for k, x in enumerate(a.per_position)],
-                      None)
+                      None, len(a.per_position) or None)
+
+
+COUNTER_FIELDS = {ours: f"the delta of {name}" for name, ours in SPEC_COUNTERS.items()} | {
+    "steps": "the delta of vllm:spec_decode_num_drafts_total", "per_position": f"the delta of {PER_POSITION}",
+    "width": f"the positions {PER_POSITION} lists", "tokens": "the answers' usage.completion_tokens summed"}
 
 
 def foreign_traffic(before: ServerCounters, after: ServerCounters, ours: int) -> str | None:

@@ -102,7 +102,7 @@ def _measure(opts, prompts, endpoint: Endpoint, baseline: Endpoint | None, say, 
         from dflash_convert.validate.endpoint.context import measure_lengths
 
         stats.per_context_length = measure_lengths(endpoint, long, model=model, engine=engine, sampling=sampling,
-                                                   seed=seed, opts=opts, say=say)
+                                                   seed=seed, opts=opts, say=say, width=counts.width)
         stats.context_source = f"{long.source}; sent to {endpoint.url} as token ids"
         stats.context_half_tau_length = half_tau_length(stats.acceptance_length, stats.per_context_length)
         checks.append(context_check("endpoint_context_lengths", stats.acceptance_length, stats.per_context_length,

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_convert.validate.endpoint.client import Endpoint, EndpointError, field_of
-from dflash_convert.validate.endpoint.counts import (SpecCounts, counter_delta, foreign_traffic, parse_metrics,
-                                                     sglang_request_counts, vllm_request_counts, vllm_request_steps)
+from dflash_convert.validate.endpoint.counts import (COUNTER_FIELDS, ImpossibleCounts, SpecCounts, check_counts,
+                                                     counter_delta, foreign_traffic, parse_metrics,
+                                                     sglang_request_counts, vllm_request_counts, vllm_request_steps,
+                                                     whole)
 from dflash_convert.validate.options import FIELDS, PENALTY_FIELDS, Prompt
 from dflash_convert.validate.report import AcceptanceCounts, EndpointRequest, PromptSetAcceptance
 
@@ -135,16 +137,19 @@ def parse_reply(sent: Sent, answer, where: str) -> Reply:
     """One answer read, or one EndpointError naming the field it lacks."""
     body = answer.body
     choice = field_of(body, "choices.0", where)
-    new_tokens = int(field_of(body, "usage.completion_tokens", where))
+    answer_to = f"{where}, the answer to prompt {sent.index + 1}"
+    try:
+        new_tokens = whole(field_of(body, "usage.completion_tokens", where), "usage.completion_tokens")
+        spec = vllm_request_counts(body, new_tokens) or sglang_request_counts(body, new_tokens)
+        steps = vllm_request_steps(body)
+    except ImpossibleCounts as exc:
+        raise EndpointError(f"{answer_to}: impossible counts: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EndpointError(f"{answer_to}: malformed speculative statistics ({exc})") from None
     ids = choice.get("token_ids") if isinstance(choice, dict) else None
     if ids is None:
         ids = (((body.get("sglext") or {}).get("output_ids") or [None])[0])
     text = (choice.get("message") or {}).get("content") if sent.path == CHAT else choice.get("text")
-    try:
-        spec = vllm_request_counts(body) or sglang_request_counts(body)
-        steps = vllm_request_steps(body)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EndpointError(f"{where}: malformed speculative statistics ({exc})") from None
     metrics = body.get("metrics") or {}
     prompt_tokens = (body.get("usage") or {}).get("prompt_tokens")
     return Reply(sent, [int(t) for t in ids] if ids is not None else None, text or "", new_tokens, spec,
@@ -206,26 +211,50 @@ def read_counters(endpoint: Endpoint):
         return parse_metrics(endpoint.get("/metrics").body)
     except EndpointError as exc:
         return str(exc).removeprefix(f"{endpoint.label} {endpoint.url}")
+    except ValueError as exc:  # a value that is no number, or a spec-decode counter that is no count
+        return f"/metrics: {exc}"
 
 
 def measured(endpoint: Endpoint, replies: list[Reply], before, after) -> tuple[SpecCounts, str]:
     """(the acceptance counts of these replies, how they were counted); EndpointError when they cannot be
     counted as ours, or nothing speculated."""
     where = f"{endpoint.label} {endpoint.url}"
-    if replies and all(r.spec is not None for r in replies):
+    carried = [r for r in replies if r.spec is not None]
+    if replies and len(carried) == len(replies):
+        at = {r.spec.width for r in carried if r.spec.width is not None}
+        if len(at) > 1:
+            first = {k: next(r.sent.index + 1 for r in carried if r.spec.width == k) for k in sorted(at)}
+            raise EndpointError(f"{where}: cannot measure: the answers speculated at different numbers of draft tokens "
+                                "per verify step (" + ", ".join(f"{k} in the answer to prompt {i}"
+                                                                for k, i in first.items()) + "): not summed")
         total = SpecCounts()
         for r in replies:
             total = total + r.spec
+        if total.steps == 0:
+            raise EndpointError(f"{where}: cannot measure: the {len(replies)} answer(s) carried per-request statistics "
+                                "of 0 verify steps: nothing was speculated, no tau to report")
         return total, "per-request statistics, summed over the requests"
+    said = (f"{len(carried)} of {len(replies)} answers carried per-request statistics and {len(replies) - len(carried)}"
+            f" did not (the first: the answer to prompt {next(r.sent.index + 1 for r in replies if r.spec is None)})"
+            if carried else "no answer carried per-request statistics")
     unread = next((c for c in (before, after) if isinstance(c, str)), None)
     if unread is not None:
-        raise EndpointError(f"{where}: cannot measure: no answer carried per-request statistics and its counters "
-                            f"could not be read ({unread.strip(': ')}); " + HOW_TO_COUNT)
+        raise EndpointError(f"{where}: cannot measure: {said} and its counters could not be read "
+                            f"({unread.strip(': ')}); " + HOW_TO_COUNT)
     if before.spec is None or after.spec is None:
+        if carried:
+            raise EndpointError(f"{where}: cannot measure: {said}, and its /metrics has no spec-decode counter; "
+                                + HOW_TO_COUNT)
         raise EndpointError(f"{where}: the endpoint does not speculate (no per-request speculative statistics, and "
                             "no spec-decode counter in its /metrics)")
     delta = counter_delta(before, after)
+    try:
+        check_counts(delta, COUNTER_FIELDS, tokens=sum(r.new_tokens for r in replies))
+    except ImpossibleCounts as exc:
+        raise EndpointError(f"{where}/metrics: impossible counts around the run: {exc}") from None
     if delta.steps == 0:
+        if carried:
+            raise EndpointError(f"{where}: cannot measure: {said}, and its spec-decode counters did not move")
         raise EndpointError(f"{where}: the endpoint does not speculate (its spec-decode counters did not move, and "
                             "no answer carried per-request statistics)")
     other = foreign_traffic(before, after, len(replies))
