@@ -184,8 +184,9 @@ def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out:
         if problem is not None:
             raise UsageError(f"{flag.split()[0]} {path}: cannot write it: {problem}; nothing was run")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary and unwritable(summary) is not None:
-        raise UsageError(f"GITHUB_STEP_SUMMARY {summary}: cannot write it: {unwritable(summary)}; nothing was run")
+    if summary and unwritable(summary, appended=True) is not None:
+        raise UsageError(f"GITHUB_STEP_SUMMARY {summary}: cannot write it: {unwritable(summary, appended=True)}; "
+                         "nothing was run")
     return files
 
 
