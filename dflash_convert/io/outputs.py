@@ -12,8 +12,8 @@ from pathlib import Path
 
 # what an existing path is, when it is not a regular file: a report is never written over (renamed over) it,
 # nor opened to probe it (opening a FIFO blocks until a reader comes; /dev/null renamed over is gone for everyone)
-_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 
 
 def not_a_file(path: str | Path) -> str | None:

@@ -163,3 +163,52 @@ def test_write_text_never_replaces_a_device(tmp_path, no_device_replaced):
         write_text(link, "x")
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and os.readlink(link) == "/dev/null"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+@pytest.mark.parametrize("case", ["--prompts", "--baseline", "--long-context-file", "link to --prompts",
+                                  "CHECKPOINT file"])
+@pytest.mark.parametrize("flag", ["--profile-out", "--report-md", "--junit"])
+def test_a_report_over_an_input_is_refused(cli, tmp_path, monkeypatch, flag, case):
+    """A report path that is a file the run reads (after links), or a file inside the checkpoint or target directory:
+    exit 2 naming both, before any work; the input is left as it was (--profile-out X.txt --prompts X.txt replaced
+    the prompts)."""
+    import shutil
+
+    monkeypatch.setattr("dflash_convert.validate.run.validate", _no_run)
+    draft = tmp_path / "draft"
+    shutil.copytree(PAIR / "draft", draft)
+    read = tmp_path / "in.txt"
+    read.write_text("the input\n")
+    args = ["--context-lengths", "64"]
+    if case == "CHECKPOINT file":
+        read, out, named = draft / "config.json", draft / "config.json", f"a file of the CHECKPOINT directory {draft}"
+    else:
+        input_flag = case.split()[-1]
+        args += [input_flag, read]
+        out = read
+        if case.startswith("link"):
+            out = tmp_path / "link.txt"
+            out.symlink_to(read)
+        named = f"the {input_flag} file"
+    before = read.read_bytes()
+    r = cli("validate", draft, "--target", PAIR / "target", *args, flag, out)
+    assert r.code == 2, (r.code, r.err)
+    assert r.err.strip() == (f"Error: {flag} {out}: that is {named}, which the run reads; give the report another "
+                             "path; nothing was run"), r.err
+    assert read.read_bytes() == before
+
+
+def test_a_report_inside_the_target_directory_is_refused_and_a_new_file_there_is_not(cli, tmp_path, monkeypatch):
+    """An existing file of --target's directory is refused; a new file beside the checkpoint's is a report like any."""
+    import shutil
+
+    monkeypatch.setattr("dflash_convert.validate.run.validate", _no_run)
+    target = tmp_path / "target"
+    shutil.copytree(PAIR / "target", target)
+    before = (target / "config.json").read_bytes()
+    r = cli("validate", PAIR / "draft", "--target", target, "--junit", target / "config.json")
+    assert r.code == 2 and r.err.strip().startswith(
+        f"Error: --junit {target / 'config.json'}: that is a file of the --target directory {target}, "), r.err
+    assert (target / "config.json").read_bytes() == before
+    r = cli("validate", PAIR / "draft", "--target", target, "--junit", target / "new.xml")
+    assert r.code != 2 and "run started although" in r.err, r.err  # past the checks, into the (refused) run
