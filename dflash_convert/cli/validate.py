@@ -160,6 +160,14 @@ def _inputs(checkpoint: Optional[str], options: dict) -> list[tuple[str, str]]:
     return [(flag, os.path.realpath(path)) for flag, path in named if path is not None and os.path.exists(path)]
 
 
+def _a_report(path: str) -> bool:
+    """A file of a kind validate writes and no loader reads (an earlier run's report, a model card, the profile
+    `push` uploads beside the weights): rewritten inside the checkpoint's directory on a rerun, not an input."""
+    from dflash_convert.hub.card import PROFILE_NAME
+
+    return Path(path).suffix.lower() in (".md", ".xml", ".svg") or Path(path).name == PROFILE_NAME
+
+
 def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out: Optional[Path] = None,
                   inputs: list[tuple[str, str]] = ()) -> list[tuple[str, Path, Callable]]:
     """(flag, path, the report -> its text, None: nothing to write) of each report file asked for, each checked
@@ -197,7 +205,7 @@ def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out:
             raise UsageError(f"{flag.split()[0]} {path}: {seen[where]} writes that file too; give each report its "
                              "own path; nothing was run")
         for read_flag, read in inputs:
-            if where == read or (os.path.isdir(read) and os.path.isfile(where) and
+            if where == read or (os.path.isdir(read) and os.path.isfile(where) and not _a_report(where) and
                                  where.startswith(os.path.join(read, ""))):
                 what = f"the {read_flag} {'directory' if os.path.isdir(read) else 'file'}" if where == read else \
                     f"a file of the {read_flag} directory {read}"

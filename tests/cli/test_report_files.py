@@ -199,7 +199,8 @@ def test_a_report_over_an_input_is_refused(cli, tmp_path, monkeypatch, flag, cas
 
 
 def test_a_report_inside_the_target_directory_is_refused_and_a_new_file_there_is_not(cli, tmp_path, monkeypatch):
-    """An existing file of --target's directory is refused; a new file beside the checkpoint's is a report like any."""
+    """An existing file of --target's directory is refused; a new file there, or an earlier run's report in the
+    checkpoint's directory, is a report like any."""
     import shutil
 
     monkeypatch.setattr("dflash_convert.validate.run.validate", _no_run)
@@ -212,3 +213,10 @@ def test_a_report_inside_the_target_directory_is_refused_and_a_new_file_there_is
     assert (target / "config.json").read_bytes() == before
     r = cli("validate", PAIR / "draft", "--target", target, "--junit", target / "new.xml")
     assert r.code != 2 and "run started although" in r.err, r.err  # past the checks, into the (refused) run
+    # a rerun rewriting its own reports in the draft's directory: no loader reads them, not an input
+    draft = tmp_path / "draft"
+    shutil.copytree(PAIR / "draft", draft)
+    for name in ("r.md", "r.svg", "speculation_profile.json"):
+        (draft / name).write_text("an earlier run's\n")
+    r = cli("validate", draft, "--report-md", draft / "r.md", "--profile-out", draft / "speculation_profile.json")
+    assert r.code != 2 and "run started although" in r.err, r.err
