@@ -45,6 +45,7 @@ class Flag:
     parse: Parse | None = None  # the flag takes text, parsed into the field's value
     type: type | None = None  # the flag's value type where the field's is wider (a path for `str | Path | list`)
     why: str = ""  # with name None: who fills the field in
+    reads: bool = False  # the value names a local file or directory the command reads: no output may be written over it
 
     def __post_init__(self) -> None:
         if (self.name is None) == (not self.why):

@@ -48,13 +48,14 @@ def validate(
     from dflash_convert.cli._errors import failure_of
     from dflash_convert.validate.report_junit import junit_error
 
+    inputs = _inputs(checkpoint, options or {})
     if junit is not None:  # the file that reports every other failure: its own is said alone
-        _report_files(junit, None)
+        _report_files(junit, None, inputs=inputs)
     t0 = time.perf_counter()
     try:
         profile = (options or {}).get("profile_out")
-        reports = _report_files(junit, report_md, Path(profile) if profile else None)  # before any slow work: a bad
-        # path is a usage error, said now
+        # before any slow work: a bad path is a usage error, said now
+        reports = _report_files(junit, report_md, Path(profile) if profile else None, inputs=inputs)
         report = _run(checkpoint, options, dataset, num_prompts, revision, token, as_json, quiet)
     except BaseException as exc:  # whatever ends the run, CI that asked for JUnit gets a test case saying why
         if junit is not None and not isinstance(exc, (SystemExit, typer.Exit)):
@@ -144,11 +145,36 @@ def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, a
         raise typer.Exit(ValidationFailed.exit_code)
 
 
-def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out: Optional[Path] = None
-                  ) -> list[tuple[str, Path, Callable]]:
+def _inputs(checkpoint: Optional[str], options: dict) -> list[tuple[str, str]]:
+    """(flag, real path) of each local file or directory the run reads: CHECKPOINT, and the options declared
+    `Flag(reads=True)` (a Hub id, or --chat-template auto, names none)."""
+    from dflash_convert.flags import flag_of
+
+    named = [("CHECKPOINT", checkpoint)]
+    for name, info in ValidateOptions.model_fields.items():
+        flag = flag_of(info.metadata)
+        value = options.get(name)
+        if flag is not None and flag.reads and isinstance(value, (str, Path)) and \
+                not (name == "chat_template" and value in ("auto", "none")):
+            named.append((flag.field_flag, value))
+    return [(flag, os.path.realpath(path)) for flag, path in named if path is not None and os.path.exists(path)]
+
+
+def _a_report(path: str) -> bool:
+    """A file of a kind validate writes and no loader reads (an earlier run's report, a model card, the profile
+    `push` uploads beside the weights): rewritten inside the checkpoint's directory on a rerun, not an input."""
+    from dflash_convert.hub.card import PROFILE_NAME
+
+    return Path(path).suffix.lower() in (".md", ".xml", ".svg") or Path(path).name == PROFILE_NAME
+
+
+def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out: Optional[Path] = None,
+                  inputs: list[tuple[str, str]] = ()) -> list[tuple[str, Path, Callable]]:
     """(flag, path, the report -> its text, None: nothing to write) of each report file asked for, each checked
-    writable now: one that is not ends the command before any work (exit 2, naming it). The charts are written
-    beside the Markdown: acceptance per position (FILE.svg), tau against context length and output position."""
+    writable now: one that is not ends the command before any work (exit 2, naming it), as does one that is the
+    file of another report, or one of the `inputs` (flag, real path: `_inputs`) or a file inside one of them. The
+    charts are written beside the Markdown: acceptance per position (FILE.svg), tau against context length and
+    output position."""
     import json
 
     from dflash_convert.errors import UsageError
@@ -173,19 +199,27 @@ def _report_files(junit: Optional[Path], report_md: Optional[Path], profile_out:
         files.append(("--profile-out", profile_out, lambda report: None if report.speculation_profile is None
                       else json.dumps(report.speculation_profile, indent=2) + "\n"))
     seen: dict[str, str] = {}
-    for flag, path, _ in files:  # one file written by two reports would hold the last one's, silently
+    for flag, path, _ in files:  # one file written by two reports, or a report over an input, replaces it silently
         where = os.path.realpath(path)
         if where in seen:
             raise UsageError(f"{flag.split()[0]} {path}: {seen[where]} writes that file too; give each report its "
                              "own path; nothing was run")
+        for read_flag, read in inputs:
+            if where == read or (os.path.isdir(read) and os.path.isfile(where) and not _a_report(where) and
+                                 where.startswith(os.path.join(read, ""))):
+                what = f"the {read_flag} {'directory' if os.path.isdir(read) else 'file'}" if where == read else \
+                    f"a file of the {read_flag} directory {read}"
+                raise UsageError(f"{flag.split()[0]} {path}: that is {what}, which the run reads; give the report "
+                                 "another path; nothing was run")
         seen[where] = flag.split()[0]
     for flag, path, _ in sorted(files, key=lambda file: "(chart)" in file[0]):  # the file named on the line first
         problem = unwritable(path)
         if problem is not None:
             raise UsageError(f"{flag.split()[0]} {path}: cannot write it: {problem}; nothing was run")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary and unwritable(summary) is not None:
-        raise UsageError(f"GITHUB_STEP_SUMMARY {summary}: cannot write it: {unwritable(summary)}; nothing was run")
+    if summary and unwritable(summary, appended=True) is not None:
+        raise UsageError(f"GITHUB_STEP_SUMMARY {summary}: cannot write it: {unwritable(summary, appended=True)}; "
+                         "nothing was run")
     return files
 
 

@@ -104,19 +104,20 @@ class ValidateOptions(CommandOptions):
                        "require_end_to_end", "compare_to"),
     }
 
-    target: Annotated[str | Path | None, Flag("--target", type=str)] = Field(
+    target: Annotated[str | Path | None, Flag("--target", type=str, reads=True)] = Field(
         None, description="Target model directory, its config.json, or Hub id. A config alone enables the static pair "
         "checks; weights enable end to end.")
     target_name: Annotated[str | None, Flag(None, why="the CLI: the --target as given (a Hub id)")] = Field(
         None, description="how the report names the target (a Hub id)")
     target_revision: Annotated[str | None, Flag(None, why="the CLI: the target's resolved commit")] = None
     checkpoint_revision: Annotated[str | None, Flag(None, why="the CLI: the draft's resolved commit")] = None
-    prompts: Annotated[str | Path | list[Prompt] | None, Flag("--prompts", type=Path)] = Field(
+    prompts: Annotated[str | Path | list[Prompt] | None, Flag("--prompts", type=Path, reads=True)] = Field(
         None, description="One prompt per line (text, or token ids as space-separated ints / a JSON list), or JSONL "
         "with a `prompt` field or OpenAI-style `messages`. Default: a built-in set.")
     prompt_sets: Annotated[list[PromptSet], Flag(None, why="the CLI: each --dataset, pulled from the Hub")] = Field(
         default_factory=list, description="named prompt sets (--dataset), run after `prompts` and reported per set")
-    chat_template: Annotated[str, Flag("--chat-template", metavar="auto|none|FILE")] = Field(
+    chat_template: Annotated[str, Flag("--chat-template", metavar="auto|none|FILE",
+                                                        reads=True)] = Field(
         "auto", description="Render text prompts and messages with the target tokenizer's chat template (auto, when "
         "it has one), none, or a Jinja FILE; as vLLM's chat endpoint.")
     chat_template_kwargs: Annotated[dict[str, Any] | None, Flag("--chat-template-kwargs", parse="json")] = Field(
@@ -126,7 +127,8 @@ class ValidateOptions(CommandOptions):
         "these many tokens (1024, 2k, 32k; k = 1024) of a real long text, generation following it; reported as a "
         "curve of tau against context length. Each length + --max-new-tokens must fit --max-model-len, else the "
         "target's own positions.")
-    long_context_file: Annotated[str | Path | None, Flag("--long-context-file", type=Path, metavar="FILE")] = Field(
+    long_context_file: Annotated[str | Path | None, Flag("--long-context-file", type=Path, metavar="FILE",
+                                                              reads=True)] = Field(
         None, description="The long text --context-lengths cuts its prompts from (a document, code; token ids when "
         "the target ships no tokenizer). Default: the prompts' own texts joined in order.")
     max_model_len: Annotated[int | None, Flag("--max-model-len", metavar="TOKENS")] = Field(
@@ -226,10 +228,10 @@ class ValidateOptions(CommandOptions):
         None, description="Fail when the measured speedup is lower (otherwise it is informational).")
     timing_rounds: Annotated[int, Flag(None, why="library callers: rounds of the speedup measurement")] = Field(
         TIMING_ROUNDS, ge=1)
-    baseline: Annotated[str | Path | None, Flag("--baseline", type=Path)] = Field(
+    baseline: Annotated[str | Path | None, Flag("--baseline", type=Path, reads=True)] = Field(
         None, description="An earlier `validate --json` report of the same prompts and settings: fail (exit 3) on a "
         "drop of tau or a position's rate beyond what the counts explain.")
-    compare_to: Annotated[str | Path | None, Flag("--compare-to", type=Path)] = Field(
+    compare_to: Annotated[str | Path | None, Flag("--compare-to", type=Path, reads=True)] = Field(
         None, description="Another draft (the unquantized source of a quantized one): run it on the same prompts "
         "and settings and report the tau and per-position rates this draft loses against it.")
     max_regression: Annotated[float, Flag("--max-regression")] = Field(

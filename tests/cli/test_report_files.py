@@ -99,3 +99,124 @@ def test_a_usage_error_still_writes_the_junit_error(cli, tmp_path):
     assert r.code == 2, r.err
     error = _junit(junit).find(".//testcase/error")
     assert error.get("type") == "exit 2" and f"--report-md {bad}: cannot write it" in error.get("message")
+
+
+
+@pytest.fixture
+def no_device_replaced(monkeypatch):
+    """Should the refusal regress, the rename over a device fails the test instead of replacing /dev/null for
+    every process on the machine (what the bug did)."""
+    import os
+    import stat
+
+    real = os.replace
+
+    def replace(src, dst, *args, **kwargs):
+        assert not os.path.exists(dst) or stat.S_ISREG(os.stat(dst).st_mode), f"renamed over {dst}"
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/null"])
+@pytest.mark.parametrize("flag", ["--profile-out", "--report-md", "--junit"])
+def test_a_report_path_that_is_no_regular_file_is_refused_unopened(cli, tmp_path, monkeypatch, no_device_replaced,
+                                                                   flag, kind):
+    """A device, a FIFO, or a link to one given as a report path: exit 2 before any work, one line saying what it is.
+    Never opened (a FIFO blocks the open until a reader comes) nor renamed over (that replaced the real /dev/null)."""
+    import os
+    import stat
+    import threading
+
+    monkeypatch.setattr("dflash_convert.validate.run.validate", _no_run)
+    bad = tmp_path / "out"
+    if kind == "fifo":
+        os.mkfifo(bad)
+        what = "a FIFO (named pipe), not a file"
+    else:
+        bad.symlink_to("/dev/null")
+        what = "a symbolic link to /dev/null, a character device, not a file"
+    # should the refusal regress, a writer blocked opening the FIFO is let go (a failure, not a hang)
+    unblock = threading.Timer(10, lambda: os.close(os.open(bad, os.O_RDONLY | os.O_NONBLOCK)))
+    unblock.start()
+    try:
+        r = cli("validate", PAIR / "draft", "--target", PAIR / "target", flag, bad)
+    finally:
+        unblock.cancel()
+    assert r.code == 2, (r.code, r.err)
+    assert r.err.strip() == f"Error: {flag} {bad}: cannot write it: {what}; nothing was run", r.err
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)  # the real /dev/null is still the device
+    assert (stat.S_ISFIFO(os.lstat(bad).st_mode) if kind == "fifo" else os.readlink(bad) == "/dev/null")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing beside it: no probe, no temporary
+
+
+def test_write_text_never_replaces_a_device(tmp_path, no_device_replaced):
+    """The write itself refuses too (a path that became a device after the check): the link and the device stay."""
+    import os
+    import stat
+
+    from dflash_convert.io.outputs import write_text
+
+    link = tmp_path / "null"
+    link.symlink_to("/dev/null")
+    with pytest.raises(OSError, match="a character device, not a file"):
+        write_text(link, "x")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and os.readlink(link) == "/dev/null"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+@pytest.mark.parametrize("case", ["--prompts", "--baseline", "--long-context-file", "link to --prompts",
+                                  "CHECKPOINT file"])
+@pytest.mark.parametrize("flag", ["--profile-out", "--report-md", "--junit"])
+def test_a_report_over_an_input_is_refused(cli, tmp_path, monkeypatch, flag, case):
+    """A report path that is a file the run reads (after links), or a file inside the checkpoint or target directory:
+    exit 2 naming both, before any work; the input is left as it was (--profile-out X.txt --prompts X.txt replaced
+    the prompts)."""
+    import shutil
+
+    monkeypatch.setattr("dflash_convert.validate.run.validate", _no_run)
+    draft = tmp_path / "draft"
+    shutil.copytree(PAIR / "draft", draft)
+    read = tmp_path / "in.txt"
+    read.write_text("the input\n")
+    args = ["--context-lengths", "64"]
+    if case == "CHECKPOINT file":
+        read, out, named = draft / "config.json", draft / "config.json", f"a file of the CHECKPOINT directory {draft}"
+    else:
+        input_flag = case.split()[-1]
+        args += [input_flag, read]
+        out = read
+        if case.startswith("link"):
+            out = tmp_path / "link.txt"
+            out.symlink_to(read)
+        named = f"the {input_flag} file"
+    before = read.read_bytes()
+    r = cli("validate", draft, "--target", PAIR / "target", *args, flag, out)
+    assert r.code == 2, (r.code, r.err)
+    assert r.err.strip() == (f"Error: {flag} {out}: that is {named}, which the run reads; give the report another "
+                             "path; nothing was run"), r.err
+    assert read.read_bytes() == before
+
+
+def test_a_report_inside_the_target_directory_is_refused_and_a_new_file_there_is_not(cli, tmp_path, monkeypatch):
+    """An existing file of --target's directory is refused; a new file there, or an earlier run's report in the
+    checkpoint's directory, is a report like any."""
+    import shutil
+
+    monkeypatch.setattr("dflash_convert.validate.run.validate", _no_run)
+    target = tmp_path / "target"
+    shutil.copytree(PAIR / "target", target)
+    before = (target / "config.json").read_bytes()
+    r = cli("validate", PAIR / "draft", "--target", target, "--junit", target / "config.json")
+    assert r.code == 2 and r.err.strip().startswith(
+        f"Error: --junit {target / 'config.json'}: that is a file of the --target directory {target}, "), r.err
+    assert (target / "config.json").read_bytes() == before
+    r = cli("validate", PAIR / "draft", "--target", target, "--junit", target / "new.xml")
+    assert r.code != 2 and "run started although" in r.err, r.err  # past the checks, into the (refused) run
+    # a rerun rewriting its own reports in the draft's directory: no loader reads them, not an input
+    draft = tmp_path / "draft"
+    shutil.copytree(PAIR / "draft", draft)
+    for name in ("r.md", "r.svg", "speculation_profile.json"):
+        (draft / name).write_text("an earlier run's\n")
+    r = cli("validate", draft, "--report-md", draft / "r.md", "--profile-out", draft / "speculation_profile.json")
+    assert r.code != 2 and "run started although" in r.err, r.err
