@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_text
 from dflash_convert.validate.options import MAX_PROMPT_TOKENS
+from dflash_convert.user_text import category_problem
 
 BUILTIN_TEXT_PROMPTS = (
     "The capital of France is",
@@ -236,6 +237,9 @@ def read_prompts(path: str | Path, categories: list[str | None] | None = None) -
             category = value.get("category") if isinstance(value, dict) else None
             if category is not None and not (isinstance(category, str) and category.strip()):
                 raise DFlashError(f"line {n}: `category` must be non-empty text", file=path)
+            problem = category_problem(category) if category is not None else None
+            if problem:  # a label the reports print: an ESC sequence or a 100k-character name is no label
+                raise DFlashError(f"line {n}: `category` {problem}", file=path)
             if categories is not None:  # this prompt's, after None for the plain lines before it
                 categories += [None] * (len(prompts) - len(categories)) + [category]
             if stripped.startswith("{"):
