@@ -26,6 +26,8 @@ from dflash_convert.user_text import markdown_cell, printable
 BUCKET_EDGES = (0, 64, 256, 1024)  # generated positions where an output bucket starts; the last is open
 CONTEXT_PROMPTS = 4  # windows of the long text per context length, where the text holds that many
 MAX_LONG_TEXT_BYTES = 64 << 20  # a --long-context-file
+LONG_TEXT = ("a --long-context-file (the long text --context-lengths cuts its prompts from: a document, code; token "
+             "ids, space-separated ints or a JSON list per line, when the target ships no tokenizer)")
 
 
 @dataclass
@@ -70,13 +72,13 @@ def long_contexts(lengths: list[int], file: str | Path | None, tokenizer: Any, p
     prefix: list[int] = []
     if file is not None:
         if tokenizer is None:
-            rows = read_prompts(file)
+            rows = read_prompts(file, what=LONG_TEXT)
             if not all(isinstance(r, list) and all(type(i) is int for i in r) for r in rows):
                 raise DFlashError("the target ships no tokenizer: a --long-context-file must hold token ids "
                                   "(space-separated ints or a JSON list per line)", file=file)
             ids, source = [i for r in rows for i in r], f"{file} (token ids, joined in order)"
         else:
-            text = read_text(Path(file), "a long text (--long-context-file)", max_bytes=MAX_LONG_TEXT_BYTES)
+            text = read_text(Path(file), LONG_TEXT, max_bytes=MAX_LONG_TEXT_BYTES)
             ids, source = tokenizer(text, add_special_tokens=False)["input_ids"], f"{file} (raw text, no chat template)"
             prefix = tokenizer("", add_special_tokens=True)["input_ids"]
     else:
@@ -92,6 +94,7 @@ def long_contexts(lengths: list[int], file: str | Path | None, tokenizer: Any, p
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad or not ids:
         raise DFlashError(f"token ids {bad[:3]} outside the target vocab ({vocab_size})" if bad else
+                          f"no tokens to cut long prompts from: not {LONG_TEXT}" if file is not None else
                           "no tokens to cut long prompts from", file=file or "--context-lengths")
     return context_windows(ids, lengths, source, prefix)
 

@@ -57,3 +57,23 @@ def test_max_model_len_takes_the_token_count_syntax_of_context_lengths_in_valida
     r = cli("inspect", PAIR / "draft", "--max-model-len", "\u0662k")
     assert r.code == 2 and r.err.strip().splitlines()[-1] == (
         "Error: Invalid value for '--max-model-len': expected a token count (32768, 32k; k = 1024), got '\u0662k'")
+
+
+@pytest.mark.parametrize("content, why", [("", "the file is empty"), ("\n  \n", "the file is empty"),
+                                          (None, "file is larger than 64 MB")])
+def test_a_long_context_file_error_names_the_flag_and_what_the_file_should_be(cli, tmp_path, content, why):
+    """Not the prompts file's wording ("no prompts in the file", "not a prompts file"): the user gave two files."""
+    f = tmp_path / "long.txt"
+    if content is None:
+        with f.open("wb") as out:
+            out.truncate((64 << 20) + 1)  # sparse: nothing written
+    else:
+        f.write_text(content)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PAIR.joinpath("prompts.txt").read_text().splitlines()[0] + "\n")
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--prompts", prompts,
+            "--max-new-tokens", "8", "--context-lengths", "64", "--long-context-file", f)
+    assert r.code == 1 and r.out == "", r.err
+    assert r.err.strip().splitlines()[-1] == (
+        f"Error: {f}: {why}: not a --long-context-file (the long text --context-lengths cuts its prompts from: a "
+        "document, code; token ids, space-separated ints or a JSON list per line, when the target ships no tokenizer)")
