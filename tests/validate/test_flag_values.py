@@ -77,3 +77,19 @@ def test_a_long_context_file_error_names_the_flag_and_what_the_file_should_be(cl
     assert r.err.strip().splitlines()[-1] == (
         f"Error: {f}: {why}: not a --long-context-file (the long text --context-lengths cuts its prompts from: a "
         "document, code; token ids, space-separated ints or a JSON list per line, when the target ships no tokenizer)")
+
+
+def test_chat_template_kwargs_on_token_id_prompts_warn_that_they_have_no_effect(cli, tmp_path):
+    """The pair ships no tokenizer: its prompts are token ids and no template renders them, so the variables the
+    user set change nothing; a warning says so (the verdict stands) and the profile does not claim them."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PAIR.joinpath("prompts.txt").read_text().splitlines()[0] + "\n")
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--levels", "end_to_end", "--prompts", prompts,
+            "--sampling", "greedy", "--max-new-tokens", "8", "--chat-template-kwargs", '{"enable_thinking": false}',
+            "--json")
+    assert r.code == 0, r.err
+    check = next(c for c in r.json()["checks"] if c["name"] == "chat_template_kwargs")
+    assert check["status"] == "warn" and check["message"] == (
+        '--chat-template-kwargs {"enable_thinking": false} has no effect: the target ships no tokenizer: its prompts '
+        "are token ids")
+    assert "chat_template_kwargs" not in r.json()["speculation_profile"]["measurement_conditions"]
