@@ -32,7 +32,7 @@ VALIDATE_ALLOW_PICKLE_HELP = ("Accept pickle files: .bin/.pt weights, and a mask
 CAUSAL_HELP = "Force every draft layer causal / non-causal (default: as the checkpoint declares)."
 
 # how the text of a flag becomes the field's value (the CLI holds the parsers)
-Parse = Literal["ints", "floats", "levels", "json", "memory", "dtype", "names", "lengths", "thresholds"]
+Parse = Literal["ints", "floats", "levels", "json", "memory", "dtype", "names", "lengths", "length", "thresholds"]
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ RUNTIME = ROOT / "runtime" / "dflash_runtime"
 # layer and any lower one, except that the middle layer's three folders stay apart.
 LAYERS = {
     "dflash_convert.errors": 1, "dflash_convert.flags": 1, "dflash_convert.chart": 1, "dflash_convert.format": 1,
+    "dflash_convert.user_text": 1,  # user-given text made inert in reports (validate and hub both print it)
     "dflash_convert.io": 1,
     "dflash_runtime": 2, "dflash_convert.predict": 2,  # predict: configs -> costs; validate, hub and cli ask it
     "dflash_convert.convert": 3, "dflash_convert.validate": 3, "dflash_convert.hub": 3,

@@ -13,16 +13,17 @@ import typer
 from pydantic import BaseModel
 
 from dflash_convert.cli._params import (choices, csv, dtype_name, flag, json_object, max_memory, thresholds,
-                                       token_count)
+                                       token_count, token_length)
 from dflash_convert.flags import Flag, flag_of
 from dflash_convert.validate.options import LEVELS
 
 PARSERS: dict[str, Callable[[Optional[str]], Any]] = {
     "ints": csv(int), "floats": csv(float), "levels": csv(str, LEVELS), "json": json_object, "memory": max_memory,
-    "names": csv(str), "lengths": csv(token_count), "thresholds": thresholds,
+    "names": csv(str), "lengths": csv(token_count, empty_entries=False), "length": token_length,
+    "thresholds": thresholds,
 }
 METAVARS = {"ints": "IDS", "floats": "RATES", "levels": "LEVELS", "json": "JSON", "memory": "BUDGET", "names": "NAMES",
-            "lengths": "L[,L...]", "thresholds": "X[,CATEGORY=X...]"}
+            "lengths": "L[,L...]", "length": "TOKENS", "thresholds": "X[,CATEGORY=X...]"}
 ALIAS = "_alias_"  # the parameter name prefix of a hidden former spelling
 
 

@@ -4,6 +4,7 @@ list / JSON / memory-budget options, and the options several commands share (dec
 import copy
 import enum
 import json
+import math
 from typing import Annotated, Any, Callable, Optional, get_args
 
 import typer
@@ -31,14 +32,19 @@ def dtype_name(choice: enum.Enum | str) -> str:
     return "auto" if name == "auto" else DTYPES[code_for_name(name)].torch
 
 
-def csv(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None):
-    """Parse a comma-separated option ("1,9,17" or "[1, 9, 17]") into a list, checking each item."""
+def csv(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None, empty_entries: bool = True):
+    """Parse a comma-separated option ("1,9,17" or "[1, 9, 17]") into a list, checking each item; `empty_entries`
+    False: "64,,128" is refused (an entry left out by mistake), not read as 64,128."""
 
     def parse(text: Optional[str]) -> Optional[list]:
         if text is None:
             return None
+        entries = text.replace(" ", "").strip("[]").split(",")
+        if not empty_entries and "" in entries and any(entries):
+            raise typer.BadParameter(f"{text!r} has an empty entry (entry {entries.index('') + 1}): give "
+                                     "comma-separated values, e.g. 1024,2k,32k")
         try:
-            items = [kind(x) for x in text.replace(" ", "").strip("[]").split(",") if x != ""]
+            items = [kind(x) for x in entries if x != ""]
         except ValueError:
             raise typer.BadParameter(f"expected comma-separated {kind.__name__} values, got {text!r}") from None
         bad = [x for x in items if allowed is not None and x not in allowed]
@@ -50,14 +56,28 @@ def csv(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None):
 
 
 def token_count(text: str) -> int:
-    """A count of tokens as context lengths are spoken of: 1024, 2k (2048), 32K (32768): k is 1024."""
-    digits = text[:-1] if text[-1:] in "kK" else text
-    if not digits.isdigit():
+    """A count of tokens as context lengths are spoken of: 1024, 2k (2048), 32K (32768): k is 1024. ASCII digits
+    only (str.isdigit and int() also take other scripts' digits and superscripts)."""
+    digits = text[:-1] if text[-1:] in ("k", "K") else text
+    if not (digits.isascii() and digits.isdigit()):
         raise ValueError(text)
     return int(digits) * (1024 if digits != text else 1)
 
 
 token_count.__name__ = "token count (1024, 2k, 32k)"
+
+
+def token_length(text: Optional[str]) -> Optional[int]:
+    """One token count (--max-model-len of validate and inspect): 32768 or 32k, at least 1."""
+    if text is None:
+        return None
+    try:
+        count = token_count(text.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected a token count (32768, 32k; k = 1024), got {text!r}") from None
+    if count < 1:
+        raise typer.BadParameter(f"must be at least 1 token, got {text!r}")
+    return count
 
 
 def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
@@ -66,7 +86,10 @@ def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
     if text is None:
         return None
     if text.lstrip().startswith("{"):
-        return _json_thresholds(text)
+        return _checked_gates(_json_thresholds(text), text)
+    if any(x.strip().startswith("{") for x in text.split(",")):  # a JSON object after plain values
+        raise typer.BadParameter(f"{text!r} mixes the two forms: the JSON form must be the whole value, e.g. "
+                                 '\'{"": 3, "code": 2.5}\'')
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, equals, number = item.rpartition("=")
@@ -80,7 +103,19 @@ def thresholds(text: Optional[str]) -> Optional[dict[str, float]]:
             out[name] = float(number)
         except ValueError:
             raise typer.BadParameter(f"expected X or CATEGORY=X (numbers), got {item!r}") from None
-    return out
+    return _checked_gates(out, text) if text.strip() else out
+
+
+def _checked_gates(gates: dict[str, float], text: str) -> dict[str, float]:
+    """At least one gate, each a finite number >= 0 (tau is a count of tokens per step): refused here, naming the
+    flag, rather than by the options model's field (whose message names no flag)."""
+    if not gates:
+        raise typer.BadParameter(f"{text!r} gives no threshold: give X, CATEGORY=X or '{{\"\": X, \"CATEGORY\": X}}'")
+    for name, number in gates.items():
+        if not (math.isfinite(number) and number >= 0):
+            which = f"category {name!r}" if name else "the whole run"
+            raise typer.BadParameter(f"the threshold for {which} must be a finite number >= 0, got {number:g}")
+    return gates
 
 
 def _json_thresholds(text: str) -> dict[str, float]:
@@ -116,16 +151,21 @@ def one_of(allowed: tuple[str, ...]):
     return check
 
 
-def json_object(text: Optional[str]) -> Optional[dict[str, Any]]:
+# the example a JSON-object flag's error gives (the flag's own kind of object)
+JSON_EXAMPLES = {"--chat-template-kwargs": '\'{"enable_thinking": false}\'', "--engine-args": '\'{"dtype": "float32"}\''}
+
+
+def json_object(param: typer.CallbackParam, text: Optional[str]) -> Optional[dict[str, Any]]:
     """Parse a JSON object option ('{"enable_thinking": false}')."""
     if text is None:
         return None
+    example = next((JSON_EXAMPLES[o] for o in param.opts if o in JSON_EXAMPLES), '\'{"key": "value"}\'')
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(f"not JSON: {exc.msg} at character {exc.pos}") from None
     if not isinstance(parsed, dict):
-        raise typer.BadParameter("a JSON object is needed, e.g. '{\"dtype\": \"float32\"}'")
+        raise typer.BadParameter(f"a JSON object is needed, e.g. {example}")
     return parsed
 
 

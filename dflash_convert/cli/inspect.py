@@ -6,7 +6,7 @@ import typer
 
 from dflash_convert.cli._output import Output
 from dflash_convert.cli._params import (
-    AllowPickle, EngineOpt, Json, Quiet, Revision, Source, Token, examples, flag, value
+    AllowPickle, EngineOpt, Json, Quiet, Revision, Source, Token, examples, flag, token_length, value
 )
 
 EXAMPLES = examples(
@@ -41,9 +41,9 @@ def inspect(
     target: Annotated[Optional[str], typer.Option(
         "--target", metavar="T", help="With --gpu: the target (directory, config.json or Hub id; only config.json "
         "is read) for its own figure; without it, a dense bf16 target's.")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(
-        "--max-model-len", metavar="TOKENS", min=1, help="The context a deployment serves (vLLM's max_model_len): "
-        "warn where it passes the positions the draft was trained for.")] = None,
+    max_model_len: Annotated[Optional[str], typer.Option(
+        "--max-model-len", metavar="TOKENS", callback=token_length, help="The context a deployment serves (vLLM's "
+        "max_model_len; 32768 or 32k, k = 1024): warn where it passes the positions the draft was trained for.")] = None,
     as_json: Json = False,
     quiet: Quiet = False,
 ) -> None:

@@ -22,6 +22,7 @@ from dflash_convert.format import kinds
 from dflash_convert.format.kinds.base import RUNTIME_ONLY, CardServing
 from dflash_convert.format.configs import ConversionRecord, DraftSpec
 from dflash_convert.errors import DFlashError
+from dflash_convert.user_text import markdown_cell
 
 README_NAME = "README.md"
 RECORD_NAME = "conversion.json"
@@ -92,8 +93,8 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
     if notable:
         lines += ["| check | status | message |", "|---|---|---|"]
         for c in notable:
-            message = " ".join(str(c.get("message", "")).split()).replace("|", "\\|")
-            lines.append(f"| {c.get('name')} | {c.get('status')} | {message} |")
+            lines.append(f"| {markdown_cell(c.get('name'))} | {markdown_cell(c.get('status'))} | "
+                         f"{markdown_cell(c.get('message', ''))} |")
     return lines + [""]
 
 

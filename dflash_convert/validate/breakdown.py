@@ -17,6 +17,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_text
 from dflash_convert.validate.prompts import BUILTIN_TEXT_PROMPTS, read_prompts
 from dflash_convert.validate.static import Check, make_check
+from dflash_convert.user_text import markdown_cell, printable
 
 # The figures are made here as the fields of report.SliceAcceptance (dicts: report_terminal and report_markdown
 # render with this one, so this one does not import the report); the rendering reads a report's AcceptanceStats
@@ -25,6 +26,8 @@ from dflash_convert.validate.static import Check, make_check
 BUCKET_EDGES = (0, 64, 256, 1024)  # generated positions where an output bucket starts; the last is open
 CONTEXT_PROMPTS = 4  # windows of the long text per context length, where the text holds that many
 MAX_LONG_TEXT_BYTES = 64 << 20  # a --long-context-file
+LONG_TEXT = ("a --long-context-file (the long text --context-lengths cuts its prompts from: a document, code; token "
+             "ids, space-separated ints or a JSON list per line, when the target ships no tokenizer)")
 
 
 @dataclass
@@ -69,13 +72,13 @@ def long_contexts(lengths: list[int], file: str | Path | None, tokenizer: Any, p
     prefix: list[int] = []
     if file is not None:
         if tokenizer is None:
-            rows = read_prompts(file)
+            rows = read_prompts(file, what=LONG_TEXT)
             if not all(isinstance(r, list) and all(type(i) is int for i in r) for r in rows):
                 raise DFlashError("the target ships no tokenizer: a --long-context-file must hold token ids "
                                   "(space-separated ints or a JSON list per line)", file=file)
             ids, source = [i for r in rows for i in r], f"{file} (token ids, joined in order)"
         else:
-            text = read_text(Path(file), "a long text (--long-context-file)", max_bytes=MAX_LONG_TEXT_BYTES)
+            text = read_text(Path(file), LONG_TEXT, max_bytes=MAX_LONG_TEXT_BYTES)
             ids, source = tokenizer(text, add_special_tokens=False)["input_ids"], f"{file} (raw text, no chat template)"
             prefix = tokenizer("", add_special_tokens=True)["input_ids"]
     else:
@@ -91,6 +94,7 @@ def long_contexts(lengths: list[int], file: str | Path | None, tokenizer: Any, p
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad or not ids:
         raise DFlashError(f"token ids {bad[:3]} outside the target vocab ({vocab_size})" if bad else
+                          f"no tokens to cut long prompts from: not {LONG_TEXT}" if file is not None else
                           "no tokens to cut long prompts from", file=file or "--context-lengths")
     return context_windows(ids, lengths, source, prefix)
 
@@ -348,7 +352,7 @@ def engine_lines(report) -> list[str]:
 
 def _table(rows: list, head: str) -> list[str]:
     lines = [f"| {head} | prompts | steps | tau | outputs equal | per position |", "|---|---|---|---|---|---|"]
-    lines += [f"| {x.label} | {x.prompts} | {x.num_drafts} | {x.acceptance_length:.2f} | "
+    lines += [f"| {markdown_cell(x.label)} | {x.prompts} | {x.num_drafts} | {x.acceptance_length:.2f} | "
               f"{'n/a' if x.outputs_equal is None else f'{x.outputs_equal}/{x.prompts}'} | "
               f"{' '.join(f'{r:.2f}' for r in x.per_position_rates)} |" for x in rows]
     return lines + [""]
@@ -378,7 +382,7 @@ def breakdown_markdown(report, image: str | None = None, outputs_image: str | No
                      a.vllm_context_counting else "") + ".", ""]
         by_label = {x.label: x for x in ours}
         lines += [f"| {what} | prompts | steps | tau | runtime tau | per position |", "|---|---|---|---|---|---|"]
-        lines += [f"| {x.label} | {x.prompts} | {x.num_drafts} | {x.acceptance_length:.2f} | "
+        lines += [f"| {markdown_cell(x.label)} | {x.prompts} | {x.num_drafts} | {x.acceptance_length:.2f} | "
                   f"{f'{by_label[x.label].acceptance_length:.2f}' if x.label in by_label else 'n/a'} | "
                   f"{' '.join(f'{r:.2f}' for r in x.per_position_rates)} |" for x in mine] + [""]
     return lines
@@ -393,7 +397,7 @@ def k_context_markdown(report) -> list[str]:
     lines = ["Per K (the figures above are the first K's):", "",
              "| context | " + " | ".join(f"K={r.num_speculative_tokens} (short {r.acceptance_length:.2f})"
                                         for r in runs) + " |", "|---|" + "---|" * len(runs)]
-    lines += [f"| {label} | " + " | ".join("n/a" if t[i] is None else f"{t[i]:.2f}" for t in taus) + " |"
+    lines += [f"| {markdown_cell(label)} | " + " | ".join("n/a" if t[i] is None else f"{t[i]:.2f}" for t in taus) + " |"
               for i, label in enumerate(labels)]
     return lines + ["", k_half_sentence(runs) + ".", ""]
 
@@ -413,10 +417,10 @@ def _context_markdown(report, image: str | None) -> list[str]:
     if a is None:
         return []
     trained = trained_positions(report)
-    at = f" at {a.url}" if a is not report.acceptance else ""
-    lines = [f"### tau against context length{at}", "", f"Long prompts cut from {a.context_source}.", ""]
+    at = f" at {markdown_cell(a.url)}" if a is not report.acceptance else ""
+    lines = [f"### tau against context length{at}", "", f"Long prompts cut from {markdown_cell(a.context_source)}.", ""]
     lines += [f"![tau against context length]({image})", ""] if image else [
-        "```text", *context_lines(a)[1:-1], "```", ""]
+        "```text", *map(printable, context_lines(a)[1:-1]), "```", ""]
     lines += _table(a.per_context_length, "context")
     lines += [half_sentence(a).strip() + "."] + ([past_sentence(a, trained).strip() + "."] if trained else [])
     return lines + [""] + (k_context_markdown(report) if a is report.acceptance else [])

@@ -131,8 +131,9 @@ class ValidateOptions(CommandOptions):
                                                               reads=True)] = Field(
         None, description="The long text --context-lengths cuts its prompts from (a document, code; token ids when "
         "the target ships no tokenizer). Default: the prompts' own texts joined in order.")
-    max_model_len: Annotated[int | None, Flag("--max-model-len", metavar="TOKENS")] = Field(
-        None, ge=1, le=1 << 30, description="The context the deployment serves (vLLM's max_model_len): the static "
+    max_model_len: Annotated[int | None, Flag("--max-model-len", metavar="TOKENS", parse="length")] = Field(
+        None, ge=1, le=1 << 30, description="The context the deployment serves (vLLM's max_model_len; 32768 or 32k, "
+        "k = 1024): the static "
         "level warns where it exceeds the positions the draft was trained for; --context-lengths past the target's "
         "own positions need it.")
     profile_out: Annotated[str | Path | None, Flag("--profile-out", type=Path, metavar="FILE")] = Field(

@@ -62,6 +62,7 @@ class Prepared:
     prompts: Prompts | None = None  # token ids, named sets and format, when end to end is wanted with weights
     chats: dict[int, list] = field(default_factory=dict)  # prompt index -> chat with turns the target answers
     rendering: dict[str, Any] = field(default_factory=dict)  # how prompts were rendered (tokenizer, template, ...)
+    template_skipped: str | None = None  # why no chat template rendered any prompt (--chat-template-kwargs unused)
     sampling: SamplingUsed | None = None
     baseline: ValidationReport | None = None  # --baseline, read before any slow work
 
@@ -151,6 +152,8 @@ def _prepare_decoding(prep: Prepared, prompt_list, source: str) -> None:
     for named in opts.prompt_sets:
         ids, _ = tokenize_prompts(named.prompts, target_dir, info.vocab_size, avoid, source=named.source, **how)
         groups.append((named.name, named.source, ids, named.prompts))
+    prep.template_skipped = _template_skipped(tokenizer, template, prompt_list is None and not opts.prompt_sets,
+                                              [p for *_, raw in groups for p in raw])
     prep.prompts = Prompts([], format=prompt_format, builtin=groups[0][1] if prompt_list is None and
                            not opts.prompt_sets else None)
     prep.rendering = how
@@ -170,6 +173,17 @@ def _prepare_decoding(prep: Prepared, prompt_list, source: str) -> None:
     stops = stop_token_ids(info.eos_token_ids, gen, gen_path, tokenizer)
     prep.sampling.stop_token_sources = stops
     prep.sampling.stop_token_ids = sorted({i for ids in stops.values() for i in ids})
+
+
+def _template_skipped(tokenizer: Any, template: str | None, builtin: bool, prompts: list) -> str | None:
+    """Why no chat template renders any of the prompts (token ids go to the target as they are), else None."""
+    if tokenizer is None:
+        return "the target ships no tokenizer: its prompts are token ids"
+    if template is None:
+        return "no chat template applies (--chat-template none, or the target tokenizer has none)"
+    if builtin or any(isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], dict)) for p in prompts):
+        return None
+    return "every prompt is token ids"
 
 
 def checked_categories(opts: ValidateOptions, categories: list[str | None], n: int) -> list[str | None]:

@@ -84,9 +84,11 @@ def _summed(histograms: list[list[int]]) -> list[int]:
 
 
 def run_profiles(per_k: list, *, method: str, draft: str | None, target: str | None, engine: str,
-                 dataset: str) -> dict[str, Any] | None:
+                 dataset: str, template_kwargs: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The run's speculation_profile (the first K's, on the run's prompts) with every other K's and every
-    context length's in `profiles`; `per_k`: each K's AcceptanceStats. None without end-to-end figures."""
+    context length's in `profiles`; `per_k`: each K's AcceptanceStats. None without end-to-end figures.
+    `template_kwargs`: the chat template's variables the prompts were rendered with (enable_thinking: the mode),
+    recorded in each profile's conditions."""
     if not per_k:
         return None
 
@@ -96,7 +98,8 @@ def run_profiles(per_k: list, *, method: str, draft: str | None, target: str | N
                 "context_length": {"min": min(lengths_), "max": max(lengths_)} if lengths_ else None,
                 "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "draft_sampling": a.draft_sampling,
                 "engine": engine, "method": method,
-                "counted": "each prompt's last block shortened to the tokens still to emit", **over}
+                "counted": "each prompt's last block shortened to the tokens still to emit",
+                **({"chat_template_kwargs": template_kwargs} if template_kwargs else {}), **over}
 
     def of(a, histogram: list[int], per_request: list[float] | None, **over) -> dict[str, Any]:
         k = len(a.per_position_rates)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from dflash_convert.errors import DFlashError
 from dflash_convert.io.reading import read_text
 from dflash_convert.validate.options import MAX_PROMPT_TOKENS
+from dflash_convert.user_text import category_problem
 
 BUILTIN_TEXT_PROMPTS = (
     "The capital of France is",
@@ -209,15 +210,19 @@ def content_format(template: str) -> str:
     return "openai" if any(is_content(loop.iter) for loop in tree.find_all(nodes.For)) else "string"
 
 
-def read_prompts(path: str | Path, categories: list[str | None] | None = None) -> list[str | list[int]]:
+PROMPTS_FILE = "a prompts file (one prompt per line, as text or token ids)"
+
+
+def read_prompts(path: str | Path, categories: list[str | None] | None = None, *, what: str = PROMPTS_FILE
+                 ) -> list[str | list[int]]:
     """Prompts from a file: JSONL with a `prompt` field (text or a list of ids) or a `messages` field
     (OpenAI-style chat turns), or one per line (space-separated ints or a JSON list = token ids, anything
     else = text). Bounded and typed: a file that is not UTF-8 text, too big, or holds an oversized
     prompt is one error naming it. `categories`, when given, receives each prompt's JSONL `category` field
-    (text, as SpecBench and SPEED-Bench files carry it; None where a line has none)."""
+    (text, as SpecBench and SPEED-Bench files carry it; None where a line has none). `what`: what the file is
+    to be, as its errors say (another flag's file read the same way names that flag)."""
     path = Path(path)
-    lines = read_text(path, "a prompts file (one prompt per line, as text or token ids)",
-                      max_bytes=MAX_PROMPTS_BYTES).splitlines()
+    lines = read_text(path, what, max_bytes=MAX_PROMPTS_BYTES).splitlines()
     prompts: list[str | list[int] | list[dict[str, str]]] = []
     for n, line in enumerate(lines, 1):
         stripped = line.strip()
@@ -236,6 +241,9 @@ def read_prompts(path: str | Path, categories: list[str | None] | None = None) -
             category = value.get("category") if isinstance(value, dict) else None
             if category is not None and not (isinstance(category, str) and category.strip()):
                 raise DFlashError(f"line {n}: `category` must be non-empty text", file=path)
+            problem = category_problem(category) if category is not None else None
+            if problem:  # a label the reports print: an ESC sequence or a 100k-character name is no label
+                raise DFlashError(f"line {n}: `category` {problem}", file=path)
             if categories is not None:  # this prompt's, after None for the plain lines before it
                 categories += [None] * (len(prompts) - len(categories)) + [category]
             if stripped.startswith("{"):
@@ -263,7 +271,8 @@ def read_prompts(path: str | Path, categories: list[str | None] | None = None) -
         else:
             prompts.append(line)
     if not prompts:
-        raise DFlashError("no prompts in the file", file=path)
+        raise DFlashError("no prompts in the file" if what == PROMPTS_FILE else f"the file is empty: not {what}",
+                          file=path)
     if categories is not None:
         categories += [None] * (len(prompts) - len(categories))
     return prompts

@@ -10,6 +10,7 @@ from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceStats, 
                                             headline_k, sampling_line, served_version, short, speedup_at, tau_text,
                                             verdict_text, verdict_word)
 from dflash_convert.validate.report_terminal import endpoint_lines  # the endpoint's lines, in a text block
+from dflash_convert.user_text import markdown_cell, markdown_code, printable
 
 
 def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
@@ -51,9 +52,9 @@ def to_markdown(report: ValidationReport, image: str | None = None, curve: str |
     and output position's), the failed
     and warned checks, per-prompt table."""
     verdict = verdict_word(report)
-    target = f" against `{report.target}`" if report.target else ""
+    target = f" against {markdown_code(report.target)}" if report.target else ""
     lines = [f"## dflash-convert validate: {verdict}", "",
-             f"`{report.checkpoint or report.endpoint.url}`{target}, levels run: "
+             f"{markdown_code(report.checkpoint or report.endpoint.url)}{target}, levels run: "
              f"{', '.join(report.levels_run) or 'none'} "
              f"({report.created_at})", "", f"**{verdict}** {_cell(verdict_text(report))}", ""]  # and why levels did not
     a = report.acceptance
@@ -86,14 +87,14 @@ def to_markdown(report: ValidationReport, image: str | None = None, curve: str |
 
     lines += breakdown_markdown(report, curve, outputs_curve)
     if report.endpoint is not None:
-        lines += ["```text", *endpoint_lines(report), "```", ""]
+        lines += ["```text", *map(printable, endpoint_lines(report)), "```", ""]
     lines += per_k_markdown(report)
     if report.prediction is not None:
         lines += ["### Predicted on a GPU", "", *prediction_markdown(report.prediction), ""]
     notable = [c for c in report.checks if c.status in ("fail", "warn")]
     if notable:
         lines += ["| check | level | status | message |", "|---|---|---|---|"]
-        lines += [f"| {c.name} | {c.level} | {c.status} | {_cell(c.message)} |" for c in notable]
+        lines += [f"| {_cell(c.name)} | {c.level} | {c.status} | {_cell(c.message)} |" for c in notable]
         lines.append("")
     if a is not None and a.per_request_histogram:
         lines += histogram_markdown(a)
@@ -101,7 +102,7 @@ def to_markdown(report: ValidationReport, image: str | None = None, curve: str |
         lines += ["<details><summary>Per prompt</summary>", "",
                   "| prompt | prompt tokens | new tokens | steps | tau | output equal | steps by drafts accepted |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| {p.prompt} | {p.prompt_tokens} | {p.new_tokens} | {p.steps} | {p.acceptance_length:.2f} | "
+        lines += [f"| {_cell(p.prompt)} | {p.prompt_tokens} | {p.new_tokens} | {p.steps} | {p.acceptance_length:.2f} | "
                   f"{'n/a' if p.output_equal is None else 'yes' if p.output_equal else 'no'} | "
                   f"{' '.join(map(str, p.accepted_histogram))} |" for p in a.per_prompt]
         lines += ["", "</details>", ""]
@@ -156,7 +157,7 @@ def histogram_markdown(a: AcceptanceStats) -> list[str]:
 def baseline_markdown(b: BaselineComparison) -> list[str]:
     """The comparison with the baseline report as a Markdown table: both runs' figures, the allowed drops."""
     verdict = "REGRESSED" if b.regressed else "no regression"
-    lines = [f"Against the baseline `{b.path}` ({b.created_at}, dflash-convert {b.tool_version}): **{verdict}**", "",
+    lines = [f"Against the baseline {markdown_code(b.path)} ({b.created_at}, dflash-convert {b.tool_version}): **{verdict}**", "",
              f"This run: {b.counted}, {b.num_drafts} draft steps; baseline: {b.baseline_counted}, "
              f"{b.baseline_num_drafts} draft steps. Rule: {_cell(b.rule)}.", "",
              "| figure | baseline | this run | drop | allowed drop |", "|---|---|---|---|---|",
@@ -167,8 +168,7 @@ def baseline_markdown(b: BaselineComparison) -> list[str]:
     return lines + [""]
 
 
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+_cell = markdown_cell  # every cell and sentence of user-derived or message text
 
 
 def counting_markdown(a: AcceptanceStats, engine: EngineStats | None) -> list[str]:

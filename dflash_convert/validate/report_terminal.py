@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dflash_convert.chart import text_chart
 from dflash_convert.predict.prediction import text_lines as prediction_text
+from dflash_convert.user_text import printable
 from dflash_convert.validate.options import LEVELS
 from dflash_convert.validate.report import (AcceptanceStats, EngineStats, ValidationReport, cost_at, counting_rows,
                                             engine_line, sampling_line, served_version, short, tau_text,
@@ -25,7 +26,8 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
 
     if not quiet:
         run = ", ".join(report.levels_run) or "none"
-        console.print(f"validate {report.checkpoint or report.endpoint.url} (levels run: {run})", markup=False)
+        console.print(printable(f"validate {report.checkpoint or report.endpoint.url} (levels run: {run})"),
+                      markup=False)
     # the name column never wraps; the message wraps on words (80-column logs)
     table = Table(Column("status", no_wrap=True), Column("check", no_wrap=True), Column("message", ratio=1),
                   box=None, show_header=False, pad_edge=False)
@@ -38,7 +40,8 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
             detail = c.message
             if c.status == "fail" and (c.value is not None or c.threshold is not None):
                 detail += f" (value {short(c.value)}, threshold {short(c.threshold)})"
-            table.add_row(f"  [{STYLE[c.status]}]{c.status}[/]", escape(c.name), escape(detail))
+            # a check's name and message carry user text (a category): its control characters as escapes
+            table.add_row(f"  [{STYLE[c.status]}]{c.status}[/]", escape(printable(c.name)), escape(printable(detail)))
     if table.rows:
         console.print(table)
     if not quiet:
@@ -64,13 +67,13 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
         from dflash_convert.validate.breakdown import breakdown_lines  # context length, output position, ...
 
         for line in breakdown_lines(report):
-            console.print(line, markup=False)
+            console.print(printable(line), markup=False)
     if a is not None and not quiet and (a.vllm_counting is not None or report.engine_run is not None):
         _render_counting(a, report.engine_run, console)
     if report.endpoint is not None and not quiet:
         console.print("", markup=False)
         for line in endpoint_lines(report):
-            console.print(line, markup=False)
+            console.print(printable(line), markup=False)
     if not quiet:
         for line in per_k_lines(report):
             console.print(line, markup=False)
@@ -79,9 +82,9 @@ def render_table(report: ValidationReport, console, quiet: bool = False) -> None
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
     low = next((c for c in report.checks if c.name == "acceptance_length" and c.status == "warn"), None)
     if low is not None:  # the default mis-wiring alarm: loud, though it keeps the exit code
-        console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(low.message)}")
+        console.print(f"[bold yellow]WARNING:[/bold yellow] {escape(printable(low.message))}")
     word = verdict_word(report)
-    console.print(f"[{VERDICT_STYLE[word]}]{word}[/] {escape(verdict_text(report))}")
+    console.print(f"[{VERDICT_STYLE[word]}]{word}[/] {escape(printable(verdict_text(report)))}")
 
 
 def per_k_lines(report: ValidationReport) -> list[str]:

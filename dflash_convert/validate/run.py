@@ -26,6 +26,7 @@ The levels' own code is in static.py, numeric.py, end_to_end.py, engine/ and end
 from __future__ import annotations
 
 import contextlib
+import json
 import platform
 import sys
 import time
@@ -206,6 +207,10 @@ def _compare_thinking(path, opts: ValidateOptions, progress, report_interrupted:
                 "true and false (it has no such switch, or the prompts are token ids): the two modes are one run",
                 level="end_to_end", bad="warn"))
         report.incomplete = off.incomplete
+        if report.speculation_profile is not None and off.speculation_profile is not None:
+            # --profile-out: the thinking-off profiles beside the thinking-on ones, each naming its mode
+            off_main = {k: v for k, v in off.speculation_profile.items() if k != "profiles"}
+            report.speculation_profile["profiles"] += [off_main, *off.speculation_profile.get("profiles", [])]
     report.options = opts.model_dump(mode="json")
     report.passed = report.incomplete is None and not any(c.status == "fail" for c in report.checks)
     return report
@@ -265,8 +270,9 @@ def _profile(prep: Prepared, found: Found) -> dict[str, Any] | None:
     dataset = " + ".join(filter(None, [dataset, *(f"{s.name} ({s.source})" for s in opts.prompt_sets)]))
     engine = "dflash_runtime (PyTorch)" + (f", the draft as {opts.engine} serves it" if opts.engine else "")
     parts = [p for p in str(prep.path).replace("\\", "/").split("/") if p]
+    kwargs = opts.chat_template_kwargs if prep.template_skipped is None else None  # only what rendered the prompts
     return run_profiles([kr.stats for kr in found.per_k], method=prep.ckpt.spec.variant, draft="/".join(parts[-2:]),
-                        target=target_name(opts), engine=engine, dataset=dataset)
+                        target=target_name(opts), engine=engine, dataset=dataset, template_kwargs=kwargs)
 
 
 def _run_levels(prep: Prepared, found: Found, duplicates: Check) -> None:
@@ -498,6 +504,11 @@ def _end_to_end_level(prep: Prepared, found: Found) -> None:
             prep.ckpt, prep.target.dir, prep.prompts, prep.opts, block=prep.block, sampling=prep.sampling,
             placement=placement, draft=found.loaded_draft, progress=prep.say, quiet=prep.quiet)
         found.checks += checks
+        if prep.opts.chat_template_kwargs and prep.template_skipped:  # the user meant them to change the prompts
+            found.checks.append(make_check(
+                "chat_template_kwargs", False, f"--chat-template-kwargs "
+                f"{json.dumps(prep.opts.chat_template_kwargs, sort_keys=True)} has no effect: {prep.template_skipped}",
+                level="end_to_end", bad="warn"))
         found.levels_run.append("end_to_end")
         found.per_k = [KRun(stats, outputs)] if stats is not None else []
         _measured_past(found)

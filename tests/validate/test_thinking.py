@@ -56,6 +56,11 @@ def test_compare_thinking_reports_each_mode(cli, chat, speculators_drafts):
     assert "greedy_output_equal (thinking off)" in names and "compare_thinking" not in names
     assert "tau per thinking mode (--compare-thinking): thinking on" in r.err
     assert report["options"]["compare_thinking"] is True
+    # --profile-out's file: each mode's profile, its conditions naming the template variables it was rendered with
+    profile = report["speculation_profile"]
+    kwargs = [p["measurement_conditions"].get("chat_template_kwargs") for p in [profile, *profile["profiles"]]]
+    assert kwargs == [{"enable_thinking": True}, {"enable_thinking": False}]
+    assert profile["profiles"][0]["mean_accept_length"] == pytest.approx(modes[1]["acceptance_length"], abs=1e-4)
 
 
 def test_compare_thinking_says_when_the_template_has_no_switch(cli, tmp_path, tiny_target, speculators_drafts):
