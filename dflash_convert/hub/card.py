@@ -8,7 +8,6 @@ around it and the user's metadata keys are kept.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from pathlib import Path
@@ -98,13 +97,6 @@ def _render_validation(validation: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _cell(text: Any) -> str:
-    """A table cell of text a validation report carries (a prompt file's category, say): no HTML, no row or cell
-    break."""
-    return (html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")
-            .replace("[", "\\[").replace("]", "\\]"))
-
-
 def _slice_table(title: str, what: str, slices: Any) -> list[str]:
     """One breakdown of a validation report (its SliceAcceptance rows: per context length, thinking mode, category
     or output bucket) as a Markdown table."""
@@ -114,7 +106,7 @@ def _slice_table(title: str, what: str, slices: Any) -> list[str]:
     lines = [f"{title}:", "", f"| {what} | tau | draft steps | outputs equal to the target's |", "|---|---|---|---|"]
     for x in rows:
         equal = x.get("outputs_equal")
-        lines.append(f"| {_cell(x.get('label'))} | {float(x.get('acceptance_length') or 0):.2f} | "
+        lines.append(f"| {markdown_cell(x.get('label'))} | {float(x.get('acceptance_length') or 0):.2f} | "
                      f"{int(x.get('num_drafts') or 0)} | "
                      + (f"{equal}/{x.get('prompts')}" if isinstance(equal, int) else "n/a") + " |")
     return lines + [""]
@@ -125,9 +117,8 @@ def _breakdown_lines(validation: dict[str, Any]) -> list[str]:
     thinking mode, per prompt category and per bucket of generated position."""
     a = validation.get("acceptance")
     a = a if isinstance(a, dict) else {}
-    lines = _slice_table("Acceptance against context length"
-                         + (f" (long prompts cut from {_cell(a['context_source'])})" if a.get("context_source") else ""),
-                         "context", a.get("per_context_length"))
+    source = f" (long prompts cut from {markdown_cell(a['context_source'])})" if a.get("context_source") else ""
+    lines = _slice_table("Acceptance against context length" + source, "context", a.get("per_context_length"))
     if lines and isinstance(a.get("context_half_tau_length"), int):
         lines.insert(-1, f"tau falls below half its short-prompt value at {a['context_half_tau_length']} tokens.")
         lines.insert(-1, "")
