@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dflash_convert.errors import DFlashError, Interrupted
-from dflash_convert.io.watchdog import ending, track_partial, untrack_partial
+from dflash_convert.io.watchdog import answered, ending, track_partial, untrack_partial
 
 # Signals that end a write: each removes the staging directory and raises Interrupted (CLI exit 1).
 # SIGHUP is what a dropped SSH session sends; SIGQUIT is Ctrl-\. A signal that was ignored when
@@ -196,6 +196,7 @@ def _stop(signum: int) -> None:
     Python handler, because the interpreter puts its handlers back to the default while it shuts down, and
     a second SIGTERM then would still kill the process by the signal after its one line was said."""
     _stopping.append(signum)
+    answered.set()  # the watchdog stands down: this path ends the run
     for sig in STOP_SIGNALS:
         try:
             signal.signal(sig, signal.SIG_IGN)

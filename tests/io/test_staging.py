@@ -44,9 +44,10 @@ def paused_copy(*args, **kwargs):
             # a Python handler until it returns (the stop signals are blocked for it alone, so no EINTR cuts the
             # call short; another thread takes them, as a compute thread of the real case would)
             import ctypes
+            c_sleep = ctypes.CDLL(None).sleep  # releases the GIL, as torch's kernels do
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
             print("WRITING", flush=True)
-            ctypes.CDLL(None).sleep(60)  # releases the GIL, as torch's kernels do
+            c_sleep(60)
         print("WRITING", flush=True)
         deadline = time.time() + 60
         while not go.exists() and time.time() < deadline:
@@ -149,6 +150,7 @@ def test_sigterm_inside_a_long_c_call_ends_the_run_within_seconds(tmp_path, src)
     p = start_child(tmp_path, src, out, signal.SIGTERM, "stuck")
     wait_writing(p)
     assert len(staging_leftovers(out)) == 1
+    time.sleep(0.5)  # the child is inside the C call by now (a signal a bytecode before it is answered at once)
     sent = time.monotonic()
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=30)
