@@ -60,6 +60,23 @@ def _quiet_interrupts() -> None:
     _on_sigint(signal.SIG_IGN if stopping() else interrupted_now)
 
 
+def _stuck_line(args: list[str], as_json: bool):
+    """What the stop watchdog says for the run `args` when it ends it: the line (and JSON error object) the
+    normal path says for the same signal."""
+    from dflash_convert.io.staging import interrupted_message
+
+    def say(signum: int) -> None:
+        message = interrupted_line(args) if signum == signal.SIGINT else interrupted_message(signum)
+        if live.bar is not None:  # the live step line is not at its end: start a fresh line
+            sys.stderr.write("\n")
+        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.flush()
+        if as_json:
+            emit_json({"error": {"message": message, "file": None, "exit_code": 128 + signum}})
+
+    return say
+
+
 def run(app: typer.Typer, argv: Optional[list[str]] = None) -> None:
     """The console script's work: run the app, turn every error into one line (and JSON) and an exit code.
 
@@ -80,6 +97,7 @@ def _main(app: typer.Typer, argv: Optional[list[str]]) -> None:
     as_json = "--json" in args[:end]
     args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
     from dflash_convert.io.staging import STOP_SIGNALS, stop_on_signals
+    from dflash_convert.io.watchdog import watch_stop_signals
 
     try:
         _on_sigint(signal.default_int_handler)  # from here a Ctrl-C is a KeyboardInterrupt
@@ -87,7 +105,10 @@ def _main(app: typer.Typer, argv: Optional[list[str]]) -> None:
 
         redact_output(args)  # before anything can print: no token in any stream, traceback or warning
         # SIGTERM, SIGHUP, SIGQUIT end any command (a Hub download too) with one line; a second one is ignored
-        with stop_on_signals(tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)):
+        # and where the main thread is inside one long C call (a long-context prefill) and cannot answer, the
+        # watchdog ends the run after a grace period as the normal path would
+        with watch_stop_signals(_stuck_line(args, as_json)), \
+                stop_on_signals(tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)):
             rc = app(args=args, prog_name="dflash-convert", standalone_mode=False)  # typer.Exit codes come back
         _quiet_interrupts()
         live.stop()

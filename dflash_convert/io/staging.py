@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dflash_convert.errors import DFlashError, Interrupted
+from dflash_convert.io.watchdog import answered, ending, track_partial, untrack_partial
 
 # Signals that end a write: each removes the staging directory and raises Interrupted (CLI exit 1).
 # SIGHUP is what a dropped SSH session sends; SIGQUIT is Ctrl-\. A signal that was ignored when
@@ -195,6 +196,7 @@ def _stop(signum: int) -> None:
     Python handler, because the interpreter puts its handlers back to the default while it shuts down, and
     a second SIGTERM then would still kill the process by the signal after its one line was said."""
     _stopping.append(signum)
+    answered.set()  # the watchdog stands down: this path ends the run
     for sig in STOP_SIGNALS:
         try:
             signal.signal(sig, signal.SIG_IGN)
@@ -265,27 +267,29 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
             except OSError as exc:
                 raise DFlashError(f"cannot create a staging directory in {base}: {exc.strerror or exc}",
                                   file=dest) from None
+            track_partial(tmp)  # the stop watchdog removes it if it has to end the run
             yield tmp
             state["hold"] = True
             # No fsync: the rename makes DST atomic against process death (kill -9, Ctrl-C), which is
             # what users hit; forcing 2 GB to disk first would triple the cost of a conversion.
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if dest.is_symlink():
-                raise DFlashError("destination became a symbolic link during the conversion", file=dest)
-            if dest.exists():
-                if not overwrite and any(dest.iterdir()):
-                    raise DFlashError("destination appeared and is not empty", file=dest)
-                trash = _sibling(dest, dest.parent, "old")
-                dest.rename(trash)
-                try:
+            with ending:  # the stop watchdog never ends the process between these renames
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if dest.is_symlink():
+                    raise DFlashError("destination became a symbolic link during the conversion", file=dest)
+                if dest.exists():
+                    if not overwrite and any(dest.iterdir()):
+                        raise DFlashError("destination appeared and is not empty", file=dest)
+                    trash = _sibling(dest, dest.parent, "old")
+                    dest.rename(trash)
+                    try:
+                        tmp.rename(dest)
+                    except OSError:
+                        trash.rename(dest)  # put the old output back: a failed overwrite changes nothing
+                        raise
+                    shutil.rmtree(trash, ignore_errors=True)
+                else:
                     tmp.rename(dest)
-                except OSError:
-                    trash.rename(dest)  # put the old output back: a failed overwrite changes nothing
-                    raise
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                tmp.rename(dest)
-            _written.append(dest)
+                _written.append(dest)
         except OSError as exc:
             raise _write_error(exc, dest) from None
         except Interrupted as exc:
@@ -297,6 +301,7 @@ def staged_directory(dest: str | Path, *, overwrite: bool = False, notes: list[s
         state["hold"] = True  # a second Ctrl-C must not stop the cleanup half-way
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        untrack_partial(tmp)
         _restore(previous)
     if held:  # a signal that came during the commit ends the run now that DST is complete
         _stop(held[0])

@@ -170,9 +170,9 @@ def _category_checks(slices: list[SliceAcceptance], opts: ValidateOptions, block
 
 def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, slots: int, *, greedy: bool,
                    say, vllm_counting: bool = False) -> Check:
-    """--context-lengths: each length's long prompts decoded as the run's prompts are (and, greedy, checked
-    against the target's greedy output token by token), its figures in `stats`; the check fails on an output
-    that is not the target's, and warns where tau falls below half the short prompts' tau. `vllm_counting`
+    """--context-lengths: each length's long prompts decoded as the run's prompts are and checked against the
+    target's greedy output token by token (a greedy pass of them where the run samples), its figures in `stats`;
+    the check fails on an output that is not the target's, and warns where tau falls below half the short prompts' tau. `vllm_counting`
     (--engine vllm): each length's prompts decoded again counted as vLLM counts (full last blocks, with their
     verify decisions), what the engine level compares vLLM's figures per length with."""
     target = decode.target
@@ -183,14 +183,15 @@ def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, s
         for i, p in enumerate(windows, 1):
             runs.append(decode.speculative(p))
             say(f"end to end: context {length} tokens, prompt {i}/{len(windows)}: tau {runs[-1].stats.tau:.2f}")
-        equal = None
-        if greedy:
-            found = [_partings(target, p, r, None, dtype, decode.sampling.penalties, proposals=slots,
-                               max_new_tokens=decode.kw["max_new_tokens"]) for p, r in zip(windows, runs)]
-            _refuse_beyond_rounding([(i, x) for i, f in enumerate(found) for x in f], where=f"{length} tokens, ")
-            real = [any(not x.near_tie for x in f) for f in found]
-            equal = real.count(False)
-            wrong += [f"{length} tokens, prompt {i + 1}" for i, bad in enumerate(real) if bad]
+        # sampled outputs cannot be compared token by token: as for the run's own prompts, each long prompt is
+        # decoded again greedily and that output judged (a defect that shows only at long context must fail)
+        judged = runs if greedy else _greedy_speculative(decode, windows, say, f"context {length} tokens")
+        found = [_partings(target, p, r, None, dtype, decode.sampling.penalties, proposals=slots,
+                           max_new_tokens=decode.kw["max_new_tokens"]) for p, r in zip(windows, judged)]
+        _refuse_beyond_rounding([(i, x) for i, f in enumerate(found) for x in f], where=f"{length} tokens, ")
+        real = [any(not x.near_tie for x in f) for f in found]
+        equal = real.count(False)
+        wrong += [f"{length} tokens, prompt {i + 1}" for i, bad in enumerate(real) if bad]
         slices.append(SliceAcceptance(**context_slice(length, [r.accepted_per_step for r in runs],
                                     sum(r.stats.new_tokens for r in runs), slots, equal)))
         if vllm_counting:
@@ -204,7 +205,21 @@ def _context_curve(decode: Decode, long: LongContexts, stats: AcceptanceStats, s
             stats._context_outputs.append([r.tokens for r in runs])
     stats.per_context_length, stats.context_source = slices, long.source
     stats.context_half_tau_length = half_tau_length(stats.acceptance_length, slices)
-    return context_check("context_lengths", stats.acceptance_length, slices, stats.context_half_tau_length, wrong)
+    check = context_check("context_lengths", stats.acceptance_length, slices, stats.context_half_tau_length, wrong)
+    if not greedy:
+        check.message += (" (outputs checked on a greedy pass of the long prompts: the run itself samples at "
+                          f"temperature {decode.sampling.temperature})")
+    return check
+
+
+def _greedy_speculative(decode: Decode, prompts: list[list[int]], say, what: str) -> list:
+    """Greedy speculative generations of `prompts`, whatever the run samples with (the exactness check's)."""
+    greedy = dict(sampling=dataclasses.replace(decode.sampling, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0))
+    say(f"end to end: {what}: greedy pass over {len(prompts)} prompt(s) (the run samples; exactness is checked "
+        "greedily)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [decode.speculative(p, **greedy) for p in prompts]
 
 
 def step_histogram(rates: list[float], num_drafts: int) -> list[int]:

@@ -40,6 +40,14 @@ def paused_copy(*args, **kwargs):
     real_copy(*args, **kwargs)
     calls[0] += 1
     if calls[0] == 3 and mode not in ("commit", "mkdir"):
+        if mode == "stuck":  # inside one long C call, as a long-context prefill is: the main thread cannot run
+            # a Python handler until it returns (the stop signals are blocked for it alone, so no EINTR cuts the
+            # call short; another thread takes them, as a compute thread of the real case would)
+            import ctypes
+            c_sleep = ctypes.CDLL(None).sleep  # releases the GIL, as torch's kernels do
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+            print("WRITING", flush=True)
+            c_sleep(60)
         print("WRITING", flush=True)
         deadline = time.time() + 60
         while not go.exists() and time.time() < deadline:
@@ -129,6 +137,29 @@ def test_signal_mid_write_leaves_nothing(tmp_path, src, sig):
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "interrupted" in lines[0], err
     assert not out.exists()
     assert leftovers(out) == []
+
+
+def test_sigterm_inside_a_long_c_call_ends_the_run_within_seconds(tmp_path, src):
+    """SIGTERM while the main thread is inside one C call of a minute (no Python handler can run until it
+    returns): the watchdog ends the run after its grace period with the one line, exit 143, the staging
+    directory removed and the destination untouched."""
+    from dflash_convert.io.watchdog import GRACE_S
+
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    p = start_child(tmp_path, src, out, signal.SIGTERM, "stuck")
+    wait_writing(p)
+    assert len(staging_leftovers(out)) == 1
+    time.sleep(0.5)  # the child is inside the C call by now (a signal a bytecode before it is answered at once)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert p.returncode == 143, (p.returncode, err)
+    assert GRACE_S <= took < GRACE_S + 5, took
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["Error: interrupted by SIGTERM; nothing was written"], err
+    assert not out.exists() and leftovers(out) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

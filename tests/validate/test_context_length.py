@@ -177,3 +177,66 @@ def test_target_positions_are_vllms_derived_max_model_len():
     assert target_positions({"model_type": "gemma3_text", "max_position_embeddings": 131072,
                              "rope_scaling": {"rope_type": "linear", "factor": 8.0}})[0] == 131072
     assert target_positions({"hidden_size": 8}) == (None, "")
+
+
+def _sampled_context_run(cli):
+    r = cli("validate", PAIR / "draft", "--target", PAIR / "target", "--prompts", PAIR / "prompts.txt",
+            "--levels", "end_to_end", "--device", "cpu", "--max-new-tokens", "16",
+            "--context-lengths", "64,96", "--json")
+    report = r.json() if r.out else {}
+    check = next((c for c in report.get("checks", []) if c["name"] == "context_lengths"), None)
+    return r, report, check
+
+
+def test_a_sampled_run_checks_the_long_prompts_outputs_on_a_greedy_pass(cli):
+    """The default --sampling auto samples at temperature 1: the long prompts' outputs are still checked, on a
+    greedy pass (as the run's own prompts are), and the check says so."""
+    r, report, check = _sampled_context_run(cli)
+    assert r.code == 0, r.err
+    a = report["acceptance"]
+    assert a["temperature"] > 0
+    assert [s["context_tokens"] for s in a["per_context_length"]] == [64, 96]
+    assert all(s["outputs_equal"] == s["prompts"] >= 1 for s in a["per_context_length"])
+    assert check["status"] in ("pass", "warn") and "greedy pass of the long prompts" in check["message"]
+
+
+def test_a_sampled_run_fails_a_defect_that_shows_only_on_the_long_prompts(cli, monkeypatch):
+    """The planted defect: the loop's verify blocks at positions one too far on the long prompts only (the run's
+    own prompts are short and decode right): under sampling the context check must fail it, exit 3."""
+    from dflash_convert.validate import end_to_end
+    from dflash_runtime.target import Target
+
+    real_forward, real_speculative = Target.forward, end_to_end.Decode.speculative
+
+    class Shifted:
+        def __init__(self, model):
+            self.model = model
+
+        def __call__(self, **kw):
+            return self.model(**{**kw, "position_ids": kw["position_ids"] + 1})
+
+    def shifted_forward(self, ids, start, *, last_logits_only=False):
+        if ids.shape[0] < 2 or start == 0:
+            return real_forward(self, ids, start, last_logits_only=last_logits_only)
+        model, self.model = self.model, Shifted(self.model)
+        try:
+            return real_forward(self, ids, start, last_logits_only=last_logits_only)
+        finally:
+            self.model = model
+
+    def speculative(self, prompt, **over):
+        if len(prompt) < 64:
+            return real_speculative(self, prompt, **over)
+        monkeypatch.setattr(Target, "forward", shifted_forward)
+        try:
+            return real_speculative(self, prompt, **over)
+        finally:
+            monkeypatch.setattr(Target, "forward", real_forward)
+
+    monkeypatch.setattr(end_to_end.Decode, "speculative", speculative)
+    r, report, check = _sampled_context_run(cli)
+    assert r.code == 3 and check is not None and check["status"] == "fail", (r.code, r.err, check)
+    assert "not the target's greedy output at 64 tokens" in check["message"]
+    assert any(s["outputs_equal"] < s["prompts"] for s in report["acceptance"]["per_context_length"])
+    greedy = next(c for c in report["checks"] if c["name"] == "greedy_output_equal")
+    assert greedy["status"] == "pass"
