@@ -323,3 +323,39 @@ def greedy_or_near_tie(target, prompt: list[int], gen, ref: list[int], *, propos
         return False, where + (f"transformers' generate takes {taken} where the runtime's one-token decode takes "
                                f"{int(one[k].argmax())}; " + parting.describe())
     return parting.near_tie and not parting.beyond_rounding, where + parting.describe()
+
+
+def plant_verify_one_position_too_far(monkeypatch, *, only=lambda prompt: True) -> None:
+    """The planted defect validate must fail: the decode loop's verify blocks run at positions one too far (the
+    target's own recomputation of its paths, outside the loop, stays right), for the prompts `only` picks."""
+    from dflash_convert.validate import end_to_end
+    from dflash_runtime.target import Target
+
+    real_forward, real_speculative = Target.forward, end_to_end.Decode.speculative
+
+    class Shifted:
+        def __init__(self, model):
+            self.model = model
+
+        def __call__(self, **kw):
+            return self.model(**{**kw, "position_ids": kw["position_ids"] + 1})
+
+    def shifted_forward(self, ids, start, *, last_logits_only=False):
+        if ids.shape[0] < 2 or start == 0:
+            return real_forward(self, ids, start, last_logits_only=last_logits_only)
+        model, self.model = self.model, Shifted(self.model)
+        try:
+            return real_forward(self, ids, start, last_logits_only=last_logits_only)
+        finally:
+            self.model = model
+
+    def speculative(self, prompt, **over):  # the defect lives in the loop's verify calls only
+        if not only(prompt):
+            return real_speculative(self, prompt, **over)
+        monkeypatch.setattr(Target, "forward", shifted_forward)
+        try:
+            return real_speculative(self, prompt, **over)
+        finally:
+            monkeypatch.setattr(Target, "forward", real_forward)
+
+    monkeypatch.setattr(end_to_end.Decode, "speculative", speculative)

@@ -15,6 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from runtime_helpers import plant_verify_one_position_too_far
+
 PAIR = Path("examples/pair")
 LOOKALIKE_SEEDS = (2, 5)
 
@@ -63,35 +65,7 @@ def test_a_lookalike_target_passes_in_float32_with_no_parting(cli, tmp_path):
 def test_a_verify_block_at_the_wrong_positions_still_fails(cli, monkeypatch, dtype):
     """The planted defect: the decode loop's verify blocks run at positions one too far (the target's own
     recomputation of its paths, outside the loop, is right): the partings are not near-ties, exit 3."""
-    from dflash_convert.validate import end_to_end
-    from dflash_runtime.target import Target
-
-    real_forward, real_speculative = Target.forward, end_to_end.Decode.speculative
-
-    class Shifted:
-        def __init__(self, model):
-            self.model = model
-
-        def __call__(self, **kw):
-            return self.model(**{**kw, "position_ids": kw["position_ids"] + 1})
-
-    def shifted_forward(self, ids, start, *, last_logits_only=False):
-        if ids.shape[0] < 2 or start == 0:
-            return real_forward(self, ids, start, last_logits_only=last_logits_only)
-        model, self.model = self.model, Shifted(self.model)
-        try:
-            return real_forward(self, ids, start, last_logits_only=last_logits_only)
-        finally:
-            self.model = model
-
-    def speculative(self, prompt, **over):  # the defect lives in the loop's verify calls only
-        monkeypatch.setattr(Target, "forward", shifted_forward)
-        try:
-            return real_speculative(self, prompt, **over)
-        finally:
-            monkeypatch.setattr(Target, "forward", real_forward)
-
-    monkeypatch.setattr(end_to_end.Decode, "speculative", speculative)
+    plant_verify_one_position_too_far(monkeypatch)
     r, check = _greedy(cli, PAIR / "target", "--dtype", dtype, "--max-new-tokens", "24")
     assert r.code == 3 and check is not None and check["status"] == "fail", (r.code, r.err, check)
     assert "not a near-tie" in check["message"] or "the target's greedy output has" in check["message"]

@@ -13,6 +13,7 @@ from dflash_convert.validate.breakdown import (context_svg, context_windows, cou
 from dflash_convert.validate.options import ValidateOptions
 from dflash_convert.validate.report import SliceAcceptance
 from dflash_convert.validate.report_markdown import to_markdown
+from runtime_helpers import plant_verify_one_position_too_far
 
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 
@@ -203,37 +204,7 @@ def test_a_sampled_run_checks_the_long_prompts_outputs_on_a_greedy_pass(cli):
 def test_a_sampled_run_fails_a_defect_that_shows_only_on_the_long_prompts(cli, monkeypatch):
     """The planted defect: the loop's verify blocks at positions one too far on the long prompts only (the run's
     own prompts are short and decode right): under sampling the context check must fail it, exit 3."""
-    from dflash_convert.validate import end_to_end
-    from dflash_runtime.target import Target
-
-    real_forward, real_speculative = Target.forward, end_to_end.Decode.speculative
-
-    class Shifted:
-        def __init__(self, model):
-            self.model = model
-
-        def __call__(self, **kw):
-            return self.model(**{**kw, "position_ids": kw["position_ids"] + 1})
-
-    def shifted_forward(self, ids, start, *, last_logits_only=False):
-        if ids.shape[0] < 2 or start == 0:
-            return real_forward(self, ids, start, last_logits_only=last_logits_only)
-        model, self.model = self.model, Shifted(self.model)
-        try:
-            return real_forward(self, ids, start, last_logits_only=last_logits_only)
-        finally:
-            self.model = model
-
-    def speculative(self, prompt, **over):
-        if len(prompt) < 64:
-            return real_speculative(self, prompt, **over)
-        monkeypatch.setattr(Target, "forward", shifted_forward)
-        try:
-            return real_speculative(self, prompt, **over)
-        finally:
-            monkeypatch.setattr(Target, "forward", real_forward)
-
-    monkeypatch.setattr(end_to_end.Decode, "speculative", speculative)
+    plant_verify_one_position_too_far(monkeypatch, only=lambda prompt: len(prompt) >= 64)
     r, report, check = _sampled_context_run(cli)
     assert r.code == 3 and check is not None and check["status"] == "fail", (r.code, r.err, check)
     assert "not the target's greedy output at 64 tokens" in check["message"]

@@ -247,20 +247,25 @@ def measured(endpoint: Endpoint, replies: list[Reply], before, after) -> tuple[S
                                 + HOW_TO_COUNT)
         raise EndpointError(f"{where}: the endpoint does not speculate (no per-request speculative statistics, and "
                             "no spec-decode counter in its /metrics)")
+
+    def impossible(counts: SpecCounts, tokens: int | None = None) -> None:
+        try:
+            check_counts(counts, COUNTER_FIELDS, tokens=tokens)
+        except ImpossibleCounts as exc:
+            raise EndpointError(f"{where}/metrics: impossible counts around the run: {exc}") from None
+
     delta = counter_delta(before, after)
-    try:
-        check_counts(delta, COUNTER_FIELDS, tokens=sum(r.new_tokens for r in replies))
-    except ImpossibleCounts as exc:
-        raise EndpointError(f"{where}/metrics: impossible counts around the run: {exc}") from None
+    impossible(delta)  # what no server can count: negative deltas, more accepted than drafted, ...
     if delta.steps == 0:
         if carried:
             raise EndpointError(f"{where}: cannot measure: {said}, and its spec-decode counters did not move")
         raise EndpointError(f"{where}: the endpoint does not speculate (its spec-decode counters did not move, and "
                             "no answer carried per-request statistics)")
     other = foreign_traffic(before, after, len(replies))
-    if other is not None:
+    if other is not None:  # before the bound by our tokens: other traffic's steps in the deltas are not ours
         raise EndpointError(f"{where}: cannot measure: the server-wide counters may hold other traffic ({other}); "
                             + HOW_TO_COUNT)
+    impossible(delta, tokens=sum(r.new_tokens for r in replies))
     return delta, "the deltas of the server's Prometheus spec-decode counters around the run, summed over every " \
                   "label set (engine ranks)"
 
