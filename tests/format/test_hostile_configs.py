@@ -415,6 +415,7 @@ def test_validate_block_size_is_bounded(cli, speculators_drafts, tmp_path):
     (["validate", "{d}", "--levels", "static", "--temperature", "nan"], "--temperature"),
     (["validate", "{d}", "--levels", "static", "--temperature", "-0.5"], "--temperature"),
     (["validate", "{d}", "--levels", "static", "--min-acceptance-length", "nan"], "--min-acceptance-length"),
+    (["validate", "{d}", "--levels", "static", "--min-acceptance-length", "inf"], "--min-acceptance-length"),
     (["validate", "{d}", "--levels", "static", "--min-position-rates", "0.9,nan"], "--min-position-rates"),
     (["validate", "{d}", "--levels", "static", "--min-position-rates", "1.5"], "--min-position-rates"),
     (["validate", "{d}", "--levels", "static", "--max-new-tokens", str(10**9)], "--max-new-tokens"),

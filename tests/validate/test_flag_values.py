@@ -27,8 +27,6 @@ def _usage_error(cli, *flags: str) -> str:
     (("--max-model-len", "0"), "Error: Invalid value for '--max-model-len': must be at least 1 token, got '0'"),
     (("--min-acceptance-length", "code=nan"), "Error: Invalid value for '--min-acceptance-length': the threshold for "
      "category 'code' must be a finite number >= 0, got nan"),
-    (("--min-acceptance-length", "inf"), "Error: Invalid value for '--min-acceptance-length': the threshold for the "
-     "whole run must be a finite number >= 0, got inf"),
     (("--min-acceptance-length", '{"code": -1}'), "Error: Invalid value for '--min-acceptance-length': the threshold "
      "for category 'code' must be a finite number >= 0, got -1"),
     (("--min-acceptance-length", "{}"), "Error: Invalid value for '--min-acceptance-length': '{}' gives no "
