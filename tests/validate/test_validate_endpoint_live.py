@@ -201,18 +201,21 @@ def test_miswired_deployment_fails_and_offline_says_what_differs(servers, cli):
     assert report["endpoint"]["offline"]["acceptance_length"] > 8 > report["endpoint"]["counts"]["acceptance_length"]
 
 
-def test_other_traffic_refused_on_the_counter_path(servers, cli):
+def test_other_traffic_refused_on_the_counter_path(servers, cli, tmp_path):
     """Someone else's requests sent all along on the counter-only server: no figure is claimed as ours."""
     import httpx
 
     server = servers["miswired"]
-    prompt = [int(t) for t in (PAIR / "prompts.txt").read_text().splitlines()[0].split()]
+    lines = (PAIR / "prompts.txt").read_text().splitlines()
+    prompt = [int(t) for t in lines[0].split()]
+    prompts = tmp_path / "prompts.txt"  # two of ours are enough to be mixed with the other traffic's steps
+    prompts.write_text("\n".join(lines[:2]) + "\n")
     stop = threading.Event()
 
     def other_traffic():
         with httpx.Client(timeout=300) as client:
             while not stop.is_set():
-                client.post(server.url + "/v1/completions", json={"model": "pair", "prompt": prompt, "max_tokens": 200,
+                client.post(server.url + "/v1/completions", json={"model": "pair", "prompt": prompt, "max_tokens": 48,
                                                                   "ignore_eos": True})
 
     other = threading.Thread(target=other_traffic)
@@ -222,7 +225,7 @@ def test_other_traffic_refused_on_the_counter_path(servers, cli):
         while _running(server.metrics()) == 0:  # the other traffic has reached the server
             assert time.monotonic() < deadline, "the other requests never ran"
             time.sleep(0.02)
-        r = cli("validate", "--endpoint", server.url, "--prompts", PAIR / "prompts.txt", "--max-new-tokens", 8)
+        r = cli("validate", "--endpoint", server.url, "--prompts", prompts, "--max-new-tokens", 8)
     finally:
         stop.set()
         other.join()
