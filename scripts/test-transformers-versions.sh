@@ -18,7 +18,9 @@ fi
 export PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import transformers, sys; sys.exit(transformers.__version__ != '$NEWEST')"
 echo "Runtime and target tests with transformers $NEWEST (the suite ran with $have)"
-exec python -m pytest -q -p no:cacheprovider -W "error::FutureWarning" \
+# the miswired-draft cases test the draft's layer ids, not transformers (the trained pair's tau >= 3 already needs
+# this version's hidden-state capture right): left to the main run, a minute saved against the suite's budget
+exec python -m pytest -q -p no:cacheprovider -W "error::FutureWarning" -k "not miswired" \
   tests/runtime/test_targets.py tests/runtime/test_runtime_target.py tests/runtime/test_runtime_decode.py \
   tests/runtime/test_runtime_model.py tests/runtime/test_trained_pair.py tests/format/test_rope_types.py \
   tests/format/test_engines.py tests/format/test_transformers_format.py tests/convert/test_convert.py
