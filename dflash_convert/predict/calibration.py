@@ -64,6 +64,12 @@ QWEN3_8_27B_FP8 = {"text_config": {
     "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "weight_block_size": [128, 128]}}
 
+# Qwen/Qwen3.6-35B-A3B: the Qwen3.5-35B-A3B layout above, as its model card's architecture list states it (40 layers,
+# 10 x (3 Gated DeltaNet + 1 gated attention), DeltaNet 16 QK / 32 V heads of 128, attention 16 / 2 KV heads of 256,
+# 256 experts of 512, 8 routed + 1 shared, vocabulary 248,320) and copies of its config.json show it; served with
+# `--quantization fp8` (online, dynamic: every linear layer's weights stored in fp8, the lm_head in bf16)
+QWEN3_6_35B_A3B_FP8 = {**QWEN3_5_35B_A3B, "quantization_config": {"activation_scheme": "dynamic", "quant_method": "fp8"}}
+
 
 def _draft(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, vocab: int,
            features: int, window: int = 0) -> ModelFacts:
@@ -85,6 +91,30 @@ QWEN3_32B_FP8_DFLASH = _draft(5120, 5, 32, 8, 128, 9728, 151936, 5)
 # incoai/Qwen3.8-27B-DFlash2 config.json (z-lab's byte-identical): 5 sliding-window (2048) layers at 5120, 32 heads
 # (8 KV) of 128, MLP 17408, 5 target layers read, block 8; its candidate selector (rank 256) is not counted
 QWEN3_8_27B_DFLASH2 = _draft(5120, 5, 32, 8, 128, 17408, 248320, 5, window=2048)
+# z-lab/Qwen3.6-35B-A3B-DFlash config.json (revision 42d3b34, as a public loader's test asserts it): 8 layers at
+# 2048, 32 heads (4 KV) of 128, MLP 6144, vocabulary 248,320, block 16, 5 target layers read; the B200 runs loaded
+# revision f181eece, whose dimensions are taken as the same
+QWEN3_6_35B_A3B_DFLASH = _draft(2048, 8, 32, 4, 128, 6144, 248320, 5)
+
+# Tomas Ruiz's B200 DFlash report: one B200, TP 1, aiperf on GSM8K (about 60 tokens in, 256 out), no prefix cache, up
+# to 32 sequences; Qwen/Qwen3.6-35B-A3B with `--quantization fp8` and bf16 Gated DeltaNet states, the z-lab draft. Each
+# run's figures are its summary.json's output tokens/s (the measured phase's, time to first token included) and
+# acceptance length; docs/performance.md names each file. (engine, title, K, concurrency, tau, plain, speculative)
+B200_REPORT = "https://tomasruizt.github.io/reports/b200-dflash"
+B200_RUNS = (
+    ("vllm", "vLLM", 7, 2, 5.176, 429.5, 840.4),
+    ("vllm", "vLLM", 7, 16, 5.210, 2309.3, 3055.1),
+    ("vllm", "vLLM", 15, 1, 6.453, 241.6, 596.7),
+    ("vllm", "vLLM", 15, 4, 6.636, 807.9, 1584.7),
+    ("sglang", "SGLang", 7, 2, 5.358, 546.3, 1272.1),
+    ("sglang", "SGLang", 7, 4, 5.211, 998.0, 1901.1),
+    ("sglang", "SGLang", 15, 4, 6.341, 998.0, 1913.5),
+    ("sglang", "SGLang", 15, 32, 6.586, 4121.8, 6711.0),
+)
+B200_NOTES = {
+    "vllm": "vLLM 0.30.0, V2 model runner, drafter attention TRITON_ATTN; tau: 1 + accepted / draft steps",
+    "sglang": "SGLang 0.5.20, --moe-runner-backend triton; tau: SGLang's sampled acceptance-length gauge",
+}
 
 
 @dataclass(frozen=True)
@@ -139,6 +169,10 @@ CASES: tuple[Case, ...] = (
          "sglang", "RTX-PRO-6000", QWEN3_32B_FP8, QWEN3_32B_FP8_DFLASH, k=15, concurrency=8, tau=2.46, context=512,
          baseline_tokens_per_s=229.1, speculative_tokens_per_s=423.0,
          notes="SGLang 0.5.13.post1, ShareGPT, 200 prompts, up to 1,024 out; block 16 (K 15); context assumed 512"),
+    *(Case(f"Qwen3.6-35B-A3B-FP8 on B200, {title}, K {k}, concurrency {b}", B200_REPORT, engine, "B200",
+           QWEN3_6_35B_A3B_FP8, QWEN3_6_35B_A3B_DFLASH, k=k, concurrency=b, tau=tau, context=60 + 256 / 2,
+           baseline_tokens_per_s=plain, speculative_tokens_per_s=spec, notes=B200_NOTES[engine])
+      for engine, title, k, b, tau, plain, spec in B200_RUNS),
     Case("runtime draft step, Qwen3-8B-DFlash-b16 shape, H100", "docs/performance.md (scripts/gpu-check.sh)",
          "runtime", "H100-SXM", QWEN3_8B, QWEN3_8B_DFLASH, k=15, concurrency=1, tau=1.0, context=512,
          kind="draft step", step_s=2.07e-3, notes="compiled with CUDA graphs, block 16 after 512 positions"),
@@ -185,9 +219,8 @@ DIRECTION_CASES: tuple[DirectionCase, ...] = (
 
 # The result of fit(CASES), rounded as printed; tests/predict checks fit(CASES) still gives it.
 ENGINES: dict[str, EngineConstants] = {
-    "sglang": EngineConstants(0.64, ASSUMED_COMPUTE_EFFICIENCY, 2.165e-3, 3.355e-3),
-    # pooled: vLLM has one throughput case (fewer than MIN_OWN_CASES)
-    "vllm": EngineConstants(0.64, ASSUMED_COMPUTE_EFFICIENCY, 0.948e-3, 5.771e-3),
+    "sglang": EngineConstants(0.595, ASSUMED_COMPUTE_EFFICIENCY, 2.578e-3, 2.966e-3),
+    "vllm": EngineConstants(0.595, ASSUMED_COMPUTE_EFFICIENCY, 3.386e-3, 5.517e-3),  # its own 5 throughput cases
     "runtime": EngineConstants(0.46, ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0),
 }
 
