@@ -139,7 +139,7 @@ def test_gemma3_reads_its_config_class_defaults_and_counts_sliding_layers_from_t
 def test_the_stated_model_type_defaults_are_transformers_own():
     from transformers import Gemma3TextConfig, Llama4TextConfig
 
-    from dflash_convert.predict.facts import MODEL_TYPE_DEFAULTS
+    from dflash_convert.format.sizes import MODEL_TYPE_DEFAULTS
 
     for cls, model_type in ((Gemma3TextConfig, "gemma3_text"), (Llama4TextConfig, "llama4_text")):
         config = cls()
