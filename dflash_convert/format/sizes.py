@@ -54,6 +54,7 @@ SIZES: dict[str, Size] = {
     "linear_key_dim": Size(("linear_key_head_dim",), 0, MAX_HEAD_DIM),
     "linear_value_dim": Size(("linear_value_head_dim",), 0, MAX_HEAD_DIM),
     "sliding_window": Size(("sliding_window",), 0, MAX_POSITIONS),
+    "positions": Size(("max_position_embeddings",), 1, MAX_POSITIONS),
     # every Nth layer full attention, the others sliding (Gemma-3), where layer_types is absent
     "sliding_window_pattern": Size(("sliding_window_pattern",), 1, MAX_LAYERS),
     # every Nth layer MoE, the others dense (Llama-4's interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step)

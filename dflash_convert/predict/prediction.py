@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from dflash_convert.errors import UsageError
+from dflash_convert.format.sizes import decoder
 from dflash_convert.predict.calibration import ENGINES, coverage, error_band
 from dflash_convert.predict.cost import plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
@@ -303,17 +304,8 @@ def check_pair(draft_raw: dict[str, Any], target: ModelFacts, target_file: str, 
 
 def max_positions(raw: dict[str, Any], file: str) -> int | None:
     """The target's max_position_embeddings (a multimodal config's text_config's), None where not stated."""
-    from dflash_convert.errors import DFlashError
-    from dflash_convert.format.configs import MAX_POSITIONS
-
-    nested = isinstance(raw.get("text_config"), dict)
-    value = (raw["text_config"] if nested else raw).get("max_position_embeddings")
-    if value is None:
-        return None
-    if type(value) is not int or not 1 <= value <= MAX_POSITIONS:
-        raise DFlashError(f"field `{'text_config.' if nested else ''}max_position_embeddings` is {_short(value)}, "
-                          f"not an integer in [1, {MAX_POSITIONS}]", file=file)
-    return value
+    read = decoder(raw, file)
+    return read("positions") if read.present("positions") else None
 
 
 def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, output_len: int, tp: int) -> None:
