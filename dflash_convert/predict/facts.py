@@ -137,7 +137,8 @@ def _storage(raw: dict[str, Any], text: dict[str, Any],
     """(bytes per weight, bytes per expert weight, compute type, a warning or "") from quantization_config, else the
     dtype. A scheme it cannot read is counted at the dtype's width, and the warning names it and says so."""
     q = raw.get("quantization_config") or text.get("quantization_config")
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
+    # `dtype` before the older `torch_dtype`, as transformers reads a config stating both (and validate's memory plan)
+    dtype = str(text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype")
                 or "bfloat16").replace("torch.", "")
     plain = float(DTYPE_BYTES.get(dtype, 2))
     if not isinstance(q, dict):

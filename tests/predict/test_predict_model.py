@@ -205,6 +205,14 @@ def test_quantization_schemes_beyond_the_first_ones_are_read(q, per_weight, comp
     assert (m.weight_bytes, m.compute, m.storage_warning) == (pytest.approx(per_weight), compute, "")
 
 
+def test_dtype_wins_over_the_older_torch_dtype_as_transformers_reads_a_config_stating_both():
+    from transformers import LlamaConfig
+
+    both = {**SMALL, "dtype": "float32", "torch_dtype": "bfloat16"}
+    assert str(LlamaConfig.from_dict(both).dtype) == "torch.float32"
+    assert target_facts(both).weight_bytes == 4.0
+
+
 def test_a_scheme_it_cannot_read_is_a_warning_naming_it_in_the_text_and_the_json():
     from dflash_convert.predict.prediction import Inputs, predict, text_lines
 
