@@ -12,19 +12,12 @@ speculators: full layers never causal, sliding layers causal unless `sliding_win
 from __future__ import annotations
 
 import re
-import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from dflash_convert.format.configs import (
-    MAX_HEAD_DIM,
-    MAX_HEADS,
-    MAX_HIDDEN,
-    MAX_INTERMEDIATE,
-    MAX_LAYERS,
-    MAX_VOCAB,
     DraftSpec,
     FieldError,
     HFDFlashConfig,
@@ -34,7 +27,8 @@ from dflash_convert.format.configs import (
     kind_keys_model,
 )
 from dflash_convert.errors import DFlashError
-from dflash_convert.format import foreign, keys, kinds
+from dflash_convert.format import foreign, keys, kinds, sizes
+from dflash_convert.format.sizes import short_repr as _short
 
 AUX_ID_OFFSET = 1  # speculators aux id = z-lab target id + AUX_ID_OFFSET
 QWEN3_MAX_WINDOW_LAYERS = 28  # transformers' Qwen3Config default: layers below it are full attention
@@ -128,15 +122,6 @@ def detect_format(raw: dict[str, Any], file: str = "config.json") -> tuple[str, 
 
 
 _TYPE_TAGS = re.compile(r"int|str|float|bool|.*\[.*")  # union branches pydantic adds to an error's location
-
-
-_REPR = reprlib.Repr()
-_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 60, 60, 6, 4, 2
-
-
-def _short(value: Any) -> str:
-    """A bounded repr for error messages (a hostile value may be megabytes long)."""
-    return _REPR.repr(value)
 
 
 def _parse(model, raw: dict, file: str):
@@ -795,37 +780,28 @@ def special_ids(pad, eos) -> tuple[int | None, tuple[int, ...]]:
 
 
 def target_info(raw: dict[str, Any], name_or_path: str, file: str = "config.json") -> TargetInfo:
-    nested = isinstance(raw.get("text_config"), dict)
-    cfg = raw["text_config"] if nested else raw  # multimodal wrappers
-    prefix = "text_config." if nested else ""
-
-    def count(key: str, hi: int, default: int | None = None) -> int:
-        value = cfg.get(key, default)
-        if type(value) is not int or not 1 <= value <= hi:  # bool is an int subclass: refused too
-            what = "missing" if key not in cfg else f"{_short(value)}, not an integer in [1, {hi}]"
-            raise DFlashError(f"target config field `{prefix}{key}` is {what}", file=file)
-        return value
+    read = sizes.decoder(raw, file, lead="target config field")  # the one reader predict's facts use too
+    cfg = read.cfg
 
     def token(key: str, value: Any) -> int:
         if type(value) is not int:
             raise DFlashError(f"target config field `{key}` holds {_short(value)}, not a token id", file=file)
         return value
 
-    num_layers, hidden, vocab = count("num_hidden_layers", MAX_LAYERS), count("hidden_size", MAX_HIDDEN), \
-        count("vocab_size", MAX_VOCAB)
+    num_layers, hidden, vocab = read("layers"), read("hidden"), read("vocab")
     eos = cfg.get("eos_token_id", raw.get("eos_token_id"))
     eos_ids = tuple(token("eos_token_id", e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
     pad = cfg.get("pad_token_id")
     archs = raw.get("architectures") or []
     if not (isinstance(archs, list) and all(isinstance(a, str) and a.isprintable() and len(a) < 256 for a in archs)):
         raise DFlashError(f"target config field `architectures` is {_short(archs)}, not a list of names", file=file)
-    heads = count("num_attention_heads", MAX_HEADS, 1)
+    heads = read("heads")
     return TargetInfo(name_or_path=name_or_path, architectures=list(archs), num_layers=num_layers,
                       hidden_size=hidden, vocab_size=vocab,
                       pad_token_id=None if pad is None else token("pad_token_id", pad), eos_token_ids=eos_ids,
-                      num_attention_heads=heads, num_key_value_heads=count("num_key_value_heads", MAX_HEADS, heads),
-                      head_dim=count("head_dim", MAX_HEAD_DIM, max(1, hidden // heads)),
-                      intermediate_size=count("intermediate_size", MAX_INTERMEDIATE, 4 * hidden))
+                      num_attention_heads=heads, num_key_value_heads=read("kv_heads"), head_dim=read("head_dim"),
+                      # the memory plan's MLP buffer where the config states no dense MLP width (a MoE): GPT-2's 4x
+                      intermediate_size=read("intermediate", 4 * hidden))
 
 
 # ----------------------------------------------------------------------------- misspelled keys

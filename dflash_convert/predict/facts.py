@@ -8,16 +8,15 @@ the target's). Nothing else of a checkpoint is read: a prediction needs no weigh
 
 from __future__ import annotations
 
-import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 from dflash_convert.errors import DFlashError
-from dflash_convert.format.configs import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS,
-                                           MAX_POSITIONS, MAX_VOCAB)
+from dflash_convert.format.sizes import Reader, decoder, short_repr
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
 LINEAR_STATE_BYTES = 4  # linear-attention (Gated DeltaNet) recurrent state, kept in float32 by the engines
+NEED = "a prediction needs it"  # why a missing field is an error here
 
 
 @dataclass(frozen=True)
@@ -133,162 +132,18 @@ class ModelFacts:
         return self.experts * (1.0 - (1.0 - self.top_k / self.experts) ** tokens)
 
 
-# ----------------------------------------------------------------------------- reading a config.json
-
-# The most experts a MoE layer may have (real ones: 8 to 512); the other bounds are the ones every command
-# applies to a config (format/configs.py). A value outside them is an error naming the field, not a figure.
-MAX_EXPERTS = 1 << 16
-
-
-@dataclass(frozen=True)
-class Size:
-    """An integer field of a config: its key and the other spellings configs give it (the first present wins),
-    and its bounds, inclusive. `high` may name another fact (top-k at most the experts)."""
-
-    keys: tuple[str, ...]
-    low: int
-    high: int | str
-
-
-# What the cost model reads of a target's config.json, one declaration each. A JSON null is an absent field;
-# a bool, a string, a float or a value out of bounds is refused, naming the file and the field.
-SIZES: dict[str, Size] = {
-    "hidden": Size(("hidden_size", "n_embd"), 1, MAX_HIDDEN),
-    "layers": Size(("num_hidden_layers", "n_layer"), 1, MAX_LAYERS),
-    "heads": Size(("num_attention_heads", "n_head"), 1, MAX_HEADS),
-    "kv_heads": Size(("num_key_value_heads",), 1, "heads"),
-    "head_dim": Size(("head_dim",), 1, MAX_HEAD_DIM),
-    "intermediate": Size(("intermediate_size", "ffn_hidden_size"), 0, MAX_INTERMEDIATE),
-    "vocab": Size(("vocab_size",), 1, MAX_VOCAB),
-    "experts": Size(("num_experts", "num_local_experts", "n_routed_experts"), 0, MAX_EXPERTS),
-    "top_k": Size(("num_experts_per_tok", "num_experts_per_token", "moe_topk"), 1, "experts"),
-    "expert_intermediate": Size(("moe_intermediate_size",), 1, MAX_INTERMEDIATE),
-    "shared_intermediate": Size(("shared_expert_intermediate_size",), 0, MAX_INTERMEDIATE),
-    "shared_experts": Size(("n_shared_experts",), 0, MAX_EXPERTS),
-    "dense_layers": Size(("first_k_dense_replace",), 0, "layers"),
-    "full_attention_interval": Size(("full_attention_interval",), 1, MAX_LAYERS),
-    "linear_key_heads": Size(("linear_num_key_heads",), 0, MAX_HEADS),
-    "linear_value_heads": Size(("linear_num_value_heads",), 0, MAX_HEADS),
-    "linear_key_dim": Size(("linear_key_head_dim",), 0, MAX_HEAD_DIM),
-    "linear_value_dim": Size(("linear_value_head_dim",), 0, MAX_HEAD_DIM),
-    "sliding_window": Size(("sliding_window",), 0, MAX_POSITIONS),
-    # every Nth layer full attention, the others sliding (Gemma-3), where layer_types is absent
-    "sliding_window_pattern": Size(("sliding_window_pattern",), 1, MAX_LAYERS),
-    # every Nth layer MoE, the others dense (Llama-4's interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step)
-    # Llama-4: every Nth layer global attention (no RoPE), the others chunked local attention over attention_chunk_size
-    "attention_chunk_size": Size(("attention_chunk_size",), 1, MAX_POSITIONS),
-    "chunk_layer_interval": Size(("no_rope_layer_interval",), 1, MAX_LAYERS),
-    "moe_layer_step": Size(("interleave_moe_layer_step", "decoder_sparse_step"), 1, MAX_LAYERS),
-    "dense_intermediate": Size(("intermediate_size_mlp",), 1, MAX_INTERMEDIATE),  # Llama-4's dense layers' MLP
-    "kv_lora_rank": Size(("kv_lora_rank",), 1, MAX_INTERMEDIATE),
-    "q_lora_rank": Size(("q_lora_rank",), 1, MAX_INTERMEDIATE),
-    "qk_rope_head_dim": Size(("qk_rope_head_dim",), 0, MAX_HEAD_DIM),
-    "qk_nope_head_dim": Size(("qk_nope_head_dim",), 0, MAX_HEAD_DIM),
-    "v_head_dim": Size(("v_head_dim",), 1, MAX_HEAD_DIM),
-    # quantization_config's
-    "bits": Size(("bits", "w_bit"), 1, 16),
-    "group_size": Size(("group_size", "q_group_size"), -1, MAX_INTERMEDIATE),  # -1: one scale per output channel
-}
-
-
-_REPR = reprlib.Repr()
-_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 60, 60, 6, 4, 2
-
-
-def _short(value: Any) -> str:
-    """A bounded repr for an error line (a hostile value may be megabytes long)."""
-    return _REPR.repr(value)
-
-
-class Reader:
-    """Reads a config's fields as SIZES declares them, keeping what it read so that a bound may name it."""
-
-    def __init__(self, cfg: dict[str, Any], file: str, prefix: str = ""):
-        self.cfg, self.file, self.prefix = cfg, file, prefix
-        self.read: dict[str, int] = {}
-        self.keys: dict[str, str] = {}  # the key each value was read from (or the declared one, a default's)
-
-    def present(self, name: str) -> bool:
-        return any(self.cfg.get(k) is not None for k in SIZES[name].keys)
-
-    def __call__(self, name: str, default: int | None = None) -> int:
-        """The field's value; `default` where it is absent (None: the field is required)."""
-        size = SIZES[name]
-        key = next((k for k in size.keys if self.cfg.get(k) is not None), None)
-        if key is None:
-            if default is None:
-                raise DFlashError(f"field `{self.prefix}{size.keys[0]}` is missing: a prediction needs it",
-                                  file=self.file)
-            self.read[name], self.keys[name] = default, f"{self.prefix}{size.keys[0]}"
-            return default
-        value = self.cfg[key]
-        high = self.read[size.high] if isinstance(size.high, str) else size.high
-        if type(value) is not int or not size.low <= value <= high:  # a bool is an int subclass: refused too
-            bound = f"{self.keys[size.high]} ({high})" if isinstance(size.high, str) else high
-            raise DFlashError(f"field `{self.prefix}{key}` is {_short(value)}, not an integer in [{size.low}, "
-                              f"{bound}]", file=self.file)
-        self.read[name], self.keys[name] = value, f"{self.prefix}{key}"
-        return value
-
-    def flag(self, key: str) -> bool:
-        value = self.cfg.get(key)
-        if value is not None and type(value) is not bool:
-            raise DFlashError(f"field `{self.prefix}{key}` is {_short(value)}, not true or false", file=self.file)
-        return bool(value)
-
-    def layer_types(self, layers: int) -> list[str] | None:
-        value = self.cfg.get("layer_types")
-        if value is None:
-            return None
-        if not (isinstance(value, list) and len(value) == layers and all(isinstance(t, str) for t in value)):
-            raise DFlashError(f"field `{self.prefix}layer_types` is {_short(value)}, not a list of "
-                              f"num_hidden_layers ({layers}) layer type names", file=self.file)
-        return value
-
-
-# What a model type's config class fills in where its config.json leaves a field out, for the fields read here:
-# transformers' Gemma3TextConfig and Llama4TextConfig defaults (google/gemma-3-27b-it's text_config states no
-# vocab_size and no sliding_window_pattern; transformers derives its layer_types from the class's pattern of 6).
-# n_shared_experts is Llama-4's architecture, not a config field: each MoE layer has one shared expert of
-# intermediate_size beside its routed ones (transformers' Llama4TextMoe.shared_expert). A test checks these against
-# transformers' classes.
-MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
-                    "sliding_window_pattern": 6, "tie_word_embeddings": True},
-    "llama4_text": {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
-                    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
-                    "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 16, "num_experts_per_tok": 1,
-                    "interleave_moe_layer_step": 1, "tie_word_embeddings": False, "attention_chunk_size": 8192,
-                    "no_rope_layer_interval": 4, "n_shared_experts": 1},
-}
-# a multimodal wrapper's model type -> its decoder's, where the text_config does not name its own
-TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
-
-
-def _with_defaults(raw: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
-    """The decoder's config with its model type's defaults (MODEL_TYPE_DEFAULTS) where it leaves a field out."""
-    model_type = text.get("model_type") if text is not raw else None
-    model_type = model_type or TEXT_MODEL_TYPES.get(str(raw.get("model_type")), raw.get("model_type"))
-    defaults = MODEL_TYPE_DEFAULTS.get(model_type) if isinstance(model_type, str) else None
-    if not defaults:
-        return text
-    # a wrapper's own tie_word_embeddings stands (_tied reads it) where its decoder's config leaves it out
-    return {**{k: v for k, v in defaults.items() if not (k == "tie_word_embeddings" and text is not raw
-                                                         and raw.get(k) is not None)}, **text}
-
-
 def _storage(raw: dict[str, Any], text: dict[str, Any],
              file: str = "config.json") -> tuple[float, float, str, str]:
     """(bytes per weight, bytes per expert weight, compute type, a warning or "") from quantization_config, else the
     dtype. A scheme it cannot read is counted at the dtype's width, and the warning names it and says so."""
     q = raw.get("quantization_config") or text.get("quantization_config")
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
+    # `dtype` before the older `torch_dtype`, as transformers reads a config stating both (and validate's memory plan)
+    dtype = str(text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype")
                 or "bfloat16").replace("torch.", "")
     plain = float(DTYPE_BYTES.get(dtype, 2))
     if not isinstance(q, dict):
         return plain, plain, "bf16", ""
-    read = Reader(q, file, "quantization_config.")
+    read = Reader(q, file, "quantization_config.", need=NEED)
     method = str(q.get("quant_method", "")).lower()
     nested = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
     algo = str(q.get("quant_algo") or nested.get("quant_algo") or "").upper()
@@ -317,7 +172,7 @@ def _storage(raw: dict[str, Any], text: dict[str, Any],
     if bits is None and isinstance(q.get("config_groups"), dict):  # compressed-tensors
         for name, group in q["config_groups"].items():
             if group is not None and not isinstance(group, dict):
-                raise DFlashError(f"field `quantization_config.config_groups.{name}` is {_short(group)}, not an "
+                raise DFlashError(f"field `quantization_config.config_groups.{name}` is {short_repr(group)}, not an "
                                   "object", file=file)
             weights = (group or {}).get("weights") or {}
             bits = weights.get("num_bits", bits) if isinstance(weights, dict) else bits
@@ -337,12 +192,10 @@ def _storage(raw: dict[str, Any], text: dict[str, Any],
 
 def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     """A target's facts from its config.json (a multimodal config's text_config is its decoder)."""
-    nested = isinstance(raw.get("text_config"), dict)
-    text = _with_defaults(raw, raw["text_config"] if nested else raw)
-    read = Reader(text, file, "text_config." if nested else "")
+    read = decoder(raw, file, need=NEED)
+    text = read.cfg
     hidden, layers, heads = read("hidden"), read("layers"), read("heads")
-    kv = read("kv_heads", heads)
-    head_dim = read("head_dim", max(1, hidden // heads))
+    kv, head_dim = read("kv_heads"), read("head_dim")
     experts = read("experts", 0)
     top_k = read("top_k") if experts else 0  # a MoE target's cost depends on it: required
     inter = read("intermediate", 0)
@@ -406,7 +259,7 @@ def _tied(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
     if text.get("tie_word_embeddings") is not None:
         return read.flag("tie_word_embeddings")
     if raw.get("tie_word_embeddings") is not None:
-        return Reader(raw, read.file).flag("tie_word_embeddings")
+        return Reader(raw, read.file, need=NEED).flag("tie_word_embeddings")
     return True
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from dflash_convert.errors import UsageError
+from dflash_convert.format.sizes import decoder
 from dflash_convert.predict.calibration import ENGINES, coverage, error_band
 from dflash_convert.predict.cost import plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
@@ -285,35 +286,26 @@ def load_inputs(target: Path, draft: Path, target_name: str, draft_name: str) ->
     target_raw, draft_raw = read_json(t), read_json(d)
     target_facts_ = target_facts(target_raw, str(t))
     draft_facts_ = draft_facts(draft_raw, target_facts_, str(d))
-    check_pair(draft_raw, target_facts_, str(t), str(d))
+    check_pair(draft_raw, target_raw, str(t), str(d))
     return Inputs(target_facts_, draft_facts_, target_name, draft_name, max_positions(target_raw, str(t)))
 
 
-def check_pair(draft_raw: dict[str, Any], target: ModelFacts, target_file: str, draft_file: str) -> None:
+def check_pair(draft_raw: dict[str, Any], target_raw: dict[str, Any], target_file: str, draft_file: str) -> None:
     """A draft that cannot run on this target (its hidden size, the target layers it reads, its vocabulary) is an
-    error naming both files and the field (exit 1): a prediction for a pair no engine can serve is no answer."""
+    error naming both files and the field (exit 1): a prediction for a pair no engine can serve is no answer. The
+    target is read as convert and validate read it (target_info)."""
     from dflash_convert.format import compat
-    from dflash_convert.format.mapping import TargetInfo, spec_from_config
+    from dflash_convert.format.mapping import spec_from_config, target_info
 
-    info = TargetInfo(name_or_path=target_file, architectures=[], num_layers=target.layers,
-                      hidden_size=target.hidden, vocab_size=target.vocab, pad_token_id=None, eos_token_ids=())
-    compat.raise_first_failure(compat.compatibility_checks(spec_from_config(draft_raw, draft_file), info),
+    compat.raise_first_failure(compat.compatibility_checks(spec_from_config(draft_raw, draft_file),
+                                                           target_info(target_raw, target_file, target_file)),
                                names=compat.RUN_BLOCKING, file=draft_file)
 
 
 def max_positions(raw: dict[str, Any], file: str) -> int | None:
     """The target's max_position_embeddings (a multimodal config's text_config's), None where not stated."""
-    from dflash_convert.errors import DFlashError
-    from dflash_convert.format.configs import MAX_POSITIONS
-
-    nested = isinstance(raw.get("text_config"), dict)
-    value = (raw["text_config"] if nested else raw).get("max_position_embeddings")
-    if value is None:
-        return None
-    if type(value) is not int or not 1 <= value <= MAX_POSITIONS:
-        raise DFlashError(f"field `{'text_config.' if nested else ''}max_position_embeddings` is {_short(value)}, "
-                          f"not an integer in [1, {MAX_POSITIONS}]", file=file)
-    return value
+    read = decoder(raw, file)
+    return read("positions") if read.present("positions") else None
 
 
 def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, output_len: int, tp: int) -> None:

@@ -362,6 +362,9 @@ def test_written_configs_are_strict_json_and_read_back(cli, speculators_drafts, 
     (lambda c: c.update(eos_token_id=[1, "x"]), ["eos_token_id"]),
     (lambda c: c.update(pad_token_id=False), ["pad_token_id"]),
     (lambda c: c.update(text_config={"hidden_size": 64}), ["text_config.num_hidden_layers"]),
+    # more KV heads than heads: the bound predict applies too (format/sizes.py), not MAX_HEADS
+    (lambda c: c.update(num_key_value_heads=c["num_attention_heads"] + 1), ["num_key_value_heads",
+                                                                            "num_attention_heads"]),
 ])
 def test_hostile_target_config_is_refused(cli, speculators_drafts, tiny_target, tmp_path, edit, needles):
     cfg = read_config(tiny_target)

@@ -159,6 +159,7 @@ HYBRID = dict(layer_types=..., full_attention_interval=4, linear_num_key_heads=2
     (dict(num_key_value_heads=0), "`num_key_value_heads` is 0, not an integer in [1, num_attention_heads (2)]"),
     (dict(intermediate_size=...), "`intermediate_size` is missing or 0: a prediction needs the MLP width"),
     (dict(attn_output_gate="yes"), "`attn_output_gate` is 'yes', not true or false"),
+    (dict(max_position_embeddings=0), "`max_position_embeddings` is 0, not an integer in [1, 1073741824]"),
     (dict(quantization_config={"quant_method": "gptq", "bits": True}),
      "`quantization_config.bits` is True, not an integer in [1, 16]"),
     (dict(quantization_config={"quant_method": "awq", "bits": 4, "group_size": -7}),

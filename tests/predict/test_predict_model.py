@@ -139,7 +139,7 @@ def test_gemma3_reads_its_config_class_defaults_and_counts_sliding_layers_from_t
 def test_the_stated_model_type_defaults_are_transformers_own():
     from transformers import Gemma3TextConfig, Llama4TextConfig
 
-    from dflash_convert.predict.facts import MODEL_TYPE_DEFAULTS
+    from dflash_convert.format.sizes import MODEL_TYPE_DEFAULTS
 
     for cls, model_type in ((Gemma3TextConfig, "gemma3_text"), (Llama4TextConfig, "llama4_text")):
         config = cls()
@@ -203,6 +203,14 @@ SMALL = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, 
 def test_quantization_schemes_beyond_the_first_ones_are_read(q, per_weight, compute):
     m = target_facts({**SMALL, "quantization_config": q})
     assert (m.weight_bytes, m.compute, m.storage_warning) == (pytest.approx(per_weight), compute, "")
+
+
+def test_dtype_wins_over_the_older_torch_dtype_as_transformers_reads_a_config_stating_both():
+    from transformers import LlamaConfig
+
+    both = {**SMALL, "dtype": "float32", "torch_dtype": "bfloat16"}
+    assert str(LlamaConfig.from_dict(both).dtype) == "torch.float32"
+    assert target_facts(both).weight_bytes == 4.0
 
 
 def test_a_scheme_it_cannot_read_is_a_warning_naming_it_in_the_text_and_the_json():

@@ -211,3 +211,15 @@ def test_a_sampled_run_fails_a_defect_that_shows_only_on_the_long_prompts(cli, m
     assert any(s["outputs_equal"] < s["prompts"] for s in report["acceptance"]["per_context_length"])
     greedy = next(c for c in report["checks"] if c["name"] == "greedy_output_equal")
     assert greedy["status"] == "pass"
+
+
+def test_the_engine_runs_long_prompts_within_the_max_model_len_vllm_derives_not_max_position_embeddings():
+    """A target stating seq_length 2048 beside max_position_embeddings 4096: vLLM's default max_model_len is 2048,
+    so a 3000-token --context-lengths prompt needs max_model_len raised; a linear RoPE factor 4 serves 16384."""
+    from dflash_convert.validate.engine.level import fitting_engine_args
+
+    long = [(3000, [[1] * 3000])]
+    short = {"text_config": {"max_position_embeddings": 4096, "seq_length": 2048}}
+    assert fitting_engine_args({}, long, 16, 16, short) == {"max_model_len": 3000 + 16 + 2 * 16}
+    linear = {"max_position_embeddings": 2048, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+    assert fitting_engine_args({}, long, 16, 16, linear) == {}

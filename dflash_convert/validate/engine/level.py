@@ -26,6 +26,7 @@ from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.validate.breakdown import category_slices, context_slice, output_buckets
 from dflash_convert.validate.report import AcceptanceCounts, AcceptanceStats, EngineStats, SliceAcceptance
 from dflash_convert.validate.static import Check, make_check
+from dflash_convert.validate.trained_context import target_positions
 
 
 def vllm_level(prep: Prepared, per_k: list[tuple[AcceptanceStats, list[list[int]]]], *,
@@ -48,7 +49,8 @@ def vllm_level(prep: Prepared, per_k: list[tuple[AcceptanceStats, list[list[int]
         target=prep.target.dir, prompts=prep.prompts.ids + [p for _, windows in long for p in windows],
         max_tokens=opts.max_new_tokens, stop_token_ids=list(prep.sampling.stop_token_ids),
         engine_args=fitting_engine_args(opts.engine_args, long, opts.max_new_tokens,
-                                        max(stats.block_size for stats, _ in per_k), _target_positions(prep)),
+                                        max(stats.block_size for stats, _ in per_k),
+                                        read_json(prep.target.config)),
         sampling=served.engine_sampling(prep.sampling, opts.seed),
         # vLLM's num_speculative_tokens: the proposals of a block (block_size - 1; block_size when the anchor drafts)
         drafts=[{"draft": str(prep.path), "num_speculative_tokens": len(stats.per_position_rates),
@@ -117,13 +119,14 @@ class OurOneTokenLogits:
 
 
 def fitting_engine_args(engine_args: dict[str, Any], long: list[tuple[int, list[list[int]]]], max_new_tokens: int,
-                        block: int, target_positions: int | None) -> dict[str, Any]:
+                        block: int, target_config: dict[str, Any]) -> dict[str, Any]:
     """--engine-args with room for the longest --context-lengths prompt, its new tokens and two blocks: vLLM
     drafts a block past the last token, and its drafter cuts the proposals whose positions pass max_model_len
     (with vLLM 0.32 CPU, a max_model_len of exactly prompt + new tokens + block moved its counts on the last
-    steps). vLLM's default max_model_len is the target's max_position_embeddings: kept where that holds them,
-    raised where it does not (vLLM then says whether the target allows it). A max_model_len the user gave
-    that is smaller is a usage error naming it (the long prompts would be cut or refused, not measured)."""
+    steps). vLLM's default max_model_len, the one it derives from the target's config (target_positions), is
+    kept where that holds them, raised where it does not (vLLM then says whether the target allows it). A
+    max_model_len the user gave that is smaller is a usage error naming it (the long prompts would be cut or
+    refused, not measured)."""
     if not long:
         return engine_args
     longest = max(length for length, _ in long)
@@ -135,7 +138,8 @@ def fitting_engine_args(engine_args: dict[str, Any], long: list[tuple[int, list[
                              f"prompt ({longest}) + --max-new-tokens ({max_new_tokens}) + two blocks ({2 * block}) "
                              f"= {need}")
         return engine_args
-    if target_positions is not None and target_positions >= need:
+    positions, _ = target_positions(target_config)
+    if positions is not None and positions >= need:
         return engine_args
     return {**engine_args, "max_model_len": need}
 
@@ -232,14 +236,6 @@ def context_check(engine: EngineStats, stats: AcceptanceStats, run: dict[str, An
                       value={s.label: s.acceptance_length for s in engine.per_context_length},
                       threshold={s.label: s.acceptance_length for s in stats.vllm_context_counting},
                       level="end_to_end", bad="warn" if ok is None else "fail")
-
-
-def _target_positions(prep: Prepared) -> int | None:
-    """The target's max_position_embeddings (what vLLM's max_model_len defaults to), None where not stated."""
-    raw = read_json(prep.target.config)
-    raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
-    value = raw.get("max_position_embeddings")
-    return value if isinstance(value, int) else None
 
 
 def _as_counts(s: SliceAcceptance, slots: int) -> AcceptanceCounts:
