@@ -394,10 +394,24 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         shared_intermediate=shared, dense_layers=dense_layers,
         linear_layers=linear, linear_key_heads=read("linear_key_heads", 0), linear_value_heads=linear_value_heads,
         linear_key_dim=read("linear_key_dim", 0), linear_value_dim=read("linear_value_dim", 0),
-        sliding_layers=sliding, sliding_window=window, attention_gate=read.flag("attn_output_gate"),
+        sliding_layers=sliding, sliding_window=window, attention_gate=_gated(raw, text, read),
         mla_kv_per_token=mla_kv, mla_kv_rank=mla_rank, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
         compute=compute, tied_embeddings=_tied(raw, text, read), storage_warning=storage_warning,
         source=file)
+
+
+# Model types whose full-attention layers always gate their output (a q_proj twice as wide: query and gate), whether or
+# not the config says attn_output_gate: transformers' Qwen3NextAttention, Qwen3_5Attention and Qwen3_5MoeAttention
+# build q_proj of num_attention_heads x head_dim x 2 outputs and read no such field; Qwen/Qwen3-Next-80B-A3B's
+# config.json states none (Qwen3.5's state attn_output_gate: true).
+GATED_ATTENTION_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
+def _gated(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
+    """attn_output_gate where the config states it, else whether the model type always gates (above)."""
+    if text.get("attn_output_gate") is not None:
+        return read.flag("attn_output_gate")
+    return (text.get("model_type") or raw.get("model_type")) in GATED_ATTENTION_MODEL_TYPES
 
 
 def _tied(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:

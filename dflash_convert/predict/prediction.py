@@ -321,6 +321,9 @@ def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, out
     bad = [b for b in concurrency if b < 1]
     if bad or not concurrency:
         raise UsageError(f"--concurrency must be positive integers, got {', '.join(map(str, bad)) or 'none'}")
+    twice = next((b for i, b in enumerate(concurrency) if b in concurrency[:i]), None)
+    if twice is not None:  # its rows and its recommendation would show twice
+        raise UsageError(f"--concurrency {','.join(map(str, concurrency))}: {twice} is given twice")
     if not 1 <= tp <= MAX_TP:
         raise UsageError(f"--tp must be an integer in [1, {MAX_TP}], got {tp}")
     for flag, n in (("--input-len", input_len), ("--output-len", output_len)):
