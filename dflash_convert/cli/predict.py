@@ -33,9 +33,11 @@ def predict(
                            "per-position rates from a `validate --json` report (--tau adds or overrides K).")] = None,
     concurrency: Annotated[Optional[list[str]], typer.Option("--concurrency", metavar="N[,N...]", help="Concurrent "
                            "sequences (batch sizes); default 1.")] = None,
-    input_len: Annotated[int, typer.Option("--input-len", metavar="L", help="Prompt tokens.")] = 1024,
-    output_len: Annotated[int, typer.Option("--output-len", metavar="O", help="Generated tokens (the mean context "
-                          "is L + O/2).")] = 512,
+    # token counts as contexts are spoken of (2048 or 2k, 64k; k = 1024), as --max-model-len and --context-lengths
+    input_len: Annotated[str, typer.Option("--input-len", metavar="L", callback=lambda t: _tokens(t, "--input-len"),
+                                           help="Prompt tokens (8192 or 8k, k = 1024).")] = "1024",
+    output_len: Annotated[str, typer.Option("--output-len", metavar="O", callback=lambda t: _tokens(t, "--output-len"),
+                                            help="Generated tokens (the mean context is L + O/2).")] = "512",
     engine: Annotated[ServingEngine, typer.Option("--engine", help="The serving engine whose calibrated constants "
                       "apply.")] = ServingEngine("vllm"),
     tp: Annotated[int, typer.Option("--tp", metavar="N", help="Tensor-parallel GPUs.")] = 1,
@@ -98,6 +100,17 @@ def predict(
     report = run(inputs, gpus, taus, concurrency=batches, input_len=input_len,
                  output_len=output_len, engine=value(engine), tp=tp, tau_source=source)
     out.result(report.model_dump(mode="json"), render=report.render)
+
+
+def _tokens(text: str, flag: str) -> int:
+    """A length flag's token count: 8192 or 8k (k = 1024); 0 allowed (its bounds are the prediction's)."""
+    from dflash_convert.cli._params import token_count
+    from dflash_convert.errors import UsageError
+
+    try:
+        return token_count(str(text).strip())
+    except ValueError:
+        raise UsageError(f"{flag} {text}: expected a token count (8192, 8k; k = 1024)") from None
 
 
 def _refuse_a_draft_as_target(target: str, t_path: Path, draft: str, d_path: Path) -> None:

@@ -103,3 +103,14 @@ def test_qwen3_next_s_attention_is_gated_though_its_config_does_not_say_so():
     # the whole model: 79.67 B parameters with the gates (80B published; 100.7 M fewer without them)
     assert facts.attention_params * facts.full_layers - target_facts(
         {**QWEN3_NEXT, "attn_output_gate": False}).attention_params * facts.full_layers == 12 * 2048 * 4096
+
+
+def test_lengths_take_the_k_suffix_as_context_lengths_are_spoken_of(cli):
+    """--input-len 64k (the recipes' "64k input") is 65536 tokens, as validate's --context-lengths and --max-model-len
+    read it; a word is one line, exit 2."""
+    r = cli(*PAIR_ARGS, "--gpu", "H200", "--tau", "3=2.5", "--input-len", "64k", "--output-len", "1K", "--json")
+    assert r.code == 0, r.err
+    assert (r.json()["input_len"], r.json()["output_len"], r.json()["context"]) == (65536, 1024, 65536 + 512)
+    bad = cli(*PAIR_ARGS, "--gpu", "H200", "--tau", "3=2.5", "--input-len", "2 thousand")
+    assert (bad.code, bad.err.strip()) == (
+        2, "Error: --input-len 2 thousand: expected a token count (8192, 8k; k = 1024)"), bad.err
