@@ -114,3 +114,12 @@ def test_lengths_take_the_k_suffix_as_context_lengths_are_spoken_of(cli):
     bad = cli(*PAIR_ARGS, "--gpu", "H200", "--tau", "3=2.5", "--input-len", "2 thousand")
     assert (bad.code, bad.err.strip()) == (
         2, "Error: --input-len 2 thousand: expected a token count (8192, 8k; k = 1024)"), bad.err
+
+
+def test_inspect_answers_gpu_in_its_text_where_the_full_batch_stays_memory_bound(cli):
+    """--gpu asks a question: a memory-bound launch was answered only in --json (the text showed problems only)."""
+    r = cli("inspect", PAIR / "draft", "--engine", "vllm", "--num-speculative-tokens", "7", "--max-num-seqs", "4",
+            "--gpu", "H100")
+    assert r.code == 0, r.err
+    assert ("verify_compute_bound: 4 sequences x (K 7 + 1) = 32 verify tokens per step; on H100-SXM a dense bf16 "
+            "target's verify turns compute-bound past about 277 tokens per step") in " ".join(r.out.split()), r.out
