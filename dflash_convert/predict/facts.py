@@ -17,6 +17,7 @@ from dflash_convert.format.configs import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, 
                                            MAX_POSITIONS, MAX_VOCAB)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
+SERVED_FLOAT_BYTES = 2.0  # the widest an engine serves weights at (see _storage)
 LINEAR_STATE_BYTES = 4  # linear-attention (Gated DeltaNet) recurrent state, kept in float32 by the engines
 
 
@@ -285,7 +286,10 @@ def _storage(raw: dict[str, Any], text: dict[str, Any],
     q = raw.get("quantization_config") or text.get("quantization_config")
     dtype = str(text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
                 or "bfloat16").replace("torch.", "")
-    plain = float(DTYPE_BYTES.get(dtype, 2))
+    # a float32 checkpoint is served in 16 bits: the engines' dtype "auto" downcasts float32 models (vLLM 0.33
+    # config/model.py _resolve_auto_dtype: to the platform's first supported dtype, bfloat16 on a GPU; SGLang's auto
+    # likewise), so its weights are read at 2 bytes, not the 4 its config states
+    plain = min(float(DTYPE_BYTES.get(dtype, 2)), SERVED_FLOAT_BYTES)
     if not isinstance(q, dict):
         return plain, plain, "bf16", ""
     read = Reader(q, file, "quantization_config.")

@@ -123,3 +123,11 @@ def test_inspect_answers_gpu_in_its_text_where_the_full_batch_stays_memory_bound
     assert r.code == 0, r.err
     assert ("verify_compute_bound: 4 sequences x (K 7 + 1) = 32 verify tokens per step; on H100-SXM a dense bf16 "
             "target's verify turns compute-bound past about 277 tokens per step") in " ".join(r.out.split()), r.out
+
+
+def test_a_float32_checkpoint_is_counted_at_the_16_bits_the_engines_serve_it_in():
+    """vLLM's dtype auto downcasts a float32 model (config/model.py _resolve_auto_dtype): its weights are read and held
+    at 2 bytes, not the 4 its config states (which doubled the bytes per step and the memory)."""
+    fp32 = target_facts({**QWEN3_NEXT, "torch_dtype": "float32"})
+    assert (fp32.weight_bytes, fp32.expert_weight_bytes) == (2.0, 2.0)
+    assert target_facts({**QWEN3_NEXT, "torch_dtype": "float16"}).weight_bytes == 2.0
