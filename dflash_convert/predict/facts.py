@@ -57,6 +57,7 @@ class ModelFacts:
     tied_embeddings: bool = True  # a target: its lm_head is its embedding's rows (stored once)
     max_proposals: int = 0  # a draft: the most tokens its trained block proposes per step (0: not stated)
     block_size: int = 0  # a draft: its trained block, as its config states it
+    kind: str = ""  # a draft: its kind (DraftSpec.variant: dflash, dflash2, dspark), which names its serving method
     storage_warning: str = ""  # a quantization scheme not read (the weights counted at the dtype's width)
     source: str = "config.json"
 
@@ -444,4 +445,4 @@ def draft_facts(raw: dict[str, Any], target: ModelFacts, file: str = "config.jso
         head_dim=spec.head_dim, intermediate=spec.intermediate_size, vocab=spec.vocab_size, weight_bytes=wb,
         expert_weight_bytes=wb, compute=compute, lm_head_rows=spec.draft_vocab_size or 0,
         context_features=n_features * (spec.target_hidden_size or target.hidden), max_proposals=proposals,
-        block_size=block, storage_warning=storage_warning, source=file)
+        block_size=block, kind=spec.variant, storage_warning=storage_warning, source=file)

@@ -131,3 +131,26 @@ def test_a_float32_checkpoint_is_counted_at_the_16_bits_the_engines_serve_it_in(
     fp32 = target_facts({**QWEN3_NEXT, "torch_dtype": "float32"})
     assert (fp32.weight_bytes, fp32.expert_weight_bytes) == (2.0, 2.0)
     assert target_facts({**QWEN3_NEXT, "torch_dtype": "float16"}).weight_bytes == 2.0
+
+
+@pytest.mark.parametrize("engine, line", [
+    ("vllm", '--speculative-config \'{"method": "dspark", "model": "DRAFT", "num_speculative_tokens": 7}\''),
+    ("sglang", "--speculative-algorithm DSPARK --speculative-draft-model-path DRAFT --speculative-num-draft-tokens 9"),
+])
+def test_a_dspark_draft_s_launch_line_serves_it_as_dspark(cli, family_drafts, tiny_target, engine, line):
+    """Its launch line said method dflash / DFLASH at K+1 draft tokens: the engines would load it as another kind.
+    DSpark: vLLM's method dspark; SGLang's DSPARK at gamma + 1 = 9 draft tokens (the model card's rule)."""
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+
+    draft = family_drafts["dspark"]
+    # a GPU this slow makes every step its weights' bytes: speculation pays, and a K is recommended
+    r = cli("predict", "--target", tiny_target, "--draft", draft, "--gpu-spec", "name=slow,bw=0.01,bf16=0.01",
+            "--tau", "7=4", "--engine", engine, "--json")
+    assert r.code == 0, r.err
+    (rec,) = r.json()["recommendation"]
+    assert rec["num_speculative_tokens"] == 7 and line.replace("DRAFT", str(draft)) in rec["launch"], rec
+    # the model card's prediction section, its launch lines naming the repo
+    card = model_card(open_checkpoint(draft).spec, repo_id="org/d", validation={"prediction": r.json()})
+    section = card[card.index("### Predicted throughput on GPUs"):]
+    assert line.replace("DRAFT", "org/d") in section, section
