@@ -115,6 +115,8 @@ def gpu_from_spec(text: str) -> GPU:
     if unknown:
         raise UsageError(f"--gpu-spec {text}: unknown key {', '.join(sorted(unknown))} (name, bw, bf16, fp8, mem, "
                          "link)")
+    if "name" in fields and not (fields["name"].isprintable() and fields["name"]):
+        raise UsageError(f"--gpu-spec name {fields['name']!r}: not a printable, non-empty name (the table's heading)")
     missing = [k for k in ("bw", "bf16") if k not in fields]
     if missing:
         raise UsageError(f"--gpu-spec {text}: {' and '.join(missing)} missing (bw in GB/s, bf16 in TFLOP/s)")

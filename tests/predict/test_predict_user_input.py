@@ -154,3 +154,11 @@ def test_a_dspark_draft_s_launch_line_serves_it_as_dspark(cli, family_drafts, ti
     card = model_card(open_checkpoint(draft).spec, repo_id="org/d", validation={"prediction": r.json()})
     section = card[card.index("### Predicted throughput on GPUs"):]
     assert line.replace("DRAFT", "org/d") in section, section
+
+
+@pytest.mark.parametrize("spec, name", [("name=,bw=1000,bf16=100", "''"), ("name=a\tb,bw=1000,bf16=100", "'a\\tb'")])
+def test_a_gpu_spec_without_a_printable_name_is_refused_exit_2(cli, spec, name):
+    """An empty name headed its table with nothing; a control character reached the terminal."""
+    r = cli(*PAIR_ARGS, "--gpu-spec", spec, "--tau", "3=2.5")
+    assert (r.code, r.err.strip().splitlines()) == (
+        2, [f"Error: --gpu-spec name {name}: not a printable, non-empty name (the table's heading)"]), r.err
