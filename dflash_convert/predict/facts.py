@@ -363,6 +363,8 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     if experts and read.present("moe_layer_step"):  # after the first dense ones, every Nth layer MoE
         sparse = layers - dense_layers
         dense_layers += sparse - sparse // read("moe_layer_step")
+    if experts and text.get("mlp_only_layers"):
+        dense_layers = _dense_layers(text, read, layers)
     dense_inter = read("dense_intermediate", inter) if experts and dense_layers else inter
     linear_value_heads = read("linear_value_heads", 0)
     layer_types = read.layer_types(layers)
@@ -417,6 +419,19 @@ def _gated(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
     if text.get("attn_output_gate") is not None:
         return read.flag("attn_output_gate")
     return (text.get("model_type") or raw.get("model_type")) in GATED_ATTENTION_MODEL_TYPES
+
+
+def _dense_layers(text: dict[str, Any], read: Reader, layers: int) -> int:
+    """Qwen2-MoE, Qwen3-MoE and Qwen3-Next: the layers of mlp_only_layers have a dense MLP, as do those
+    decoder_sparse_step skips (transformers' Qwen3MoeDecoderLayer: experts where the index is not listed and
+    (index + 1) % decoder_sparse_step == 0), and the first first_k_dense_replace where a config states both."""
+    only = text["mlp_only_layers"]
+    if not (isinstance(only, list) and all(type(i) is int and 0 <= i < layers for i in only)):
+        raise DFlashError(f"field `{read.prefix}mlp_only_layers` is {_short(only)}, not a list of layer indices in "
+                          f"[0, {layers - 1}]", file=read.file)
+    step = read("moe_layer_step") if read.present("moe_layer_step") else 1
+    first = read("dense_layers", 0)
+    return sum(1 for i in range(layers) if i < first or i in set(only) or (i + 1) % step)
 
 
 def _tied(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dflash_convert.cli._options import PARSERS
-from dflash_convert.errors import UsageError
+from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.predict.facts import target_facts
 from dflash_convert.predict.gpus import gpu
 from dflash_convert.validate.options import ValidateOptions
@@ -162,3 +162,19 @@ def test_a_gpu_spec_without_a_printable_name_is_refused_exit_2(cli, spec, name):
     r = cli(*PAIR_ARGS, "--gpu-spec", spec, "--tau", "3=2.5")
     assert (r.code, r.err.strip().splitlines()) == (
         2, [f"Error: --gpu-spec name {name}: not a printable, non-empty name (the table's heading)"]), r.err
+
+
+def test_mlp_only_layers_are_dense_layers():
+    """Qwen3-MoE's mlp_only_layers (transformers' Qwen3MoeDecoderLayer gives them a dense MLP of intermediate_size) were
+    read as MoE layers; an empty list (Qwen3-30B-A3B's) changes nothing."""
+    qwen3_30b = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                 "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "num_hidden_layers": 48,
+                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936}
+    assert target_facts({**qwen3_30b, "mlp_only_layers": []}).dense_layers == 0
+    two = target_facts({**qwen3_30b, "mlp_only_layers": [0, 47]})
+    assert (two.dense_layers, two.moe_layers, two.intermediate) == (2, 46, 6144)
+    # with decoder_sparse_step 2 (odd indices MoE): 24 dense by the step, and index 1 listed too
+    assert target_facts({**qwen3_30b, "decoder_sparse_step": 2, "mlp_only_layers": [1, 2]}).dense_layers == 25
+    with pytest.raises(DFlashError, match=r"field `mlp_only_layers` is \[48\], not a list of layer indices in "
+                                          r"\[0, 47\]"):
+        target_facts({**qwen3_30b, "mlp_only_layers": [48]})
