@@ -186,8 +186,9 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, serving: Ca
     return lines
 
 
-def _render_prediction(validation: dict[str, Any], target: str, repo_id: str) -> list[str]:
-    """validate --predict-gpu's prediction, its launch lines naming this repo (not the path validate read)."""
+def _render_prediction(validation: dict[str, Any], target: str, repo_id: str, spec: DraftSpec) -> list[str]:
+    """validate --predict-gpu's prediction, its launch lines naming this repo (not the path validate read), served
+    as the draft's kind is."""
     from dflash_convert.predict.prediction import PredictionReport, launch_line, markdown_lines
 
     raw = validation.get("prediction")
@@ -196,7 +197,8 @@ def _render_prediction(validation: dict[str, Any], target: str, repo_id: str) ->
     p = PredictionReport.model_validate(raw)
     for rec in p.recommendation:
         if rec.num_speculative_tokens is not None:
-            rec.launch = launch_line(p.engine, target, repo_id, rec.num_speculative_tokens, p.tensor_parallel)
+            rec.launch = launch_line(p.engine, target, repo_id, rec.num_speculative_tokens, p.tensor_parallel,
+                                     spec.variant, spec.block_size or 0)
     return ["### Predicted throughput on GPUs", "", *markdown_lines(p), ""]
 
 
@@ -269,7 +271,7 @@ def _generated_section(spec: DraftSpec, repo_id: str, validation: dict[str, Any]
         lines += _render_validation(validation)
         if not runtime_only:
             lines += _render_k(validation, target, repo_id, serving)
-            lines += _render_prediction(validation, target, repo_id)
+            lines += _render_prediction(validation, target, repo_id, spec)
     if record is not None:
         rev = f" at `{record.source_revision}`" if record.source_revision else ""
         lines += ["### Provenance", "",

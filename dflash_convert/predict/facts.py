@@ -15,6 +15,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.format.sizes import Reader, decoder, short_repr
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
+SERVED_FLOAT_BYTES = 2.0  # the widest an engine serves weights at (see _storage)
 LINEAR_STATE_BYTES = 4  # linear-attention (Gated DeltaNet) recurrent state, kept in float32 by the engines
 NEED = "a prediction needs it"  # why a missing field is an error here
 
@@ -55,6 +56,7 @@ class ModelFacts:
     tied_embeddings: bool = True  # a target: its lm_head is its embedding's rows (stored once)
     max_proposals: int = 0  # a draft: the most tokens its trained block proposes per step (0: not stated)
     block_size: int = 0  # a draft: its trained block, as its config states it
+    kind: str = ""  # a draft: its kind (DraftSpec.variant: dflash, dflash2, dspark), which names its serving method
     storage_warning: str = ""  # a quantization scheme not read (the weights counted at the dtype's width)
     source: str = "config.json"
 
@@ -140,7 +142,10 @@ def _storage(raw: dict[str, Any], text: dict[str, Any],
     # `dtype` before the older `torch_dtype`, as transformers reads a config stating both (and validate's memory plan)
     dtype = str(text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype")
                 or "bfloat16").replace("torch.", "")
-    plain = float(DTYPE_BYTES.get(dtype, 2))
+    # a float32 checkpoint is served in 16 bits: the engines' dtype "auto" downcasts float32 models (vLLM 0.33
+    # config/model.py _resolve_auto_dtype: to the platform's first supported dtype, bfloat16 on a GPU; SGLang's auto
+    # likewise), so its weights are read at 2 bytes, not the 4 its config states
+    plain = min(float(DTYPE_BYTES.get(dtype, 2)), SERVED_FLOAT_BYTES)
     if not isinstance(q, dict):
         return plain, plain, "bf16", ""
     read = Reader(q, file, "quantization_config.", need=NEED)
@@ -211,6 +216,8 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
     if experts and read.present("moe_layer_step"):  # after the first dense ones, every Nth layer MoE
         sparse = layers - dense_layers
         dense_layers += sparse - sparse // read("moe_layer_step")
+    if experts and text.get("mlp_only_layers"):
+        dense_layers = _dense_layers(text, read, layers)
     dense_inter = read("dense_intermediate", inter) if experts and dense_layers else inter
     linear_value_heads = read("linear_value_heads", 0)
     layer_types = read.layer_types(layers)
@@ -247,10 +254,37 @@ def target_facts(raw: dict[str, Any], file: str = "config.json") -> ModelFacts:
         shared_intermediate=shared, dense_layers=dense_layers,
         linear_layers=linear, linear_key_heads=read("linear_key_heads", 0), linear_value_heads=linear_value_heads,
         linear_key_dim=read("linear_key_dim", 0), linear_value_dim=read("linear_value_dim", 0),
-        sliding_layers=sliding, sliding_window=window, attention_gate=read.flag("attn_output_gate"),
+        sliding_layers=sliding, sliding_window=window, attention_gate=_gated(raw, text, read),
         mla_kv_per_token=mla_kv, mla_kv_rank=mla_rank, mla_attention_params=mla_params, weight_bytes=wb, expert_weight_bytes=ewb,
         compute=compute, tied_embeddings=_tied(raw, text, read), storage_warning=storage_warning,
         source=file)
+
+
+# Model types whose full-attention layers always gate their output (a q_proj twice as wide: query and gate), whether or
+# not the config says attn_output_gate: transformers' Qwen3NextAttention, Qwen3_5Attention and Qwen3_5MoeAttention
+# build q_proj of num_attention_heads x head_dim x 2 outputs and read no such field; Qwen/Qwen3-Next-80B-A3B's
+# config.json states none (Qwen3.5's state attn_output_gate: true).
+GATED_ATTENTION_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
+def _gated(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
+    """attn_output_gate where the config states it, else whether the model type always gates (above)."""
+    if text.get("attn_output_gate") is not None:
+        return read.flag("attn_output_gate")
+    return (text.get("model_type") or raw.get("model_type")) in GATED_ATTENTION_MODEL_TYPES
+
+
+def _dense_layers(text: dict[str, Any], read: Reader, layers: int) -> int:
+    """Qwen2-MoE, Qwen3-MoE and Qwen3-Next: the layers of mlp_only_layers have a dense MLP, as do those
+    decoder_sparse_step skips (transformers' Qwen3MoeDecoderLayer: experts where the index is not listed and
+    (index + 1) % decoder_sparse_step == 0), and the first first_k_dense_replace where a config states both."""
+    only = text["mlp_only_layers"]
+    if not (isinstance(only, list) and all(type(i) is int and 0 <= i < layers for i in only)):
+        raise DFlashError(f"field `{read.prefix}mlp_only_layers` is {_short(only)}, not a list of layer indices in "
+                          f"[0, {layers - 1}]", file=read.file)
+    step = read("moe_layer_step") if read.present("moe_layer_step") else 1
+    first = read("dense_layers", 0)
+    return sum(1 for i in range(layers) if i < first or i in set(only) or (i + 1) % step)
 
 
 def _tied(raw: dict[str, Any], text: dict[str, Any], read: Reader) -> bool:
@@ -279,4 +313,4 @@ def draft_facts(raw: dict[str, Any], target: ModelFacts, file: str = "config.jso
         head_dim=spec.head_dim, intermediate=spec.intermediate_size, vocab=spec.vocab_size, weight_bytes=wb,
         expert_weight_bytes=wb, compute=compute, lm_head_rows=spec.draft_vocab_size or 0,
         context_features=n_features * (spec.target_hidden_size or target.hidden), max_proposals=proposals,
-        block_size=block, storage_warning=storage_warning, source=file)
+        block_size=block, kind=spec.variant, storage_warning=storage_warning, source=file)

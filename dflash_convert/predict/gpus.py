@@ -11,6 +11,7 @@ turns them into what an engine reaches.
 from __future__ import annotations
 
 import math
+import re
 
 from dataclasses import dataclass
 
@@ -62,14 +63,30 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("MI355X", 8000, 2517, 5033, 288, 448),
 )}
 
-# Spellings users type for the same part: case, spaces, underscores and these aliases fold to the table's names.
+# Spellings users type for the same part: case, spaces, dashes, underscores and the vendor's words fold away (_fold),
+# and these aliases name the table's parts. The long ones are the names the drivers report (nvidia-smi's "NVIDIA H100
+# 80GB HBM3" is the SXM part, "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"; amd-smi's "AMD Instinct MI300X"), so
+# that a name pasted from the machine finds its part. Other variants of a part (H100 NVL, H200 NVL, A100 PCIe 80GB)
+# have other figures and stay unknown: --gpu-spec describes them.
 ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "H100-SXM5": "H100-SXM", "A100": "A100-80GB",
            "A800-80GB": "A800", "4090": "RTX-4090", "RTXPRO6000": "RTX-PRO-6000", "RTX-PRO-6000-BLACKWELL":
-           "RTX-PRO-6000", "H200-SXM": "H200", "H20-96GB": "H20"}
+           "RTX-PRO-6000", "H200-SXM": "H200", "H20-96GB": "H20",
+           "H100-80GB-HBM3": "H100-SXM", "H100-SXM5-80GB": "H100-SXM", "H100-SXM-80GB": "H100-SXM",
+           "A100-SXM4-80GB": "A100-80GB", "A100-SXM4-40GB": "A100-40GB", "A800-SXM4-80GB": "A800",
+           "RTX-PRO-6000-BLACKWELL-SERVER-EDITION": "RTX-PRO-6000",
+           "RTX-PRO-6000-BLACKWELL-WORKSTATION-EDITION": "RTX-PRO-6000", "H200-141GB": "H200"}
+VENDOR_WORDS = ("NVIDIA", "GEFORCE", "TESLA", "AMD", "INSTINCT")
 
 
 def _fold(name: str) -> str:
-    return name.strip().upper().replace(" ", "-").replace("_", "-")
+    """A GPU name as compared: upper case, the vendor's words dropped, no separators ("rtx 4090", "RTX4090",
+    "NVIDIA GeForce RTX 4090" and "RTX-4090" are one name; validate's list flags drop the spaces of a name)."""
+    words = re.split(r"[\s_\-]+", name.strip().upper())
+    folded = "".join(w for w in words if w not in VENDOR_WORDS)
+    # validate's list flags drop spaces: "NVIDIA GeForce RTX 4090" arrives as NVIDIAGEFORCERTX4090
+    while (vendor := next((v for v in VENDOR_WORDS if folded.startswith(v) and folded != v), None)) is not None:
+        folded = folded[len(vendor):]
+    return folded
 
 
 def gpu(name: str, flag: str = "--gpu", spec_flag: str | None = "--gpu-spec") -> GPU:
@@ -77,7 +94,8 @@ def gpu(name: str, flag: str = "--gpu", spec_flag: str | None = "--gpu-spec") ->
     given with (`flag`) and listing the known ones, and pointing to `spec_flag` where the command has one."""
     folded = _fold(name)
     by_folded = {_fold(n): g for n, g in GPUS.items()}
-    found = by_folded.get(folded) or by_folded.get(_fold(ALIASES.get(folded, "")))
+    aliases = {_fold(a): _fold(n) for a, n in ALIASES.items()}
+    found = by_folded.get(folded) or by_folded.get(aliases.get(folded, ""))
     if found is None:
         spec = (f" (or describe it with {spec_flag} name=...,bw=GB/s,bf16=TFLOP/s[,fp8=TFLOP/s][,mem=GB]"
                 "[,link=GB/s])") if spec_flag else ""
@@ -97,6 +115,8 @@ def gpu_from_spec(text: str) -> GPU:
     if unknown:
         raise UsageError(f"--gpu-spec {text}: unknown key {', '.join(sorted(unknown))} (name, bw, bf16, fp8, mem, "
                          "link)")
+    if "name" in fields and not (fields["name"].isprintable() and fields["name"]):
+        raise UsageError(f"--gpu-spec name {fields['name']!r}: not a printable, non-empty name (the table's heading)")
     missing = [k for k in ("bw", "bf16") if k not in fields]
     if missing:
         raise UsageError(f"--gpu-spec {text}: {' and '.join(missing)} missing (bw in GB/s, bf16 in TFLOP/s)")

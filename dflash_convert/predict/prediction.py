@@ -255,13 +255,21 @@ class PredictionReport(BaseModel):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def launch_line(engine: str, target: str, draft: str, k: int, tp: int) -> str:
+def launch_line(engine: str, target: str, draft: str, k: int, tp: int, kind: str = "dflash", block: int = 0) -> str:
+    """The serving command at K for a draft of `kind` (its vLLM method, its SGLang algorithm and draft tokens, as
+    the kind states them for the model card: a DSpark draft is vLLM's method dspark, SGLang's DSPARK at gamma + 1
+    draft tokens), trained at `block` (0: not stated)."""
+    from dflash_convert.format import kinds
+
+    of_kind = kinds.get(kind) or kinds.of("dflash")
+    serving = of_kind.card_serving(block or None, str(k), False)
     tp_flag = f" --tensor-parallel-size {tp}" if tp > 1 else ""
     if engine == "sglang":
-        return (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm DFLASH "
-                f"--speculative-draft-model-path {shlex.quote(draft)} --speculative-num-draft-tokens {k + 1}"
-                + (f" --tp-size {tp}" if tp > 1 else ""))
-    config = json.dumps({"method": "dflash", "model": draft, "num_speculative_tokens": k})
+        tokens = k + 1 if serving.sglang_block_of_k else of_kind.sglang_draft_tokens(block or None)
+        return (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm "
+                f"{serving.sglang_algorithm} --speculative-draft-model-path {shlex.quote(draft)} "
+                f"--speculative-num-draft-tokens {tokens}" + (f" --tp-size {tp}" if tp > 1 else ""))
+    config = json.dumps({"method": serving.vllm_method, "model": draft, "num_speculative_tokens": k})
     return f"vllm serve {shlex.quote(target)}{tp_flag} --speculative-config {shlex.quote(config)}"
 
 
@@ -313,6 +321,9 @@ def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, out
     bad = [b for b in concurrency if b < 1]
     if bad or not concurrency:
         raise UsageError(f"--concurrency must be positive integers, got {', '.join(map(str, bad)) or 'none'}")
+    twice = next((b for i, b in enumerate(concurrency) if b in concurrency[:i]), None)
+    if twice is not None:  # its rows and its recommendation would show twice
+        raise UsageError(f"--concurrency {','.join(map(str, concurrency))}: {twice} is given twice")
     if not 1 <= tp <= MAX_TP:
         raise UsageError(f"--tp must be an integer in [1, {MAX_TP}], got {tp}")
     for flag, n in (("--input-len", input_len), ("--output-len", output_len)):
@@ -380,7 +391,7 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                     gpu=g.name, concurrency=b, num_speculative_tokens=best.num_speculative_tokens,
                     speedup=best.speedup, reason=f"the best predicted speedup, {best.speedup:.2f}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
                     launch=launch_line(engine, inputs.target_name, inputs.draft_name, best.num_speculative_tokens,
-                                       tp)))
+                                       tp, inputs.draft.kind, inputs.draft.block_size)))
             else:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=None, speedup=best.speedup,

@@ -43,4 +43,12 @@ def gpu_prediction(report: Any, opts: Any, target_config: Path | None, target_ra
     engine = opts.engine if opts.engine in ("vllm", "sglang") else "vllm"
     prediction = predict(inputs, [gpu(n, "--predict-gpu", None) for n in opts.predict_gpu], taus, concurrency=list(opts.concurrency),
                          input_len=input_len, output_len=opts.max_new_tokens, engine=engine, tau_source=source)
+    if any(r.speedup is None for r in prediction.recommendation):  # validate has no --tp: say where it is
+        prediction.notes.append(TP_NOTE)
     return prediction, None
+
+
+# A deployment that does not fit one GPU is told "more GPUs: --tp", a flag validate does not have: predict has it and
+# reads this run's report
+TP_NOTE = ("validate predicts on one GPU (TP 1); for a tensor-parallel deployment write the report with --json and "
+           "run dflash-convert predict --from-report REPORT --tp N with the same --target, --draft and --gpu")

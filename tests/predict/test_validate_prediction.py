@@ -52,3 +52,31 @@ def test_predict_gpu_without_a_measured_tau_warns(cli):
     check = next(c for c in r.json()["checks"] if c["name"] == "gpu_prediction")
     assert check["status"] == "warn" and "--target" in check["message"]
     assert r.json()["prediction"] is None
+
+
+def test_a_target_that_does_not_fit_one_gpu_is_pointed_to_predict_s_tp(tmp_path):
+    """The recommendation says "more GPUs: --tp", which validate does not take: the note names predict's."""
+    import json
+    from types import SimpleNamespace
+
+    from dflash_convert.validate.gpu_prediction import TP_NOTE, gpu_prediction
+
+    # meta-llama/Llama-3.1-70B's shape (141 GB in bf16) with a draft for it
+    llama_70b = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+                 "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                 "intermediate_size": 28672, "vocab_size": 128256, "tie_word_embeddings": False,
+                 "torch_dtype": "bfloat16"}
+    draft = json.loads((PAIR / "draft" / "config.json").read_text())
+    draft["transformer_layer_config"].update(hidden_size=8192, vocab_size=128256)
+    draft.update(aux_hidden_state_layer_ids=[2, 40], draft_vocab_size=128256, mask_token_id=128000)
+    run = SimpleNamespace(num_speculative_tokens=7)
+    report = SimpleNamespace(per_num_speculative_tokens=[run], acceptance=None, target="t", checkpoint="d",
+                             model_dump=lambda mode: {"per_num_speculative_tokens": [
+                                 {"num_speculative_tokens": 7, "acceptance_length": 4.0}]})
+    opts = SimpleNamespace(predict_gpu=["H100-SXM", "MI300X"], engine=None, concurrency=[1], max_new_tokens=64)
+    prediction, _ = gpu_prediction(report, opts, tmp_path / "config.json", llama_70b, draft, "draft/config.json")
+    fits = {r.gpu: r.target_fits for r in prediction.recommendation}
+    assert fits == {"H100-SXM": False, "MI300X": True} and TP_NOTE in prediction.notes
+    opts.predict_gpu = ["MI300X"]
+    prediction, _ = gpu_prediction(report, opts, tmp_path / "config.json", llama_70b, draft, "draft/config.json")
+    assert TP_NOTE not in prediction.notes
