@@ -280,7 +280,7 @@ def _dense_layers(text: dict[str, Any], read: Reader, layers: int) -> int:
     (index + 1) % decoder_sparse_step == 0), and the first first_k_dense_replace where a config states both."""
     only = text["mlp_only_layers"]
     if not (isinstance(only, list) and all(type(i) is int and 0 <= i < layers for i in only)):
-        raise DFlashError(f"field `{read.prefix}mlp_only_layers` is {_short(only)}, not a list of layer indices in "
+        raise DFlashError(f"field `{read.prefix}mlp_only_layers` is {short_repr(only)}, not a list of layer indices in "
                           f"[0, {layers - 1}]", file=read.file)
     step = read("moe_layer_step") if read.present("moe_layer_step") else 1
     first = read("dense_layers", 0)

@@ -210,7 +210,10 @@ def test_dtype_wins_over_the_older_torch_dtype_as_transformers_reads_a_config_st
 
     both = {**SMALL, "dtype": "float32", "torch_dtype": "bfloat16"}
     assert str(LlamaConfig.from_dict(both).dtype) == "torch.float32"
-    assert target_facts(both).weight_bytes == 4.0
+    # served at 2 bytes either way (the engines' dtype "auto" downcasts float32); the dtype read shows in the line
+    # that names an unread scheme
+    facts = target_facts({**both, "quantization_config": {"quant_method": "someday"}})
+    assert (facts.weight_bytes, "(float32)" in facts.storage_warning) == (2.0, True)
 
 
 def test_a_scheme_it_cannot_read_is_a_warning_naming_it_in_the_text_and_the_json():

@@ -5,6 +5,7 @@ unstated (Qwen3-Next's gated attention)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,10 @@ def test_inspect_answers_gpu_in_its_text_where_the_full_batch_stays_memory_bound
     r = cli("inspect", PAIR / "draft", "--engine", "vllm", "--num-speculative-tokens", "7", "--max-num-seqs", "4",
             "--gpu", "H100")
     assert r.code == 0, r.err
-    assert ("verify_compute_bound: 4 sequences x (K 7 + 1) = 32 verify tokens per step; on H100-SXM a dense bf16 "
-            "target's verify turns compute-bound past about 277 tokens per step") in " ".join(r.out.split()), r.out
+    # the ridge's figure follows the calibrated efficiencies (a refit moves it): the line, not the number, is tested
+    assert re.search(r"verify_compute_bound: 4 sequences x \(K 7 \+ 1\) = 32 verify tokens per step; on H100-SXM a "
+                     r"dense bf16 target's verify turns compute-bound past about \d+ tokens per step .*memory-bound at "
+                     r"a full batch", " ".join(r.out.split())), r.out
 
 
 def test_a_float32_checkpoint_is_counted_at_the_16_bits_the_engines_serve_it_in():
