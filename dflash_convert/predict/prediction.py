@@ -344,12 +344,13 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
             need = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
                                k=min(taus))
             plain_fits, spec_fits = need.fits(need.plain), need.fits(need.speculative)
-            plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp)
+            plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp,
+                               output_len=output_len)
             base = b / plain.seconds
             here = []
             for k in sorted(taus):
                 spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
-                                        gpu=g, constants=constants, tp=tp)
+                                        gpu=g, constants=constants, tp=tp, output_len=output_len)
                 fast = b * taus[k] / spec.seconds
                 at_k = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
                                    k=k)
