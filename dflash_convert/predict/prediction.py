@@ -184,7 +184,7 @@ class PredictionRow(BaseModel):
     speculative_tokens_per_s: float | None = Field(description="None: the target and the draft do not fit")
     speedup: float | None = Field(description="None: either deployment does not fit")
     bound: str = Field(description="the term most of the speculative step's time goes to: weights, experts, KV "
-                       "cache, lm_head, draft, compute, all-reduce or fixed cost; or 'does not fit: ...' with the "
+                       "cache, lm_head, draft, compute, all-reduce, fixed cost or admissions; or 'does not fit: ...' with the "
                        "memory needed and the memory usable per GPU")
     baseline_bound: str = Field(description="the same for the plain step")
     # defaults: a report written before memory was checked still reads (validate --baseline, push's model card)
