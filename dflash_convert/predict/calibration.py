@@ -10,9 +10,10 @@ public code that validates the checkpoint states them); drafts as the dimensions
 docs/performance.md cites each case's source and numbers.
 
 The fit (`fit`) is the same for every engine and never per case: a grid over the bandwidth efficiency shared
-by the serving engines (they run the same kinds of kernels), and, at each, every engine's fixed step cost as the
-median of what its cases leave unexplained of a plain step, and its speculative step cost as the median, over the
-same cases, of each case's speculative residual less that case's own plain residual (`fixed_costs_from_residuals`).
+by the serving engines (they run the same kinds of kernels), and, at each, every engine's fixed step cost and plain
+admission cost as the least-absolute line through what its cases leave unexplained of a plain step against the share
+of plain steps that admit a request, and its speculative step and admission costs the same line through each case's
+speculative residual less that case's own plain residual (`fixed_costs_from_residuals`; without admissions, medians).
 The compute efficiency is not fitted (no case is compute-bound): ASSUMED_COMPUTE_EFFICIENCY of the datasheet peak,
 as large GEMMs reach.
 `ENGINES` holds the result; a test checks that fitting again gives it.
