@@ -10,9 +10,10 @@ public code that validates the checkpoint states them); drafts as the dimensions
 docs/performance.md cites each case's source and numbers.
 
 The fit (`fit`) is the same for every engine and never per case: a grid over the bandwidth efficiency shared
-by the serving engines (they run the same kinds of kernels), and, at each, every engine's fixed step cost as the
-median of what its cases leave unexplained of a plain step, and its speculative step cost as the median, over the
-same cases, of each case's speculative residual less that case's own plain residual (`fixed_costs_from_residuals`).
+by the serving engines (they run the same kinds of kernels), and, at each, every engine's fixed step cost and plain
+admission cost as the least-absolute line through what its cases leave unexplained of a plain step against the share
+of plain steps that admit a request, and its speculative step and admission costs the same line through each case's
+speculative residual less that case's own plain residual (`fixed_costs_from_residuals`; without admissions, medians).
 The compute efficiency is not fitted (no case is compute-bound): ASSUMED_COMPUTE_EFFICIENCY of the datasheet peak,
 as large GEMMs reach.
 `ENGINES` holds the result; a test checks that fitting again gives it.
@@ -20,12 +21,14 @@ as large GEMMs reach.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from dflash_convert.predict.cost import EngineConstants, plain_step, speculative_step, target_pass, draft_pass
+from dflash_convert.predict.cost import (EngineConstants, draft_pass, mixed_share, plain_step, speculative_step,
+                                         target_pass)
 from dflash_convert.predict.facts import ModelFacts, target_facts
 from dflash_convert.predict.gpus import gpu
 
@@ -144,6 +147,9 @@ class Case(Setting):
     step_s: float | None = None
     notes: str = ""
     tp: int = 1  # tensor-parallel size: bytes and FLOPs split over tp GPUs, plus the all-reduces
+    # each request's output tokens (a throughput case's admissions: a = concurrency x t / output_len per step); 0 for
+    # a pass timed alone, where no request arrives
+    output_len: int = 0
 
     @property
     def measured_speedup(self) -> float | None:
@@ -155,23 +161,27 @@ class Case(Setting):
 CASES: tuple[Case, ...] = (
     Case("Qwen3-8B on A800, SGLang, batch 1", "https://github.com/sgl-project/sglang/issues/29244", "sglang",
          "A800", QWEN3_8B, QWEN3_8B_DFLASH, k=15, concurrency=1, tau=2.8, context=300,
-         baseline_tokens_per_s=88, speculative_tokens_per_s=162,
-         notes="SGLang 0.5.13, CUDA graphs; block 16 (K 15); context: the log's few hundred tokens"),
+         baseline_tokens_per_s=88, speculative_tokens_per_s=162, output_len=512,
+         notes="SGLang 0.5.13, CUDA graphs; block 16 (K 15); context: the log's few hundred tokens; output length "
+         "not stated, assumed 512 (the log shows a request still decoding past 424 cached tokens)"),
     Case("Qwen3-30B-A3B on A800, SGLang, batch 1", "https://github.com/sgl-project/sglang/issues/29244", "sglang",
          "A800", QWEN3_30B_A3B, QWEN3_30B_A3B_DFLASH, k=15, concurrency=1, tau=2.0, context=300,
-         baseline_tokens_per_s=146, speculative_tokens_per_s=93,
-         notes="the same setup as the Qwen3-8B case; the MoE target slows down"),
+         baseline_tokens_per_s=146, speculative_tokens_per_s=93, output_len=512,
+         notes="the same setup as the Qwen3-8B case; the MoE target slows down; output length assumed 512 as there"),
     Case("Qwen3.5-4B on H100, vLLM, batch 1", "https://github.com/vllm-project/vllm/issues/49730", "vllm",
          "H100-SXM", QWEN3_5_4B, QWEN3_5_4B_DFLASH, k=15, concurrency=1, tau=5.602, context=300,
-         baseline_tokens_per_s=285, speculative_tokens_per_s=347,
-         notes="vLLM nightly 0.23.1rc1, GSM8K; K 15 as z-lab's card launches it (assumed); hybrid target"),
+         baseline_tokens_per_s=285, speculative_tokens_per_s=347, output_len=256,
+         notes="vLLM nightly 0.23.1rc1, GSM8K; K 15 as z-lab's card launches it (assumed); hybrid target; output "
+         "length from its table, (E2E p50 941 ms - TTFT p50 47 ms) / ITL p50 3.5 ms + 1 = 256"),
     Case("Qwen3-32B-FP8 on RTX PRO 6000, SGLang, concurrency 8", "https://huggingface.co/chutesai/Qwen3-32B-FP8-DFLASH",
          "sglang", "RTX-PRO-6000", QWEN3_32B_FP8, QWEN3_32B_FP8_DFLASH, k=15, concurrency=8, tau=2.46, context=512,
-         baseline_tokens_per_s=229.1, speculative_tokens_per_s=423.0,
-         notes="SGLang 0.5.13.post1, ShareGPT, 200 prompts, up to 1,024 out; block 16 (K 15); context assumed 512"),
+         baseline_tokens_per_s=229.1, speculative_tokens_per_s=423.0, output_len=1024,
+         notes="SGLang 0.5.13.post1, ShareGPT, 200 prompts, up to 1,024 out (taken as 1,024: a cap, so the fewest "
+         "admissions the source allows); block 16 (K 15); context assumed 512"),
     *(Case(f"Qwen3.6-35B-A3B-FP8 on B200, {title}, K {k}, concurrency {b}", B200_REPORT, engine, "B200",
            QWEN3_6_35B_A3B_FP8, QWEN3_6_35B_A3B_DFLASH, k=k, concurrency=b, tau=tau, context=60 + 256 / 2,
-           baseline_tokens_per_s=plain, speculative_tokens_per_s=spec, notes=B200_NOTES[engine])
+           baseline_tokens_per_s=plain, speculative_tokens_per_s=spec, output_len=256,
+           notes=B200_NOTES[engine] + "; aiperf GSM8K, 256 out")
       for engine, title, k, b, tau, plain, spec in B200_RUNS),
     Case("runtime draft step, Qwen3-8B-DFlash-b16 shape, H100", "docs/performance.md (scripts/gpu-check.sh)",
          "runtime", "H100-SXM", QWEN3_8B, QWEN3_8B_DFLASH, k=15, concurrency=1, tau=1.0, context=512,
@@ -196,31 +206,43 @@ class DirectionCase(Setting):
     versus_tau: tuple[float, float] | None = None
     tp: int = 1
     notes: str = ""
+    # each request's output tokens, a range (low, high) where the source states none: right only where the
+    # direction holds over the whole of it too
+    output_len: tuple[int, int] = (0, 0)
 
+
+# vllm#42505 ran `evalscope perf` with its output length cut off in the stored text: 256 to 2,048, from a short
+# benchmark answer (evalscope's and the engines' benchmarks commonly cap at 256-1,024) to a long reasoning one (the
+# target thinks by default); a range, so that the case is right only where it holds over all of it
+EVALSCOPE_OUTPUT_RANGE = (256, 2048)
 
 DIRECTION_CASES: tuple[DirectionCase, ...] = (
     DirectionCase("Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 16",
                   "https://github.com/vllm-project/vllm/issues/42505", "vllm", "RTX-PRO-6000", QWEN3_5_35B_A3B,
                   QWEN3_5_35B_A3B_DFLASH, k=4, concurrency=16, tau=(2.0, 3.0), context=1024, faster=False,
+                  output_len=EVALSCOPE_OUTPUT_RANGE,
                   notes="vLLM 0.20.1, --max-num-seqs 16: 'slower than the baseline at concurrency > 8'; tau 2-3 from "
-                  "the same reporter's z-lab/dflash#118 (K 4 or 16); context assumed 1,024"),
+                  "the same reporter's z-lab/dflash#118 (K 4 or 16); context assumed 1,024; output length not "
+                  "stated: EVALSCOPE_OUTPUT_RANGE"),
     DirectionCase("Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 1",
                   "https://github.com/vllm-project/vllm/issues/42505", "vllm", "RTX-PRO-6000", QWEN3_5_35B_A3B,
                   QWEN3_5_35B_A3B_DFLASH, k=4, concurrency=1, tau=(2.0, 3.0), context=1024, faster=True,
+                  output_len=EVALSCOPE_OUTPUT_RANGE,
                   notes="the same report: at concurrency 1 'the speedup is much lower than reported' (a speedup, "
                   "smaller than the paper's)"),
     DirectionCase("Qwen3.8-27B-FP8 on H20, vLLM, DFlash2 K 5 against K 7, 64k in",
                   "https://github.com/vllm-project/recipes/pull/839", "vllm", "H20", QWEN3_8_27B_FP8,
                   QWEN3_8_27B_DFLASH2, k=5, concurrency=10, tau=(2.6, 2.7), context=64000 + 1500, versus_k=7,
-                  versus_tau=(2.5, 2.7),
+                  versus_tau=(2.5, 2.7), output_len=(3000, 3000),
                   notes="vllm bench serve, random 64,000 in / 3,000 out, 10 prompts at 10 req/s: decode median 304.1 "
                   "tok/s at K 5 against 255.5 at K 7; no run without speculation"),
 )
 
 # The result of fit(CASES), rounded as printed; tests/predict checks fit(CASES) still gives it.
 ENGINES: dict[str, EngineConstants] = {
-    "sglang": EngineConstants(0.595, ASSUMED_COMPUTE_EFFICIENCY, 2.578e-3, 2.966e-3),
-    "vllm": EngineConstants(0.595, ASSUMED_COMPUTE_EFFICIENCY, 3.386e-3, 5.517e-3),  # its own 5 throughput cases
+    # (fixed, speculative, admission plain / speculative: a mixed step's extra, ADMISSIONS "split")
+    "sglang": EngineConstants(0.655, ASSUMED_COMPUTE_EFFICIENCY, 2.709e-3, 1.241e-3, 0.0, 24.386e-3),
+    "vllm": EngineConstants(0.655, ASSUMED_COMPUTE_EFFICIENCY, 3.444e-3, 3.383e-3, 2.856e-3, 42.545e-3),  # its own 5
     "runtime": EngineConstants(0.46, ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0),
 }
 
@@ -253,9 +275,10 @@ def evaluate(case: Case, constants: EngineConstants) -> CaseResult:
         seconds = p.seconds + constants.fixed_step_s
         return CaseResult(case, {"step_s": seconds}, {"step_s": abs(seconds / case.step_s - 1)})
     b = case.concurrency
-    plain = plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp)
+    plain = plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp,
+                       output_len=case.output_len)
     spec = speculative_step(target, case.draft, batch=b, k=case.k, tau=case.tau, context=case.context, gpu=g,
-                            constants=constants, tp=case.tp)
+                            constants=constants, tp=case.tp, output_len=case.output_len)
     base, fast = b / plain.seconds, b * case.tau / spec.seconds
     predicted = {"baseline_tokens_per_s": base, "speculative_tokens_per_s": fast, "speedup": fast / base}
     errors = {"baseline_tokens_per_s": abs(base / case.baseline_tokens_per_s - 1),
@@ -321,20 +344,28 @@ class DirectionResult:
 
 
 def evaluate_direction(case: DirectionCase, constants: EngineConstants) -> DirectionResult:
+    """The speedups at each end of the tau range and of the output-length range (each monotone over such ranges), or
+    for a ranking K's throughput over versus_k's at each output-length end; right only where every one agrees."""
     target, g = target_facts(case.target, f"calibration case {case.name!r}"), gpu(case.gpu)
     b = case.concurrency
+    lengths = sorted(set(case.output_len))
+    at = (lambda n: f" and {n} out") if len(lengths) > 1 else (lambda n: "")
 
-    def tokens_per_s(k: int, tau: float) -> float:
+    def tokens_per_s(k: int, tau: float, n: int) -> float:
         step = speculative_step(target, case.draft, batch=b, k=k, tau=tau, context=case.context, gpu=g,
-                                constants=constants, tp=case.tp)
+                                constants=constants, tp=case.tp, output_len=n)
         return b * tau / step.seconds
 
     if case.versus_k is not None:
         versus = case.versus_tau or case.tau
-        ratio = tokens_per_s(case.k, case.tau[0]) / tokens_per_s(case.versus_k, versus[1])
-        return DirectionResult(case, {"ratio": ratio}, ratio > 1.0)
-    plain = b / plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp).seconds
-    speedups = {f"speedup at tau {tau:g}": tokens_per_s(case.k, tau) / plain for tau in case.tau}
+        ratios = {f"ratio{at(n)}": tokens_per_s(case.k, case.tau[0], n) / tokens_per_s(case.versus_k, versus[1], n)
+                  for n in lengths}
+        return DirectionResult(case, ratios, all(r > 1.0 for r in ratios.values()))
+    speedups = {}
+    for n in lengths:
+        plain = b / plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp,
+                               output_len=n).seconds
+        speedups.update({f"speedup at tau {tau:g}{at(n)}": tokens_per_s(case.k, tau, n) / plain for tau in case.tau})
     return DirectionResult(case, speedups, all((s > 1.0) == case.faster for s in speedups.values()))
 
 
@@ -400,31 +431,96 @@ def coverage(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstants
         for dim, value in setting(target).items():
             kinds.setdefault(dim, set()).add(value)
         bounds.add(plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=constants,
-                              tp=c.tp).bound)
+                              tp=c.tp, output_len=c.output_len).bound)
         bounds.add(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
-                                    gpu=g, constants=constants, tp=c.tp).bound)
+                                    gpu=g, constants=constants, tp=c.tp, output_len=c.output_len).bound)
     return Coverage(kinds, (min(c.tp for c in measured), max(c.tp for c in measured)),
                     (min(c.concurrency for c in measured), max(c.concurrency for c in measured)), bounds)
 
 
 # ----------------------------------------------------------------------------- the fit
 
-def fixed_costs_from_residuals(residuals: list[tuple[float, float]]) -> tuple[float, float]:
-    """An engine's fixed step cost and speculative step cost from its cases' residuals, each case a pair (what the
-    model leaves unexplained of its plain step, of its speculative step), in seconds. The fixed cost is the median of
-    the plain residuals; the speculative cost the median of each case's speculative residual less its own plain one.
-    Paired, because a speculative step's extra is measured against the plain step of the same engine, GPU and host:
-    whatever a case's setting adds to both of its steps cancels in its difference, where medians taken separately
-    can set one case's plain residual against another's speculative one. Never below zero."""
+# How an engine's admission cost is fitted: "split" (kept) a plain and a speculative constant, X_plain and X_spec;
+# "shared" one X for both; "none" no admission term. Chosen by the leave-one-out error (leave_one_out,
+# docs/performance.md): "split" 7 % median against "shared" 10 % and "none" 11 %.
+ADMISSIONS = "split"
+ADMISSION_FORMS = ("none", "shared", "split")
+
+
+def least_absolute_nonnegative(rows: list[list[float]], targets: list[float]) -> list[float]:
+    """The coefficients x >= 0 minimising sum |target - row . x| (least absolute deviations, exactly). Such a fit lies
+    at a vertex, where as many constraints hold exactly as there are coefficients (a row fitted exactly, or a
+    coefficient at zero); every vertex is tried. Where several are best, their mean (also best: the loss is convex).
+    With one coefficient and every row 1 this is the median, which is why it is the rule's robust line."""
+    k = len(rows[0])
+    tight = list(zip(rows, targets)) + [([1.0 if j == i else 0.0 for j in range(k)], 0.0) for i in range(k)]
+    best, at = math.inf, set()
+    for chosen in itertools.combinations(tight, k):
+        x = _solve([list(r) for r, _ in chosen], [t for _, t in chosen])
+        if x is None or min(x) < -1e-12:
+            continue
+        x = tuple(round(max(0.0, v), 15) for v in x)
+        loss = sum(abs(t - sum(a * b for a, b in zip(r, x))) for r, t in zip(rows, targets))
+        if loss < best - 1e-15:
+            best, at = loss, {x}
+        elif loss <= best + 1e-15:
+            at.add(x)
+    return [sum(v[j] for v in at) / len(at) for j in range(k)]
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """a x = b by Gaussian elimination with partial pivoting; None where a is singular."""
+    n = len(b)
+    m = [row + [rhs] for row, rhs in zip(a, b)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def fixed_costs_from_residuals(residuals: list[tuple[float, float, float, float]],
+                               admissions: str = ADMISSIONS) -> tuple[float, float, float, float]:
+    """An engine's fixed step cost F, speculative step cost S and admission costs X_plain, X_spec from its cases'
+    residuals, each case (what the model leaves unexplained of its plain step, of its speculative step, in seconds;
+    the share of its plain steps that admit a request, of its speculative steps: mixed_share). A plain residual is
+    F + X_plain m_plain; a speculative one less its own plain one is S + X_spec m_spec - X_plain m_plain. Paired,
+    because a speculative step's extra is measured against the plain step of the same engine, GPU and host:
+    whatever a case's setting adds to both of its steps cancels in its difference.
+
+    Each is a line fitted by least absolute deviations with every cost >= 0 (least_absolute_nonnegative): the median
+    rule extended to a slope, so one case far off the line (vllm#49730) moves it no more than it moved the medians.
+    "split": the plain line (F, X_plain), then the speculative one (S, X_spec) on each difference plus
+    X_plain m_plain; "shared": one X for both, the plain residuals and the differences in one fit of (F, S, X);
+    "none": X = 0, F and S the medians."""
     if not residuals:
-        return 0.0, 0.0
-    fixed = max(0.0, median(plain for plain, _ in residuals))
-    extra = max(0.0, median(spec - plain for plain, spec in residuals))
-    return fixed, extra
+        return 0.0, 0.0, 0.0, 0.0
+    plain = [r[0] for r in residuals]
+    extra = [spec - p for p, spec, _, _ in residuals]
+    if admissions == "none":
+        (fixed,), (spec,) = (least_absolute_nonnegative([[1.0]] * len(plain), plain),
+                             least_absolute_nonnegative([[1.0]] * len(extra), extra))
+        return fixed, spec, 0.0, 0.0
+    if admissions == "shared":
+        rows = [[1.0, 0.0, mp] for _, _, mp, _ in residuals] + [[0.0, 1.0, ms - mp] for _, _, mp, ms in residuals]
+        fixed, spec, x = least_absolute_nonnegative(rows, plain + extra)
+        return fixed, spec, x, x
+    if admissions != "split":
+        raise ValueError(f"admissions: one of {ADMISSION_FORMS}, not {admissions!r}")
+    fixed, x_plain = least_absolute_nonnegative([[1.0, mp] for _, _, mp, _ in residuals], plain)
+    spec, x_spec = least_absolute_nonnegative([[1.0, ms] for _, _, _, ms in residuals],
+                                              [e + x_plain * mp for e, (_, _, mp, _) in zip(extra, residuals)])
+    return fixed, spec, x_plain, x_spec
 
 
-def _fixed_costs(cases: list[Case], constants: EngineConstants) -> tuple[float, float]:
-    """An engine's fixed step cost and speculative step cost from what its throughput cases leave unexplained at
+def _fixed_costs(cases: list[Case], constants: EngineConstants,
+                 admissions: str = ADMISSIONS) -> tuple[float, float, float, float]:
+    """An engine's fixed, speculative and admission costs from what its throughput cases leave unexplained at
     `constants`' efficiencies (fixed_costs_from_residuals)."""
     zero = EngineConstants(constants.bandwidth_efficiency, constants.compute_efficiency, 0.0, 0.0)
     residuals = []
@@ -436,8 +532,9 @@ def _fixed_costs(cases: list[Case], constants: EngineConstants) -> tuple[float, 
         spec = speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context, gpu=g,
                                 constants=zero, tp=c.tp).seconds
         residuals.append((c.concurrency / c.baseline_tokens_per_s - plain,
-                          c.concurrency * c.tau / c.speculative_tokens_per_s - spec))
-    return fixed_costs_from_residuals(residuals)
+                          c.concurrency * c.tau / c.speculative_tokens_per_s - spec,
+                          mixed_share(c.concurrency / c.output_len), mixed_share(c.concurrency * c.tau / c.output_len)))
+    return fixed_costs_from_residuals(residuals, admissions)
 
 
 def _log_error(cases: list[Case], engines: dict[str, EngineConstants]) -> float:
@@ -456,10 +553,10 @@ def _log_error(cases: list[Case], engines: dict[str, EngineConstants]) -> float:
 MIN_OWN_CASES = 2
 
 
-def fit(cases: tuple[Case, ...] = CASES) -> dict[str, EngineConstants]:
+def fit(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS) -> dict[str, EngineConstants]:
     """Every engine's constants from the cases: the bandwidth efficiency on a grid of 0.005 from 0.2 to 0.9 (shared by the serving
-    engines; the runtime's its own), fixed costs as _fixed_costs says at each: an engine's own from its cases where
-    it has MIN_OWN_CASES throughput cases, else from the group's cases pooled (its own among them)."""
+    engines; the runtime's its own), fixed and admission costs as _fixed_costs says at each: an engine's own from its
+    cases where it has MIN_OWN_CASES throughput cases, else from the group's cases pooled (its own among them)."""
     by_engine: dict[str, list[Case]] = {}
     for c in cases:
         by_engine.setdefault("runtime" if c.engine == "runtime" else "serving", []).append(c)
@@ -473,10 +570,17 @@ def fit(cases: tuple[Case, ...] = CASES) -> dict[str, EngineConstants]:
             for engine in sorted({c.engine for c in members}):
                 mine = [c for c in members if c.engine == engine]
                 own = sum(c.kind == "throughput" for c in mine) >= MIN_OWN_CASES or engine == "runtime"
-                fixed, extra = _fixed_costs(mine if own else members, base)
-                trial[engine] = EngineConstants(efficiency, ASSUMED_COMPUTE_EFFICIENCY, fixed, extra)
+                costs = _fixed_costs(mine if own else members, base, admissions)
+                trial[engine] = EngineConstants(efficiency, ASSUMED_COMPUTE_EFFICIENCY, *costs)
             score = _log_error(members, trial)
             if best is None or score < best[0] - 1e-12:
                 best = (score, trial)
         out.update(best[1])
     return out
+
+
+def leave_one_out(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS) -> list[CaseResult]:
+    """Each serving engine's throughput case predicted by the constants fitted without it: how the model does on a
+    case it was not fitted to, the figure that chooses between forms of the fit (ADMISSIONS)."""
+    held = [c for c in cases if c.kind == "throughput" and c.engine != "runtime"]
+    return [evaluate(c, fit(tuple(o for o in cases if o is not c), admissions)[c.engine]) for c in held]

@@ -6,12 +6,17 @@ the experts its tokens route to, the KV cache at the context length, linear-atte
 and does FLOPs (2 per active weight per token, attention over the context); it takes the longer of
 bytes / effective bandwidth and FLOPs / effective peak, plus its tensor-parallel all-reduces. The step
 adds the engine's fixed cost (scheduling, launches, sampling; the speculative step's rejection and
-bookkeeping on top). The effective rates and fixed costs are an engine's calibrated constants
-(calibration.py), the peaks the GPU table's (gpus.py).
+bookkeeping on top), and the expected cost of admissions: in a closed loop of `batch` sequences each
+`output_len` tokens long, a step admits on average a = batch x t / output_len new requests (t: tokens a step
+commits per sequence, 1 plain, tau speculative); arriving at random, several sharing one step, a step is "mixed"
+(the new requests' prefill beside the running decodes) with probability 1 - exp(-a), and a mixed step costs the
+engine's admission constant more (it leaves the uniform-batch CUDA graph, vllm#45237). The effective rates and
+fixed costs are an engine's calibrated constants (calibration.py), the peaks the GPU table's (gpus.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dflash_convert.predict.facts import ModelFacts
@@ -29,6 +34,24 @@ class EngineConstants:
     compute_efficiency: float  # of the datasheet dense peak
     fixed_step_s: float  # every step: scheduling, launch, sampling
     speculative_step_s: float  # a speculative step on top: the draft's launch, rejection, bookkeeping
+    admission_s: float = 0.0  # a plain step that admits a request (its prefill beside the decodes) costs this more
+    speculative_admission_s: float = 0.0  # the same for a speculative step
+
+
+def mixed_share(admitted: float) -> float:
+    """The probability that a step admits at least one request when it admits `admitted` on average, arrivals at
+    random (Poisson): 1 - exp(-a). Several admissions in one step share it, so this never passes 1."""
+    return 1.0 - math.exp(-admitted)
+
+
+def admission_cost(constants: EngineConstants, *, batch: int, output_len: float | None, tokens_per_step: float,
+                   speculative: bool) -> float:
+    """The expected seconds a step spends on admissions: mixed_share(batch x tokens_per_step / output_len) times the
+    engine's admission constant. No output length (a pass measured alone, no requests arriving): none."""
+    if not output_len:
+        return 0.0
+    extra = constants.speculative_admission_s if speculative else constants.admission_s
+    return mixed_share(batch * tokens_per_step / output_len) * extra
 
 
 @dataclass(frozen=True)
@@ -50,16 +73,17 @@ class Pass:
 class Step:
     passes: tuple[Pass, ...]
     fixed_s: float
+    admissions_s: float = 0.0  # the expected cost of the requests a step admits (admission_cost)
 
     @property
     def seconds(self) -> float:
-        return sum(p.seconds for p in self.passes) + self.fixed_s
+        return sum(p.seconds for p in self.passes) + self.fixed_s + self.admissions_s
 
     @property
     def bound(self) -> str:
-        """Which term the step's time is mostly: compute (a pass over its byte time), a byte term, all-reduce or
-        the engine's fixed cost."""
-        shares: dict[str, float] = {"fixed cost": self.fixed_s}
+        """Which term the step's time is mostly: compute (a pass over its byte time), a byte term, all-reduce,
+        the engine's fixed cost or admissions."""
+        shares: dict[str, float] = {"fixed cost": self.fixed_s, "admissions": self.admissions_s}
         for p in self.passes:
             shares["all-reduce"] = shares.get("all-reduce", 0.0) + p.allreduce_s
             if p.compute_s > p.memory_s:
@@ -131,14 +155,18 @@ def draft_pass(d: ModelFacts, target: ModelFacts, *, batch: int, k: int, tau: fl
 
 
 def plain_step(m: ModelFacts, *, batch: int, context: float, gpu: GPU, constants: EngineConstants,
-               tp: int = 1) -> Step:
+               tp: int = 1, output_len: float | None = None) -> Step:
+    """`output_len`: each request's output tokens, for the admissions (none counted without it)."""
     return Step((target_pass(m, batch=batch, tokens_per_seq=1, context=context, gpu=gpu, constants=constants,
-                             tp=tp),), constants.fixed_step_s)
+                             tp=tp),), constants.fixed_step_s,
+                admission_cost(constants, batch=batch, output_len=output_len, tokens_per_step=1, speculative=False))
 
 
 def speculative_step(m: ModelFacts, d: ModelFacts, *, batch: int, k: int, tau: float, context: float, gpu: GPU,
-                     constants: EngineConstants, tp: int = 1) -> Step:
+                     constants: EngineConstants, tp: int = 1, output_len: float | None = None) -> Step:
+    """A step commits tau tokens per sequence, so it meets tau times a plain step's admissions."""
     return Step((draft_pass(d, m, batch=batch, k=k, tau=tau, context=context, gpu=gpu, constants=constants, tp=tp),
                  target_pass(m, batch=batch, tokens_per_seq=k + 1, context=context, gpu=gpu, constants=constants,
                              tp=tp)),
-                constants.fixed_step_s + constants.speculative_step_s)
+                constants.fixed_step_s + constants.speculative_step_s,
+                admission_cost(constants, batch=batch, output_len=output_len, tokens_per_step=tau, speculative=True))

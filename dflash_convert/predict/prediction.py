@@ -184,7 +184,7 @@ class PredictionRow(BaseModel):
     speculative_tokens_per_s: float | None = Field(description="None: the target and the draft do not fit")
     speedup: float | None = Field(description="None: either deployment does not fit")
     bound: str = Field(description="the term most of the speculative step's time goes to: weights, experts, KV "
-                       "cache, lm_head, draft, compute, all-reduce or fixed cost; or 'does not fit: ...' with the "
+                       "cache, lm_head, draft, compute, all-reduce, fixed cost or admissions; or 'does not fit: ...' with the "
                        "memory needed and the memory usable per GPU")
     baseline_bound: str = Field(description="the same for the plain step")
     # defaults: a report written before memory was checked still reads (validate --baseline, push's model card)
@@ -355,12 +355,13 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
             need = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
                                k=min(taus))
             plain_fits, spec_fits = need.fits(need.plain), need.fits(need.speculative)
-            plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp)
+            plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp,
+                               output_len=output_len)
             base = b / plain.seconds
             here = []
             for k in sorted(taus):
                 spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
-                                        gpu=g, constants=constants, tp=tp)
+                                        gpu=g, constants=constants, tp=tp, output_len=output_len)
                 fast = b * taus[k] / spec.seconds
                 at_k = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
                                    k=k)

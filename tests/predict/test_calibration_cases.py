@@ -38,9 +38,11 @@ def test_the_direction_only_cases_come_out_as_the_docs_state():
     assert band.line() in DOCS
     for case in DIRECTION_CASES:  # each one is in the docs' table with its source
         assert case.name in DOCS and case.source in DOCS, case.name
-    # the miss at concurrency 16 is the tau range's: slower at its low end (right), faster at its high end
+    # the miss at concurrency 16 is the tau range's: slower at its low end (right), faster at its high end, at every
+    # output length of the range evaluated (256 to 2,048)
     busy = next(r for r in band.stated if "concurrency 16" in r.case.name)
-    assert busy.predicted["speedup at tau 2"] < 1.0 < busy.predicted["speedup at tau 3"]
+    for n in busy.case.output_len:
+        assert busy.predicted[f"speedup at tau 2 and {n} out"] < 1.0 < busy.predicted[f"speedup at tau 3 and {n} out"]
 
 
 def test_the_ranking_at_64k_is_the_verify_s_kv_cache_and_compute():
@@ -69,7 +71,7 @@ def test_the_ranking_at_64k_is_the_verify_s_kv_cache_and_compute():
 
 def test_a_direction_must_hold_over_the_whole_tau_range():
     dense = dataclasses.replace(DIRECTION_CASES[1], target=calibration.QWEN3_8B, draft=calibration.QWEN3_8B_DFLASH,
-                                gpu="A800", engine="sglang", k=15, concurrency=1)
+                                gpu="A800", engine="sglang", k=15, concurrency=1, output_len=(512, 512))
     wide = dataclasses.replace(dense, tau=(1.0, 6.0))  # slower at tau 1 (nothing accepted), faster at 6
     r = evaluate_direction(wide, ENGINES["sglang"])
     low, high = r.predicted.values()
@@ -107,18 +109,22 @@ def test_direction_cases_are_not_in_the_error_median():
 
 
 def test_the_speculative_fixed_cost_is_the_median_of_each_case_s_own_difference():
-    """Worked by hand, residuals in ms (plain, speculative): (1, 2), (3, 10), (5, 7). The fixed cost is the median
-    plain residual, 3; the speculative cost the median of each case's own difference (1, 7, 2), 2 ms. Medians taken
-    separately would give 7 - 3 = 4 ms: the second case's speculative residual set against the first's plain one."""
+    """Worked by hand, residuals in ms (plain, speculative), no step admitting a request: (1, 2), (3, 10), (5, 7). The
+    fixed cost is the median plain residual, 3; the speculative cost the median of each case's own difference (1, 7,
+    2), 2 ms. Medians taken separately would give 7 - 3 = 4 ms: the second case's speculative residual set against
+    the first's plain one. (With admissions the medians become least-absolute lines: test_admissions.py.)"""
     from dflash_convert.predict.calibration import fixed_costs_from_residuals
 
-    fixed, extra = fixed_costs_from_residuals([(1e-3, 2e-3), (3e-3, 10e-3), (5e-3, 7e-3)])
-    assert (fixed, extra) == (pytest.approx(3e-3), pytest.approx(2e-3))
+    fixed, extra, *admissions = fixed_costs_from_residuals([(1e-3, 2e-3, 0, 0), (3e-3, 10e-3, 0, 0),
+                                                            (5e-3, 7e-3, 0, 0)])
+    assert (fixed, extra, admissions) == (pytest.approx(3e-3), pytest.approx(2e-3), [0.0, 0.0])
+    # an even count: the mean of the two middle ones, as a median
+    assert fixed_costs_from_residuals([(1e-3, 1e-3, 0, 0), (3e-3, 3e-3, 0, 0)])[0] == pytest.approx(2e-3)
     # a case that runs faster than the model leaves a negative residual; the costs never go below zero
-    assert fixed_costs_from_residuals([(-1e-3, -4e-3)]) == (0.0, 0.0)
-    assert fixed_costs_from_residuals([]) == (0.0, 0.0)
+    assert fixed_costs_from_residuals([(-1e-3, -4e-3, 0, 0)]) == (0.0, 0.0, 0.0, 0.0)
+    assert fixed_costs_from_residuals([]) == (0.0, 0.0, 0.0, 0.0)
     # one case: the pair fits it exactly (fixed + extra = its speculative residual when its plain one is not negative)
-    assert sum(fixed_costs_from_residuals([(2e-3, 9e-3)])) == pytest.approx(9e-3)
+    assert sum(fixed_costs_from_residuals([(2e-3, 9e-3, 0, 0)])) == pytest.approx(9e-3)
 
 
 def test_the_speedup_error_is_per_engine_and_pooled_where_an_engine_has_too_few_cases():
@@ -158,7 +164,7 @@ def test_what_the_cases_cover_is_read_from_the_cases():
     assert out == ["MLA attention (the cases: full attention, linear-attention hybrid)",
                    "sub-8-bit weights (the cases: 16-bit weights, 8-bit weights)", "TP 8 (the cases: TP 1)",
                    "concurrency 64 (the cases: 1 to 32)",
-                   "steps bound by compute (the cases' steps: KV cache, experts, fixed cost, weights)"]
+                   "steps bound by compute (the cases' steps: admissions, experts, fixed cost, weights)"]
     # a case run at TP 8 covers TP 8: nothing is a hand list
     wider = calibration.coverage(CASES + (dataclasses.replace(CASES[0], tp=8, concurrency=64),))
     assert wider.outside(dense, tp=8, concurrency=[64], bounds=set()) == []
@@ -181,4 +187,6 @@ def test_the_b200_runs_are_the_report_s_table_and_give_vllm_a_speculative_step_o
     assert f"{ratio:.2f} plain steps at K 15, concurrency 1" in DOCS and 2.5 < ratio < 2.7
     assert 1 < ratio < 2.0 * 1.5  # slower than plain at tau 2 for any model that reproduces this step
     row = next(r for r in error_band().stated if "concurrency 1" in r.case.name)
-    assert row.predicted["speedup at tau 2"] < 1.0 < row.predicted["speedup at tau 3"] and not row.right
+    assert not row.right
+    for n in row.case.output_len:
+        assert row.predicted[f"speedup at tau 2 and {n} out"] < 1.0 < row.predicted[f"speedup at tau 3 and {n} out"]

@@ -187,8 +187,8 @@ def test_inspect_says_when_a_full_batch_makes_the_verify_compute_bound(cli):
     r = cli("inspect", PAIR / "draft", *launch, "--max-num-seqs", "64", "--gpu", "H100", "--json")
     assert r.code == 0, r.err  # a warning, not a failed check
     check = next(c for c in json.loads(r.out)["checks"] if c["name"] == "verify_compute_bound")
-    # H100 SXM: 989 TFLOP/s x 0.6 over 3350 GB/s x 0.595 = 298 tokens; 64 x 16 = 1024 is past it
-    assert check["status"] == "warn" and "1024 verify tokens" in check["message"] and "298 tokens" in check["message"]
+    # H100 SXM: 989 TFLOP/s x 0.6 over 3350 GB/s x 0.655 = 270 tokens; 64 x 16 = 1024 is past it
+    assert check["status"] == "warn" and "1024 verify tokens" in check["message"] and "270 tokens" in check["message"]
     assert "give --target" in check["message"]
     few = cli("inspect", PAIR / "draft", *launch, "--max-num-seqs", "4", "--gpu", "H100", "--target",
               PAIR / "target", "--json")
@@ -215,14 +215,18 @@ def test_an_engine_with_one_case_takes_the_pooled_fixed_costs():
     serving = [c for c in one if c.engine != "runtime"]
     base = EngineConstants(fitted["vllm"].bandwidth_efficiency, calibration.ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0)
     pooled = _fixed_costs(serving, base)
-    assert (fitted["vllm"].fixed_step_s, fitted["vllm"].speculative_step_s) == pytest.approx(pooled)
+    got = fitted["vllm"]
+    assert (got.fixed_step_s, got.speculative_step_s, got.admission_s, got.speculative_admission_s) == \
+        pytest.approx(pooled)
     assert fitted["vllm"].speculative_step_s < _fixed_costs(vllm, base)[1]  # pooled against 11.2 ms alone
     # the stored constants: vLLM's own, fitted on its five cases
     now = [c for c in CASES if c.engine == "vllm" and c.kind == "throughput"]
     assert len(now) >= calibration.MIN_OWN_CASES
     base = EngineConstants(calibration.ENGINES["vllm"].bandwidth_efficiency, calibration.ASSUMED_COMPUTE_EFFICIENCY,
                            0.0, 0.0)
-    assert (fit()["vllm"].fixed_step_s, fit()["vllm"].speculative_step_s) == pytest.approx(_fixed_costs(now, base))
+    got = fit()["vllm"]
+    assert (got.fixed_step_s, got.speculative_step_s, got.admission_s, got.speculative_admission_s) == \
+        pytest.approx(_fixed_costs(now, base))
 
 
 def test_the_prediction_carries_the_engine_s_speedup_error_and_says_where_it_is_outside_the_cases():
