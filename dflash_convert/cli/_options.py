@@ -78,7 +78,8 @@ def _option(name: str, spelling: Flag, info, panel: Optional[str] = None) -> tup
     if spelling.parse in ADDS_UP:  # repeatable, each time's items added
         option = typer.Option(*names, metavar=spelling.metavar or METAVARS[spelling.parse],
                               callback=_joined(PARSERS[spelling.parse]), **text)
-        return Annotated[Optional[list[str]], option], None
+        # default []: typer reads an empty list from a list flag's parser as unset (`--predict-gpu ,` names no GPU)
+        return Annotated[Optional[list[str]], option], []
     if spelling.parse is not None and spelling.parse != "dtype":  # text, parsed into the value
         option = typer.Option(*names, metavar=spelling.metavar or METAVARS[spelling.parse],
                               callback=PARSERS[spelling.parse], **text)

@@ -45,7 +45,7 @@ def disagreements(command, model: type[BaseModel]) -> list[str]:
         default, own = _plain(param.default), info.get_default(call_default_factory=True)
         if spelling.parse == "dtype":
             own = default if own == "auto" else own
-        if default != own and not (default is None and spelling.parse is not None):  # text unset: field default
+        if default != own and not (default in (None, []) and spelling.parse is not None):  # text unset: field default
             found.append(f"{name}: default {default!r} is not the field's {own!r}")
         for alias in spelling.aliases:
             hidden = params.get(ALIAS + alias.lstrip("-").replace("-", "_"))
