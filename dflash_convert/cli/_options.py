@@ -104,7 +104,7 @@ def option_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
     for name, (spelling, info) in flagged_fields(model).items():
         annotation, default = _option(name, spelling, info, _panel(model, name))
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                                        default=default))
+                                        default=inspect.Parameter.empty if info.is_required() else default))
         kind = get_args(annotation)[0]
         for alias in spelling.aliases:
             hidden = typer.Option(alias, hidden=True, help=f"Former name of {spelling.name}.",
