@@ -32,6 +32,7 @@ PARSERS: dict[str, Callable[[Optional[str]], Any]] = {
 METAVARS = {"ints": "IDS", "floats": "RATES", "levels": "LEVELS", "json": "JSON", "memory": "BUDGET", "names": "NAMES",
             "lengths": "L[,L...]", "length": "TOKENS", "thresholds": "X[,CATEGORY=X...]"}
 ALIAS = "_alias_"  # the parameter name prefix of a hidden former spelling
+FORMER_OF: dict[str, str] = {}  # a former spelling's parameter -> its field's: the two are one flag
 # the text kinds whose value is a list: the flag given again adds its items, as one comma-separated value would
 ADDS_UP = ("ints", "floats", "levels", "names", "lengths")
 
@@ -109,6 +110,7 @@ def option_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
         for alias in spelling.aliases:
             hidden = typer.Option(alias, hidden=True, help=f"Former name of {spelling.name}.",
                                   **({"metavar": spelling.metavar} if spelling.metavar else {}))
+            FORMER_OF[ALIAS + alias.lstrip("-").replace("-", "_")] = name
             aliases.append(inspect.Parameter(ALIAS + alias.lstrip("-").replace("-", "_"),
                                              inspect.Parameter.KEYWORD_ONLY, default=None,
                                              annotation=Annotated[Optional[_plain(kind)[0]], hidden]))
@@ -197,7 +199,11 @@ def refuse_repeated(command: Any, ctx: Any, args: list[str]) -> None:
     who wrote it twice meant something: keeping the last, as click does, is a run of another setting); given
     twice with one value, or a repeatable flag (its values add up), is fine. A switch's two spellings both given
     (`--causal --non-causal`) contradict each other."""
+    by_name = {p.name: p for p in command.params}
+    flags: dict[Any, list[str]] = {}  # a flag's values, its former spelling's (--engine-kv-cache) among them
     for param, values in given_values(command, ctx, args).items():
+        flags.setdefault(by_name.get(FORMER_OF.get(param.name), param), []).extend(values)
+    for param, values in flags.items():
         distinct = list(dict.fromkeys(values))
         if len(distinct) < 2:
             continue

@@ -27,6 +27,8 @@ TWICE = [
                  "vllm", "--engine", "sglang"), "--engine given twice: vllm, sglang"),
     ("predict-three", ("predict", "--target", TARGET, "--target", DRAFT, "--target", TARGET, "--draft", DRAFT),
      f"--target given 3 times: {TARGET}, {DRAFT}, {TARGET}"),
+    ("former-spelling", ("validate", DRAFT, "--engine-kv-cache-gib", "2", "--engine-kv-cache", "3"),
+     "--engine-kv-cache-gib given twice: 2, 3"),
     ("switch", ("validate", DRAFT, "--causal", "--levels", "static", "--non-causal"),
      "--causal and --non-causal both given: give one"),
 ]
