@@ -1,5 +1,6 @@
 """How a command's -h reads: click's plain layout, a required argument written plain (`SRC`), and the options
-grouped under their panels' headings (an options model's HELP_PANELS) in one order for every command."""
+grouped under their panels' headings (an options model's HELP_PANELS) in one order for every command; and
+every command's flags given twice held to one rule (_options.refuse_repeated)."""
 
 import re
 
@@ -14,6 +15,14 @@ PANEL_ORDER = ("Arguments", *ValidateOptions.HELP_PANELS, "Reports", "Options")
 
 class Command(TyperCommand):
     """Usage lines as click and man pages write them: a required argument plain (`SRC`), not typer's `{SRC}`."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        """A single-valued flag given twice with different values is refused before click keeps the last."""
+        from dflash_convert.cli._options import refuse_repeated
+
+        if not ctx.resilient_parsing:
+            refuse_repeated(self, ctx, args)
+        return super().parse_args(ctx, args)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         return [re.sub(r"\{([^{}]+)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]

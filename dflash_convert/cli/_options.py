@@ -1,7 +1,12 @@
 """A command's options generated from its options model (as mergekit's MergeOptions gives its flags):
 each field with a `Flag` becomes one typer option, its help the field's description, its default the
 field's, its choices the field's Literal (or the Flag's). The command takes the values as one dict
-of field values, ready for the model."""
+of field values, ready for the model.
+
+A flag given more than once (every command's, generated or not: `refuse_repeated`, which each command's
+parse runs): a list-valued one adds up (`--levels static --levels numeric` is `--levels static,numeric`);
+a single-valued one given with different values is a usage error naming it, never the last one silently
+winning (`--engine given twice: vllm, sglang`)."""
 
 import enum
 import inspect
@@ -11,6 +16,8 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args,
 
 import typer
 from pydantic import BaseModel
+
+from dflash_convert.errors import UsageError
 
 from dflash_convert.cli._params import (choices, csv, dtype_name, flag, json_object, max_memory, thresholds,
                                        token_count, token_length)
@@ -25,6 +32,15 @@ PARSERS: dict[str, Callable[[Optional[str]], Any]] = {
 METAVARS = {"ints": "IDS", "floats": "RATES", "levels": "LEVELS", "json": "JSON", "memory": "BUDGET", "names": "NAMES",
             "lengths": "L[,L...]", "length": "TOKENS", "thresholds": "X[,CATEGORY=X...]"}
 ALIAS = "_alias_"  # the parameter name prefix of a hidden former spelling
+FORMER_OF: dict[str, str] = {}  # a former spelling's parameter -> its field's: the two are one flag
+# the text kinds whose value is a list: the flag given again adds its items, as one comma-separated value would
+ADDS_UP = ("ints", "floats", "levels", "names", "lengths")
+
+
+def _joined(parse: Callable[[Optional[str]], Any]) -> Callable[[Optional[list[str]]], Any]:
+    """A list flag's parser over every time it was given: `--levels static --levels numeric` reads as
+    `--levels static,numeric` (None: not given)."""
+    return lambda texts: None if not texts else parse(",".join(texts))
 
 
 def flagged_fields(model: type[BaseModel]) -> dict[str, tuple[Flag, Any]]:
@@ -60,6 +76,11 @@ def _option(name: str, spelling: Flag, info, panel: Optional[str] = None) -> tup
     default = _default(info)
     names = [n for n in (spelling.name, spelling.short) if n]
     text = dict(help=info.description or "", rich_help_panel=panel)
+    if spelling.parse in ADDS_UP:  # repeatable, each time's items added
+        option = typer.Option(*names, metavar=spelling.metavar or METAVARS[spelling.parse],
+                              callback=_joined(PARSERS[spelling.parse]), **text)
+        # default []: typer reads an empty list from a list flag's parser as unset (`--predict-gpu ,` names no GPU)
+        return Annotated[Optional[list[str]], option], []
     if spelling.parse is not None and spelling.parse != "dtype":  # text, parsed into the value
         option = typer.Option(*names, metavar=spelling.metavar or METAVARS[spelling.parse],
                               callback=PARSERS[spelling.parse], **text)
@@ -84,11 +105,12 @@ def option_parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
     for name, (spelling, info) in flagged_fields(model).items():
         annotation, default = _option(name, spelling, info, _panel(model, name))
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                                        default=default))
+                                        default=inspect.Parameter.empty if info.is_required() else default))
         kind = get_args(annotation)[0]
         for alias in spelling.aliases:
             hidden = typer.Option(alias, hidden=True, help=f"Former name of {spelling.name}.",
                                   **({"metavar": spelling.metavar} if spelling.metavar else {}))
+            FORMER_OF[ALIAS + alias.lstrip("-").replace("-", "_")] = name
             aliases.append(inspect.Parameter(ALIAS + alias.lstrip("-").replace("-", "_"),
                                              inspect.Parameter.KEYWORD_ONLY, default=None,
                                              annotation=Annotated[Optional[_plain(kind)[0]], hidden]))
@@ -141,3 +163,51 @@ def with_options(model: type[BaseModel]) -> Callable[[Callable], Callable]:
 
     return decorate
 
+
+
+def _long_name(param: Any) -> str:
+    return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
+
+def given_values(command: Any, ctx: Any, args: list[str]) -> dict[Any, list[str]]:
+    """Each single-valued option of `command` -> the values `args` give it, in order (a switch: the spelling
+    given, `--causal` or `--non-causal`), read by click's own parser for the command (so a value that looks
+    like a flag, `--x=v`, -ov and `--` read as click reads them). A repeatable option is not listed."""
+    parser = command.make_parser(ctx)
+    given: dict[Any, list[str]] = {}
+
+    def recorder(option: Any) -> Callable[[Any, Any], None]:
+        process = option.process
+
+        def record(value: Any, state: Any) -> None:
+            spelling = (option._long_opts or option._short_opts)[0]
+            given.setdefault(option.obj, []).append(spelling if option.action == "store_const" else value)
+            process(value, state)
+
+        return record
+
+    # click's parser keeps one value per option ("store"): each option's is recorded as it is read
+    for option in {id(o): o for o in (*parser._long_opt.values(), *parser._short_opt.values())}.values():
+        if option.action in ("store", "store_const"):
+            option.process = recorder(option)
+    parser.parse_args(args=list(args))  # (typer carries its own copy of click: its parser, read alike)
+    return given
+
+
+def refuse_repeated(command: Any, ctx: Any, args: list[str]) -> None:
+    """A single-valued flag given more than once with different values is a usage error naming it (the user
+    who wrote it twice meant something: keeping the last, as click does, is a run of another setting); given
+    twice with one value, or a repeatable flag (its values add up), is fine. A switch's two spellings both given
+    (`--causal --non-causal`) contradict each other."""
+    by_name = {p.name: p for p in command.params}
+    flags: dict[Any, list[str]] = {}  # a flag's values, its former spelling's (--engine-kv-cache) among them
+    for param, values in given_values(command, ctx, args).items():
+        flags.setdefault(by_name.get(FORMER_OF.get(param.name), param), []).extend(values)
+    for param, values in flags.items():
+        distinct = list(dict.fromkeys(values))
+        if len(distinct) < 2:
+            continue
+        if getattr(param, "is_flag", False) and getattr(param, "secondary_opts", None):
+            raise UsageError(f"{' and '.join(distinct)} both given: give one")
+        times = "twice" if len(values) == 2 else f"{len(values)} times"
+        raise UsageError(f"{_long_name(param)} given {times}: {', '.join(map(str, values))}")

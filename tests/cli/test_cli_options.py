@@ -1,4 +1,4 @@
-"""Each option of validate and convert is declared once, in its options model (type, default, help, and its
+"""Each option of validate, convert and predict is declared once, in its options model (type, default, help, and its
 spelling in a `Flag`); the CLI's flags are generated from it. These tests hold the two together: a flag
 that disagrees with its field (name, default, help), a field without a flag (or a reason for none), or a
 hand-written option shadowing a field fails here."""
@@ -15,9 +15,10 @@ from dflash_convert.cli._options import ALIAS, flagged_fields, with_options
 from dflash_convert.convert.conversion import ConvertOptions
 from dflash_convert.errors import DFlashError, UsageError
 from dflash_convert.flags import CommandOptions, Flag, Off, flag_of
+from dflash_convert.predict.options import PredictOptions
 from dflash_convert.validate.options import MAX_PROMPT_TOKENS, ValidateOptions, check_value
 
-COMMANDS = {"validate": ValidateOptions, "convert": ConvertOptions}
+COMMANDS = {"validate": ValidateOptions, "convert": ConvertOptions, "predict": PredictOptions}
 
 
 def _plain(default):
@@ -42,11 +43,13 @@ def disagreements(command, model: type[BaseModel]) -> list[str]:
             found.append(f"{name}: flag {param.opts} is not {long}")
         if param.help != info.description:
             found.append(f"{name}: help {param.help!r} is not the field's {info.description!r}")
+        if info.is_required() != bool(param.required):  # a field without a default: a flag that must be given
+            found.append(f"{name}: required {info.is_required()}, its flag's {param.required}")
         default, own = _plain(param.default), info.get_default(call_default_factory=True)
         if spelling.parse == "dtype":
             own = default if own == "auto" else own
-        if default != own and not (default is None and spelling.parse is not None):  # text unset: field default
-            found.append(f"{name}: default {default!r} is not the field's {own!r}")
+        if default != own and not (default in (None, []) and spelling.parse is not None) and not info.is_required():
+            found.append(f"{name}: default {default!r} is not the field's {own!r}")  # text unset: field default
         for alias in spelling.aliases:
             hidden = params.get(ALIAS + alias.lstrip("-").replace("-", "_"))
             if hidden is None or alias not in hidden.opts or not hidden.hidden:

@@ -294,7 +294,9 @@ def test_target_with_a_different_hidden_size(pair, cli, tmp_path):
     raw = read_json(pair.target / "config.json")
     other = make_target(tmp_path / "other", layers=raw["num_hidden_layers"], hidden=raw["hidden_size"] // 2,
                         vocab=raw["vocab_size"])
-    r = cli(*e2e_args(pair, None), "--target", other, "--keep-going")  # the later --target wins
+    args = e2e_args(pair, None, "--keep-going")
+    args[args.index("--target") + 1] = str(other)  # a --target given twice is refused: the other one, given once
+    r = cli(*args)
     assert r.code == 3
     assert {"target_hidden_size", "pair_compatible"} <= set(failed(r.json()))
 
