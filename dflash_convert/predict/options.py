@@ -71,7 +71,8 @@ class PredictOptions(CommandOptions):
     input_len: Annotated[int, Flag("--input-len", type=str, metavar="L")] = Field(
         1024, description="Prompt tokens (8192 or 8k, k = 1024).")
     output_len: Annotated[int, Flag("--output-len", type=str, metavar="O")] = Field(
-        512, description="Generated tokens (the mean context is L + O/2).")
+        512, description="Generated tokens per request: the mean context is L + O/2, and a closed loop admits a new "
+        "request every O tokens a sequence commits (the admission cost).")
     engine: Annotated[ServingEngine, Flag("--engine")] = Field(
         "vllm", description="The serving engine whose calibrated constants apply.")
     tp: Annotated[int, Flag("--tp", metavar="N")] = Field(1, ge=1, le=MAX_TP, description="Tensor-parallel GPUs.")
