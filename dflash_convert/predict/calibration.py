@@ -2,7 +2,8 @@
 the model's error on every one.
 
 A case is a published engine measurement (plain and speculative tokens/s at a tau, K, concurrency and
-tensor-parallel size) or one of the bundled runtime's own step times on a lent GPU (docs/performance.md). A
+tensor-parallel size; or plain only, which sets the plain step and counts its plain error) or one of the bundled
+runtime's own step times on a lent GPU (docs/performance.md). A
 direction case is a source that states only the pay-off (faster or slower than no speculation, or which K wins)
 at a tau range: it counts in the directions, never in the error median. Targets that cannot be downloaded here
 are written as the few config.json values the model reads (their published config.json, as the Hub card or
@@ -14,6 +15,8 @@ by the serving engines (they run the same kinds of kernels), and, at each, every
 admission cost as the least-absolute line through what its cases leave unexplained of a plain step against the share
 of plain steps that admit a request, and its speculative step and admission costs the same line through each case's
 speculative residual less that case's own plain residual (`fixed_costs_from_residuals`; without admissions, medians).
+The fixed and admission costs come from the TP 1 cases; the TP > 1 cases set the all-reduce extra, one per-all-reduce
+cost shared by the serving engines (`_allreduce_extra`), on top of the measured ALLREDUCE_LATENCY_S.
 The compute efficiency is not fitted (no case is compute-bound): ASSUMED_COMPUTE_EFFICIENCY of the datasheet peak,
 as large GEMMs reach.
 `ENGINES` holds the result; a test checks that fitting again gives it.
