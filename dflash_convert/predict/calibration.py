@@ -2,7 +2,8 @@
 the model's error on every one.
 
 A case is a published engine measurement (plain and speculative tokens/s at a tau, K, concurrency and
-tensor-parallel size) or one of the bundled runtime's own step times on a lent GPU (docs/performance.md). A
+tensor-parallel size; or plain only, which sets the plain step and counts its plain error) or one of the bundled
+runtime's own step times on a lent GPU (docs/performance.md). A
 direction case is a source that states only the pay-off (faster or slower than no speculation, or which K wins)
 at a tau range: it counts in the directions, never in the error median. Targets that cannot be downloaded here
 are written as the few config.json values the model reads (their published config.json, as the Hub card or
@@ -14,6 +15,8 @@ by the serving engines (they run the same kinds of kernels), and, at each, every
 admission cost as the least-absolute line through what its cases leave unexplained of a plain step against the share
 of plain steps that admit a request, and its speculative step and admission costs the same line through each case's
 speculative residual less that case's own plain residual (`fixed_costs_from_residuals`; without admissions, medians).
+The fixed and admission costs come from the TP 1 cases; the TP > 1 cases set the all-reduce extra, one per-all-reduce
+cost shared by the serving engines (`_allreduce_extra`), on top of the measured ALLREDUCE_LATENCY_S.
 The compute efficiency is not fitted (no case is compute-bound): ASSUMED_COMPUTE_EFFICIENCY of the datasheet peak,
 as large GEMMs reach.
 `ENGINES` holds the result; a test checks that fitting again gives it.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
 
@@ -103,6 +106,22 @@ QWEN3_6_35B_A3B_DFLASH = _draft(2048, 8, 32, 4, 128, 6144, 248320, 5)
 # to 32 sequences; Qwen/Qwen3.6-35B-A3B with `--quantization fp8` and bf16 Gated DeltaNet states, the z-lab draft. Each
 # run's figures are its summary.json's output tokens/s (the measured phase's, time to first token included) and
 # acceptance length; docs/performance.md names each file. (engine, title, K, concurrency, tau, plain, speculative)
+# https://huggingface.co/deepseek-ai/DeepSeek-R1-0528 config.json (DeepSeek-V3's layout): 61 layers, the first 3
+# dense, MLA (q_lora_rank 1536, kv_lora_rank 512, rope 64), 256 routed experts (8 per token) and one shared; block-wise
+# fp8 weights
+DEEPSEEK_R1 = {"hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+               "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+               "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+               "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+               "v_head_dim": 128, "vocab_size": 129280, "torch_dtype": "bfloat16",
+               "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                       "weight_block_size": [128, 128]}}
+
+# InferenceX's concurrency sweep of DeepSeek-R1 on H200 under SGLang (a run its CI made and posted to the issue):
+# (concurrency, output tokens/s per GPU, mean TPOT ms)
+INFERENCEX_870 = "https://github.com/SemiAnalysisAI/InferenceX/issues/870"
+INFERENCEX_870_RUNS = ((8, 74.6, 12.8), (16, 111.9, 17.2), (32, 151.1, 25.6), (64, 223.6, 34.6))
+
 B200_REPORT = "https://tomasruizt.github.io/reports/b200-dflash"
 B200_RUNS = (
     ("vllm", "vLLM", 7, 2, 5.176, 429.5, 840.4),
@@ -129,7 +148,7 @@ class Setting:
     engine: str
     gpu: str
     target: dict[str, Any]
-    draft: ModelFacts
+    draft: ModelFacts | None  # None: a plain-only case (no speculation measured)
     k: int
     concurrency: int
 
@@ -157,6 +176,12 @@ class Case(Setting):
             return self.speculative_tokens_per_s / self.baseline_tokens_per_s
         return None
 
+    @property
+    def plain_only(self) -> bool:
+        """A throughput case measured without speculation (no speculative figure): it calibrates the plain step (the
+        efficiency, the fixed and plain admission costs, the all-reduces at its TP) and counts its plain error."""
+        return self.kind == "throughput" and self.speculative_tokens_per_s is None
+
 
 CASES: tuple[Case, ...] = (
     Case("Qwen3-8B on A800, SGLang, batch 1", "https://github.com/sgl-project/sglang/issues/29244", "sglang",
@@ -183,6 +208,20 @@ CASES: tuple[Case, ...] = (
            baseline_tokens_per_s=plain, speculative_tokens_per_s=spec, output_len=256,
            notes=B200_NOTES[engine] + "; aiperf GSM8K, 256 out")
       for engine, title, k, b, tau, plain, spec in B200_RUNS),
+    Case("DeepSeek-R1 on 8x H200, vLLM, TP 8, batch 1, plain only",
+         "https://github.com/vllm-project/recipes/blob/main/DeepSeek/DeepSeek-V3.md", "vllm", "H200",
+         DEEPSEEK_R1, None, k=0, concurrency=1, tau=1.0, context=7902 + 1000 / 2, tp=8,
+         baseline_tokens_per_s=61.00, output_len=1000,
+         notes="vLLM's DeepSeek-V3/R1 recipe, its expected output: deepseek-ai/DeepSeek-R1-0528, --tensor-parallel-size "
+         "8 --enable_expert_parallel, benchmark_serving random 7,902 tokens in / 1,000 out, one request (TTFT 560 ms, "
+         "TPOT 15.85 ms); vLLM version not stated; no speculative run. Expert parallel places whole experts on GPUs, "
+         "the model splits their bytes evenly over the 8"),
+    *(Case(f"DeepSeek-R1 on 8x H200, SGLang, TP 8, concurrency {b}, plain only", INFERENCEX_870, "sglang", "H200",
+           DEEPSEEK_R1, None, k=0, concurrency=b, tau=1.0, context=1024 + 1024 / 2, tp=8,
+           baseline_tokens_per_s=round(8 * per_gpu, 1), output_len=1024,
+           notes=f"SGLang v0.5.7, deepseek-ai/DeepSeek-R1-0528 fp8, TP 8, EP 1, random 1,024 in / 1,024 out; "
+           f"the table's output throughput per GPU {per_gpu} tok/s x 8 (mean TPOT {tpot} ms); no speculative run")
+      for b, per_gpu, tpot in INFERENCEX_870_RUNS),
     Case("runtime draft step, Qwen3-8B-DFlash-b16 shape, H100", "docs/performance.md (scripts/gpu-check.sh)",
          "runtime", "H100-SXM", QWEN3_8B, QWEN3_8B_DFLASH, k=15, concurrency=1, tau=1.0, context=512,
          kind="draft step", step_s=2.07e-3, notes="compiled with CUDA graphs, block 16 after 512 positions"),
@@ -240,9 +279,11 @@ DIRECTION_CASES: tuple[DirectionCase, ...] = (
 
 # The result of fit(CASES), rounded as printed; tests/predict checks fit(CASES) still gives it.
 ENGINES: dict[str, EngineConstants] = {
-    # (fixed, speculative, admission plain / speculative: a mixed step's extra, ADMISSIONS "split")
-    "sglang": EngineConstants(0.655, ASSUMED_COMPUTE_EFFICIENCY, 2.709e-3, 1.241e-3, 0.0, 24.386e-3),
-    "vllm": EngineConstants(0.655, ASSUMED_COMPUTE_EFFICIENCY, 3.444e-3, 3.383e-3, 2.856e-3, 42.545e-3),  # its own 5
+    # (fixed, speculative, admission plain / speculative: a mixed step's extra, ADMISSIONS "split"; each TP all-reduce's
+    # extra, shared by the serving engines: _allreduce_extra)
+    "sglang": EngineConstants(0.74, ASSUMED_COMPUTE_EFFICIENCY, 2.809e-3, 1.827e-3, 3.137e-3, 25.633e-3, 50.146e-6),
+    "vllm": EngineConstants(0.74, ASSUMED_COMPUTE_EFFICIENCY, 3.502e-3, 3.626e-3, 8.180e-3, 45.030e-3,  # its own 5 at TP 1
+                            50.146e-6),
     "runtime": EngineConstants(0.46, ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0),
 }
 
@@ -277,6 +318,10 @@ def evaluate(case: Case, constants: EngineConstants) -> CaseResult:
     b = case.concurrency
     plain = plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp,
                        output_len=case.output_len)
+    if case.plain_only:
+        base = b / plain.seconds
+        return CaseResult(case, {"baseline_tokens_per_s": base},
+                          {"baseline_tokens_per_s": abs(base / case.baseline_tokens_per_s - 1)})
     spec = speculative_step(target, case.draft, batch=b, k=case.k, tau=case.tau, context=case.context, gpu=g,
                             constants=constants, tp=case.tp, output_len=case.output_len)
     base, fast = b / plain.seconds, b * case.tau / spec.seconds
@@ -432,8 +477,9 @@ def coverage(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstants
             kinds.setdefault(dim, set()).add(value)
         bounds.add(plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=constants,
                               tp=c.tp, output_len=c.output_len).bound)
-        bounds.add(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
-                                    gpu=g, constants=constants, tp=c.tp, output_len=c.output_len).bound)
+        if not c.plain_only:
+            bounds.add(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
+                                        gpu=g, constants=constants, tp=c.tp, output_len=c.output_len).bound)
     return Coverage(kinds, (min(c.tp for c in measured), max(c.tp for c in measured)),
                     (min(c.concurrency for c in measured), max(c.concurrency for c in measured)), bounds)
 
@@ -484,7 +530,7 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-def fixed_costs_from_residuals(residuals: list[tuple[float, float, float, float]],
+def fixed_costs_from_residuals(residuals: list[tuple[float, float | None, float, float]],
                                admissions: str = ADMISSIONS) -> tuple[float, float, float, float]:
     """An engine's fixed step cost F, speculative step cost S and admission costs X_plain, X_spec from its cases'
     residuals, each case (what the model leaves unexplained of its plain step, of its speculative step, in seconds;
@@ -497,24 +543,27 @@ def fixed_costs_from_residuals(residuals: list[tuple[float, float, float, float]
     rule extended to a slope, so one case far off the line (vllm#49730) moves it no more than it moved the medians.
     "split": the plain line (F, X_plain), then the speculative one (S, X_spec) on each difference plus
     X_plain m_plain; "shared": one X for both, the plain residuals and the differences in one fit of (F, S, X);
-    "none": X = 0, F and S the medians."""
+    "none": X = 0, F and S the medians. A plain-only case (speculative residual None) is in the plain line only."""
     if not residuals:
         return 0.0, 0.0, 0.0, 0.0
     plain = [r[0] for r in residuals]
-    extra = [spec - p for p, spec, _, _ in residuals]
+    paired = [r for r in residuals if r[1] is not None]
+    extra = [spec - p for p, spec, _, _ in paired]
     if admissions == "none":
-        (fixed,), (spec,) = (least_absolute_nonnegative([[1.0]] * len(plain), plain),
-                             least_absolute_nonnegative([[1.0]] * len(extra), extra))
+        (fixed,) = least_absolute_nonnegative([[1.0]] * len(plain), plain)
+        (spec,) = least_absolute_nonnegative([[1.0]] * len(extra), extra) if extra else (0.0,)
         return fixed, spec, 0.0, 0.0
     if admissions == "shared":
-        rows = [[1.0, 0.0, mp] for _, _, mp, _ in residuals] + [[0.0, 1.0, ms - mp] for _, _, mp, ms in residuals]
+        rows = [[1.0, 0.0, mp] for _, _, mp, _ in residuals] + [[0.0, 1.0, ms - mp] for _, _, mp, ms in paired]
         fixed, spec, x = least_absolute_nonnegative(rows, plain + extra)
         return fixed, spec, x, x
     if admissions != "split":
         raise ValueError(f"admissions: one of {ADMISSION_FORMS}, not {admissions!r}")
     fixed, x_plain = least_absolute_nonnegative([[1.0, mp] for _, _, mp, _ in residuals], plain)
-    spec, x_spec = least_absolute_nonnegative([[1.0, ms] for _, _, _, ms in residuals],
-                                              [e + x_plain * mp for e, (_, _, mp, _) in zip(extra, residuals)])
+    if not paired:
+        return fixed, 0.0, x_plain, 0.0
+    spec, x_spec = least_absolute_nonnegative([[1.0, ms] for _, _, _, ms in paired],
+                                              [e + x_plain * mp for e, (_, _, mp, _) in zip(extra, paired)])
     return fixed, spec, x_plain, x_spec
 
 
@@ -529,12 +578,31 @@ def _fixed_costs(cases: list[Case], constants: EngineConstants,
             continue
         target, g = target_facts(c.target), gpu(c.gpu)
         plain = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=zero, tp=c.tp).seconds
-        spec = speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context, gpu=g,
-                                constants=zero, tp=c.tp).seconds
+        spec = None if c.plain_only else speculative_step(
+            target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context, gpu=g, constants=zero,
+            tp=c.tp).seconds
         residuals.append((c.concurrency / c.baseline_tokens_per_s - plain,
-                          c.concurrency * c.tau / c.speculative_tokens_per_s - spec,
+                          None if spec is None else c.concurrency * c.tau / c.speculative_tokens_per_s - spec,
                           mixed_share(c.concurrency / c.output_len), mixed_share(c.concurrency * c.tau / c.output_len)))
     return fixed_costs_from_residuals(residuals, admissions)
+
+
+def _allreduce_extra(cases: list[Case], engines: dict[str, EngineConstants]) -> float:
+    """The seconds each all-reduce costs on top of ALLREDUCE_LATENCY_S and its bytes, shared by the group's engines:
+    the least-absolute line through the origin of what the TP > 1 throughput cases leave unexplained of a plain step
+    (at their engine's TP 1 constants) against the all-reduces the step makes (two per target layer); >= 0. One
+    figure for the serving engines, since no engine has TP cases enough for its own and their all-reduce kernels are
+    of one design (sglang#2904 adapts vLLM's). No TP case: 0, the measured latency alone."""
+    rows, residuals = [], []
+    for c in cases:
+        if c.kind != "throughput":
+            continue
+        target, g = target_facts(c.target), gpu(c.gpu)
+        step = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=engines[c.engine], tp=c.tp,
+                          output_len=c.output_len)
+        rows.append([2.0 * target.layers])
+        residuals.append(c.concurrency / c.baseline_tokens_per_s - step.seconds)
+    return least_absolute_nonnegative(rows, residuals)[0] if rows else 0.0
 
 
 def _log_error(cases: list[Case], engines: dict[str, EngineConstants]) -> float:
@@ -553,7 +621,8 @@ def _log_error(cases: list[Case], engines: dict[str, EngineConstants]) -> float:
 MIN_OWN_CASES = 2
 
 
-def fit(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS) -> dict[str, EngineConstants]:
+def fit(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS,
+        allreduce_extra: bool = True) -> dict[str, EngineConstants]:
     """Every engine's constants from the cases: the bandwidth efficiency on a grid of 0.005 from 0.2 to 0.9 (shared by the serving
     engines; the runtime's its own), fixed and admission costs as _fixed_costs says at each: an engine's own from its
     cases where it has MIN_OWN_CASES throughput cases, else from the group's cases pooled (its own among them)."""
@@ -567,11 +636,16 @@ def fit(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS) -> dict[s
             efficiency = step * 0.005
             trial = {}
             base = EngineConstants(efficiency, ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0)
+            # the fixed costs from the TP 1 cases, the TP > 1 ones giving the all-reduce extra; without the extra (the
+            # form it is compared with) every case in the fixed costs' lines
+            single = [c for c in members if c.tp == 1 or not allreduce_extra]
             for engine in sorted({c.engine for c in members}):
-                mine = [c for c in members if c.engine == engine]
+                mine = [c for c in single if c.engine == engine]
                 own = sum(c.kind == "throughput" for c in mine) >= MIN_OWN_CASES or engine == "runtime"
-                costs = _fixed_costs(mine if own else members, base, admissions)
+                costs = _fixed_costs(mine if own else single, base, admissions)
                 trial[engine] = EngineConstants(efficiency, ASSUMED_COMPUTE_EFFICIENCY, *costs)
+            extra = _allreduce_extra([c for c in members if c.tp > 1], trial) if allreduce_extra else 0.0
+            trial = {engine: replace(k, allreduce_extra_s=extra) for engine, k in trial.items()}
             score = _log_error(members, trial)
             if best is None or score < best[0] - 1e-12:
                 best = (score, trial)
@@ -579,8 +653,10 @@ def fit(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS) -> dict[s
     return out
 
 
-def leave_one_out(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS) -> list[CaseResult]:
+def leave_one_out(cases: tuple[Case, ...] = CASES, admissions: str = ADMISSIONS,
+                  allreduce_extra: bool = True) -> list[CaseResult]:
     """Each serving engine's throughput case predicted by the constants fitted without it: how the model does on a
     case it was not fitted to, the figure that chooses between forms of the fit (ADMISSIONS)."""
     held = [c for c in cases if c.kind == "throughput" and c.engine != "runtime"]
-    return [evaluate(c, fit(tuple(o for o in cases if o is not c), admissions)[c.engine]) for c in held]
+    return [evaluate(c, fit(tuple(o for o in cases if o is not c), admissions, allreduce_extra)[c.engine])
+            for c in held]

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from dflash_convert.predict.facts import ModelFacts
 from dflash_convert.predict.gpus import GPU
 
-ALLREDUCE_LATENCY_S = 8e-6  # one small all-reduce's launch and sync on NVLink-class links (a stated assumption)
+# One small all-reduce on NVLink-class links, as measured alone: sglang#2904's H100 table puts vLLM's and SGLang's
+# custom all-reduce kernels at 5.7 to 11.8 us for 4-32 KB messages at TP 2 to 8 (docs/performance.md)
+ALLREDUCE_LATENCY_S = 8e-6
 ACTIVATION_BYTES = 2  # bf16 activations crossing an all-reduce
 
 
@@ -36,6 +38,9 @@ class EngineConstants:
     speculative_step_s: float  # a speculative step on top: the draft's launch, rejection, bookkeeping
     admission_s: float = 0.0  # a plain step that admits a request (its prefill beside the decodes) costs this more
     speculative_admission_s: float = 0.0  # the same for a speculative step
+    # each all-reduce of a TP > 1 pass costs this on top of ALLREDUCE_LATENCY_S and its bytes: what the TP cases
+    # leave unexplained per all-reduce (the GPUs waiting on each other, the engine's TP overheads), fitted
+    allreduce_extra_s: float = 0.0
 
 
 def mixed_share(admitted: float) -> float:
@@ -106,7 +111,8 @@ def _pass(bytes_by_term: dict[str, float], flops: float, *, gpu: GPU, compute: s
     allreduce_s = 0.0
     if tp > 1:  # two per layer (after attention, after the MLP), a ring's 2 (tp-1)/tp of the message each
         message = tokens * hidden * ACTIVATION_BYTES
-        allreduce_s = 2 * layers * (ALLREDUCE_LATENCY_S + 2 * (tp - 1) / tp * message / (gpu.link_gbps * 1e9))
+        allreduce_s = 2 * layers * (ALLREDUCE_LATENCY_S + constants.allreduce_extra_s
+                                    + 2 * (tp - 1) / tp * message / (gpu.link_gbps * 1e9))
     return Pass(bytes_by_term, flops, allreduce_s, memory_s, compute_s)
 
 

@@ -80,7 +80,7 @@ def test_the_stored_constants_are_the_fit_s_with_the_admission_term():
         got = fitted[engine]
         assert got.admission_s == pytest.approx(stored.admission_s, abs=2e-5), engine
         assert got.speculative_admission_s == pytest.approx(stored.speculative_admission_s, abs=2e-5), engine
-    assert ENGINES["vllm"].speculative_admission_s > 10 * ENGINES["vllm"].admission_s  # what the B200 gaps show
+    assert ENGINES["vllm"].speculative_admission_s > 5 * ENGINES["vllm"].admission_s  # what the B200 gaps show
     for name in ("sglang", "vllm"):
         c = ENGINES[name]
         line = (f"{name}: {c.bandwidth_efficiency:.3f}, {c.fixed_step_s * 1e3:.3f} / {c.speculative_step_s * 1e3:.3f} ms "
@@ -92,7 +92,7 @@ def test_the_stored_constants_are_the_fit_s_with_the_admission_term():
 def test_the_highest_concurrency_cases_are_predicted_within_10_percent_and_not_without_the_term():
     """vLLM K 7 at concurrency 16 and SGLang K 15 at 32: without the term (its constants zeroed, the rest as fitted)
     their speculative tokens/s is predicted about 1.5x too fast; with it, within 10 %."""
-    busy = [c for c in CASES if c.kind == "throughput" and c.concurrency >= 16]
+    busy = [c for c in CASES if c.kind == "throughput" and not c.plain_only and c.concurrency >= 16]
     assert {(c.engine, c.concurrency) for c in busy} == {("vllm", 16), ("sglang", 32)}
     for c in busy:
         constants = ENGINES[c.engine]

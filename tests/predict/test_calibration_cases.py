@@ -28,7 +28,8 @@ def test_every_measured_case_has_its_pay_off_direction_right():
     for r in error_band().results:
         if r.direction_right is not None:
             assert r.direction_right, (r.case.name, r.predicted["speedup"], r.case.measured_speedup)
-    assert sum(c.kind == "throughput" for c in CASES) == 12
+    assert sum(c.kind == "throughput" and not c.plain_only for c in CASES) == 12
+    assert sum(c.plain_only for c in CASES) == 5  # the TP 8 cases: no speculative figure, no direction
 
 
 def test_the_direction_only_cases_come_out_as_the_docs_state():
@@ -99,7 +100,9 @@ def test_a_case_served_with_tensor_parallelism_splits_the_bytes_and_pays_the_all
 @pytest.mark.parametrize("case", [c for c in CASES if c.kind == "throughput"], ids=lambda c: c.name)
 def test_every_measured_case_cites_its_source_and_figures_in_the_docs(case: Case):
     assert case.source in DOCS
-    assert f"{case.baseline_tokens_per_s:g} -> {case.speculative_tokens_per_s:g} tok/s" in DOCS, case.name
+    figures = (f"{case.baseline_tokens_per_s:g} tok/s plain" if case.plain_only else
+               f"{case.baseline_tokens_per_s:g} -> {case.speculative_tokens_per_s:g} tok/s")
+    assert figures in DOCS, case.name
 
 
 def test_direction_cases_are_not_in_the_error_median():
@@ -144,7 +147,7 @@ def test_the_speedup_error_is_per_engine_and_pooled_where_an_engine_has_too_few_
     # with one case of its own (the calibration set before the B200 runs) vLLM's error is the serving engines' pooled
     before = tuple(c for c in CASES if c.engine != "vllm" or "49730" in c.source)
     pooled = error_band(before).speedup("vllm")
-    assert pooled.pooled and pooled.cases == sum(c.engine != "runtime" for c in before)
+    assert pooled.pooled and pooled.cases == sum(c.engine != "runtime" and not c.plain_only for c in before)
     assert "pooled (vllm has fewer than 2 of its own)" in pooled.line()
 
 
@@ -152,22 +155,21 @@ def test_what_the_cases_cover_is_read_from_the_cases():
     from dflash_convert.predict.facts import target_facts
 
     cov = calibration.coverage()
-    assert cov.tp == (1, 1) and cov.concurrency == (1, 32)
-    assert cov.kinds["attention"] == {"full attention", "linear-attention hybrid"}
+    assert cov.tp == (1, 8) and cov.concurrency == (1, 64)  # the DeepSeek-R1 cases at TP 8, up to concurrency 64
+    assert cov.kinds["attention"] == {"full attention", "linear-attention hybrid", "MLA attention"}
     assert cov.kinds["MLP"] == {"dense", "MoE"} and cov.kinds["weights"] == {"16-bit weights", "8-bit weights"}
     assert "compute" not in cov.bounds
     dense = target_facts(calibration.QWEN3_8B)
     assert cov.outside(dense, tp=1, concurrency=[1, 8], bounds={"weights"}) == []
     mla = target_facts({**calibration.QWEN3_8B, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                         "quantization_config": {"quant_method": "awq", "bits": 4}})
-    out = cov.outside(mla, tp=8, concurrency=[1, 64], bounds={"compute", "weights", "does not fit: ..."})
-    assert out == ["MLA attention (the cases: full attention, linear-attention hybrid)",
-                   "sub-8-bit weights (the cases: 16-bit weights, 8-bit weights)", "TP 8 (the cases: TP 1)",
-                   "concurrency 64 (the cases: 1 to 32)",
-                   "steps bound by compute (the cases' steps: admissions, experts, fixed cost, weights)"]
-    # a case run at TP 8 covers TP 8: nothing is a hand list
-    wider = calibration.coverage(CASES + (dataclasses.replace(CASES[0], tp=8, concurrency=64),))
-    assert wider.outside(dense, tp=8, concurrency=[64], bounds=set()) == []
+    out = cov.outside(mla, tp=16, concurrency=[1, 128], bounds={"compute", "weights", "does not fit: ..."})
+    assert out == ["sub-8-bit weights (the cases: 16-bit weights, 8-bit weights)", "TP 16 (the cases: TP 1 to 8)",
+                   "concurrency 128 (the cases: 1 to 64)",
+                   "steps bound by compute (the cases' steps: admissions, all-reduce, experts, fixed cost, weights)"]
+    # a case run at TP 16 covers TP 16: nothing is a hand list
+    wider = calibration.coverage(CASES + (dataclasses.replace(CASES[0], tp=16, concurrency=128),))
+    assert wider.outside(dense, tp=16, concurrency=[128], bounds=set()) == []
 
 
 def test_the_b200_runs_are_the_report_s_table_and_give_vllm_a_speculative_step_of_about_2_5_plain_steps():
