@@ -22,6 +22,12 @@ def test_validate_predicts_on_the_named_gpus_from_its_measured_tau(cli, tmp_path
             "--predict-gpu", "h200,H100", "--engine", "sglang", "--report-md", md, "--json")
     assert r.code == 0, r.err[-2000:]
     report = r.json()
+    written = tmp_path / "report.json"  # what validate --json writes is a report predict --from-report reads
+    written.write_text(r.out)
+    again = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", "--gpu", "H200", "--from-report",
+                written, "--json")
+    assert again.code == 0 and again.json()["taus"]["3"] == round(report["per_num_speculative_tokens"][0][
+        "acceptance_length"], 4) and not any("failed validation" in n for n in again.json()["notes"]), again.err
     p = report["prediction"]
     runs = {row["num_speculative_tokens"]: row for row in report["per_num_speculative_tokens"]}
     assert {float(t) for t in p["taus"].values()} == {round(runs[k]["acceptance_length"], 4) for k in (3, 7)}
