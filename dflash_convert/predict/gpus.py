@@ -103,6 +103,14 @@ def gpu(name: str, flag: str = "--gpu", spec_flag: str | None = "--gpu-spec") ->
     return found
 
 
+# --gpu-spec's figures: key -> (least, most, unit). Wide around the table's spread (bandwidth 300-8,000 GB/s,
+# bf16 121-2,517 and fp8 242-5,033 TFLOP/s, memory 24-288 GB, link 32-900 GB/s) to admit parts not yet made, and
+# narrow enough that a typo's 1e-300 or 1e9 is refused rather than predicted as 0.0 tok/s.
+SPEC_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "bw": (1, 100_000, "GB/s"), "bf16": (0.1, 100_000, "TFLOP/s"), "fp8": (0.1, 100_000, "TFLOP/s"),
+    "mem": (1, 10_000, "GB"), "link": (1, 100_000, "GB/s")}
+
+
 def gpu_from_spec(text: str) -> GPU:
     """A GPU described on the command line: `name=X,bw=GB/s,bf16=TFLOP/s[,fp8=..][,mem=GB][,link=GB/s]`."""
     fields: dict[str, str] = {}
@@ -110,8 +118,10 @@ def gpu_from_spec(text: str) -> GPU:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--gpu-spec {text}: expected key=value items, got {item!r}")
+        if key.strip().lower() in fields:  # which one was meant is not ours to guess
+            raise UsageError(f"--gpu-spec {text}: {key.strip().lower()} is given twice")
         fields[key.strip().lower()] = value.strip()
-    unknown = set(fields) - {"name", "bw", "bf16", "fp8", "mem", "link"}
+    unknown = set(fields) - {"name", *SPEC_BOUNDS}
     if unknown:
         raise UsageError(f"--gpu-spec {text}: unknown key {', '.join(sorted(unknown))} (name, bw, bf16, fp8, mem, "
                          "link)")
@@ -126,5 +136,9 @@ def gpu_from_spec(text: str) -> GPU:
         raise UsageError(f"--gpu-spec {text}: bw, bf16, fp8, mem and link are numbers") from None
     if any(not math.isfinite(v) or v <= 0 for v in numbers.values()):  # nan passes a `<= 0` test
         raise UsageError(f"--gpu-spec {text}: every figure must be a positive finite number")
+    for key, value in numbers.items():
+        least, most, unit = SPEC_BOUNDS[key]
+        if not least <= value <= most:
+            raise UsageError(f"--gpu-spec {text}: {key} must be in [{least:g}, {most:,g}] {unit}, got {value:g}")
     return GPU(fields.get("name", "custom"), numbers["bw"], numbers["bf16"], numbers.get("fp8"),
                numbers.get("mem", 0.0), numbers.get("link", 64.0))

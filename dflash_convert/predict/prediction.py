@@ -40,6 +40,7 @@ def taus_from_rates(rates: list[float]) -> dict[int, float]:
 # are typos or hostile input, not deployments (the largest published contexts are 10 M tokens).
 MAX_TP = 1024
 MAX_LEN = 10_000_000
+MAX_CONCURRENCY = 1_000_000  # sequences per step: past any engine's batch (vLLM's max_num_seqs defaults to 256-1024)
 
 
 def tau_problem(k: Any, tau: Any) -> str | None:
@@ -354,6 +355,8 @@ def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, out
     bad = [b for b in concurrency if b < 1]
     if bad or not concurrency:
         raise UsageError(f"--concurrency must be positive integers, got {', '.join(map(str, bad)) or 'none'}")
+    if (big := [b for b in concurrency if b > MAX_CONCURRENCY]):
+        raise UsageError(f"--concurrency must be at most {MAX_CONCURRENCY:,} sequences, got {big[0]}")
     twice = next((b for i, b in enumerate(concurrency) if b in concurrency[:i]), None)
     if twice is not None:  # its rows and its recommendation would show twice
         raise UsageError(f"--concurrency {','.join(map(str, concurrency))}: {twice} is given twice")

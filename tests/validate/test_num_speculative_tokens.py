@@ -138,6 +138,8 @@ def test_concurrency_is_a_list_and_one_value_with_endpoint():
         ValidateOptions(endpoint="http://localhost:1", concurrency=[1, 4]).check()
     with pytest.raises(UsageError, match="distinct"):
         ValidateOptions(concurrency=[4, 4]).check()
+    with pytest.raises(UsageError, match=r"in \[1, 1000000\], got 99999999999999"):  # it batched that many
+        ValidateOptions(concurrency=[99999999999999])
     assert ValidateOptions(endpoint="http://localhost:1", concurrency=[4]).endpoint_concurrency == 4
 
 
