@@ -76,6 +76,10 @@ ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "H100-SXM5": "H100-SXM",
            "RTX-PRO-6000-BLACKWELL-SERVER-EDITION": "RTX-PRO-6000",
            "RTX-PRO-6000-BLACKWELL-WORKSTATION-EDITION": "RTX-PRO-6000", "H200-141GB": "H200"}
 VENDOR_WORDS = ("NVIDIA", "GEFORCE", "TESLA", "AMD", "INSTINCT")
+# Aliases that name a family of which the table has more than one part: the part taken, and the others' names.
+# The drivers' long names (H100 80GB HBM3: the SXM part) name one part and are not here.
+VARIANTS = {"H100": ("H100-SXM", "H100-PCIe"), "H100-80GB": ("H100-SXM", "H100-PCIe"),
+            "A100": ("A100-80GB", "A100-40GB")}
 
 
 def _fold(name: str) -> str:
@@ -142,3 +146,14 @@ def gpu_from_spec(text: str) -> GPU:
             raise UsageError(f"--gpu-spec {text}: {key} must be in [{least:g}, {most:,g}] {unit}, got {value:g}")
     return GPU(fields.get("name", "custom"), numbers["bw"], numbers["bf16"], numbers.get("fp8"),
                numbers.get("mem", 0.0), numbers.get("link", 64.0))
+
+
+def variant_note(name: str, flag: str = "--gpu") -> str | None:
+    """A note where `name` picks one of several parts of the table (A100: the 80 GB one; H100: the SXM one), saying
+    which was taken and how to name the others; None where the name is one part's."""
+    folded = _fold(name)
+    taken, *others = next((parts for alias, parts in VARIANTS.items() if _fold(alias) == folded), (None,))
+    if taken is None:
+        return None
+    return (f"{flag} {name}: taken as {taken}, the figures of that part; name {' or '.join(others)} for the other "
+            f"{'part' if len(others) == 1 else 'parts'}")

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dflash_convert.errors import UsageError
 from dflash_convert.flags import CommandOptions, Flag
-from dflash_convert.predict.gpus import GPU, gpu, gpu_from_spec
+from dflash_convert.predict.gpus import GPU, gpu, gpu_from_spec, variant_note
 from dflash_convert.predict.prediction import (MAX_LEN, MAX_TP, PredictionReport, check_taus_within_block,
                                                load_inputs, parse_taus, predict, report_provenance,
                                                taus_from_report)
@@ -167,7 +167,7 @@ def run(options: PredictOptions) -> PredictionReport:
     taus, source, fields = dict(given), "--tau", {}
     note = None
     if options.from_report is not None:
-        raw = read_json(options.from_report, allow_bom=True)
+        raw = read_json(options.from_report, allow_bom=True, what="a validate --json report this tool reads")
         note = report_provenance(raw, str(options.from_report)) if isinstance(raw, dict) else None
         taus, source, fields = taus_from_report(raw, str(options.from_report))
         taus = {**taus, **given}
@@ -184,6 +184,6 @@ def run(options: PredictOptions) -> PredictionReport:
                                 str(options.from_report), fields=fields)
     report = predict(inputs, options.gpus(), taus, concurrency=list(options.concurrency), input_len=options.input_len,
                      output_len=options.output_len, engine=options.engine, tp=options.tp, tau_source=source)
-    if note is not None:
-        report.notes.insert(0, note)
+    picked = [n for n in (variant_note(name) for name in options.gpu or []) if n is not None]
+    report.notes[:0] = ([note] if note is not None else []) + picked
     return report

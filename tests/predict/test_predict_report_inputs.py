@@ -100,6 +100,30 @@ def test_a_report_of_the_wrong_shape_is_one_line_naming_the_field_exit_1(cli, tm
     assert r.err.strip().splitlines() == [f"Error: {path}: {says}"], r.err
 
 
+@pytest.mark.parametrize("name, taken, other", [("A100", "A100-80GB", "A100-40GB"), ("h100", "H100-SXM", "H100-PCIe"),
+                                               ("A100-40GB", None, None), ("NVIDIA H100 80GB HBM3", None, None)])
+def test_a_gpu_name_that_picks_one_of_several_parts_says_which(cli, name, taken, other):
+    """A100 and H100 are families: the part taken is said, with the other's name; a part's own name is quiet."""
+    r = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", "--gpu", name, "--tau", "3=2",
+            "--json")
+    assert r.code == 0, r.err
+    picked = [n for n in r.json()["notes"] if "taken as" in n]
+    assert picked == ([f"--gpu {name}: taken as {taken}, the figures of that part; name {other} for the other part"]
+                      if taken else []), picked
+    inspect = cli("inspect", PAIR / "draft", "--engine", "vllm", "--num-speculative-tokens", "15", "--max-num-seqs",
+                  "64", "--gpu", name, "--json")
+    check = next(c for c in inspect.json()["checks"] if c["name"] == "verify_compute_bound")
+    assert (f"(--gpu {name}: taken as {taken}, the figures of that part" in check["message"]) == bool(taken), check
+
+
+def test_a_report_past_the_size_limit_is_called_a_report(cli, tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**_run(), "pad": "x" * (9 << 20)}))
+    r = cli("predict", *PAIR_ARGS, "--from-report", path)
+    assert (r.code, r.err.strip()) == (1, f"Error: {path}: file is larger than 8 MB: not a validate --json report "
+                                          "this tool reads"), r.err
+
+
 def test_a_failed_validation_s_tau_is_used_with_a_note(cli, tmp_path):
     """A failed report's checks judge the draft; the tau its runs measured is still a measurement: used, and said."""
     path = tmp_path / "report.json"

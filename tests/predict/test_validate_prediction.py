@@ -34,6 +34,8 @@ def test_validate_predicts_on_the_named_gpus_from_its_measured_tau(cli, tmp_path
     assert {(x["gpu"], x["num_speculative_tokens"]) for x in p["predictions"]} == {
         (g, k) for g in ("H200", "H100-SXM") for k in (3, 7)}
     assert p["engine"] == "sglang" and p["error_band"]["median"] <= 0.15
+    assert p["notes"][0] == ("--predict-gpu H100: taken as H100-SXM, the figures of that part; name H100-PCIe for "
+                             "the other part") and not any("h200:" in n for n in p["notes"])
     table = "\n".join(per_k_lines(ValidationReport.model_validate(report)))
     assert "H200" in table and "H100-SXM" in table and "measured on cpu" in table
     assert "### Predicted on a GPU" in md.read_text() and "model error on" in md.read_text()
