@@ -5,11 +5,12 @@ of field values, ready for the model.
 
 A flag given more than once (every command's, generated or not: `refuse_repeated`, which each command's
 parse runs): a list-valued one adds up (`--levels static --levels numeric` is `--levels static,numeric`);
-a single-valued one given with different values is a usage error naming it, never the last one silently
-winning (`--engine given twice: vllm, sglang`)."""
+a single-valued one given with different values (as the flag reads them: 16k and 16384 are one) is a usage
+error naming it, never the last one silently winning (`--engine given twice: vllm, sglang`)."""
 
 import enum
 import inspect
+import os
 import types
 from functools import wraps
 from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args, get_origin
@@ -165,6 +166,34 @@ def with_options(model: type[BaseModel]) -> Callable[[Callable], Callable]:
 
 
 
+def _as_read(param: Any, ctx: Any, text: Any) -> Any:
+    """A repeated flag's value as the flag reads it, to tell repeats apart by value: a choice or number through
+    the flag's own type (a value it refuses is refused here, with click's words: `--engine VLLM --engine vllm` is
+    an invalid choice, not a repeat), a token count (16k = 16384), a GPU part (h100 = H100), an existing path
+    resolved (./x = x). Any other text is itself."""
+    if not isinstance(text, str) or getattr(param, "is_flag", False):  # a switch: the spelling given
+        return text
+    descriptor = getattr(param, "type_descriptor", None)
+    if hasattr(param, "get_runtime_param") and getattr(descriptor, "file_annotation", 1) is None:  # not a file to open
+        text = param.get_runtime_param().coerce(text, param=param, ctx=ctx)  # a bad value: the error one alone gets
+        if not isinstance(text, str):
+            return text
+    try:
+        return ("tokens", token_count(text.strip()))
+    except ValueError:
+        pass
+    if param.name == "gpu":
+        from dflash_convert.predict.gpus import gpu
+
+        try:
+            return ("gpu", gpu(text).name)
+        except UsageError:
+            return text
+    if text and os.path.exists(text):
+        return ("path", os.path.realpath(text))
+    return text
+
+
 def _long_name(param: Any) -> str:
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
@@ -205,6 +234,8 @@ def refuse_repeated(command: Any, ctx: Any, args: list[str]) -> None:
         flags.setdefault(by_name.get(FORMER_OF.get(param.name), param), []).extend(values)
     for param, values in flags.items():
         distinct = list(dict.fromkeys(values))
+        if len(distinct) > 1:  # texts that differ may read as one value (16k and 16384): only values count
+            distinct = list(dict.fromkeys(_as_read(param, ctx, v) for v in values))
         if len(distinct) < 2:
             continue
         if getattr(param, "is_flag", False) and getattr(param, "secondary_opts", None):

@@ -62,7 +62,7 @@ def _read_validation_report(path: Path):
     from dflash_convert.validate.report import ValidationReport
 
     try:
-        return ValidationReport.model_validate(read_json(path, allow_bom=True))
+        return ValidationReport.model_validate(read_json(path, allow_bom=True, what="a validate --json report"))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"])) or "the top level"

@@ -88,7 +88,13 @@ def _run(checkpoint, options, dataset, num_prompts, revision, token, as_json, qu
         raise typer.BadParameter(f"must be at least 1, got {num_prompts}", param_hint="--num-prompts")
     opts = ValidateOptions(**options, checkpoint_revision=ckpt_sha,
                            prompt_sets=_prompt_sets(dataset or [], num_prompts, options.get("seed", 0), token, out))
-    return run_validation(ckpt_path, opts, progress=None if quiet else out.status, report_interrupted=True)
+    report = run_validation(ckpt_path, opts, progress=None if quiet else out.status, report_interrupted=True)
+    if report.prediction is not None:  # the options hold the parts' names: a family name typed picked one, say which
+        from dflash_convert.predict.gpus import variant_note
+
+        picked = [variant_note(name, "--predict-gpu") for name in options.get("predict_gpu") or []]
+        report.prediction.notes[:0] = [n for n in picked if n]
+    return report
 
 
 def _finish(report, reports: list[tuple[str, Path, Callable]], *, out: Output, as_json: bool, quiet: bool) -> None:

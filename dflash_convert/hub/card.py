@@ -177,6 +177,10 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, serving: Ca
                   + ("" if concurrency == 1 else f" (the target's steps at batch {concurrency})")
                   + ": they do not transfer to another device.", "", "```text"]
         lines += [f"K={n:<3} {bar(x / top, 40)} {x:.2f}x" for n, x in at]
+        if not rec.get("speculate", True):  # no K reaches 1.0x there: no launch line at a K that slows serving
+            lines += ["```", "", f"Recommended at concurrency {concurrency}: no speculation: no K reaches 1.0x on "
+                      f"{rec['device']} (the best, K={k}, {rec['expected_speedup']:.2f}x).", ""]
+            continue
         lines += ["```", "", f"Recommended at concurrency {rec['concurrency']}: `num_speculative_tokens` {k}.", "",
                   "```bash", f"vllm serve {target} \\",
                   f"  --speculative-config '{{\"method\": \"{serving.vllm_method}\", \"model\": \"{repo_id}\", "

@@ -77,7 +77,8 @@ def unique_keys(items: list[tuple[str, Any]], duplicate: type[Exception]) -> dic
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES, allow_bom: bool = False) -> dict[str, Any]:
+def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES, allow_bom: bool = False,
+              what: str = "a config this tool reads") -> dict[str, Any]:
     """A JSON object from a file, bounded before it is parsed and checked after: size, nesting depth,
     duplicate keys, integers of absurd size and NaN/Infinity (not JSON; Python's parser accepts them)
     are each one error naming the file (and the key, where there is one).
@@ -86,7 +87,7 @@ def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES, allow_bom: bool 
     opens configs as plain UTF-8 and json.loads stops at the BOM, so vLLM, SGLang and transformers cannot
     load a checkpoint or target whose config.json, index or generation_config.json starts with one."""
     path = Path(path)
-    data = read_bounded(path, max_bytes, "a config this tool reads")
+    data = read_bounded(path, max_bytes, what)  # `what`: the file's kind, as the size error names it
     if data.startswith(UTF8_BOM) and not allow_bom:
         raise DFlashError("starts with a UTF-8 byte-order mark, which transformers, vLLM and SGLang refuse to "
                           "parse (json: Unexpected UTF-8 BOM); save it without the BOM (its first 3 bytes)",

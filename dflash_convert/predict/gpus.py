@@ -76,6 +76,10 @@ ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "H100-SXM5": "H100-SXM",
            "RTX-PRO-6000-BLACKWELL-SERVER-EDITION": "RTX-PRO-6000",
            "RTX-PRO-6000-BLACKWELL-WORKSTATION-EDITION": "RTX-PRO-6000", "H200-141GB": "H200"}
 VENDOR_WORDS = ("NVIDIA", "GEFORCE", "TESLA", "AMD", "INSTINCT")
+# Aliases that name a family of which the table has more than one part: the part taken, and the others' names.
+# The drivers' long names (H100 80GB HBM3: the SXM part) name one part and are not here.
+VARIANTS = {"H100": ("H100-SXM", "H100-PCIe"), "H100-80GB": ("H100-SXM", "H100-PCIe"),
+            "A100": ("A100-80GB", "A100-40GB")}
 
 
 def _fold(name: str) -> str:
@@ -103,6 +107,14 @@ def gpu(name: str, flag: str = "--gpu", spec_flag: str | None = "--gpu-spec") ->
     return found
 
 
+# --gpu-spec's figures: key -> (least, most, unit). Wide around the table's spread (bandwidth 300-8,000 GB/s,
+# bf16 121-2,517 and fp8 242-5,033 TFLOP/s, memory 24-288 GB, link 32-900 GB/s) to admit parts not yet made, and
+# narrow enough that a typo's 1e-300 or 1e9 is refused rather than predicted as 0.0 tok/s.
+SPEC_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "bw": (1, 100_000, "GB/s"), "bf16": (0.1, 100_000, "TFLOP/s"), "fp8": (0.1, 100_000, "TFLOP/s"),
+    "mem": (1, 10_000, "GB"), "link": (1, 100_000, "GB/s")}
+
+
 def gpu_from_spec(text: str) -> GPU:
     """A GPU described on the command line: `name=X,bw=GB/s,bf16=TFLOP/s[,fp8=..][,mem=GB][,link=GB/s]`."""
     fields: dict[str, str] = {}
@@ -110,8 +122,10 @@ def gpu_from_spec(text: str) -> GPU:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--gpu-spec {text}: expected key=value items, got {item!r}")
+        if key.strip().lower() in fields:  # which one was meant is not ours to guess
+            raise UsageError(f"--gpu-spec {text}: {key.strip().lower()} is given twice")
         fields[key.strip().lower()] = value.strip()
-    unknown = set(fields) - {"name", "bw", "bf16", "fp8", "mem", "link"}
+    unknown = set(fields) - {"name", *SPEC_BOUNDS}
     if unknown:
         raise UsageError(f"--gpu-spec {text}: unknown key {', '.join(sorted(unknown))} (name, bw, bf16, fp8, mem, "
                          "link)")
@@ -126,5 +140,20 @@ def gpu_from_spec(text: str) -> GPU:
         raise UsageError(f"--gpu-spec {text}: bw, bf16, fp8, mem and link are numbers") from None
     if any(not math.isfinite(v) or v <= 0 for v in numbers.values()):  # nan passes a `<= 0` test
         raise UsageError(f"--gpu-spec {text}: every figure must be a positive finite number")
+    for key, value in numbers.items():
+        least, most, unit = SPEC_BOUNDS[key]
+        if not least <= value <= most:
+            raise UsageError(f"--gpu-spec {text}: {key} must be in [{least:g}, {most:,g}] {unit}, got {value:g}")
     return GPU(fields.get("name", "custom"), numbers["bw"], numbers["bf16"], numbers.get("fp8"),
                numbers.get("mem", 0.0), numbers.get("link", 64.0))
+
+
+def variant_note(name: str, flag: str = "--gpu") -> str | None:
+    """A note where `name` picks one of several parts of the table (A100: the 80 GB one; H100: the SXM one), saying
+    which was taken and how to name the others; None where the name is one part's."""
+    folded = _fold(name)
+    taken, *others = next((parts for alias, parts in VARIANTS.items() if _fold(alias) == folded), (None,))
+    if taken is None:
+        return None
+    return (f"{flag} {name}: taken as {taken}, the figures of that part; name {' or '.join(others)} for the other "
+            f"{'part' if len(others) == 1 else 'parts'}")

@@ -16,9 +16,10 @@ from pydantic import Field, field_validator, model_validator
 
 from dflash_convert.errors import UsageError
 from dflash_convert.flags import CommandOptions, Flag
-from dflash_convert.predict.gpus import GPU, gpu, gpu_from_spec
+from dflash_convert.predict.gpus import GPU, gpu, gpu_from_spec, variant_note
 from dflash_convert.predict.prediction import (MAX_LEN, MAX_TP, PredictionReport, check_taus_within_block,
-                                               load_inputs, parse_taus, predict, taus_from_report)
+                                               load_inputs, parse_taus, predict, report_provenance,
+                                               taus_from_report)
 
 ServingEngine = Literal["vllm", "sglang"]  # the engines the calibration has constants for
 LIST = list[str]  # a list flag's texts, each time it was given
@@ -164,9 +165,11 @@ def run(options: PredictOptions) -> PredictionReport:
 
     given = dict(options.tau or {})
     taus, source, fields = dict(given), "--tau", {}
+    note = None
     if options.from_report is not None:
-        taus, source, fields = taus_from_report(read_json(options.from_report, allow_bom=True),
-                                                str(options.from_report))
+        raw = read_json(options.from_report, allow_bom=True, what="a validate --json report this tool reads")
+        note = report_provenance(raw, str(options.from_report)) if isinstance(raw, dict) else None
+        taus, source, fields = taus_from_report(raw, str(options.from_report))
         taus = {**taus, **given}
         if given:
             source = f"{source}; --tau at K {', '.join(map(str, sorted(given)))}"
@@ -179,5 +182,8 @@ def run(options: PredictOptions) -> PredictionReport:
     if options.from_report is not None:
         check_taus_within_block({k: t for k, t in taus.items() if k not in given}, inputs.draft,
                                 str(options.from_report), fields=fields)
-    return predict(inputs, options.gpus(), taus, concurrency=list(options.concurrency), input_len=options.input_len,
-                   output_len=options.output_len, engine=options.engine, tp=options.tp, tau_source=source)
+    report = predict(inputs, options.gpus(), taus, concurrency=list(options.concurrency), input_len=options.input_len,
+                     output_len=options.output_len, engine=options.engine, tp=options.tp, tau_source=source)
+    picked = [n for n in (variant_note(name) for name in options.gpu or []) if n is not None]
+    report.notes[:0] = ([note] if note is not None else []) + picked
+    return report

@@ -40,6 +40,7 @@ def taus_from_rates(rates: list[float]) -> dict[int, float]:
 # are typos or hostile input, not deployments (the largest published contexts are 10 M tokens).
 MAX_TP = 1024
 MAX_LEN = 10_000_000
+MAX_CONCURRENCY = 1_000_000  # sequences per step: past any engine's batch (vLLM's max_num_seqs defaults to 256-1024)
 
 
 def tau_problem(k: Any, tau: Any) -> str | None:
@@ -116,6 +117,32 @@ def check_taus_within_block(taus: dict[int, float], draft: ModelFacts, given: st
             raise UsageError(f"--tau {given}: {problem}")
 
 
+RATE_TOLERANCE = 1e-6  # per-position rates are written rounded to 4 places: rounding keeps their order
+
+
+def report_provenance(report: dict[str, Any], file: str) -> str | None:
+    """Whether --from-report may use `report`: another tool's report, or one stopped before its end (Ctrl-C; it
+    does not record which K's runs finished, so its figures may cover part of the prompts), is an error naming the
+    file and the field (a report without `tool`, figures written by hand, is read). A failed validation is used: its checks judge the draft (outputs, gates), and the tau its
+    runs measured is still a measurement; the returned note says so (None for a passed report)."""
+    from dflash_convert.errors import DFlashError
+
+    tool = report.get("tool", "dflash-convert")  # absent: figures written by hand, held to the same rules
+    if tool != "dflash-convert":
+        raise DFlashError(f"field `tool` is {_short(tool)}, not \"dflash-convert\": not a validate --json report",
+                          file=file)
+    if report.get("incomplete") not in (None, False, ""):
+        raise DFlashError(f"field `incomplete` is {_short(report.get('incomplete'))}: the validation stopped before "
+                          "its end, so its figures may be partial; run validate to its end", file=file)
+    if "passed" not in report or report["passed"] is True:
+        return None
+    checks = report.get("checks") if isinstance(report.get("checks"), list) else []
+    failed = [str(c.get("name")) for c in checks if isinstance(c, dict) and c.get("status") == "fail"]
+    return (f"{file} is a failed validation (`passed` is {_short(report.get('passed'))}"
+            + (f"; failed: {', '.join(failed)}" if failed else "") + "): its tau was still measured and is used here; "
+            "the draft did not pass its checks")
+
+
 def taus_from_report(report: dict[str, Any], file: str) -> tuple[dict[int, float], str, dict[int, str]]:
     """tau per K from a validate --json report: its runs per K (their own tau, each K's prefix of the longest
     run's rates for the K not run), else its one run's rates. Every value read is held to --tau's rule (K >= 1,
@@ -136,7 +163,14 @@ def taus_from_report(report: dict[str, Any], file: str) -> tuple[dict[int, float
         for i, rate in enumerate(shaped(value, field, list, "a list of acceptance rates") or []):
             if (problem := rate_problem(i + 1, rate)) is not None:
                 raise fail(f"{field}[{i}]", problem)
-        return [float(x) for x in value or []]
+        rates = [float(x) for x in value or []]
+        # position i+1 is accepted only where position i was: a share of steps cannot rise along the block
+        rising = [i + 1 for i in range(1, len(rates)) if rates[i] > rates[i - 1] + RATE_TOLERANCE]
+        if rising:
+            raise fail(field, f"the rate rises at position(s) {', '.join(map(str, rising))} (from "
+                       f"{rates[rising[0] - 2]:g} to {rates[rising[0] - 1]:g} at the first); these rates are each "
+                       "the share of steps whose draft token there was accepted, which cannot rise with position")
+        return rates
 
     runs = shaped(report.get("per_num_speculative_tokens"), "per_num_speculative_tokens", list,
                   "a list of runs") or []
@@ -321,6 +355,8 @@ def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, out
     bad = [b for b in concurrency if b < 1]
     if bad or not concurrency:
         raise UsageError(f"--concurrency must be positive integers, got {', '.join(map(str, bad)) or 'none'}")
+    if (big := [b for b in concurrency if b > MAX_CONCURRENCY]):
+        raise UsageError(f"--concurrency must be at most {MAX_CONCURRENCY:,} sequences, got {big[0]}")
     twice = next((b for i, b in enumerate(concurrency) if b in concurrency[:i]), None)
     if twice is not None:  # its rows and its recommendation would show twice
         raise UsageError(f"--concurrency {','.join(map(str, concurrency))}: {twice} is given twice")

@@ -170,6 +170,7 @@ def _verify_compute_check(gpu: str, serving: ServingConfig, target_config: Path 
     from dflash_convert.io.reading import read_json
     from dflash_convert.predict.facts import target_facts
     from dflash_convert.predict.gpus import gpu as known_gpu
+    from dflash_convert.predict.gpus import variant_note
     from dflash_convert.predict.prediction import verify_compute_note
 
     target = None
@@ -178,6 +179,8 @@ def _verify_compute_check(gpu: str, serving: ServingConfig, target_config: Path 
         target = target_facts(read_json(config), str(config))
     bound, message = verify_compute_note(known_gpu(gpu), serving.engine, serving.num_speculative_tokens,
                                          serving.max_num_seqs, target)
+    picked = variant_note(gpu)
+    message += f" ({picked})" if picked else ""
     return make_check("verify_compute_bound", not bound, message, value=serving.max_num_seqs *
                       (serving.num_speculative_tokens + 1), level="static", bad="warn")
 

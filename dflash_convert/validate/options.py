@@ -17,6 +17,7 @@ from dflash_convert.format.compat import Level
 from dflash_convert.format.configs import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from dflash_convert.format.dtypes import DTYPE_CHOICES
 from dflash_convert.format.engines import ENGINE_NAMES
+from dflash_convert.predict.prediction import MAX_CONCURRENCY
 from dflash_runtime import BACKEND_NAMES, DEVICE_MAPS, DRAFT_SAMPLING
 
 LEVELS: tuple[str, ...] = get_args(Level)  # in the order they run
@@ -37,7 +38,7 @@ Backend = Literal[("auto", *BACKEND_NAMES)]
 Dtype = Literal[DTYPE_CHOICES]
 # an item of a list flag, in its range
 SpeculativeTokens = Annotated[int, Field(ge=1, le=MAX_BLOCK_SIZE)]
-Concurrency = Annotated[int, Field(ge=1)]
+Concurrency = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]
 Rate = Annotated[float, Field(ge=0, le=1)]
 ContextLength = Annotated[int, Field(ge=2, le=MAX_CONTEXT_TOKENS)]
 # a prompt: text, token ids, or OpenAI-style chat messages ({"role", "content"} turns)

@@ -111,6 +111,16 @@ class KRecommendation(BaseModel):
     clear: bool = Field(description="the best K's range lies above the runner-up's (else the rounds cannot tell "
                         "them apart)")
     device: str = Field(description="where the step costs were measured: they do not transfer to another device")
+    speculate: bool = Field(True, description="whether to speculate at this concurrency on `device`: false when no "
+                            "K's expected speedup reaches 1.0x there (num_speculative_tokens is then only the least "
+                            "slow K; serve without speculation)")
+
+    def advice(self) -> str:
+        """The K to serve, or no speculation and why, in words: `num_speculative_tokens 3` or `no speculation
+        (no K reaches 1.0x on the measured device; the best is K=3)`."""
+        if self.speculate:
+            return f"num_speculative_tokens {self.num_speculative_tokens}"
+        return f"no speculation (no K reaches 1.0x on the measured device; the best is K={self.num_speculative_tokens})"
 
 
 THRESHOLDS = ("min_acceptance_length", "min_position_rates", "min_speedup")
@@ -625,7 +635,10 @@ def verdict_text(report: ValidationReport) -> str:
     if a is not None and headline_k(report) is not None:  # a K sweep: the K recommended first, then every other
         best = headline_k(report)
         others = [r for r in report.per_num_speculative_tokens if r is not best]
-        figures = (f", recommended K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}, speedup "
+        rec = headline_recommendation(report)
+        advice = ("no speculation recommended (no K reaches 1.0x on the measured machine); best "
+                  if rec is not None and not rec.speculate else "recommended ")
+        figures = (f", {advice}K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}, speedup "
                    f"{best.measured_speedup:.2f}x (" + "; ".join(
                        f"K={r.num_speculative_tokens}: tau {r.acceptance_length:.2f}, {r.measured_speedup:.2f}x"
                        for r in others) + ")")
@@ -645,10 +658,15 @@ def headline_k(report: ValidationReport | ValidationSummary) -> SpeculativeToken
     rows = report.per_num_speculative_tokens
     if len(rows) < 2:
         return None
-    rec = next((r for r in report.recommendation if r.concurrency == 1), None) or next(iter(report.recommendation),
-                                                                                      None)
+    rec = headline_recommendation(report)
     k = rec.num_speculative_tokens if rec is not None else rows[0].num_speculative_tokens
     return next((r for r in rows if r.num_speculative_tokens == k), rows[0])
+
+
+def headline_recommendation(report: ValidationReport | ValidationSummary) -> KRecommendation | None:
+    """The recommendation a headline states: concurrency 1's, else the first concurrency measured's."""
+    return next((r for r in report.recommendation if r.concurrency == 1), None) or next(iter(report.recommendation),
+                                                                                       None)
 
 
 def prompts_note(report: ValidationReport) -> str | None:

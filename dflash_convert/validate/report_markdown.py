@@ -7,7 +7,8 @@ from dflash_convert.chart import bar, svg_chart, svg_series_chart, text_chart
 from dflash_convert.predict.prediction import markdown_lines as prediction_markdown
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceStats, BaselineComparison, EngineStats,
                                             ValidationReport, ValidationSummary, counting_rows, engine_line,
-                                            headline_k, sampling_line, served_version, short, speedup_at, tau_text,
+                                            headline_k, headline_recommendation, sampling_line, served_version,
+                                            short, speedup_at, tau_text,
                                             verdict_text, verdict_word)
 from dflash_convert.validate.report_terminal import endpoint_lines  # the endpoint's lines, in a text block
 from dflash_convert.user_text import markdown_cell, markdown_code, printable
@@ -34,7 +35,10 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
             [(f"K={r.num_speculative_tokens}: tau {r.acceptance_length:.2f}", r.per_position_rates)
              for r in report.per_num_speculative_tokens], minimums=t.get("min_position_rates"),
             highlight=f"K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}",
-            title=f"{verdict_word(report)}: recommended K={best.num_speculative_tokens}, tau "
+            title=f"{verdict_word(report)}: "
+            + ("recommended" if getattr(headline_recommendation(report), "speculate", True) else
+               "no speculation (no K reaches 1.0x on the measured machine); best")
+            + f" K={best.num_speculative_tokens}, tau "
             f"{best.acceptance_length:.2f}, speedup {best.measured_speedup:.2f}x; acceptance per draft position per K")
     tau_min = t.get("min_acceptance_length")
     speedup = next((c for c in report.checks if c.name == "speedup"), None)
@@ -135,8 +139,7 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
         lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
                   f"not transfer to another device{batched}):", "", "```text"]
         lines += [f"K={k:<3} {bar(x / top, 40)} {x:.2f}x" for k, x in at]
-        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **num_speculative_tokens "
-                  f"{rec.num_speculative_tokens}** ({rec.expected_speedup:.2f}x, rounds "
+        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **{rec.advice()}** ({rec.expected_speedup:.2f}x, rounds "
                   f"{rec.expected_speedup_range[0]:.2f}-{rec.expected_speedup_range[1]:.2f}x"
                   + (f"; runner-up {rec.runner_up} at {rec.runner_up_speedup:.2f}x" if rec.runner_up else "")
                   + ("" if rec.clear else ", within the rounds' spread") + ")."]

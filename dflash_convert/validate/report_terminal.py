@@ -126,7 +126,7 @@ def per_k_lines(report: ValidationReport) -> list[str]:
         low, high = rec.expected_speedup_range
         other = (f"; runner-up K={rec.runner_up} at {rec.runner_up_speedup:.2f}x"
                  + ("" if rec.clear else " (within the rounds' spread: no clear winner)")) if rec.runner_up else ""
-        lines.append(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens {rec.num_speculative_tokens}"
+        lines.append(f"recommended at concurrency {rec.concurrency}: {rec.advice()}"
                      f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
                      f"{rec.device}, which do not transfer to another device")
     return lines

@@ -96,5 +96,5 @@ def recommendations(runs: list[AcceptanceStats], device: str,
             expected_speedup=round(r.best.speedup, 4), expected_speedup_range=[round(r.best.low, 4),
                                                                                round(r.best.high, 4)],
             runner_up=up.num_speculative_tokens if up else None, runner_up_speedup=round(up.speedup, 4) if up else None,
-            clear=r.clear, device=device))
+            clear=r.clear, device=device, speculate=r.best.speedup >= 1.0))
     return out

@@ -53,6 +53,33 @@ def test_the_same_value_given_twice_is_the_one_setting(cli, args):
     assert r.code == 0, r.err
 
 
+PREDICT = ("predict", "--target", TARGET, "--draft", DRAFT, "--tau", "3=2")
+
+
+@pytest.mark.parametrize("args", [
+    (*PREDICT, "--gpu", "H100", "--output-len", "16384", "--output-len=16k"),  # a token count: k = 1024
+    (*PREDICT, "--gpu", "H100", "--input-len", "1k", "--input-len", "1024"),
+    (*PREDICT, "--gpu", "H100", "--target", f"{TARGET}/../target"),  # one directory, resolved
+    (*PREDICT, "--gpu", "H100", "--tp", "1", "--tp", "01"),  # the flag's own conversion: one integer
+    ("inspect", DRAFT, "--engine", "vllm", "--num-speculative-tokens", "15", "--max-num-seqs", "64", "--gpu", "h100",
+     "--gpu", "H100"),  # one GPU part
+], ids=["token-count", "token-count-k", "path", "integer", "gpu-part"])
+def test_texts_that_read_as_one_value_are_the_one_setting(cli, args):
+    """Compared as the flag reads them, not as typed: refusing these as "given twice" named no real conflict."""
+    r = cli(*args, "--json")
+    assert r.code == 0, r.err
+
+
+def test_a_repeat_with_a_value_the_flag_refuses_is_that_value_s_error(cli):
+    """--engine VLLM --engine vllm: VLLM is no engine (the error one alone gets), not a repeat."""
+    r = cli(*PREDICT, "--gpu", "H100", "--engine", "VLLM", "--engine", "vllm")
+    assert r.code == 2 and "Invalid value for '--engine': 'VLLM' is not one of the choices: vllm, sglang" in r.err, \
+        r.err
+    assert "given twice" not in r.err
+    differ = cli(*PREDICT, "--gpu", "H100", "--input-len", "1k", "--input-len", "2k")
+    assert (differ.code, differ.err.strip()) == (2, "Error: --input-len given twice: 1k, 2k"), differ.err
+
+
 def test_a_list_flag_given_twice_adds_up(cli):
     """validate's generated list flags read every time they are given, as one comma-separated value would."""
     r = cli("validate", DRAFT, "--levels", "static", "--num-speculative-tokens", "3", "--num-speculative-tokens",

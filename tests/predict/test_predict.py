@@ -176,11 +176,30 @@ def test_the_command_reads_tau_from_a_validate_report(cli, tmp_path):
     (["--gpu-spec", "bw=100", "--tau", "7=4"], "bf16 missing"),
     (["--gpu-spec", "bw=nan,bf16=1", "--tau", "7=4"], "positive finite number"),
     (["--gpu-spec", "bw=inf,bf16=1", "--tau", "7=4"], "positive finite number"),
+    # a key twice: which was meant is not guessed; figures past their bounds printed 0.0 tok/s
+    (["--gpu-spec", "name=x,bw=100,bf16=100,bw=200", "--tau", "7=4"], "name=x,bw=100,bf16=100,bw=200: bw is given twice"),
+    (["--gpu-spec", "name=x,bw=1e-300,bf16=100", "--tau", "7=4"], "bw must be in [1, 100,000] GB/s, got 1e-300"),
+    (["--gpu-spec", "name=x,bw=100,bf16=1e-300", "--tau", "7=4"], "bf16 must be in [0.1, 100,000] TFLOP/s, got 1e-300"),
+    (["--gpu-spec", "name=x,bw=100,bf16=100,mem=1e-9", "--tau", "7=4"], "mem must be in [1, 10,000] GB, got 1e-09"),
+    (["--gpu-spec", "name=x,bw=100,bf16=100,link=1e9", "--tau", "7=4"], "link must be in [1, 100,000] GB/s"),
+    (["--gpu", "H100", "--tau", "7=4", "--concurrency", "99999999999999"],
+     "--concurrency must be at most 1,000,000 sequences, got 99999999999999"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, words):
     r = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", *args)
     assert r.code == 2, (r.code, r.err)
     assert words in r.err and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, r.err
+
+
+def test_the_gpu_table_lies_within_the_gpu_spec_bounds():
+    """The bounds are wide around the table's parts: every datasheet figure there is one --gpu-spec accepts."""
+    from dflash_convert.predict.gpus import GPUS, SPEC_BOUNDS, gpu_from_spec
+
+    for g in GPUS.values():
+        spec = (f"name={g.name},bw={g.memory_bandwidth_gbps},bf16={g.bf16_tflops},mem={g.memory_gb},"
+                f"link={g.link_gbps}" + (f",fp8={g.fp8_tflops}" if g.fp8_tflops else ""))
+        assert gpu_from_spec(spec) == g
+    assert set(SPEC_BOUNDS) == {"bw", "bf16", "fp8", "mem", "link"}
 
 
 def test_inspect_says_when_a_full_batch_makes_the_verify_compute_bound(cli):

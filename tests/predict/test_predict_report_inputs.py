@@ -60,6 +60,13 @@ RUN0 = "per_num_speculative_tokens[0]"
      "the acceptance rate of position 1 must be in [0, 1] (a share of steps), got -5"),
     # rates past the block: K 16 derived from them is a K the draft cannot propose
     ({"acceptance": {"per_position_rates": [0.5] * 100}}, "acceptance.per_position_rates[15]", f"K 16 {BLOCK}"),
+    # unconditional rates (the share of steps whose draft token there was accepted) cannot rise along the block
+    ({"acceptance": {"per_position_rates": [0.1, 0.9, 0.9]}}, "acceptance.per_position_rates",
+     "the rate rises at position(s) 2 (from 0.1 to 0.9 at the first); these rates are each the share of steps whose "
+     "draft token there was accepted, which cannot rise with position"),
+    (_run(per_position_rates=[0.9, 0.5, 0.6, 0.4, 0.45, 0.3, 0.2]), f"{RUN0}.per_position_rates",
+     "the rate rises at position(s) 3, 5 (from 0.5 to 0.6 at the first); these rates are each the share of steps "
+     "whose draft token there was accepted, which cannot rise with position"),
     ({"per_num_speculative_tokens": [_run()["per_num_speculative_tokens"][0]] * 2},
      "per_num_speculative_tokens[1].num_speculative_tokens", f"K 7 is given twice (also at {RUN0}"
      ".num_speculative_tokens)"),
@@ -79,6 +86,11 @@ def test_a_report_value_past_the_tau_rule_is_one_line_naming_the_report_and_fiel
     ({"per_num_speculative_tokens": [3]}, f"field `{RUN0}` is 3, not a run (an object)"),
     (_run(vllm_counting=[1]), f"field `{RUN0}.vllm_counting` is [1], not an object"),
     (_run(per_position_rates="0.9"), f"field `{RUN0}.per_position_rates` is '0.9', not a list of acceptance rates"),
+    ({**_run(), "tool": "something-else"},
+     "field `tool` is 'something-else', not \"dflash-convert\": not a validate --json report"),
+    ({**_run(), "tool": "dflash-convert", "incomplete": "interrupted (Ctrl-C)", "passed": False},
+     "field `incomplete` is 'interrupted (Ctrl-C)': the validation stopped before its end, so its figures may be "
+     "partial; run validate to its end"),
 ])
 def test_a_report_of_the_wrong_shape_is_one_line_naming_the_field_exit_1(cli, tmp_path, report, says):
     path = tmp_path / "report.json"
@@ -86,6 +98,42 @@ def test_a_report_of_the_wrong_shape_is_one_line_naming_the_field_exit_1(cli, tm
     r = cli("predict", *PAIR_ARGS, "--from-report", path)
     assert r.code == 1, (r.code, r.err)
     assert r.err.strip().splitlines() == [f"Error: {path}: {says}"], r.err
+
+
+@pytest.mark.parametrize("name, taken, other", [("A100", "A100-80GB", "A100-40GB"), ("h100", "H100-SXM", "H100-PCIe"),
+                                               ("A100-40GB", None, None), ("NVIDIA H100 80GB HBM3", None, None)])
+def test_a_gpu_name_that_picks_one_of_several_parts_says_which(cli, name, taken, other):
+    """A100 and H100 are families: the part taken is said, with the other's name; a part's own name is quiet."""
+    r = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", "--gpu", name, "--tau", "3=2",
+            "--json")
+    assert r.code == 0, r.err
+    picked = [n for n in r.json()["notes"] if "taken as" in n]
+    assert picked == ([f"--gpu {name}: taken as {taken}, the figures of that part; name {other} for the other part"]
+                      if taken else []), picked
+    inspect = cli("inspect", PAIR / "draft", "--engine", "vllm", "--num-speculative-tokens", "15", "--max-num-seqs",
+                  "64", "--gpu", name, "--json")
+    check = next(c for c in inspect.json()["checks"] if c["name"] == "verify_compute_bound")
+    assert (f"(--gpu {name}: taken as {taken}, the figures of that part" in check["message"]) == bool(taken), check
+
+
+def test_a_report_past_the_size_limit_is_called_a_report(cli, tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**_run(), "pad": "x" * (9 << 20)}))
+    r = cli("predict", *PAIR_ARGS, "--from-report", path)
+    assert (r.code, r.err.strip()) == (1, f"Error: {path}: file is larger than 8 MB: not a validate --json report "
+                                          "this tool reads"), r.err
+
+
+def test_a_failed_validation_s_tau_is_used_with_a_note(cli, tmp_path):
+    """A failed report's checks judge the draft; the tau its runs measured is still a measurement: used, and said."""
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**_run(), "tool": "dflash-convert", "passed": False, "incomplete": None,
+                                "checks": [{"name": "outputs_equal", "status": "fail"}]}))
+    r = cli("predict", *PAIR_ARGS, "--from-report", path, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["notes"][0] == (f"{path} is a failed validation (`passed` is False; failed: outputs_equal): its "
+                                    "tau was still measured and is used here; the draft did not pass its checks")
+    assert r.json()["taus"]["7"] == 4.0
 
 
 def test_tau_and_the_report_share_one_rule(cli, tmp_path):

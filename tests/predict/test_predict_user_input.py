@@ -148,7 +148,7 @@ def test_a_dspark_draft_s_launch_line_serves_it_as_dspark(cli, family_drafts, ti
 
     draft = family_drafts["dspark"]
     # a GPU this slow makes every step its weights' bytes: speculation pays, and a K is recommended
-    r = cli("predict", "--target", tiny_target, "--draft", draft, "--gpu-spec", "name=slow,bw=0.01,bf16=0.01",
+    r = cli("predict", "--target", tiny_target, "--draft", draft, "--gpu-spec", "name=slow,bw=1,bf16=0.1",
             "--tau", "7=4", "--engine", engine, "--json")
     assert r.code == 0, r.err
     (rec,) = r.json()["recommendation"]

@@ -22,12 +22,20 @@ def test_validate_predicts_on_the_named_gpus_from_its_measured_tau(cli, tmp_path
             "--predict-gpu", "h200,H100", "--engine", "sglang", "--report-md", md, "--json")
     assert r.code == 0, r.err[-2000:]
     report = r.json()
+    written = tmp_path / "report.json"  # what validate --json writes is a report predict --from-report reads
+    written.write_text(r.out)
+    again = cli("predict", "--target", PAIR / "target", "--draft", PAIR / "draft", "--gpu", "H200", "--from-report",
+                written, "--json")
+    assert again.code == 0 and again.json()["taus"]["3"] == round(report["per_num_speculative_tokens"][0][
+        "acceptance_length"], 4) and not any("failed validation" in n for n in again.json()["notes"]), again.err
     p = report["prediction"]
     runs = {row["num_speculative_tokens"]: row for row in report["per_num_speculative_tokens"]}
     assert {float(t) for t in p["taus"].values()} == {round(runs[k]["acceptance_length"], 4) for k in (3, 7)}
     assert {(x["gpu"], x["num_speculative_tokens"]) for x in p["predictions"]} == {
         (g, k) for g in ("H200", "H100-SXM") for k in (3, 7)}
     assert p["engine"] == "sglang" and p["error_band"]["median"] <= 0.15
+    assert p["notes"][0] == ("--predict-gpu H100: taken as H100-SXM, the figures of that part; name H100-PCIe for "
+                             "the other part") and not any("h200:" in n for n in p["notes"])
     table = "\n".join(per_k_lines(ValidationReport.model_validate(report)))
     assert "H200" in table and "H100-SXM" in table and "measured on cpu" in table
     assert "### Predicted on a GPU" in md.read_text() and "model error on" in md.read_text()

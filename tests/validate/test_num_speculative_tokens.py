@@ -93,6 +93,8 @@ def test_markdown_and_model_card_carry_the_k_table_and_the_recommended_launch(sw
     from dflash_convert.io.checkpoint import open_checkpoint
     from dflash_convert.validate.report_markdown import to_markdown
 
+    sweep = sweep.model_copy(deep=True)
+    sweep.recommendation[0].speculate = True  # a K that pays off here (whether one does on this machine varies)
     k = sweep.recommendation[0].num_speculative_tokens
     markdown = to_markdown(sweep)
     assert "| num_speculative_tokens | block | tau |" in markdown and f"**num_speculative_tokens {k}**" in markdown
@@ -136,6 +138,8 @@ def test_concurrency_is_a_list_and_one_value_with_endpoint():
         ValidateOptions(endpoint="http://localhost:1", concurrency=[1, 4]).check()
     with pytest.raises(UsageError, match="distinct"):
         ValidateOptions(concurrency=[4, 4]).check()
+    with pytest.raises(UsageError, match=r"in \[1, 1000000\], got 99999999999999"):  # it batched that many
+        ValidateOptions(concurrency=[99999999999999])
     assert ValidateOptions(endpoint="http://localhost:1", concurrency=[4]).endpoint_concurrency == 4
 
 
@@ -191,6 +195,38 @@ def test_cli_concurrency_gives_a_recommendation_per_concurrency(cli, tmp_path):
             for row in report["per_num_speculative_tokens"]] == [True, True]
 
 
+def test_no_k_reaching_1x_is_advised_as_no_speculation_everywhere(sweep):
+    """Where the best K's expected speedup is below 1.0x on the measured device, the recommendation says no
+    speculation (JSON `speculate: false`), in the terminal, the verdict line, the Markdown and the model card
+    (no launch line at a K that slows serving); the verdict (the draft's correctness) is unchanged."""
+    from dflash_convert.hub.card import model_card
+    from dflash_convert.io.checkpoint import open_checkpoint
+    from dflash_convert.validate.report import verdict_text
+    from dflash_convert.validate.report_markdown import acceptance_svg, to_markdown
+    from dflash_convert.validate.report_terminal import per_k_lines
+    from dflash_convert.validate.sweep import recommendations
+
+    (slow,) = recommendations([_k_stats(3, 1.1, 0.02), _k_stats(7, 1.1, 0.03)], "cpu (test)")
+    assert slow.expected_speedup < 1.0 and slow.speculate is False
+    (fast,) = recommendations([_k_stats(3, 3.0, 0.001), _k_stats(7, 4.0, 0.001)], "cpu (test)")
+    assert fast.speculate is True
+    report = sweep.model_copy(deep=True)
+    report.recommendation[0].speculate = False
+    k = report.recommendation[0].num_speculative_tokens
+    assert report.passed and report.model_dump(mode="json")["recommendation"][0]["speculate"] is False
+    advice = f"no speculation (no K reaches 1.0x on the measured device; the best is K={k})"
+    assert any(line.startswith(f"recommended at concurrency 1: {advice}") for line in per_k_lines(report))
+    line = verdict_text(report)
+    assert "no speculation recommended (no K reaches 1.0x on the measured machine); best K=" in line, line
+    assert ", recommended K=" not in line
+    assert f"**{advice}**" in to_markdown(report) and "PASSED: no speculation" in acceptance_svg(report)
+    card = model_card(open_checkpoint(PAIR / "draft").spec, repo_id="org/d",
+                      validation=report.summary().model_dump(mode="json"))
+    section = card.split("### Which K to serve", 1)[1]
+    assert "Recommended at concurrency 1: no speculation: no K reaches 1.0x on" in section
+    assert '"num_speculative_tokens":' not in section
+
+
 def test_a_sweeps_headline_and_chart_show_the_recommended_k_and_every_k(sweep):
     """The verdict line headlines the recommended K (not the first run), then every other K; the SVG is one chart
     with a series per K, the recommended one marked. The recommendation is set to the middle K here, so that it is
@@ -202,6 +238,7 @@ def test_a_sweeps_headline_and_chart_show_the_recommended_k_and_every_k(sweep):
 
     report = sweep.model_copy(deep=True)
     report.recommendation[0].num_speculative_tokens = 7
+    report.recommendation[0].speculate = True
     rows = {r.num_speculative_tokens: r for r in report.per_num_speculative_tokens}
     line = verdict_text(report)
     best = rows[7]
