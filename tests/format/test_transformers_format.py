@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
 NEW_TOKENS = 24
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def _prompts(n: int) -> list[list[int]]:
     return [[int(t) for t in line.split()][:16] for line in (PAIR / "prompts.txt").read_text().splitlines()[:n]]
