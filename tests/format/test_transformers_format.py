@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from factories import assert_bit_identical, copy_with_config, read_config, tensors_of
-from runtime_helpers import close, speculators_draft, write_hf_draft
+from runtime_helpers import close, one_torch_thread, speculators_draft, write_hf_draft  # noqa: F401 (autouse fixture)
 
 from dflash_convert.format import kinds, mapping
 from dflash_convert.io.checkpoint import open_checkpoint
