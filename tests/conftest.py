@@ -55,6 +55,23 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def one_timing_round(monkeypatch):
+    """The CLI's validate runs one round of its speedup measurement instead of three, for tests that assert
+    nothing about the speedup: each round decodes the baseline prompts twice more (a third of a low-acceptance
+    run's time). The options are the CLI's own, with that one library-only default changed."""
+    from typing import Annotated
+
+    import dflash_convert.cli.validate as cli_validate
+
+    field = cli_validate.ValidateOptions.model_fields["timing_rounds"]
+
+    class OneRound(cli_validate.ValidateOptions):
+        timing_rounds: Annotated[int, *field.metadata] = 1  # its bound and flag declaration as they are
+
+    monkeypatch.setattr(cli_validate, "ValidateOptions", OneRound)
+
+
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
     """Random Qwen3 target: 8 layers, hidden 64, vocab 512."""

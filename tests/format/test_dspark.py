@@ -24,6 +24,8 @@ DSPARK = ["dspark", "dspark_gated", "dspark_rnn", "dspark_plain_conf", "dspark_n
 KEYS = ("sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
         "confidence_head_with_markov")
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 @pytest.mark.parametrize("name", DSPARK)
 def test_speculators_hf_speculators_is_bit_exact(cli, family_drafts, tmp_path, name):

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from factories import assert_bit_identical, copy_with_config, read_config, tensors_of
-from runtime_helpers import close, speculators_draft, write_hf_draft
+from runtime_helpers import close, one_torch_thread, speculators_draft, write_hf_draft  # noqa: F401 (autouse fixture)
 
 from dflash_convert.format import kinds, mapping
 from dflash_convert.io.checkpoint import open_checkpoint
@@ -23,6 +23,8 @@ from dflash_convert.validate.engine import transformers_engine as te
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
 NEW_TOKENS = 24
+
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
 
 
 def _prompts(n: int) -> list[list[int]]:

@@ -20,6 +20,8 @@ from dflash_convert.format import catalogue
 
 MASK_EMBEDDING = catalogue.MASK_EMBEDDING_FILE
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def with_mask_embedding(src, dest, data: bytes | None = None):
     """A copy of a draft with a mask_embedding.pt saved the way vLLM and SGLang read it (a torch.save dict)."""

@@ -17,6 +17,8 @@ from dflash_convert.errors import DFlashError
 from dflash_runtime import load_draft, load_target, speculative_generate, target_generate
 from runtime_helpers import DEVICES, close, one_torch_thread, speculators_draft, target_dir, write_hf_draft  # noqa: F401
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():

@@ -15,7 +15,7 @@ import torch
 
 from dflash_runtime import dflash2, load_draft, load_target
 from runtime_helpers import (DEVICES, assert_decode_alike, bf16_logits_against_speculators, close, our_block_logits,
-                             speculators_logits, target_context)
+                             one_torch_thread, speculators_logits, target_context)  # noqa: F401 (autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"

@@ -12,10 +12,12 @@ import torch
 
 from dflash_runtime import dspark, load_draft, load_target, speculative_generate, target_generate
 from runtime_helpers import (DEVICES, assert_decode_alike, bf16_logits_against_speculators, close, our_block_logits,
-                             speculators_logits, target_context)
+                             one_torch_thread, speculators_logits, target_context)  # noqa: F401 (autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "examples" / "pair"
+
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
 
 
 def _random_markov(kind: str, *, vocab=512, rank=16, hidden=64, seed=0):

@@ -19,6 +19,8 @@ PROMPTS = ([3, 17, 250, 9], list(range(40, 61)))
 N = 16
 BLOCK = 4
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def zoo(kind: str):
     return target_zoo.make(kind, _ROOT / "zoo" / kind)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime_helpers import one_torch_thread  # noqa: F401 (autouse: tiny models decode fastest on one thread)
+
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 MAX_NEW = 48
 NUM_PROMPTS = 6  # keeps the module well under 30 s on 2 idle cores

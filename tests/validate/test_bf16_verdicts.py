@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from runtime_helpers import plant_verify_one_position_too_far
 
 PAIR = Path("examples/pair")
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
 LOOKALIKE_SEEDS = (2, 5)
 
 

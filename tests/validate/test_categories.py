@@ -14,6 +14,8 @@ from dflash_convert.validate.prompts import read_prompts
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 CATEGORIES = ["code", "prose", "code", "code"]  # unequal groups: a category given another's prompts shows
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def test_categories_align_with_the_prompts_they_come_with(tmp_path):
     f = tmp_path / "p.jsonl"

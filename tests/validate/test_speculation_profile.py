@@ -13,6 +13,8 @@ from dflash_convert.validate.profile import profile
 
 PAIR = Path(__file__).resolve().parents[2] / "examples" / "pair"
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def _recomputed(histogram: dict[str, int], k: int) -> tuple[list[float], list[float], float]:
     """From the steps themselves: every step's length listed, each share counted directly."""

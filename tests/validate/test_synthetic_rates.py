@@ -32,6 +32,8 @@ SPECULATIVE_CONFIG = textwrap.dedent("""
             print(json.dumps({"refused": " ".join(str(exc).split())}))
 """)
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def test_rates_are_checked_as_vllm_checks_them():
     ok = SyntheticAcceptance(num_speculative_tokens=3, synthetic_acceptance_rates=[0.9, 0.5, 0.5], counted="vllm")

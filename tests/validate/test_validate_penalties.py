@@ -16,6 +16,8 @@ from processes import VLLM_PYTHON, needs_vllm
 
 PENALTIES = {"repetition_penalty": 1.1, "presence_penalty": 0.5}
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def test_chat_prompts_with_penalties_in_generation_config_validate(speculators_drafts, tiny_target, tmp_path, cli):
     """A generation_config.json with repetition_penalty 1.1 and presence_penalty 0.5 and chat prompts: the

@@ -32,6 +32,8 @@ PROMPTS = 6  # of the pair's 16 held-out prompts, for the rule cases (the CLI ru
 TOKENS = 64
 EAGER = {"enforce_eager": True}  # no torch.compile warm-up (a minute per engine on 2 cores); same figures
 
+pytestmark = pytest.mark.usefixtures("one_timing_round")  # no test here reads the speedup
+
 
 def _hf(dst: Path, src: Path = PAIR / "draft", dflash: dict | None = None, **config) -> Path:
     """The pair's draft converted to the HF format, config keys (and `dflash_config` keys) then set (None: removed)."""
