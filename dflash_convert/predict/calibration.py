@@ -442,20 +442,39 @@ def setting(target: ModelFacts) -> dict[str, str]:
     return {"attention": attention, "MLP": "MoE" if target.experts else "dense", "weights": weights}
 
 
+# A share of a step's time above which its admissions are "visible": where the cases' admissions reach it, they set
+# the admission costs; where a prediction's do, the attention kinds those cases had matter
+VISIBLE_ADMISSIONS = 0.10
+
+
 @dataclass(frozen=True)
 class Coverage:
     """What the measured (throughput) cases span, read from the cases themselves: each setting dimension's values,
-    the tensor-parallel sizes and concurrencies, and the terms their steps were bound by (plain and speculative)."""
+    the tensor-parallel sizes and concurrencies, and the terms their steps were bound by (plain and speculative);
+    the TP sizes of the cases with a speculative figure; the attention of the targets whose admissions are a visible
+    share of a step (VISIBLE_ADMISSIONS: the cases that set the admission costs); each TP > 1 case's target (named as
+    its case, with its setting and engines: what the all-reduce extra was fitted on); and the input and output
+    lengths."""
 
     kinds: dict[str, set[str]]
     tp: tuple[int, int]
     concurrency: tuple[int, int]
     bounds: set[str]
+    speculative_tp: tuple[int, int] = (1, 1)
+    admission_attention: set[str] = field(default_factory=set)
+    tp_targets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    input_len: tuple[int, int] = (0, 0)
+    output_len: tuple[int, int] = (0, 0)
 
-    def outside(self, target: ModelFacts, *, tp: int, concurrency: list[int], bounds: set[str]) -> list[str]:
-        """Each way a prediction's setting lies outside the cases, as a phrase naming what the cases have."""
+    def outside(self, target: ModelFacts, *, tp: int, concurrency: list[int], bounds: set[str],
+                speculative: bool = False, admission_share: float = 0.0, input_len: int | None = None,
+                output_len: int | None = None) -> list[str]:
+        """Each way a prediction's setting lies outside the cases, as a phrase naming what the cases have.
+        `speculative`: the prediction has speculative steps; `admission_share`: the largest share of a predicted
+        step its admissions take; the lengths: the request's (None: not asked)."""
+        kind = setting(target)
         out = [f"{value} (the cases: {', '.join(sorted(self.kinds[dim]))})"
-               for dim, value in setting(target).items() if value not in self.kinds[dim]]
+               for dim, value in kind.items() if value not in self.kinds[dim]]
         if not self.tp[0] <= tp <= self.tp[1]:
             out.append(f"TP {tp} (the cases: TP {_span(self.tp)})")
         beyond = [b for b in concurrency if not self.concurrency[0] <= b <= self.concurrency[1]]
@@ -464,6 +483,21 @@ class Coverage:
         new = sorted(b for b in bounds if b not in self.bounds and not b.startswith("does not fit"))
         if new:
             out.append(f"steps bound by {', '.join(new)} (the cases' steps: {', '.join(sorted(self.bounds))})")
+        if speculative and not self.speculative_tp[0] <= tp <= self.speculative_tp[1]:
+            out.append(f"speculation at TP {tp} is uncalibrated (the cases with a speculative figure: TP "
+                       f"{_span(self.speculative_tp)}; every case beyond is plain only)")
+        if admission_share >= VISIBLE_ADMISSIONS and kind["attention"] not in self.admission_attention:
+            out.append(f"admissions {admission_share:.0%} of a step on a {kind['attention']} target (the admission "
+                       f"costs were fitted where admissions matter on {', '.join(sorted(self.admission_attention))} "
+                       "targets only)")
+        if tp > 1 and tuple(kind.values()) not in {s for s, _ in self.tp_targets.values()}:
+            runs = "; ".join(f"{name} ({', '.join(s)}; {', '.join(engines)})"
+                             for name, (s, engines) in sorted(self.tp_targets.items()))
+            out.append(f"the all-reduce cost at TP {tp}: its fitted extra rests on the runs of {runs} only")
+        for flag, n, span in (("--input-len", input_len, self.input_len), ("--output-len", output_len,
+                                                                              self.output_len)):
+            if n is not None and not span[0] <= n <= span[1]:
+                out.append(f"{flag} {n} (the cases: {_span(span)})")
         return out
 
 
@@ -476,18 +510,34 @@ def coverage(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstants
     measured = [c for c in cases if c.kind == "throughput"]
     kinds: dict[str, set[str]] = {}
     bounds: set[str] = set()
+    admission_attention: set[str] = set()
+    tp_targets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
     for c in measured:
         target, g, constants = target_facts(c.target), gpu(c.gpu), engines[c.engine]
-        for dim, value in setting(target).items():
+        kind = setting(target)
+        for dim, value in kind.items():
             kinds.setdefault(dim, set()).add(value)
-        bounds.add(plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=constants,
-                              tp=c.tp, output_len=c.output_len, input_len=c.input_len).bound)
+        steps = [plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=constants,
+                            tp=c.tp, output_len=c.output_len, input_len=c.input_len)]
         if not c.plain_only:
-            bounds.add(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
-                                        gpu=g, constants=constants, tp=c.tp, output_len=c.output_len,
-                                        input_len=c.input_len).bound)
-    return Coverage(kinds, (min(c.tp for c in measured), max(c.tp for c in measured)),
-                    (min(c.concurrency for c in measured), max(c.concurrency for c in measured)), bounds)
+            steps.append(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
+                                          gpu=g, constants=constants, tp=c.tp, output_len=c.output_len,
+                                          input_len=c.input_len))
+        bounds.update(s.bound for s in steps)
+        if max(s.admissions_s / s.seconds for s in steps) >= VISIBLE_ADMISSIONS:
+            admission_attention.add(kind["attention"])
+        if c.tp > 1:  # the target as its case names it (the words before " on ")
+            name = c.name.split(" on ")[0]
+            engines_before = tp_targets.get(name, ((), ()))[1]
+            tp_targets[name] = (tuple(kind.values()), tuple(sorted({*engines_before, c.engine})))
+    speculative = [c.tp for c in measured if not c.plain_only]
+
+    def span(values: list[int]) -> tuple[int, int]:
+        return (min(values), max(values)) if values else (0, 0)
+
+    return Coverage(kinds, span([c.tp for c in measured]), span([c.concurrency for c in measured]), bounds,
+                    span(speculative), admission_attention, tp_targets, span([c.input_len for c in measured]),
+                    span([c.output_len for c in measured]))
 
 
 # ----------------------------------------------------------------------------- the fit

@@ -230,7 +230,9 @@ class ModelError(BaseModel):
                                  "engines' cases pooled")
     speedup_line: str = ""
     outside_calibration: list[str] = Field(default_factory=list, description="each way this prediction's setting "
-                                           "(attention, MLP, weights, TP, concurrency, the steps' bound) lies "
+                                           "(attention, MLP, weights, TP, concurrency, the steps' bound, speculation's TP, "
+                                           "admissions on a kind of target they were not fitted on, the all-reduce "
+                                           "cost's one target, input and output lengths) lies "
                                            "outside what the calibration cases cover: the band was not measured "
                                            "there")
 
@@ -350,6 +352,7 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     constants = ENGINES[engine]
     context = input_len + output_len / 2
     rows: list[PredictionRow] = []
+    admission_share = 0.0  # the largest share of a predicted step its admissions take (for the coverage note)
     recommendations: list[ConcurrencyRecommendation] = []
     for g in gpus:
         for b in concurrency:
@@ -360,12 +363,14 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
             plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp,
                                output_len=output_len, input_len=input_len)
             base = b / plain.seconds
+            admission_share = max(admission_share, plain.admissions_s / plain.seconds)
             here = []
             for k in sorted(taus):
                 spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
                                         gpu=g, constants=constants, tp=tp, output_len=output_len, input_len=input_len)
                 # what a step commits: tau, capped at what a request has left to decode (committed_per_step)
                 fast = b * committed_per_step(taus[k], output_len) / spec.seconds
+                admission_share = max(admission_share, spec.admissions_s / spec.seconds)
                 at_k = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
                                    k=k)
                 fits = at_k.fits(at_k.speculative)
@@ -405,7 +410,8 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     band = error_band()
     speedup_error = band.speedup(engine)
     outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
-                                 bounds={b for r in rows for b in (r.bound, r.baseline_bound)})
+                                 bounds={b for r in rows for b in (r.bound, r.baseline_bound)}, speculative=True,
+                                 admission_share=admission_share, input_len=input_len, output_len=output_len)
     notes = [f"warning: the {who}'s {m.storage_warning}" for who, m in (("target", inputs.target),
                                                                         ("draft", inputs.draft)) if m.storage_warning]
     if outside:
