@@ -169,6 +169,9 @@ class Case(Setting):
     # each request's output tokens (a throughput case's admissions: a = concurrency x t / output_len per step); 0 for
     # a pass timed alone, where no request arrives
     output_len: int = 0
+    # each request's prompt tokens: the prefill each admission runs (cost.prefill_pass); where the source states none,
+    # the context the case assumes
+    input_len: int = 0
 
     @property
     def measured_speedup(self) -> float | None:
@@ -186,39 +189,40 @@ class Case(Setting):
 CASES: tuple[Case, ...] = (
     Case("Qwen3-8B on A800, SGLang, batch 1", "https://github.com/sgl-project/sglang/issues/29244", "sglang",
          "A800", QWEN3_8B, QWEN3_8B_DFLASH, k=15, concurrency=1, tau=2.8, context=300,
-         baseline_tokens_per_s=88, speculative_tokens_per_s=162, output_len=512,
+         baseline_tokens_per_s=88, speculative_tokens_per_s=162, output_len=512, input_len=300,
          notes="SGLang 0.5.13, CUDA graphs; block 16 (K 15); context: the log's few hundred tokens; output length "
          "not stated, assumed 512 (the log shows a request still decoding past 424 cached tokens)"),
     Case("Qwen3-30B-A3B on A800, SGLang, batch 1", "https://github.com/sgl-project/sglang/issues/29244", "sglang",
          "A800", QWEN3_30B_A3B, QWEN3_30B_A3B_DFLASH, k=15, concurrency=1, tau=2.0, context=300,
-         baseline_tokens_per_s=146, speculative_tokens_per_s=93, output_len=512,
+         baseline_tokens_per_s=146, speculative_tokens_per_s=93, output_len=512, input_len=300,
          notes="the same setup as the Qwen3-8B case; the MoE target slows down; output length assumed 512 as there"),
     Case("Qwen3.5-4B on H100, vLLM, batch 1", "https://github.com/vllm-project/vllm/issues/49730", "vllm",
          "H100-SXM", QWEN3_5_4B, QWEN3_5_4B_DFLASH, k=15, concurrency=1, tau=5.602, context=300,
-         baseline_tokens_per_s=285, speculative_tokens_per_s=347, output_len=256,
+         baseline_tokens_per_s=285, speculative_tokens_per_s=347, output_len=256, input_len=300,
          notes="vLLM nightly 0.23.1rc1, GSM8K; K 15 as z-lab's card launches it (assumed); hybrid target; output "
-         "length from its table, (E2E p50 941 ms - TTFT p50 47 ms) / ITL p50 3.5 ms + 1 = 256"),
+         "length from its table, (E2E p50 941 ms - TTFT p50 47 ms) / ITL p50 3.5 ms + 1 = 256; input length not stated, "
+         "taken as the context assumed (300)"),
     Case("Qwen3-32B-FP8 on RTX PRO 6000, SGLang, concurrency 8", "https://huggingface.co/chutesai/Qwen3-32B-FP8-DFLASH",
          "sglang", "RTX-PRO-6000", QWEN3_32B_FP8, QWEN3_32B_FP8_DFLASH, k=15, concurrency=8, tau=2.46, context=512,
-         baseline_tokens_per_s=229.1, speculative_tokens_per_s=423.0, output_len=1024,
+         baseline_tokens_per_s=229.1, speculative_tokens_per_s=423.0, output_len=1024, input_len=512,
          notes="SGLang 0.5.13.post1, ShareGPT, 200 prompts, up to 1,024 out (taken as 1,024: a cap, so the fewest "
-         "admissions the source allows); block 16 (K 15); context assumed 512"),
+         "admissions the source allows); block 16 (K 15); context assumed 512, and so the input length"),
     *(Case(f"Qwen3.6-35B-A3B-FP8 on B200, {title}, K {k}, concurrency {b}", B200_REPORT, engine, "B200",
            QWEN3_6_35B_A3B_FP8, QWEN3_6_35B_A3B_DFLASH, k=k, concurrency=b, tau=tau, context=60 + 256 / 2,
-           baseline_tokens_per_s=plain, speculative_tokens_per_s=spec, output_len=256,
+           baseline_tokens_per_s=plain, speculative_tokens_per_s=spec, output_len=256, input_len=60,
            notes=B200_NOTES[engine] + "; aiperf GSM8K, 256 out")
       for engine, title, k, b, tau, plain, spec in B200_RUNS),
     Case("DeepSeek-R1 on 8x H200, vLLM, TP 8, batch 1, plain only",
          "https://github.com/vllm-project/recipes/blob/main/DeepSeek/DeepSeek-V3.md", "vllm", "H200",
          DEEPSEEK_R1, None, k=0, concurrency=1, tau=1.0, context=7902 + 1000 / 2, tp=8,
-         baseline_tokens_per_s=61.00, output_len=1000,
+         baseline_tokens_per_s=61.00, output_len=1000, input_len=7902,
          notes="vLLM's DeepSeek-V3/R1 recipe, its expected output: deepseek-ai/DeepSeek-R1-0528, --tensor-parallel-size "
          "8 --enable_expert_parallel, benchmark_serving random 7,902 tokens in / 1,000 out, one request (TTFT 560 ms, "
          "TPOT 15.85 ms); vLLM version not stated; no speculative run. Expert parallel places whole experts on GPUs, "
          "the model splits their bytes evenly over the 8"),
     *(Case(f"DeepSeek-R1 on 8x H200, SGLang, TP 8, concurrency {b}, plain only", INFERENCEX_870, "sglang", "H200",
            DEEPSEEK_R1, None, k=0, concurrency=b, tau=1.0, context=1024 + 1024 / 2, tp=8,
-           baseline_tokens_per_s=round(8 * per_gpu, 1), output_len=1024,
+           baseline_tokens_per_s=round(8 * per_gpu, 1), output_len=1024, input_len=1024,
            notes=f"SGLang v0.5.7, deepseek-ai/DeepSeek-R1-0528 fp8, TP 8, EP 1, random 1,024 in / 1,024 out; "
            f"the table's output throughput per GPU {per_gpu} tok/s x 8 (mean TPOT {tpot} ms); no speculative run")
       for b, per_gpu, tpot in INFERENCEX_870_RUNS),
@@ -248,6 +252,7 @@ class DirectionCase(Setting):
     # each request's output tokens, a range (low, high) where the source states none: right only where the
     # direction holds over the whole of it too
     output_len: tuple[int, int] = (0, 0)
+    input_len: int = 0  # each request's prompt tokens (the admissions' prefills)
 
 
 # vllm#42505 ran `evalscope perf` with its output length cut off in the stored text: 256 to 2,048, from a short
@@ -259,20 +264,20 @@ DIRECTION_CASES: tuple[DirectionCase, ...] = (
     DirectionCase("Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 16",
                   "https://github.com/vllm-project/vllm/issues/42505", "vllm", "RTX-PRO-6000", QWEN3_5_35B_A3B,
                   QWEN3_5_35B_A3B_DFLASH, k=4, concurrency=16, tau=(2.0, 3.0), context=1024, faster=False,
-                  output_len=EVALSCOPE_OUTPUT_RANGE,
+                  output_len=EVALSCOPE_OUTPUT_RANGE, input_len=1024,
                   notes="vLLM 0.20.1, --max-num-seqs 16: 'slower than the baseline at concurrency > 8'; tau 2-3 from "
                   "the same reporter's z-lab/dflash#118 (K 4 or 16); context assumed 1,024; output length not "
                   "stated: EVALSCOPE_OUTPUT_RANGE"),
     DirectionCase("Qwen3.5-35B-A3B on RTX PRO 6000, vLLM, K 4, concurrency 1",
                   "https://github.com/vllm-project/vllm/issues/42505", "vllm", "RTX-PRO-6000", QWEN3_5_35B_A3B,
                   QWEN3_5_35B_A3B_DFLASH, k=4, concurrency=1, tau=(2.0, 3.0), context=1024, faster=True,
-                  output_len=EVALSCOPE_OUTPUT_RANGE,
+                  output_len=EVALSCOPE_OUTPUT_RANGE, input_len=1024,
                   notes="the same report: at concurrency 1 'the speedup is much lower than reported' (a speedup, "
                   "smaller than the paper's)"),
     DirectionCase("Qwen3.8-27B-FP8 on H20, vLLM, DFlash2 K 5 against K 7, 64k in",
                   "https://github.com/vllm-project/recipes/pull/839", "vllm", "H20", QWEN3_8_27B_FP8,
                   QWEN3_8_27B_DFLASH2, k=5, concurrency=10, tau=(2.6, 2.7), context=64000 + 1500, versus_k=7,
-                  versus_tau=(2.5, 2.7), output_len=(3000, 3000),
+                  versus_tau=(2.5, 2.7), output_len=(3000, 3000), input_len=64000,
                   notes="vllm bench serve, random 64,000 in / 3,000 out, 10 prompts at 10 req/s: decode median 304.1 "
                   "tok/s at K 5 against 255.5 at K 7; no run without speculation"),
 )
@@ -281,9 +286,9 @@ DIRECTION_CASES: tuple[DirectionCase, ...] = (
 ENGINES: dict[str, EngineConstants] = {
     # (fixed, speculative, admission plain / speculative: a mixed step's extra, ADMISSIONS "split"; each TP all-reduce's
     # extra, shared by the serving engines: _allreduce_extra)
-    "sglang": EngineConstants(0.74, ASSUMED_COMPUTE_EFFICIENCY, 2.809e-3, 1.827e-3, 3.137e-3, 25.633e-3, 50.146e-6),
-    "vllm": EngineConstants(0.74, ASSUMED_COMPUTE_EFFICIENCY, 3.502e-3, 3.626e-3, 8.180e-3, 45.030e-3,  # its own 5 at TP 1
-                            50.146e-6),
+    "sglang": EngineConstants(0.77, ASSUMED_COMPUTE_EFFICIENCY, 2.827e-3, 2.222e-3, 0.0, 18.715e-3, 48.137e-6),
+    "vllm": EngineConstants(0.77, ASSUMED_COMPUTE_EFFICIENCY, 3.520e-3, 3.732e-3, 4.756e-3, 39.964e-3,  # its own 5 at TP 1
+                            48.137e-6),
     "runtime": EngineConstants(0.46, ASSUMED_COMPUTE_EFFICIENCY, 0.0, 0.0),
 }
 
@@ -317,13 +322,13 @@ def evaluate(case: Case, constants: EngineConstants) -> CaseResult:
         return CaseResult(case, {"step_s": seconds}, {"step_s": abs(seconds / case.step_s - 1)})
     b = case.concurrency
     plain = plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp,
-                       output_len=case.output_len)
+                       output_len=case.output_len, input_len=case.input_len)
     if case.plain_only:
         base = b / plain.seconds
         return CaseResult(case, {"baseline_tokens_per_s": base},
                           {"baseline_tokens_per_s": abs(base / case.baseline_tokens_per_s - 1)})
     spec = speculative_step(target, case.draft, batch=b, k=case.k, tau=case.tau, context=case.context, gpu=g,
-                            constants=constants, tp=case.tp, output_len=case.output_len)
+                            constants=constants, tp=case.tp, output_len=case.output_len, input_len=case.input_len)
     base, fast = b / plain.seconds, b * case.tau / spec.seconds
     predicted = {"baseline_tokens_per_s": base, "speculative_tokens_per_s": fast, "speedup": fast / base}
     errors = {"baseline_tokens_per_s": abs(base / case.baseline_tokens_per_s - 1),
@@ -398,7 +403,7 @@ def evaluate_direction(case: DirectionCase, constants: EngineConstants) -> Direc
 
     def tokens_per_s(k: int, tau: float, n: int) -> float:
         step = speculative_step(target, case.draft, batch=b, k=k, tau=tau, context=case.context, gpu=g,
-                                constants=constants, tp=case.tp, output_len=n)
+                                constants=constants, tp=case.tp, output_len=n, input_len=case.input_len)
         return b * tau / step.seconds
 
     if case.versus_k is not None:
@@ -409,7 +414,7 @@ def evaluate_direction(case: DirectionCase, constants: EngineConstants) -> Direc
     speedups = {}
     for n in lengths:
         plain = b / plain_step(target, batch=b, context=case.context, gpu=g, constants=constants, tp=case.tp,
-                               output_len=n).seconds
+                               output_len=n, input_len=case.input_len).seconds
         speedups.update({f"speedup at tau {tau:g}{at(n)}": tokens_per_s(case.k, tau, n) / plain for tau in case.tau})
     return DirectionResult(case, speedups, all((s > 1.0) == case.faster for s in speedups.values()))
 
@@ -437,20 +442,39 @@ def setting(target: ModelFacts) -> dict[str, str]:
     return {"attention": attention, "MLP": "MoE" if target.experts else "dense", "weights": weights}
 
 
+# A share of a step's time above which its admissions are "visible": where the cases' admissions reach it, they set
+# the admission costs; where a prediction's do, the attention kinds those cases had matter
+VISIBLE_ADMISSIONS = 0.10
+
+
 @dataclass(frozen=True)
 class Coverage:
     """What the measured (throughput) cases span, read from the cases themselves: each setting dimension's values,
-    the tensor-parallel sizes and concurrencies, and the terms their steps were bound by (plain and speculative)."""
+    the tensor-parallel sizes and concurrencies, and the terms their steps were bound by (plain and speculative);
+    the TP sizes of the cases with a speculative figure; the attention of the targets whose admissions are a visible
+    share of a step (VISIBLE_ADMISSIONS: the cases that set the admission costs); each TP > 1 case's target (named as
+    its case, with its setting and engines: what the all-reduce extra was fitted on); and the input and output
+    lengths."""
 
     kinds: dict[str, set[str]]
     tp: tuple[int, int]
     concurrency: tuple[int, int]
     bounds: set[str]
+    speculative_tp: tuple[int, int] = (1, 1)
+    admission_attention: set[str] = field(default_factory=set)
+    tp_targets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    input_len: tuple[int, int] = (0, 0)
+    output_len: tuple[int, int] = (0, 0)
 
-    def outside(self, target: ModelFacts, *, tp: int, concurrency: list[int], bounds: set[str]) -> list[str]:
-        """Each way a prediction's setting lies outside the cases, as a phrase naming what the cases have."""
+    def outside(self, target: ModelFacts, *, tp: int, concurrency: list[int], bounds: set[str],
+                speculative: bool = False, admission_share: float = 0.0, input_len: int | None = None,
+                output_len: int | None = None) -> list[str]:
+        """Each way a prediction's setting lies outside the cases, as a phrase naming what the cases have.
+        `speculative`: the prediction has speculative steps; `admission_share`: the largest share of a predicted
+        step its admissions take; the lengths: the request's (None: not asked)."""
+        kind = setting(target)
         out = [f"{value} (the cases: {', '.join(sorted(self.kinds[dim]))})"
-               for dim, value in setting(target).items() if value not in self.kinds[dim]]
+               for dim, value in kind.items() if value not in self.kinds[dim]]
         if not self.tp[0] <= tp <= self.tp[1]:
             out.append(f"TP {tp} (the cases: TP {_span(self.tp)})")
         beyond = [b for b in concurrency if not self.concurrency[0] <= b <= self.concurrency[1]]
@@ -459,6 +483,21 @@ class Coverage:
         new = sorted(b for b in bounds if b not in self.bounds and not b.startswith("does not fit"))
         if new:
             out.append(f"steps bound by {', '.join(new)} (the cases' steps: {', '.join(sorted(self.bounds))})")
+        if speculative and not self.speculative_tp[0] <= tp <= self.speculative_tp[1]:
+            out.append(f"speculation at TP {tp} is uncalibrated (the cases with a speculative figure: TP "
+                       f"{_span(self.speculative_tp)}; every case beyond is plain only)")
+        if admission_share >= VISIBLE_ADMISSIONS and kind["attention"] not in self.admission_attention:
+            out.append(f"admissions {admission_share:.0%} of a step on a {kind['attention']} target (the admission "
+                       f"costs were fitted where admissions matter on {', '.join(sorted(self.admission_attention))} "
+                       "targets only)")
+        if tp > 1 and tuple(kind.values()) not in {s for s, _ in self.tp_targets.values()}:
+            runs = "; ".join(f"{name} ({', '.join(s)}; {', '.join(engines)})"
+                             for name, (s, engines) in sorted(self.tp_targets.items()))
+            out.append(f"the all-reduce cost at TP {tp}: its fitted extra rests on the runs of {runs} only")
+        for flag, n, span in (("--input-len", input_len, self.input_len), ("--output-len", output_len,
+                                                                              self.output_len)):
+            if n is not None and not span[0] <= n <= span[1]:
+                out.append(f"{flag} {n} (the cases: {_span(span)})")
         return out
 
 
@@ -471,17 +510,34 @@ def coverage(cases: tuple[Case, ...] = CASES, engines: dict[str, EngineConstants
     measured = [c for c in cases if c.kind == "throughput"]
     kinds: dict[str, set[str]] = {}
     bounds: set[str] = set()
+    admission_attention: set[str] = set()
+    tp_targets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
     for c in measured:
         target, g, constants = target_facts(c.target), gpu(c.gpu), engines[c.engine]
-        for dim, value in setting(target).items():
+        kind = setting(target)
+        for dim, value in kind.items():
             kinds.setdefault(dim, set()).add(value)
-        bounds.add(plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=constants,
-                              tp=c.tp, output_len=c.output_len).bound)
+        steps = [plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=constants,
+                            tp=c.tp, output_len=c.output_len, input_len=c.input_len)]
         if not c.plain_only:
-            bounds.add(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
-                                        gpu=g, constants=constants, tp=c.tp, output_len=c.output_len).bound)
-    return Coverage(kinds, (min(c.tp for c in measured), max(c.tp for c in measured)),
-                    (min(c.concurrency for c in measured), max(c.concurrency for c in measured)), bounds)
+            steps.append(speculative_step(target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context,
+                                          gpu=g, constants=constants, tp=c.tp, output_len=c.output_len,
+                                          input_len=c.input_len))
+        bounds.update(s.bound for s in steps)
+        if max(s.admissions_s / s.seconds for s in steps) >= VISIBLE_ADMISSIONS:
+            admission_attention.add(kind["attention"])
+        if c.tp > 1:  # the target as its case names it (the words before " on ")
+            name = c.name.split(" on ")[0]
+            engines_before = tp_targets.get(name, ((), ()))[1]
+            tp_targets[name] = (tuple(kind.values()), tuple(sorted({*engines_before, c.engine})))
+    speculative = [c.tp for c in measured if not c.plain_only]
+
+    def span(values: list[int]) -> tuple[int, int]:
+        return (min(values), max(values)) if values else (0, 0)
+
+    return Coverage(kinds, span([c.tp for c in measured]), span([c.concurrency for c in measured]), bounds,
+                    span(speculative), admission_attention, tp_targets, span([c.input_len for c in measured]),
+                    span([c.output_len for c in measured]))
 
 
 # ----------------------------------------------------------------------------- the fit
@@ -577,10 +633,12 @@ def _fixed_costs(cases: list[Case], constants: EngineConstants,
         if c.kind != "throughput":
             continue
         target, g = target_facts(c.target), gpu(c.gpu)
-        plain = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=zero, tp=c.tp).seconds
+        # the prefills are the model's (the admission constants here zero): what is left is the engine's
+        plain = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=zero, tp=c.tp,
+                           output_len=c.output_len, input_len=c.input_len).seconds
         spec = None if c.plain_only else speculative_step(
             target, c.draft, batch=c.concurrency, k=c.k, tau=c.tau, context=c.context, gpu=g, constants=zero,
-            tp=c.tp).seconds
+            tp=c.tp, output_len=c.output_len, input_len=c.input_len).seconds
         residuals.append((c.concurrency / c.baseline_tokens_per_s - plain,
                           None if spec is None else c.concurrency * c.tau / c.speculative_tokens_per_s - spec,
                           mixed_share(c.concurrency / c.output_len), mixed_share(c.concurrency * c.tau / c.output_len)))
@@ -599,7 +657,7 @@ def _allreduce_extra(cases: list[Case], engines: dict[str, EngineConstants]) -> 
             continue
         target, g = target_facts(c.target), gpu(c.gpu)
         step = plain_step(target, batch=c.concurrency, context=c.context, gpu=g, constants=engines[c.engine], tp=c.tp,
-                          output_len=c.output_len)
+                          output_len=c.output_len, input_len=c.input_len)
         rows.append([2.0 * target.layers])
         residuals.append(c.concurrency / c.baseline_tokens_per_s - step.seconds)
     return least_absolute_nonnegative(rows, residuals)[0] if rows else 0.0

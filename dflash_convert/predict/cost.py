@@ -10,7 +10,10 @@ bookkeeping on top), and the expected cost of admissions: in a closed loop of `b
 `output_len` tokens long, a step admits on average a = batch x t / output_len new requests (t: tokens a step
 commits per sequence, 1 plain, tau speculative); arriving at random, several sharing one step, a step is "mixed"
 (the new requests' prefill beside the running decodes) with probability 1 - exp(-a), and a mixed step costs the
-engine's admission constant more (it leaves the uniform-batch CUDA graph, vllm#45237). The effective rates and
+engine's admission constant more (it leaves the uniform-batch CUDA graph, vllm#45237); and each admitted request
+runs its own prefill (prefill_pass: its prompt's tokens through the target), a x that pass's time per step. A
+request's first token comes from its prefill, so its decode steps commit at most output_len - 1 tokens: a step commits
+per sequence at most what a request has left (committed_per_step). The effective rates and
 fixed costs are an engine's calibrated constants (calibration.py), the peaks the GPU table's (gpus.py).
 """
 
@@ -36,7 +39,9 @@ class EngineConstants:
     compute_efficiency: float  # of the datasheet dense peak
     fixed_step_s: float  # every step: scheduling, launch, sampling
     speculative_step_s: float  # a speculative step on top: the draft's launch, rejection, bookkeeping
-    admission_s: float = 0.0  # a plain step that admits a request (its prefill beside the decodes) costs this more
+    # a plain step that admits a request costs this more, beyond the admitted prefills themselves (prefill_pass): the
+    # mixed step leaving the uniform-batch CUDA graph, the scheduler's work
+    admission_s: float = 0.0
     speculative_admission_s: float = 0.0  # the same for a speculative step
     # each all-reduce of a TP > 1 pass costs this on top of ALLREDUCE_LATENCY_S and its bytes: what the TP cases
     # leave unexplained per all-reduce (the GPUs waiting on each other, the engine's TP overheads), fitted
@@ -49,14 +54,27 @@ def mixed_share(admitted: float) -> float:
     return 1.0 - math.exp(-admitted)
 
 
+def committed_per_step(tau: float, output_len: float | None) -> float:
+    """The tokens a step commits per sequence: tau, capped at what a request has left to decode. A request's first
+    token comes from its prefill, so its decode steps commit at most output_len - 1 tokens; a step commits at least
+    one (the target's own). So min(tau, max(1, output_len - 1)): an output of 1 or 2 tokens gains nothing from
+    speculation, and tau counts in full only where output_len >= tau + 1. No output length (a pass alone): tau."""
+    if not output_len:
+        return tau
+    return min(tau, max(1.0, output_len - 1.0))
+
+
 def admission_cost(constants: EngineConstants, *, batch: int, output_len: float | None, tokens_per_step: float,
-                   speculative: bool) -> float:
-    """The expected seconds a step spends on admissions: mixed_share(batch x tokens_per_step / output_len) times the
-    engine's admission constant. No output length (a pass measured alone, no requests arriving): none."""
+                   speculative: bool, prefill_s: float = 0.0) -> float:
+    """The expected seconds a step spends on admissions: it admits a = batch x tokens_per_step / output_len requests
+    on average; mixed_share(a) times the engine's admission constant (per mixed step), plus a x `prefill_s` (each
+    admitted request runs its own prefill, prefill_pass). No output length (a pass measured alone, no requests
+    arriving): none."""
     if not output_len:
         return 0.0
     extra = constants.speculative_admission_s if speculative else constants.admission_s
-    return mixed_share(batch * tokens_per_step / output_len) * extra
+    admitted = batch * tokens_per_step / output_len
+    return mixed_share(admitted) * extra + admitted * prefill_s
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,30 @@ def target_pass(m: ModelFacts, *, batch: int, tokens_per_seq: int, context: floa
                  tokens=n, hidden=m.hidden, layers=m.layers, attention_flops=attention)
 
 
+def prefill_pass(m: ModelFacts, *, input_len: int, gpu: GPU, constants: EngineConstants, tp: int) -> Pass:
+    """One admitted request's prefill: the target's pass over its `input_len` prompt tokens (each attending over
+    input_len / 2 positions on average), the weights and the experts they route to read, their KV written, the
+    linear-attention state written once (a prefill keeps no per-position state), the logits of the last token
+    only. The longer of its bytes and its FLOPs, as any pass."""
+    n = input_len
+    attended = attention_context(m, input_len / 2)
+    terms = {
+        "weights": m.dense_params * m.weight_bytes,
+        "experts": m.moe_layers * m.distinct_experts(n) * m.expert_params * m.expert_weight_bytes,
+        "KV cache": n * m.kv_bytes_per_token * tp / m.kv_shards(tp)
+        + m.linear_layers * m.linear_state_bytes * tp / m.state_shards(tp),
+        "lm_head": m.vocab * m.hidden * 2.0,
+    }
+    active = m.dense_params + m.moe_layers * m.top_k * m.expert_params
+    return _pass(terms, 2 * n * active + 2 * m.vocab * m.hidden, gpu=gpu, compute=m.compute, constants=constants,
+                 tp=tp, tokens=n, hidden=m.hidden, layers=m.layers,
+                 attention_flops=n * attended * m.attention_flops_per_position)
+
+
+def _prefill_s(m: ModelFacts, input_len: int, gpu: GPU, constants: EngineConstants, tp: int) -> float:
+    return prefill_pass(m, input_len=input_len, gpu=gpu, constants=constants, tp=tp).seconds if input_len else 0.0
+
+
 def draft_pass(d: ModelFacts, target: ModelFacts, *, batch: int, k: int, tau: float, context: float, gpu: GPU,
                constants: EngineConstants, tp: int) -> Pass:
     """The draft's forward over its block of K+1 slots per sequence, its context cache at `context`, the target
@@ -161,18 +203,24 @@ def draft_pass(d: ModelFacts, target: ModelFacts, *, batch: int, k: int, tau: fl
 
 
 def plain_step(m: ModelFacts, *, batch: int, context: float, gpu: GPU, constants: EngineConstants,
-               tp: int = 1, output_len: float | None = None) -> Step:
-    """`output_len`: each request's output tokens, for the admissions (none counted without it)."""
+               tp: int = 1, output_len: float | None = None, input_len: int = 0) -> Step:
+    """`output_len`: each request's output tokens, for the admissions (none counted without it); `input_len`: its
+    prompt tokens, the prefill each admission runs (none without it)."""
     return Step((target_pass(m, batch=batch, tokens_per_seq=1, context=context, gpu=gpu, constants=constants,
                              tp=tp),), constants.fixed_step_s,
-                admission_cost(constants, batch=batch, output_len=output_len, tokens_per_step=1, speculative=False))
+                admission_cost(constants, batch=batch, output_len=output_len, tokens_per_step=1, speculative=False,
+                               prefill_s=_prefill_s(m, input_len, gpu, constants, tp)))
 
 
 def speculative_step(m: ModelFacts, d: ModelFacts, *, batch: int, k: int, tau: float, context: float, gpu: GPU,
-                     constants: EngineConstants, tp: int = 1, output_len: float | None = None) -> Step:
-    """A step commits tau tokens per sequence, so it meets tau times a plain step's admissions."""
+                     constants: EngineConstants, tp: int = 1, output_len: float | None = None,
+                     input_len: int = 0) -> Step:
+    """A step commits tau tokens per sequence (committed_per_step: at most what a request has left), so it meets
+    that many times a plain step's admissions."""
     return Step((draft_pass(d, m, batch=batch, k=k, tau=tau, context=context, gpu=gpu, constants=constants, tp=tp),
                  target_pass(m, batch=batch, tokens_per_seq=k + 1, context=context, gpu=gpu, constants=constants,
                              tp=tp)),
                 constants.fixed_step_s + constants.speculative_step_s,
-                admission_cost(constants, batch=batch, output_len=output_len, tokens_per_step=tau, speculative=True))
+                admission_cost(constants, batch=batch, output_len=output_len,
+                               tokens_per_step=committed_per_step(tau, output_len), speculative=True,
+                               prefill_s=_prefill_s(m, input_len, gpu, constants, tp)))

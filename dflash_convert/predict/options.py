@@ -17,9 +17,9 @@ from pydantic import Field, field_validator, model_validator
 from dflash_convert.errors import UsageError
 from dflash_convert.flags import CommandOptions, Flag
 from dflash_convert.predict.gpus import GPU, gpu, gpu_from_spec, variant_note
-from dflash_convert.predict.prediction import (MAX_LEN, MAX_TP, PredictionReport, check_taus_within_block,
-                                               load_inputs, parse_taus, predict, report_provenance,
-                                               taus_from_report)
+from dflash_convert.predict.prediction import (MAX_LEN, MAX_TP, MIN_OUTPUT_LEN, PredictionReport,
+                                               check_taus_within_block, load_inputs, parse_taus, predict,
+                                               report_provenance, taus_from_report)
 
 ServingEngine = Literal["vllm", "sglang"]  # the engines the calibration has constants for
 LIST = list[str]  # a list flag's texts, each time it was given
@@ -72,8 +72,9 @@ class PredictOptions(CommandOptions):
     input_len: Annotated[int, Flag("--input-len", type=str, metavar="L")] = Field(
         1024, description="Prompt tokens (8192 or 8k, k = 1024).")
     output_len: Annotated[int, Flag("--output-len", type=str, metavar="O")] = Field(
-        512, description="Generated tokens per request: the mean context is L + O/2, and a closed loop admits a new "
-        "request every O tokens a sequence commits (the admission cost).")
+        512, description=f"Generated tokens per request, at least {MIN_OUTPUT_LEN} (the first comes from the "
+        "prefill): the mean context is L + O/2, a closed loop admits a new request every O tokens a sequence commits "
+        "(the admission cost), and a step commits at most O - 1 tokens per sequence.")
     engine: Annotated[ServingEngine, Flag("--engine")] = Field(
         "vllm", description="The serving engine whose calibrated constants apply.")
     tp: Annotated[int, Flag("--tp", metavar="N")] = Field(1, ge=1, le=MAX_TP, description="Tensor-parallel GPUs.")
@@ -135,8 +136,9 @@ class PredictOptions(CommandOptions):
     def _tokens(cls, value: Any, info: Any) -> Any:
         flag = "--" + info.field_name.replace("_", "-")
         count = token_count(value, flag) if isinstance(value, str) else value
-        if isinstance(count, int) and not 0 <= count <= MAX_LEN:
-            raise UsageError(f"{flag} must be an integer in [0, {MAX_LEN}] (tokens), got {count}")
+        least = MIN_OUTPUT_LEN if info.field_name == "output_len" else 0
+        if isinstance(count, int) and not least <= count <= MAX_LEN:
+            raise UsageError(f"{flag} must be an integer in [{least}, {MAX_LEN}] (tokens), got {count}")
         return count
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from dflash_convert.errors import UsageError
 from dflash_convert.format.sizes import decoder
 from dflash_convert.predict.calibration import ENGINES, coverage, error_band
-from dflash_convert.predict.cost import plain_step, speculative_step
+from dflash_convert.predict.cost import committed_per_step, plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
 from dflash_convert.predict.gpus import GPU
 from dflash_convert.predict.memory import GB, USABLE_FRACTION, memory_need
@@ -41,6 +41,8 @@ def taus_from_rates(rates: list[float]) -> dict[int, float]:
 MAX_TP = 1024
 MAX_LEN = 10_000_000
 MAX_CONCURRENCY = 1_000_000  # sequences per step: past any engine's batch (vLLM's max_num_seqs defaults to 256-1024)
+# a request's first token comes from its prefill: an output of 0 tokens is no request (--output-len's least)
+MIN_OUTPUT_LEN = 1
 
 
 def tau_problem(k: Any, tau: Any) -> str | None:
@@ -262,7 +264,9 @@ class ModelError(BaseModel):
                                  "engines' cases pooled")
     speedup_line: str = ""
     outside_calibration: list[str] = Field(default_factory=list, description="each way this prediction's setting "
-                                           "(attention, MLP, weights, TP, concurrency, the steps' bound) lies "
+                                           "(attention, MLP, weights, TP, concurrency, the steps' bound, speculation's TP, "
+                                           "admissions on a kind of target they were not fitted on, the all-reduce "
+                                           "cost's one target, input and output lengths) lies "
                                            "outside what the calibration cases cover: the band was not measured "
                                            "there")
 
@@ -362,9 +366,9 @@ def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, out
         raise UsageError(f"--concurrency {','.join(map(str, concurrency))}: {twice} is given twice")
     if not 1 <= tp <= MAX_TP:
         raise UsageError(f"--tp must be an integer in [1, {MAX_TP}], got {tp}")
-    for flag, n in (("--input-len", input_len), ("--output-len", output_len)):
-        if not 0 <= n <= MAX_LEN:
-            raise UsageError(f"{flag} must be an integer in [0, {MAX_LEN}] (tokens), got {n}")
+    for flag, n, least in (("--input-len", input_len, 0), ("--output-len", output_len, MIN_OUTPUT_LEN)):
+        if not least <= n <= MAX_LEN:
+            raise UsageError(f"{flag} must be an integer in [{least}, {MAX_LEN}] (tokens), got {n}")
     # vLLM 0.33 (config/model.py, ModelConfig.verify_with_parallel_config) refuses a tensor-parallel size that does
     # not divide the attention heads, the target's and the draft's (whose draft_tensor_parallel_size defaults to
     # the target's); KV heads fewer than the GPUs are replicated, so they set no such rule.
@@ -384,6 +388,7 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     constants = ENGINES[engine]
     context = input_len + output_len / 2
     rows: list[PredictionRow] = []
+    admission_share = 0.0  # the largest share of a predicted step its admissions take (for the coverage note)
     recommendations: list[ConcurrencyRecommendation] = []
     for g in gpus:
         for b in concurrency:
@@ -392,13 +397,16 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                                k=min(taus))
             plain_fits, spec_fits = need.fits(need.plain), need.fits(need.speculative)
             plain = plain_step(inputs.target, batch=b, context=context, gpu=g, constants=constants, tp=tp,
-                               output_len=output_len)
+                               output_len=output_len, input_len=input_len)
             base = b / plain.seconds
+            admission_share = max(admission_share, plain.admissions_s / plain.seconds)
             here = []
             for k in sorted(taus):
                 spec = speculative_step(inputs.target, inputs.draft, batch=b, k=k, tau=taus[k], context=context,
-                                        gpu=g, constants=constants, tp=tp, output_len=output_len)
-                fast = b * taus[k] / spec.seconds
+                                        gpu=g, constants=constants, tp=tp, output_len=output_len, input_len=input_len)
+                # what a step commits: tau, capped at what a request has left to decode (committed_per_step)
+                fast = b * committed_per_step(taus[k], output_len) / spec.seconds
+                admission_share = max(admission_share, spec.admissions_s / spec.seconds)
                 at_k = memory_need(inputs.target, inputs.draft, g, batch=b, tokens=input_len + output_len, tp=tp,
                                    k=k)
                 fits = at_k.fits(at_k.speculative)
@@ -438,7 +446,8 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     band = error_band()
     speedup_error = band.speedup(engine)
     outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
-                                 bounds={b for r in rows for b in (r.bound, r.baseline_bound)})
+                                 bounds={b for r in rows for b in (r.bound, r.baseline_bound)}, speculative=True,
+                                 admission_share=admission_share, input_len=input_len, output_len=output_len)
     notes = [f"warning: the {who}'s {m.storage_warning}" for who, m in (("target", inputs.target),
                                                                         ("draft", inputs.draft)) if m.storage_warning]
     if outside:
@@ -448,6 +457,11 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                      f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
                      f"{inputs.target.distinct_experts(1):.0f} at N=1, {inputs.target.distinct_experts(16):.0f} "
                      "at N=16; real routing is less uniform, so this overstates the experts a verify reads")
+    short = [k for k in sorted(taus) if output_len < k + 1]
+    if short:
+        notes.append(f"--output-len {output_len} is below K+1 for K {', '.join(map(str, short))}: a request's first "
+                     f"token comes from its prefill, so its decode steps commit at most {output_len - 1} tokens, and a "
+                     "step's tau is capped at what a request has left (at least 1)")
     if inputs.max_positions is not None and input_len + output_len > inputs.max_positions:
         notes.append(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens pass the "
                      f"target's max_position_embeddings ({inputs.max_positions}): an engine refuses such requests "

@@ -166,7 +166,10 @@ def test_what_the_cases_cover_is_read_from_the_cases():
     out = cov.outside(mla, tp=16, concurrency=[1, 128], bounds={"compute", "weights", "does not fit: ..."})
     assert out == ["sub-8-bit weights (the cases: 16-bit weights, 8-bit weights)", "TP 16 (the cases: TP 1 to 8)",
                    "concurrency 128 (the cases: 1 to 64)",
-                   "steps bound by compute (the cases' steps: admissions, all-reduce, experts, fixed cost, weights)"]
+                   "steps bound by compute (the cases' steps: admissions, all-reduce, experts, fixed cost, weights)",
+                   # a dense 4-bit target: not the kind of the one target the TP cases ran
+                   "the all-reduce cost at TP 16: its fitted extra rests on the runs of DeepSeek-R1 (MLA attention, MoE, "
+                   "8-bit weights; sglang, vllm) only"]
     # a case run at TP 16 covers TP 16: nothing is a hand list
     wider = calibration.coverage(CASES + (dataclasses.replace(CASES[0], tp=16, concurrency=128),))
     assert wider.outside(dense, tp=16, concurrency=[128], bounds=set()) == []

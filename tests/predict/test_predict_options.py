@@ -38,7 +38,10 @@ REFUSED = [
     (dict(gpu=["H100"], tau={7: 3}, input_len="2 thousand"),
      "--input-len 2 thousand: expected a token count (8192, 8k; k = 1024)"),
     (dict(gpu=["H100"], tau={7: 3}, output_len=10_000_001),
-     "--output-len must be an integer in [0, 10000000] (tokens), got 10000001"),
+     "--output-len must be an integer in [1, 10000000] (tokens), got 10000001"),
+    # a request's first token comes from its prefill: no output is no request
+    (dict(gpu=["H100"], tau={7: 3}, output_len=0), "--output-len must be an integer in [1, 10000000] (tokens), got 0"),
+    (dict(gpu=["H100"], tau={7: 3}, output_len="0"), "--output-len must be an integer in [1, 10000000] (tokens), got 0"),
     (dict(gpu=["H100"], tau={7: 3}, engine="trt"), "--engine 'trt': choose vllm or sglang"),
     (dict(gpu=["H100"], gpu_spec=["name=H100-SXM,bw=1,bf16=1"], tau={7: 3}),
      "--gpu-spec name=H100-SXM,bw=1,bf16=1: name H100-SXM is --gpu's H100 too (name it otherwise)"),

@@ -207,8 +207,15 @@ def test_a_draft_of_another_target_is_one_line_naming_both_files_exit_1(cli, tmp
 @pytest.mark.parametrize("flag", ["--input-len", "--output-len"])
 def test_a_length_past_10m_tokens_is_refused_exit_2(cli, flag):
     r = cli("predict", *PAIR_ARGS, "--tau", "7=3", flag, "10000001")
+    least = 1 if flag == "--output-len" else 0
     assert (r.code, r.err.strip()) == (
-        2, f"Error: {flag} must be an integer in [0, 10000000] (tokens), got 10000001"), r.err
+        2, f"Error: {flag} must be an integer in [{least}, 10000000] (tokens), got 10000001"), r.err
+
+
+def test_an_output_of_0_tokens_is_refused_exit_2_and_0_in_is_not(cli):
+    r = cli("predict", *PAIR_ARGS, "--tau", "7=3", "--output-len", "0")
+    assert (r.code, r.err.strip()) == (2, "Error: --output-len must be an integer in [1, 10000000] (tokens), got 0")
+    assert cli("predict", *PAIR_ARGS, "--tau", "7=3", "--input-len", "0").code == 0
 
 
 def test_a_context_past_the_target_s_positions_is_predicted_with_a_note(cli, tmp_path):

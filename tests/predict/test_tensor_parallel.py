@@ -52,7 +52,7 @@ def test_the_all_reduce_extra_is_the_median_of_what_the_tp_cases_leave_per_all_r
         target = target_facts(c.target)
         bare = dataclasses.replace(fitted[c.engine], allreduce_extra_s=0.0)
         step = plain_step(target, batch=c.concurrency, context=c.context, gpu=gpu(c.gpu), constants=bare, tp=c.tp,
-                          output_len=c.output_len)
+                          output_len=c.output_len, input_len=c.input_len)
         per_all_reduce.append((c.concurrency / c.baseline_tokens_per_s - step.seconds) / (2 * target.layers))
     assert fitted["vllm"].allreduce_extra_s == fitted["sglang"].allreduce_extra_s == \
         pytest.approx(median(per_all_reduce))
