@@ -41,6 +41,8 @@ def taus_from_rates(rates: list[float]) -> dict[int, float]:
 MAX_TP = 1024
 MAX_LEN = 10_000_000
 MAX_CONCURRENCY = 1_000_000  # sequences per step: past any engine's batch (vLLM's max_num_seqs defaults to 256-1024)
+# predict's names for the input and output lengths in its notes (format strings of the length); validate passes its own
+PREDICT_LENGTHS = ("--input-len {}", "--output-len {}")
 # a request's first token comes from its prefill: an output of 0 tokens is no request (--output-len's least)
 MIN_OUTPUT_LEN = 1
 
@@ -380,8 +382,12 @@ def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, out
 
 
 def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurrency: list[int], input_len: int,
-            output_len: int, engine: str = "vllm", tp: int = 1, tau_source: str = "--tau") -> PredictionReport:
-    """Every GPU x K x concurrency, the recommendation per GPU and concurrency, and the error band."""
+            output_len: int, engine: str = "vllm", tp: int = 1, tau_source: str = "--tau",
+            length_names: tuple[str, str] = PREDICT_LENGTHS) -> PredictionReport:
+    """Every GPU x K x concurrency, the recommendation per GPU and concurrency, and the error band. `length_names`:
+    how the notes and reasons name the input and output lengths (format strings of the length), the caller's
+    words for them (predict: its flags; validate: the prompts' mean length and --max-new-tokens)."""
+    input_name, output_name = (name.format(n) for name, n in zip(length_names, (input_len, output_len)))
     if not taus:
         raise UsageError("no tau: give --tau K=TAU or --from-report REPORT")
     check_request(inputs, concurrency=concurrency, input_len=input_len, output_len=output_len, tp=tp)
@@ -447,7 +453,8 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
     speedup_error = band.speedup(engine)
     outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
                                  bounds={b for r in rows for b in (r.bound, r.baseline_bound)}, speculative=True,
-                                 admission_share=admission_share, input_len=input_len, output_len=output_len)
+                                 admission_share=admission_share, input_len=input_len, output_len=output_len,
+                                 length_names=length_names)
     notes = [f"warning: the {who}'s {m.storage_warning}" for who, m in (("target", inputs.target),
                                                                         ("draft", inputs.draft)) if m.storage_warning]
     if outside:
@@ -459,11 +466,11 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                      "at N=16; real routing is less uniform, so this overstates the experts a verify reads")
     short = [k for k in sorted(taus) if output_len < k + 1]
     if short:
-        notes.append(f"--output-len {output_len} is below K+1 for K {', '.join(map(str, short))}: a request's first "
+        notes.append(f"{output_name} is below K+1 for K {', '.join(map(str, short))}: a request's first "
                      f"token comes from its prefill, so its decode steps commit at most {output_len - 1} tokens, and a "
                      "step's tau is capped at what a request has left (at least 1)")
     if inputs.max_positions is not None and input_len + output_len > inputs.max_positions:
-        notes.append(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens pass the "
+        notes.append(f"{input_name} + {output_name} = {input_len + output_len} tokens pass the "
                      f"target's max_position_embeddings ({inputs.max_positions}): an engine refuses such requests "
                      "unless its max_model_len is raised (with RoPE scaling the model supports)")
     unknown = [g.name for g in gpus if not g.memory_gb]
