@@ -440,15 +440,14 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
             if best.speedup >= 1.0:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=best.num_speculative_tokens,
-                    speedup=best.speedup, reason=f"the best predicted speedup, {best.speedup:.2f}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
+                    speedup=best.speedup, reason=f"the best predicted speedup, {speedup_text(best.speedup)}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
                     launch=launch_line(engine, inputs.target_name, inputs.draft_name, best.num_speculative_tokens,
                                        tp, inputs.draft.kind, inputs.draft.block_size)))
             else:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=None, speedup=best.speedup,
                     reason=f"no K reaches 1.0x; the best, K={best.num_speculative_tokens}, gives "
-                    f"{best.speedup:.2f}x: its step ({best.bound}-bound) costs more than tau {best.tau:.2f} plain "
-                    f"steps ({best.baseline_bound}-bound)"))
+                    f"{speedup_text(best.speedup)}x: " + _slower_step(best, output_len, output_name)))
     band = error_band()
     speedup_error = band.speedup(engine)
     outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
@@ -464,11 +463,16 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                      f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
                      f"{inputs.target.distinct_experts(1):.0f} at N=1, {inputs.target.distinct_experts(16):.0f} "
                      "at N=16; real routing is less uniform, so this overstates the experts a verify reads")
-    short = [k for k in sorted(taus) if output_len < k + 1]
-    if short:
-        notes.append(f"{output_name} is below K+1 for K {', '.join(map(str, short))}: a request's first "
-                     f"token comes from its prefill, so its decode steps commit at most {output_len - 1} tokens, and a "
-                     "step's tau is capped at what a request has left (at least 1)")
+    # where the output caps what a step commits below tau (committed_per_step), for the K whose tau it caps
+    capped = [k for k in sorted(taus) if committed_per_step(taus[k], output_len) < taus[k]]
+    if output_len <= 1:
+        notes.append(f"{output_name}: a request's one token comes from its prefill, so there is no decode step and "
+                     "nothing to speculate on; every step is counted as committing the target's own token")
+    elif capped:
+        most = output_len - 1
+        notes.append(f"{output_name} caps tau for K {', '.join(map(str, capped))}: a request's first token comes "
+                     f"from its prefill, so its decode steps commit at most {most} token{'s' if most != 1 else ''}, "
+                     "and a step commits at most what a request has left, not tau")
     if inputs.max_positions is not None and input_len + output_len > inputs.max_positions:
         notes.append(f"{input_name} + {output_name} = {input_len + output_len} tokens pass the "
                      f"target's max_position_embeddings ({inputs.max_positions}): an engine refuses such requests "
@@ -526,6 +530,28 @@ def text_lines(report: PredictionReport) -> list[str]:
     return lines
 
 
+def _slower_step(best: PredictionRow, output_len: int, output_name: str) -> str:
+    """Why the best K is slower: its step costs more than the plain steps it replaces, one per token it commits,
+    which is tau capped at what a request has left (committed_per_step)."""
+    committed = committed_per_step(best.tau, output_len)
+    count = f"{committed:.0f}" if committed == int(committed) else f"{committed:.2f}"
+    cap = f" (tau {best.tau:.2f} capped by {output_name})" if committed < best.tau else ""
+    plural = "" if committed == 1 else "s"
+    return (f"its step ({best.bound}-bound) costs more than the {committed:.2f} plain step{plural} "
+            f"({best.baseline_bound}-bound) its {count} committed token{plural} replace{'s' if not plural else ''}"
+            f"{cap}")
+
+
+def speedup_text(speedup: float) -> str:
+    """A speedup to 2 decimals, or as many more as it takes to fall on the same side of 1.0 as the figure (0.996
+    is not "1.00x" beside a verdict of no speculation)."""
+    for digits in range(2, 7):
+        text = f"{speedup:.{digits}f}"
+        if (float(text) >= 1.0) == (speedup >= 1.0):
+            return text
+    return f"{speedup}"
+
+
 def _verdict(rec: ConcurrencyRecommendation) -> str:
     if rec.num_speculative_tokens is not None:
         return f"K={rec.num_speculative_tokens}"
@@ -535,9 +561,9 @@ def _verdict(rec: ConcurrencyRecommendation) -> str:
 def _figures(r: PredictionRow) -> tuple[str, ...]:
     """A row's plain and speculative tokens/s, speedup and GB per GPU as text; '-' where there is none (the
     deployment does not fit)."""
-    return tuple("-" if value is None else f"{value:{spec}}" + unit for value, spec, unit in (
-        (r.baseline_tokens_per_s, ".1f", ""), (r.speculative_tokens_per_s, ".1f", ""), (r.speedup, ".2f", "x"),
-        (r.memory_per_gpu_gb, ".1f", "")))
+    return tuple("-" if value is None else show(value) for value, show in (
+        (r.baseline_tokens_per_s, "{:.1f}".format), (r.speculative_tokens_per_s, "{:.1f}".format),
+        (r.speedup, lambda x: speedup_text(x) + "x"), (r.memory_per_gpu_gb, "{:.1f}".format)))
 
 
 def markdown_lines(report: PredictionReport) -> list[str]:
