@@ -31,12 +31,13 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
                          "per draft position")
     best = headline_k(report)
     if best is not None:  # a K sweep: one chart, a series per K
-        return svg_series_chart(
+        speculate = getattr(headline_recommendation(report), "speculate", True)
+        return svg_series_chart(  # no K marked recommended where the advice is not to speculate
             [(f"K={r.num_speculative_tokens}: tau {r.acceptance_length:.2f}", r.per_position_rates)
              for r in report.per_num_speculative_tokens], minimums=t.get("min_position_rates"),
-            highlight=f"K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}",
+            highlight=f"K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}" if speculate else None,
             title=f"{verdict_word(report)}: "
-            + ("recommended" if getattr(headline_recommendation(report), "speculate", True) else
+            + ("recommended" if speculate else
                "no speculation (no K reaches 1.0x on the measured machine); best")
             + f" K={best.num_speculative_tokens}, tau "
             f"{best.acceptance_length:.2f}, speedup {best.measured_speedup:.2f}x; acceptance per draft position per K")

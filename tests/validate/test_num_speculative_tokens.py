@@ -220,6 +220,7 @@ def test_no_k_reaching_1x_is_advised_as_no_speculation_everywhere(sweep):
     assert "no speculation recommended (no K reaches 1.0x on the measured machine); best K=" in line, line
     assert ", recommended K=" not in line
     assert f"**{advice}**" in to_markdown(report) and "PASSED: no speculation" in acceptance_svg(report)
+    assert "(recommended)" not in acceptance_svg(report)  # the legend marks no K under a "no speculation" title
     card = model_card(open_checkpoint(PAIR / "draft").spec, repo_id="org/d",
                       validation=report.summary().model_dump(mode="json"))
     section = card.split("### Which K to serve", 1)[1]
