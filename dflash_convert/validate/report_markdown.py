@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dflash_convert.chart import bar, svg_chart, svg_series_chart, text_chart
 from dflash_convert.predict.prediction import markdown_lines as prediction_markdown
+from dflash_convert.predict.prediction import speedup_text
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceStats, BaselineComparison, EngineStats,
                                             ValidationReport, ValidationSummary, counting_rows, engine_line,
                                             headline_k, headline_recommendation, sampling_line, served_version,
@@ -140,7 +141,7 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
         lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
                   f"not transfer to another device{batched}):", "", "```text"]
         lines += [f"K={k:<3} {bar(x / top, 40)} {x:.2f}x" for k, x in at]
-        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **{rec.advice()}** ({rec.expected_speedup:.2f}x, rounds "
+        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **{rec.advice()}** ({speedup_text(rec.expected_speedup)}x, rounds "
                   f"{rec.expected_speedup_range[0]:.2f}-{rec.expected_speedup_range[1]:.2f}x"
                   + (f"; runner-up {rec.runner_up} at {rec.runner_up_speedup:.2f}x" if rec.runner_up else "")
                   + ("" if rec.clear else ", within the rounds' spread") + ")."]
