@@ -159,6 +159,8 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, serving: Ca
     """The validation's runs per num_speculative_tokens (when it ran several): tau, step costs and expected
     speedup per K, a chart per concurrency, and the launch lines at the recommended K, naming the device the
     costs are from."""
+    from dflash_convert.predict.prediction import speedup_text
+
     rows = [r for r in validation.get("per_num_speculative_tokens") or [] if isinstance(r, dict)]
     if len(rows) < 2:
         return []
@@ -179,7 +181,7 @@ def _render_k(validation: dict[str, Any], target: str, repo_id: str, serving: Ca
         lines += [f"K={n:<3} {bar(x / top, 40)} {x:.2f}x" for n, x in at]
         if not rec.get("speculate", True):  # no K reaches 1.0x there: no launch line at a K that slows serving
             lines += ["```", "", f"Recommended at concurrency {concurrency}: no speculation: no K reaches 1.0x on "
-                      f"{rec['device']} (the best, K={k}, {rec['expected_speedup']:.2f}x).", ""]
+                      f"{rec['device']} (the best, K={k}, {speedup_text(rec['expected_speedup'])}x).", ""]
             continue
         lines += ["```", "", f"Recommended at concurrency {rec['concurrency']}: `num_speculative_tokens` {k}.", "",
                   "```bash", f"vllm serve {target} \\",

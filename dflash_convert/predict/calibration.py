@@ -468,10 +468,12 @@ class Coverage:
 
     def outside(self, target: ModelFacts, *, tp: int, concurrency: list[int], bounds: set[str],
                 speculative: bool = False, admission_share: float = 0.0, input_len: int | None = None,
-                output_len: int | None = None) -> list[str]:
+                output_len: int | None = None,
+                length_names: tuple[str, str] = ("--input-len {}", "--output-len {}")) -> list[str]:
         """Each way a prediction's setting lies outside the cases, as a phrase naming what the cases have.
         `speculative`: the prediction has speculative steps; `admission_share`: the largest share of a predicted
-        step its admissions take; the lengths: the request's (None: not asked)."""
+        step its admissions take; the lengths: the request's (None: not asked), named by `length_names` (the
+        caller's own words for them: predict's flags, validate's prompts and --max-new-tokens)."""
         kind = setting(target)
         out = [f"{value} (the cases: {', '.join(sorted(self.kinds[dim]))})"
                for dim, value in kind.items() if value not in self.kinds[dim]]
@@ -494,10 +496,10 @@ class Coverage:
             runs = "; ".join(f"{name} ({', '.join(s)}; {', '.join(engines)})"
                              for name, (s, engines) in sorted(self.tp_targets.items()))
             out.append(f"the all-reduce cost at TP {tp}: its fitted extra rests on the runs of {runs} only")
-        for flag, n, span in (("--input-len", input_len, self.input_len), ("--output-len", output_len,
-                                                                              self.output_len)):
+        for name, n, span in ((length_names[0], input_len, self.input_len), (length_names[1], output_len,
+                                                                             self.output_len)):
             if n is not None and not span[0] <= n <= span[1]:
-                out.append(f"{flag} {n} (the cases: {_span(span)})")
+                out.append(f"{name.format(n)} (the cases: {_span(span)})")
         return out
 
 

@@ -41,6 +41,8 @@ def taus_from_rates(rates: list[float]) -> dict[int, float]:
 MAX_TP = 1024
 MAX_LEN = 10_000_000
 MAX_CONCURRENCY = 1_000_000  # sequences per step: past any engine's batch (vLLM's max_num_seqs defaults to 256-1024)
+# predict's names for the input and output lengths in its notes (format strings of the length); validate passes its own
+PREDICT_LENGTHS = ("--input-len {}", "--output-len {}")
 # a request's first token comes from its prefill: an output of 0 tokens is no request (--output-len's least)
 MIN_OUTPUT_LEN = 1
 
@@ -380,8 +382,12 @@ def check_request(inputs: Inputs, *, concurrency: list[int], input_len: int, out
 
 
 def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurrency: list[int], input_len: int,
-            output_len: int, engine: str = "vllm", tp: int = 1, tau_source: str = "--tau") -> PredictionReport:
-    """Every GPU x K x concurrency, the recommendation per GPU and concurrency, and the error band."""
+            output_len: int, engine: str = "vllm", tp: int = 1, tau_source: str = "--tau",
+            length_names: tuple[str, str] = PREDICT_LENGTHS) -> PredictionReport:
+    """Every GPU x K x concurrency, the recommendation per GPU and concurrency, and the error band. `length_names`:
+    how the notes and reasons name the input and output lengths (format strings of the length), the caller's
+    words for them (predict: its flags; validate: the prompts' mean length and --max-new-tokens)."""
+    input_name, output_name = (name.format(n) for name, n in zip(length_names, (input_len, output_len)))
     if not taus:
         raise UsageError("no tau: give --tau K=TAU or --from-report REPORT")
     check_request(inputs, concurrency=concurrency, input_len=input_len, output_len=output_len, tp=tp)
@@ -434,20 +440,20 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
             if best.speedup >= 1.0:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=best.num_speculative_tokens,
-                    speedup=best.speedup, reason=f"the best predicted speedup, {best.speedup:.2f}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
+                    speedup=best.speedup, reason=f"the best predicted speedup, {speedup_text(best.speedup)}x (tau {best.tau:.2f}; the step is bound by {best.bound})",
                     launch=launch_line(engine, inputs.target_name, inputs.draft_name, best.num_speculative_tokens,
                                        tp, inputs.draft.kind, inputs.draft.block_size)))
             else:
                 recommendations.append(ConcurrencyRecommendation(
                     gpu=g.name, concurrency=b, num_speculative_tokens=None, speedup=best.speedup,
                     reason=f"no K reaches 1.0x; the best, K={best.num_speculative_tokens}, gives "
-                    f"{best.speedup:.2f}x: its step ({best.bound}-bound) costs more than tau {best.tau:.2f} plain "
-                    f"steps ({best.baseline_bound}-bound)"))
+                    f"{speedup_text(best.speedup)}x: " + _slower_step(best, output_len, output_name)))
     band = error_band()
     speedup_error = band.speedup(engine)
     outside = coverage().outside(inputs.target, tp=tp, concurrency=concurrency,
                                  bounds={b for r in rows for b in (r.bound, r.baseline_bound)}, speculative=True,
-                                 admission_share=admission_share, input_len=input_len, output_len=output_len)
+                                 admission_share=admission_share, input_len=input_len, output_len=output_len,
+                                 length_names=length_names)
     notes = [f"warning: the {who}'s {m.storage_warning}" for who, m in (("target", inputs.target),
                                                                         ("draft", inputs.draft)) if m.storage_warning]
     if outside:
@@ -457,13 +463,18 @@ def predict(inputs: Inputs, gpus: list[GPU], taus: dict[int, float], *, concurre
                      f"under uniform routing ({inputs.target.experts} experts, top {inputs.target.top_k}): "
                      f"{inputs.target.distinct_experts(1):.0f} at N=1, {inputs.target.distinct_experts(16):.0f} "
                      "at N=16; real routing is less uniform, so this overstates the experts a verify reads")
-    short = [k for k in sorted(taus) if output_len < k + 1]
-    if short:
-        notes.append(f"--output-len {output_len} is below K+1 for K {', '.join(map(str, short))}: a request's first "
-                     f"token comes from its prefill, so its decode steps commit at most {output_len - 1} tokens, and a "
-                     "step's tau is capped at what a request has left (at least 1)")
+    # where the output caps what a step commits below tau (committed_per_step), for the K whose tau it caps
+    capped = [k for k in sorted(taus) if committed_per_step(taus[k], output_len) < taus[k]]
+    if output_len <= 1:
+        notes.append(f"{output_name}: a request's one token comes from its prefill, so there is no decode step and "
+                     "nothing to speculate on; every step is counted as committing the target's own token")
+    elif capped:
+        most = output_len - 1
+        notes.append(f"{output_name} caps tau for K {', '.join(map(str, capped))}: a request's first token comes "
+                     f"from its prefill, so its decode steps commit at most {most} token{'s' if most != 1 else ''}, "
+                     "and a step commits at most what a request has left, not tau")
     if inputs.max_positions is not None and input_len + output_len > inputs.max_positions:
-        notes.append(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens pass the "
+        notes.append(f"{input_name} + {output_name} = {input_len + output_len} tokens pass the "
                      f"target's max_position_embeddings ({inputs.max_positions}): an engine refuses such requests "
                      "unless its max_model_len is raised (with RoPE scaling the model supports)")
     unknown = [g.name for g in gpus if not g.memory_gb]
@@ -519,6 +530,28 @@ def text_lines(report: PredictionReport) -> list[str]:
     return lines
 
 
+def _slower_step(best: PredictionRow, output_len: int, output_name: str) -> str:
+    """Why the best K is slower: its step costs more than the plain steps it replaces, one per token it commits,
+    which is tau capped at what a request has left (committed_per_step)."""
+    committed = committed_per_step(best.tau, output_len)
+    count = f"{committed:.0f}" if committed == int(committed) else f"{committed:.2f}"
+    cap = f" (tau {best.tau:.2f} capped by {output_name})" if committed < best.tau else ""
+    plural = "" if committed == 1 else "s"
+    return (f"its step ({best.bound}-bound) costs more than the {committed:.2f} plain step{plural} "
+            f"({best.baseline_bound}-bound) its {count} committed token{plural} replace{'s' if not plural else ''}"
+            f"{cap}")
+
+
+def speedup_text(speedup: float) -> str:
+    """A speedup to 2 decimals, or as many more as it takes to fall on the same side of 1.0 as the figure (0.996
+    is not "1.00x" beside a verdict of no speculation)."""
+    for digits in range(2, 7):
+        text = f"{speedup:.{digits}f}"
+        if (float(text) >= 1.0) == (speedup >= 1.0):
+            return text
+    return f"{speedup}"
+
+
 def _verdict(rec: ConcurrencyRecommendation) -> str:
     if rec.num_speculative_tokens is not None:
         return f"K={rec.num_speculative_tokens}"
@@ -528,9 +561,9 @@ def _verdict(rec: ConcurrencyRecommendation) -> str:
 def _figures(r: PredictionRow) -> tuple[str, ...]:
     """A row's plain and speculative tokens/s, speedup and GB per GPU as text; '-' where there is none (the
     deployment does not fit)."""
-    return tuple("-" if value is None else f"{value:{spec}}" + unit for value, spec, unit in (
-        (r.baseline_tokens_per_s, ".1f", ""), (r.speculative_tokens_per_s, ".1f", ""), (r.speedup, ".2f", "x"),
-        (r.memory_per_gpu_gb, ".1f", "")))
+    return tuple("-" if value is None else show(value) for value, show in (
+        (r.baseline_tokens_per_s, "{:.1f}".format), (r.speculative_tokens_per_s, "{:.1f}".format),
+        (r.speedup, lambda x: speedup_text(x) + "x"), (r.memory_per_gpu_gb, "{:.1f}".format)))
 
 
 def markdown_lines(report: PredictionReport) -> list[str]:

@@ -42,11 +42,16 @@ def gpu_prediction(report: Any, opts: Any, target_config: Path | None, target_ra
     input_len = round(mean(p.prompt_tokens for p in prompts)) if prompts else 0
     engine = opts.engine if opts.engine in ("vllm", "sglang") else "vllm"
     prediction = predict(inputs, [gpu(n, "--predict-gpu", None) for n in opts.predict_gpu], taus, concurrency=list(opts.concurrency),
-                         input_len=input_len, output_len=opts.max_new_tokens, engine=engine, tau_source=source)
+                         input_len=input_len, output_len=opts.max_new_tokens, engine=engine, tau_source=source,
+                         length_names=VALIDATE_LENGTHS)
     if any(r.speedup is None for r in prediction.recommendation):  # validate has no --tp: say where it is
         prediction.notes.append(TP_NOTE)
     return prediction, None
 
+
+# validate has no --input-len or --output-len: its request lengths are the prompts' mean and --max-new-tokens, so
+# the prediction's notes name those
+VALIDATE_LENGTHS = ("mean prompt length {} tokens", "--max-new-tokens {}")
 
 # A deployment that does not fit one GPU is told "more GPUs: --tp", a flag validate does not have: predict has it and
 # reads this run's report

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dflash_convert.chart import bar, svg_chart, svg_series_chart, text_chart
 from dflash_convert.predict.prediction import markdown_lines as prediction_markdown
+from dflash_convert.predict.prediction import speedup_text
 from dflash_convert.validate.report import (UNRELIABLE_TIMING, AcceptanceStats, BaselineComparison, EngineStats,
                                             ValidationReport, ValidationSummary, counting_rows, engine_line,
                                             headline_k, headline_recommendation, sampling_line, served_version,
@@ -31,12 +32,13 @@ def acceptance_svg(report: ValidationReport | ValidationSummary) -> str | None:
                          "per draft position")
     best = headline_k(report)
     if best is not None:  # a K sweep: one chart, a series per K
-        return svg_series_chart(
+        speculate = getattr(headline_recommendation(report), "speculate", True)
+        return svg_series_chart(  # no K marked recommended where the advice is not to speculate
             [(f"K={r.num_speculative_tokens}: tau {r.acceptance_length:.2f}", r.per_position_rates)
              for r in report.per_num_speculative_tokens], minimums=t.get("min_position_rates"),
-            highlight=f"K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}",
+            highlight=f"K={best.num_speculative_tokens}: tau {best.acceptance_length:.2f}" if speculate else None,
             title=f"{verdict_word(report)}: "
-            + ("recommended" if getattr(headline_recommendation(report), "speculate", True) else
+            + ("recommended" if speculate else
                "no speculation (no K reaches 1.0x on the measured machine); best")
             + f" K={best.num_speculative_tokens}, tau "
             f"{best.acceptance_length:.2f}, speedup {best.measured_speedup:.2f}x; acceptance per draft position per K")
@@ -139,7 +141,7 @@ def per_k_markdown(report: ValidationReport) -> list[str]:
         lines += ["", f"Expected speedup per K at concurrency {rec.concurrency} (costs from {rec.device}; they do "
                   f"not transfer to another device{batched}):", "", "```text"]
         lines += [f"K={k:<3} {bar(x / top, 40)} {x:.2f}x" for k, x in at]
-        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **{rec.advice()}** ({rec.expected_speedup:.2f}x, rounds "
+        lines += ["```", "", f"Recommended at concurrency {rec.concurrency}: **{rec.advice()}** ({speedup_text(rec.expected_speedup)}x, rounds "
                   f"{rec.expected_speedup_range[0]:.2f}-{rec.expected_speedup_range[1]:.2f}x"
                   + (f"; runner-up {rec.runner_up} at {rec.runner_up_speedup:.2f}x" if rec.runner_up else "")
                   + ("" if rec.clear else ", within the rounds' spread") + ")."]

@@ -4,6 +4,7 @@ unicode bars, the runs per K, and the verdict line last."""
 from __future__ import annotations
 
 from dflash_convert.chart import text_chart
+from dflash_convert.predict.prediction import speedup_text
 from dflash_convert.predict.prediction import text_lines as prediction_text
 from dflash_convert.user_text import printable
 from dflash_convert.validate.options import LEVELS
@@ -127,7 +128,7 @@ def per_k_lines(report: ValidationReport) -> list[str]:
         other = (f"; runner-up K={rec.runner_up} at {rec.runner_up_speedup:.2f}x"
                  + ("" if rec.clear else " (within the rounds' spread: no clear winner)")) if rec.runner_up else ""
         lines.append(f"recommended at concurrency {rec.concurrency}: {rec.advice()}"
-                     f", expected {rec.expected_speedup:.2f}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
+                     f", expected {speedup_text(rec.expected_speedup)}x [{low:.2f}-{high:.2f}]{other}; costs measured on "
                      f"{rec.device}, which do not transfer to another device")
     return lines
 
@@ -146,7 +147,7 @@ def gpu_columns(report: ValidationReport) -> dict[str, dict[int, float]]:
 
 
 def _predicted(speedup: float | None) -> str:
-    return "-" if speedup is None else f"{speedup:.2f}x"
+    return "-" if speedup is None else f"{speedup_text(speedup)}x"
 
 
 def acceptance_lines(report: ValidationReport) -> list[str]:

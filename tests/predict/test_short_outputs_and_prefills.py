@@ -36,17 +36,50 @@ def test_an_output_of_one_token_gains_nothing_from_speculation_and_says_why():
     report = predict(QWEN3_8B, [gpu("H200")], TAUS, concurrency=[1, 8, 64], input_len=1024, output_len=1)
     assert all(r.speedup < 1.0 for r in report.predictions)
     assert all(rec.num_speculative_tokens is None for rec in report.recommendation)
-    note = next(n for n in report.notes if n.startswith("--output-len 1 is below K+1"))
-    assert "for K 3, 7, 15" in note and "first token comes from its prefill" in note
-    # an output of 5 tokens is below K+1 for K 7 and 15 only, and K 15 commits no more than K 7 then
+    note = next(n for n in report.notes if n.startswith("--output-len 1:"))
+    assert "one token comes from its prefill" in note and "nothing to speculate on" in note
+    assert "at most 0" not in "\n".join(report.notes)  # no decode step at all, not one of 0 tokens
+    # an output of 5 tokens caps tau for K 7 and 15 only (4 < 4.1, 5.6), and K 15 commits no more than K 7 then
     five = predict(QWEN3_8B, [gpu("H200")], TAUS, concurrency=[1], input_len=32, output_len=5)
-    assert any(n.startswith("--output-len 5 is below K+1 for K 7, 15:") for n in five.notes)
+    assert any(n.startswith("--output-len 5 caps tau for K 7, 15:") for n in five.notes)
     by_k = {r.num_speculative_tokens: r for r in five.predictions}
     assert by_k[15].speculative_tokens_per_s <= by_k[7].speculative_tokens_per_s < 4 * by_k[7].baseline_tokens_per_s
     # the usual output lengths: no such note
     usual = predict(QWEN3_8B, [gpu("H200")], TAUS, concurrency=[1], input_len=1024, output_len=512)
-    assert not any("below K+1" in n for n in usual.notes)
-    assert "below K+1" not in "\n".join(text_lines(usual))
+    assert not any("caps tau" in n for n in usual.notes)
+    assert "caps tau" not in "\n".join(text_lines(usual))
+    # an output below K+1 whose cap is above tau (6 - 1 = 5 > 4.1 for K 7) caps nothing: no note
+    six = predict(QWEN3_8B, [gpu("H200")], {7: 4.1}, concurrency=[1], input_len=1024, output_len=6)
+    assert not any("caps tau" in n or "prefill" in n for n in six.notes), six.notes
+
+
+def test_no_speculation_s_reason_counts_the_tokens_a_step_commits():
+    """A step commits tau capped at what a request has left (committed_per_step): at --output-len 2 that is 1 token,
+    so the reason compares the step with 1 plain step, not with tau 4.10 of them."""
+    two = predict(QWEN3_8B, [gpu("H200")], {7: 4.1}, concurrency=[1], input_len=1024, output_len=2)
+    reason = two.recommendation[0].reason
+    assert two.recommendation[0].num_speculative_tokens is None
+    assert ("costs more than the 1.00 plain step (admissions-bound) its 1 committed token replaces (tau 4.10 capped "
+            "by --output-len 2)") in reason and "tau 4.10 plain steps" not in reason, reason
+    # uncapped (a long output): the tokens it commits are tau, and nothing is said to cap them
+    low = predict(QWEN3_8B, [gpu("H200")], {3: 1.1}, concurrency=[64], input_len=1024, output_len=512)
+    reason = low.recommendation[0].reason
+    assert "the 1.10 plain steps" in reason and "its 1.10 committed tokens replace" in reason
+    assert "capped" not in reason, reason
+
+
+def test_a_speedup_just_below_one_is_not_printed_as_1_00x():
+    """At --output-len 5 K 7 gives 0.996x: "1.00x" beside "no K reaches 1.0x" reads as a contradiction; the
+    reason and the table print the digits that agree with the verdict."""
+    from dflash_convert.predict.prediction import markdown_lines, speedup_text
+
+    five = predict(QWEN3_8B, [gpu("H200")], {7: 4.1}, concurrency=[1], input_len=1024, output_len=5)
+    row, rec = five.predictions[0], five.recommendation[0]
+    assert 0.995 <= row.speedup < 1.0 and rec.num_speculative_tokens is None
+    assert f"gives {row.speedup:.3f}x" in rec.reason and "1.00x" not in rec.reason, rec.reason
+    shown = "\n".join(text_lines(five) + markdown_lines(five))
+    assert f"{row.speedup:.3f}x" in shown and "1.00x" not in shown
+    assert speedup_text(0.9996) == "0.9996" and speedup_text(1.004) == "1.00" and speedup_text(0.57) == "0.57"
 
 
 def test_an_admission_runs_its_own_prefill_a_times_per_step():

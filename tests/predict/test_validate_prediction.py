@@ -88,3 +88,27 @@ def test_a_target_that_does_not_fit_one_gpu_is_pointed_to_predict_s_tp(tmp_path)
     opts.predict_gpu = ["MI300X"]
     prediction, _ = gpu_prediction(report, opts, tmp_path / "config.json", llama_70b, draft, "draft/config.json")
     assert TP_NOTE not in prediction.notes
+
+
+def test_validate_s_notes_name_its_own_lengths_not_predict_s_flags(tmp_path):
+    """validate has no --input-len or --output-len: its request is the prompts' mean length and --max-new-tokens,
+    and the coverage note (terminal, Markdown report, model card) names those."""
+    import json
+    from types import SimpleNamespace
+
+    from dflash_convert.predict.prediction import markdown_lines, text_lines
+    from dflash_convert.validate.gpu_prediction import gpu_prediction
+
+    target = json.loads((PAIR / "target" / "config.json").read_text())
+    draft = json.loads((PAIR / "draft" / "config.json").read_text())
+    prompts = [SimpleNamespace(prompt_tokens=n) for n in (20, 28)]
+    report = SimpleNamespace(per_num_speculative_tokens=[SimpleNamespace(num_speculative_tokens=7)],
+                             acceptance=SimpleNamespace(per_prompt=prompts), target="t", checkpoint="d",
+                             model_dump=lambda mode: {"per_num_speculative_tokens": [
+                                 {"num_speculative_tokens": 7, "acceptance_length": 3.0}]})
+    opts = SimpleNamespace(predict_gpu=["H200"], engine=None, concurrency=[1], max_new_tokens=64)
+    prediction, _ = gpu_prediction(report, opts, tmp_path / "config.json", target, draft, "draft/config.json")
+    note = next(n for n in prediction.notes if n.startswith("outside the calibration cases"))
+    assert "mean prompt length 24 tokens (the cases: " in note and "--max-new-tokens 64 (the cases: " in note
+    shown = "\n".join(text_lines(prediction) + markdown_lines(prediction))
+    assert "--input-len" not in shown and "--output-len" not in shown, shown

@@ -220,11 +220,18 @@ def test_no_k_reaching_1x_is_advised_as_no_speculation_everywhere(sweep):
     assert "no speculation recommended (no K reaches 1.0x on the measured machine); best K=" in line, line
     assert ", recommended K=" not in line
     assert f"**{advice}**" in to_markdown(report) and "PASSED: no speculation" in acceptance_svg(report)
+    assert "(recommended)" not in acceptance_svg(report)  # the legend marks no K under a "no speculation" title
     card = model_card(open_checkpoint(PAIR / "draft").spec, repo_id="org/d",
                       validation=report.summary().model_dump(mode="json"))
     section = card.split("### Which K to serve", 1)[1]
     assert "Recommended at concurrency 1: no speculation: no K reaches 1.0x on" in section
     assert '"num_speculative_tokens":' not in section
+    # an expected speedup just below 1.0x is not printed as "1.00x" beside that advice (terminal, Markdown, card)
+    report.recommendation[0].expected_speedup = 0.9962
+    shown = "\n".join([*per_k_lines(report), to_markdown(report), model_card(
+        open_checkpoint(PAIR / "draft").spec, repo_id="org/d", validation=report.summary().model_dump(mode="json"))])
+    assert shown.count("0.996x") >= 3 and "(1.00x" not in shown and "expected 1.00x" not in shown
+    assert f"the best, K={k}, 0.996x" in shown
 
 
 def test_a_sweeps_headline_and_chart_show_the_recommended_k_and_every_k(sweep):
