@@ -169,3 +169,15 @@ class CommandOptions(BaseModel):
             return handler(values)
         except ValidationError as exc:
             raise usage_error(exc, cls) from None
+
+
+def token_count(text: str) -> int:
+    """A count of tokens as context lengths are spoken of: 1024, 2k (2048), 32K (32768): k is 1024. ASCII digits
+    only (str.isdigit and int() also take other scripts' digits and superscripts)."""
+    digits = text[:-1] if text[-1:] in ("k", "K") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(text)
+    return int(digits) * (1024 if digits != text else 1)
+
+
+token_count.__name__ = "token count (1024, 2k, 32k)"

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Callable, Optional, get_args
 
 import typer
 
-from dflash_convert.flags import ALLOW_PICKLE_HELP
+from dflash_convert.flags import ALLOW_PICKLE_HELP, token_count
 from dflash_convert.format.dtypes import DTYPES, code_for_name
 from dflash_convert.format.engines import ENGINE_NAMES
 
@@ -53,18 +53,6 @@ def csv(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None, empt
         return items
 
     return parse
-
-
-def token_count(text: str) -> int:
-    """A count of tokens as context lengths are spoken of: 1024, 2k (2048), 32K (32768): k is 1024. ASCII digits
-    only (str.isdigit and int() also take other scripts' digits and superscripts)."""
-    digits = text[:-1] if text[-1:] in ("k", "K") else text
-    if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(text)
-    return int(digits) * (1024 if digits != text else 1)
-
-
-token_count.__name__ = "token count (1024, 2k, 32k)"
 
 
 def token_length(text: Optional[str]) -> Optional[int]:

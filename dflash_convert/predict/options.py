@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dflash_convert.errors import UsageError
-from dflash_convert.flags import CommandOptions, Flag
+from dflash_convert.flags import CommandOptions, Flag, token_count
 from dflash_convert.predict.gpus import GPU, gpu, gpu_from_spec, variant_note
 from dflash_convert.predict.prediction import (MAX_LEN, MAX_TP, MIN_OUTPUT_LEN, PredictionReport,
                                                check_taus_within_block, load_inputs, parse_taus, predict,
@@ -32,13 +32,12 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def token_count(text: str, flag: str) -> int:
-    """A length flag's token count as contexts are spoken of: 8192 or 8k (k = 1024); ASCII digits only."""
-    stripped = text.strip()
-    digits = stripped[:-1] if stripped[-1:] in ("k", "K") else stripped
-    if not (digits.isascii() and digits.isdigit()):
-        raise UsageError(f"{flag} {text}: expected a token count (8192, 8k; k = 1024)")
-    return int(digits) * (1024 if digits != stripped else 1)
+def _tokens_of(text: str, flag: str) -> int:
+    """A length flag's token count (flags.token_count: 8192 or 8k, k = 1024), a bad one named by its flag."""
+    try:
+        return token_count(text.strip())
+    except ValueError:
+        raise UsageError(f"{flag} {text}: expected a token count (8192, 8k; k = 1024)") from None
 
 
 class PredictOptions(CommandOptions):
@@ -135,7 +134,7 @@ class PredictOptions(CommandOptions):
     @classmethod
     def _tokens(cls, value: Any, info: Any) -> Any:
         flag = "--" + info.field_name.replace("_", "-")
-        count = token_count(value, flag) if isinstance(value, str) else value
+        count = _tokens_of(value, flag) if isinstance(value, str) else value
         least = MIN_OUTPUT_LEN if info.field_name == "output_len" else 0
         if isinstance(count, int) and not least <= count <= MAX_LEN:
             raise UsageError(f"{flag} must be an integer in [{least}, {MAX_LEN}] (tokens), got {count}")

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from dflash_convert.errors import UsageError
-from dflash_convert.format.sizes import decoder
+from dflash_convert.format.sizes import decoder, short_repr
 from dflash_convert.predict.calibration import ENGINES, coverage, error_band
 from dflash_convert.predict.cost import committed_per_step, plain_step, speculative_step
 from dflash_convert.predict.facts import ModelFacts, draft_facts, target_facts
@@ -51,11 +51,11 @@ def tau_problem(k: Any, tau: Any) -> str | None:
     """What is wrong with tau `tau` at K `k`, or None: the one rule --tau and --from-report share. tau counts the
     tokens a step emits, the bonus token included, so it lies in [1, K+1]."""
     if type(k) is not int:  # a bool is an int subclass: refused too
-        return f"K must be an integer, got {_short(k)}"
+        return f"K must be an integer, got {short_repr(k)}"
     if k < 1:
         return f"K must be at least 1, got {k}"
     if type(tau) not in (int, float):
-        return f"tau of K={k} must be a number, got {_short(tau)}"
+        return f"tau of K={k} must be a number, got {short_repr(tau)}"
     if not 1.0 <= tau <= k + 1:
         return f"tau of K={k} must be in [1, {k + 1}] (tokens per step), got {tau:g}"
     return None
@@ -64,7 +64,7 @@ def tau_problem(k: Any, tau: Any) -> str | None:
 def rate_problem(position: int, rate: Any) -> str | None:
     """What is wrong with an unconditional per-position acceptance rate (a share of steps), or None."""
     if type(rate) not in (int, float):
-        return f"the acceptance rate of position {position} must be a number, got {_short(rate)}"
+        return f"the acceptance rate of position {position} must be a number, got {short_repr(rate)}"
     if not 0.0 <= rate <= 1.0:
         return f"the acceptance rate of position {position} must be in [0, 1] (a share of steps), got {rate:g}"
     return None
@@ -77,11 +77,6 @@ def block_problem(k: int, draft: ModelFacts) -> str | None:
         return (f"K {k} is past the draft's block: {draft.source} has block_size {draft.block_size}, which proposes "
                 f"at most {draft.max_proposals} tokens per step (K 1 to {draft.max_proposals})")
     return None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse_taus(text: str) -> dict[int, float]:
@@ -133,16 +128,16 @@ def report_provenance(report: dict[str, Any], file: str) -> str | None:
 
     tool = report.get("tool", "dflash-convert")  # absent: figures written by hand, held to the same rules
     if tool != "dflash-convert":
-        raise DFlashError(f"field `tool` is {_short(tool)}, not \"dflash-convert\": not a validate --json report",
+        raise DFlashError(f"field `tool` is {short_repr(tool)}, not \"dflash-convert\": not a validate --json report",
                           file=file)
     if report.get("incomplete") not in (None, False, ""):
-        raise DFlashError(f"field `incomplete` is {_short(report.get('incomplete'))}: the validation stopped before "
+        raise DFlashError(f"field `incomplete` is {short_repr(report.get('incomplete'))}: the validation stopped before "
                           "its end, so its figures may be partial; run validate to its end", file=file)
     if "passed" not in report or report["passed"] is True:
         return None
     checks = report.get("checks") if isinstance(report.get("checks"), list) else []
     failed = [str(c.get("name")) for c in checks if isinstance(c, dict) and c.get("status") == "fail"]
-    return (f"{file} is a failed validation (`passed` is {_short(report.get('passed'))}"
+    return (f"{file} is a failed validation (`passed` is {short_repr(report.get('passed'))}"
             + (f"; failed: {', '.join(failed)}" if failed else "") + "): its tau was still measured and is used here; "
             "the draft did not pass its checks")
 
@@ -160,7 +155,7 @@ def taus_from_report(report: dict[str, Any], file: str) -> tuple[dict[int, float
 
     def shaped(value: Any, field: str, kind: type, what: str) -> Any:
         if value is not None and not isinstance(value, kind):
-            raise DFlashError(f"field `{field}` is {_short(value)}, not {what}", file=file)
+            raise DFlashError(f"field `{field}` is {short_repr(value)}, not {what}", file=file)
         return value
 
     def rates_of(value: Any, field: str) -> list[float]:
